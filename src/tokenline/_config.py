@@ -1,0 +1,241 @@
+"""Frozen, validated settings with named defaults.
+
+Every setting is validated when the object is built, and an invalid one raises
+:class:`~tokenline.ConfigError` naming the setting and the reason. Values come from
+arguments, then ``TOKENLINE_<NAME>`` environment variables, then a TOML file, in that
+order of precedence (see :func:`load_settings`); an unknown key is an error, never
+silently dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ._errors import ConfigError, QueueNameError
+
+__all__ = [
+    "DEFAULT_URL",
+    "QUEUE_NAME_RE",
+    "Settings",
+    "WorkerSettings",
+    "load_settings",
+    "validate_queue_name",
+]
+
+DEFAULT_URL = "sqlite:///tokenline.db"
+QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+#: Default lease TTL in seconds: how long a silent worker keeps a job.
+DEFAULT_LEASE_TTL = 30.0
+#: Default renewal period: a third of the TTL, so two renewals can fail before expiry.
+DEFAULT_RENEW_INTERVAL = 10.0
+
+
+def validate_queue_name(name: object) -> str:
+    """Return ``name`` if it is a valid queue name, else raise :class:`QueueNameError`."""
+    if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
+        raise QueueNameError(
+            f"invalid queue name {name!r}: use 1-64 characters from A-Z a-z 0-9 _ . : -"
+        )
+    return name
+
+
+def _positive(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(name, f"must be a number, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(name, f"must be a positive finite number, got {value!r}")
+
+
+def _positive_int(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(name, f"must be a whole number >= 1, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Settings of an :class:`~tokenline.App`: where the store is and what it accepts."""
+
+    #: Store URL: ``sqlite:///path.db``, ``postgresql://…`` or ``memory://``.
+    url: str = DEFAULT_URL
+    #: Largest accepted JSON payload of one job, in bytes.
+    max_payload_bytes: int = 1_048_576
+    #: Attempts before a job that keeps failing transiently goes dead.
+    max_attempts: int = 5
+    #: First retry delay bound (seconds); doubles per attempt, with full jitter.
+    retry_base: float = 1.0
+    #: Largest retry delay bound (seconds).
+    retry_cap: float = 300.0
+    #: Per-operation timeout for the store (seconds): a slower answer is an outage.
+    store_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or not self.url:
+            raise ConfigError("url", f"must be a non-empty store URL, got {self.url!r}")
+        _positive_int("max_payload_bytes", self.max_payload_bytes)
+        _positive_int("max_attempts", self.max_attempts)
+        _positive("retry_base", self.retry_base)
+        _positive("retry_cap", self.retry_cap)
+        if self.retry_cap < self.retry_base:
+            raise ConfigError("retry_cap", "must be >= retry_base")
+        _positive("store_timeout", self.store_timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """Settings of one worker process: what it consumes and its tiered timeouts."""
+
+    #: Queues to consume, in no particular order (priority decides within the set).
+    queues: tuple[str, ...] = ("default",)
+    #: Jobs run at the same time.
+    concurrency: int = 10
+    #: Lease time-to-live (seconds): a worker silent for this long loses its jobs.
+    lease_ttl: float = DEFAULT_LEASE_TTL
+    #: Period of the batched lease renewal and membership heartbeat (<= lease_ttl / 3).
+    renew_interval: float = DEFAULT_RENEW_INTERVAL
+    #: Safety margin (seconds) under the TTL after which the worker fences itself.
+    #: ``None``: a tenth of the TTL.
+    lease_margin: float | None = None
+    #: Longest wait for new jobs before polling the store again (seconds).
+    poll_interval: float = 1.0
+    #: Hard time limit of one attempt when its task sets none (seconds).
+    job_timeout: float = 300.0
+    #: Time given to in-flight jobs after a shutdown request (seconds).
+    drain_timeout: float = 30.0
+    #: Period of the rescue of expired leases by the maintenance leader (seconds).
+    rescue_interval: float = 5.0
+    #: Per-call timeout for store operations of this worker (seconds).
+    store_timeout: float = 10.0
+    #: Jobs claimed in one round trip; ``None``: up to the free concurrency.
+    claim_batch: int | None = None
+    #: Check lease validity on the worker's own clock before every commit. Turning it
+    #: off leaves only the store's token check; it exists for drills and tests.
+    local_fencing: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.queues, str):
+            object.__setattr__(self, "queues", tuple(q for q in self.queues.split(",") if q))
+        if not self.queues:
+            raise ConfigError("queues", "at least one queue is needed")
+        for q in self.queues:
+            try:
+                validate_queue_name(q)
+            except QueueNameError as exc:
+                raise ConfigError("queues", str(exc)) from None
+        _positive_int("concurrency", self.concurrency)
+        for name in (
+            "lease_ttl",
+            "renew_interval",
+            "poll_interval",
+            "job_timeout",
+            "drain_timeout",
+            "rescue_interval",
+            "store_timeout",
+        ):
+            _positive(name, getattr(self, name))
+        if self.renew_interval * 3 > self.lease_ttl:
+            raise ConfigError(
+                "renew_interval",
+                f"must be at most lease_ttl / 3 ({self.lease_ttl / 3:g}s) so that two "
+                f"renewals can fail before the lease expires; got {self.renew_interval:g}s",
+            )
+        if self.lease_margin is not None:
+            _positive("lease_margin", self.lease_margin)
+            if self.lease_margin >= self.lease_ttl - self.renew_interval:
+                raise ConfigError(
+                    "lease_margin", "must be smaller than lease_ttl - renew_interval"
+                )
+        if self.store_timeout >= self.lease_ttl:
+            raise ConfigError(
+                "store_timeout",
+                "must be shorter than lease_ttl, or a slow store call outlives the lease",
+            )
+        if self.claim_batch is not None:
+            _positive_int("claim_batch", self.claim_batch)
+
+    @property
+    def margin(self) -> float:
+        """The effective self-fencing margin in seconds."""
+        return self.lease_margin if self.lease_margin is not None else self.lease_ttl / 10
+
+
+S = TypeVar("S", Settings, WorkerSettings)
+
+
+def _coerce(cls: type[Any], name: str, raw: str) -> Any:
+    """Turn an environment variable's text into the type of field ``name``."""
+    default = {f.name: f for f in dataclasses.fields(cls)}[name].default
+    kind = type(default)
+    try:
+        if name == "queues":
+            return tuple(q.strip() for q in raw.split(",") if q.strip())
+        if kind is bool:
+            low = raw.strip().lower()
+            if low not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ValueError(raw)
+            return low in ("1", "true", "yes", "on")
+        if kind is int:
+            return int(raw)
+        if kind is float or default is None:
+            return float(raw)
+    except ValueError:
+        raise ConfigError(name, f"cannot read {raw!r} as {kind.__name__}") from None
+    return raw
+
+
+def load_settings(
+    cls: type[S],
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    file: str | os.PathLike[str] | None = None,
+    section: str = "tokenline",
+) -> S:
+    """Build settings from arguments, then ``TOKENLINE_*`` variables, then a TOML file.
+
+    ``overrides`` win over the environment, which wins over the file's ``[section]``
+    table. Unknown keys in ``overrides`` or the file raise :class:`ConfigError`.
+    """
+    names = {f.name for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    if file is not None:
+        path = Path(file)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError("config", f"file {str(path)!r} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("config", f"{str(path)!r} is not valid TOML: {exc}") from None
+        table: Any = data
+        for part in section.split("."):
+            table = table.get(part, {}) if isinstance(table, dict) else {}
+        table = {k: v for k, v in table.items() if not isinstance(v, dict)}
+        unknown = set(table) - names
+        if unknown:
+            raise ConfigError(
+                sorted(unknown)[0], f"unknown setting in [{section}] of {str(path)!r}"
+            )
+        values.update(table)
+        if "queues" in values and isinstance(values["queues"], list):
+            values["queues"] = tuple(values["queues"])
+    env = os.environ if environ is None else environ
+    for name in names:
+        raw = env.get(f"TOKENLINE_{name.upper()}")
+        if raw is not None and raw != "":
+            values[name] = _coerce(cls, name, raw)
+    for key, value in (overrides or {}).items():
+        if key not in names:
+            raise ConfigError(key, f"unknown setting for {cls.__name__}")
+        if value is not None:
+            values[key] = value
+    return cls(**values)
+
+

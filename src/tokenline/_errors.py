@@ -1,0 +1,161 @@
+"""One exception tree for everything tokenline raises.
+
+Every backend translates its driver's errors (``sqlite3``, ``psycopg``, ``redis``) into
+this tree at its boundary, so callers never catch a driver exception::
+
+    TokenlineError
+    ├── ConfigError                 an invalid setting; names the setting and why
+    ├── InvalidInputError           bad input from a caller; nothing was stored
+    │   ├── UnknownTaskError        no task registered under that name
+    │   ├── PayloadError            args not JSON, or larger than the limit
+    │   └── QueueNameError          a queue name outside [A-Za-z0-9_.:-]{1,64}
+    ├── JobNotFoundError            no job with that id
+    ├── NotSupportedError           the store lacks a capability
+    ├── StoreError                  the store failed
+    │   ├── StoreUnavailableError   cannot reach it / timed out (coordination)
+    │   ├── StoreCorruptError       the file or schema is damaged
+    │   └── SchemaVersionError      the schema is older or newer than this code
+    └── FencedError                 ownership lost: nothing may be committed
+        ├── StaleTokenError         the store refused a commit from an older token
+        └── LeaseExpiredError       the worker's own clock says its lease is gone
+
+Handlers steer retries with two signals that are not errors of tokenline itself:
+``Retry(delay)`` and ``Permanent(reason)``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "FencedError",
+    "InvalidInputError",
+    "JobCancelled",
+    "JobNotFoundError",
+    "LeaseExpiredError",
+    "NotSupportedError",
+    "PayloadError",
+    "Permanent",
+    "QueueNameError",
+    "Retry",
+    "SchemaVersionError",
+    "StaleTokenError",
+    "StoreCorruptError",
+    "StoreError",
+    "StoreUnavailableError",
+    "TokenlineError",
+    "UnknownTaskError",
+]
+
+
+class TokenlineError(Exception):
+    """Base class of every error tokenline raises."""
+
+
+class ConfigError(TokenlineError, ValueError):
+    """A setting is invalid; the message names the setting and the reason."""
+
+    def __init__(self, setting: str, reason: str) -> None:
+        self.setting = setting
+        self.reason = reason
+        super().__init__(f"invalid setting {setting!r}: {reason}")
+
+
+class InvalidInputError(TokenlineError, ValueError):
+    """Input from a caller was rejected before anything was stored."""
+
+
+class UnknownTaskError(InvalidInputError):
+    """No task is registered under the given name."""
+
+
+class PayloadError(InvalidInputError):
+    """Job arguments are not JSON-serialisable or exceed the size limit."""
+
+
+class QueueNameError(InvalidInputError):
+    """A queue name is empty, too long or has characters outside ``[A-Za-z0-9_.:-]``."""
+
+
+class JobNotFoundError(TokenlineError, LookupError):
+    """No job exists with the given id."""
+
+
+class NotSupportedError(TokenlineError):
+    """The configured store lacks the capability an operation needs."""
+
+
+class StoreError(TokenlineError):
+    """The store failed to carry out an operation."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store cannot be reached, or did not answer within its timeout.
+
+    For a worker this is a *coordination* failure: it stops fetching (DRAINING) and
+    retries later; no job attempt is burned.
+    """
+
+
+class StoreCorruptError(StoreError):
+    """The store's file or schema is damaged or is not a tokenline store."""
+
+
+class SchemaVersionError(StoreError):
+    """The store's schema version differs from the one this code expects."""
+
+
+class FencedError(TokenlineError):
+    """Ownership of a job or resource is lost; nothing may be committed under it."""
+
+
+class StaleTokenError(FencedError):
+    """The store refused a write because a newer fencing token has been issued.
+
+    Attributes name the job (or resource), the token presented and the operation.
+    """
+
+    def __init__(self, *, resource: str, token: int, operation: str) -> None:
+        self.resource = resource
+        self.token = token
+        self.operation = operation
+        super().__init__(
+            f"{operation} refused for {resource}: token {token} is stale "
+            "(a newer owner holds it, or it has already finished)"
+        )
+
+
+class LeaseExpiredError(FencedError):
+    """The worker's own monotonic clock says its lease may have expired.
+
+    Raised before a commit is even attempted, so a paused or cut-off worker does no
+    pointless work; the store-side token check remains the guarantee.
+    """
+
+
+class JobCancelled(FencedError):  # noqa: N818 - a signal, named for what happened
+    """The worker cancelled this job (fenced, force-stopped or timed out).
+
+    Sync handlers see it from any ``ctx`` call once the cancellation flag is set.
+    """
+
+
+class Retry(Exception):  # noqa: N818 - a signal raised by handlers, not an error
+    """Raise from a handler to retry the job after ``delay`` seconds.
+
+    The retry burns an attempt; once ``max_attempts`` is reached the job goes dead.
+    """
+
+    def __init__(self, delay: float | None = None, reason: str = "retry requested") -> None:
+        if delay is not None and delay < 0:
+            raise ValueError(f"Retry delay must be >= 0, got {delay!r}")
+        self.delay = delay
+        self.reason = reason
+        super().__init__(reason)
+
+
+class Permanent(Exception):  # noqa: N818 - a signal raised by handlers, not an error
+    """Raise from a handler to dead-letter the job at once, with ``reason``."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)

@@ -1,0 +1,219 @@
+"""Job value objects and the job state machine.
+
+::
+
+    scheduled ──► queued ──► running ──► succeeded
+        │  ▲         │         │  │
+        │  └─────────┼─────────┘  ├────► dead ──(operator: dlq retry)──► queued
+        │            │  retry /   │
+        │            │  release   └────► cancelled
+        └────────────┴──────────────────► cancelled
+
+States only move along these arrows, and the store enforces it: every transition is a
+conditional update (``WHERE state = …``), so a ``succeeded`` or ``dead`` job never goes
+back to ``running`` whatever a stale worker sends. ``scheduled`` is a job whose
+``run_at`` lies in the future (delayed, or waiting for a retry); a claim takes
+``scheduled`` and ``queued`` jobs whose ``run_at`` has come.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ALLOWED_TRANSITIONS",
+    "Attempt",
+    "ClaimedJob",
+    "Finish",
+    "Job",
+    "JobState",
+    "Lease",
+    "NewJob",
+    "Outcome",
+    "QueueStats",
+    "RescueReport",
+    "StaleCommit",
+    "WorkerRecord",
+    "can_transition",
+]
+
+
+class JobState(enum.StrEnum):
+    """Where a job is in its life."""
+
+    SCHEDULED = "scheduled"
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        """True for states a worker can never take the job out of."""
+        return self in (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
+
+
+ALLOWED_TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
+    JobState.SCHEDULED: frozenset({JobState.QUEUED, JobState.RUNNING, JobState.CANCELLED}),
+    JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED}),
+    JobState.RUNNING: frozenset(
+        {JobState.SUCCEEDED, JobState.DEAD, JobState.QUEUED, JobState.SCHEDULED}
+    ),
+    JobState.SUCCEEDED: frozenset(),
+    # Only an operator's explicit dead-letter retry revives a dead job, and it goes to
+    # queued, never straight to running.
+    JobState.DEAD: frozenset({JobState.QUEUED, JobState.CANCELLED}),
+    JobState.CANCELLED: frozenset(),
+}
+
+
+def can_transition(src: JobState, dst: JobState) -> bool:
+    """Whether the job state machine allows ``src`` → ``dst``."""
+    return dst in ALLOWED_TRANSITIONS[src]
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A validated job ready to be inserted by a store."""
+
+    queue: str
+    task: str
+    args: str  # JSON text: the core validates and encodes, stores only copy it
+    idempotency_key: str | None = None
+    priority: int = 0
+    run_at: float | None = None  # None: now
+    max_attempts: int = 5
+    timeout: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Proof of ownership of a job: present it on every renewal and commit."""
+
+    job_id: int
+    owner: str
+    token: int
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job as the store holds it."""
+
+    id: int
+    queue: str
+    task: str
+    args: str
+    idempotency_key: str | None
+    priority: int
+    run_at: float
+    attempt: int
+    max_attempts: int
+    state: JobState
+    lease_owner: str | None
+    lease_token: int
+    lease_expires_at: float | None
+    last_error: str | None
+    error_class: str | None
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+    timeout: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job handed to a worker together with its fresh lease."""
+
+    job: Job
+    lease: Lease
+
+
+class Outcome(enum.StrEnum):
+    """How an attempt ends, as sent to :meth:`Store.jobs_finish`."""
+
+    SUCCEEDED = "succeeded"  # → succeeded
+    RETRY = "retry"  # → scheduled/queued at run_at; the attempt is burned
+    DEAD = "dead"  # → dead, with the reason
+    RELEASE = "release"  # → queued/scheduled at run_at; the attempt is given back
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """One finalising write, conditional on the lease's token inside the store."""
+
+    lease: Lease
+    outcome: Outcome
+    run_at: float | None = None
+    error: str | None = None
+    error_class: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One execution attempt of a job, as recorded by the store."""
+
+    job_id: int
+    attempt: int
+    token: int
+    owner: str
+    started_at: float
+    finished_at: float | None
+    outcome: str | None
+    error: str | None
+    error_class: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StaleCommit:
+    """A write the store refused because its token was stale."""
+
+    job_id: int
+    token: int
+    owner: str
+    operation: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RescueReport:
+    """What one rescue pass did with jobs whose lease had expired."""
+
+    requeued: Sequence[int] = ()
+    dead: Sequence[int] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """Counts per state and the age of the oldest ready job, for one queue."""
+
+    queue: str
+    counts: Mapping[str, int] = field(default_factory=dict)
+    oldest_ready_age: float | None = None
+    paused: bool = False
+
+    def count(self, state: JobState) -> int:
+        """Jobs in ``state``."""
+        return int(self.counts.get(state.value, 0))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRecord:
+    """A worker's membership row: who it is, its state and its lease."""
+
+    id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int
+    state: str
+    token: int
+    started_at: float
+    heartbeat_at: float
+    expires_at: float
+    in_flight: int = 0
+    extra: Mapping[str, Any] = field(default_factory=dict)

@@ -1,0 +1,74 @@
+"""Error classification: what happens after a handler fails.
+
+=============  ===========================================  ==============================
+class          examples                                     action
+=============  ===========================================  ==============================
+transient      timeouts, connection resets, unknown errors  retry with backoff, then dead
+permanent      ``Permanent``, bad arguments (``TypeError``)  dead at once, with the reason
+coordination   lease lost, store unreachable, cancelled      no ack, no attempt burned
+=============  ===========================================  ==============================
+
+A user classifier runs first; returning ``None`` falls through to the defaults.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ._errors import FencedError, Permanent, Retry, StoreUnavailableError
+
+__all__ = ["Classifier", "Decision", "ErrorClass", "classify"]
+
+
+class ErrorClass(enum.StrEnum):
+    """The three kinds of failure, each with its own handling."""
+
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+    COORDINATION = "coordination"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The class of a failure, and an explicit retry delay when the handler gave one."""
+
+    error_class: ErrorClass
+    reason: str
+    delay: float | None = None
+
+
+#: A user classifier: return an :class:`ErrorClass` (or a :class:`Decision`) to decide,
+#: or ``None`` to fall back on the defaults.
+Classifier = Callable[[BaseException], "ErrorClass | Decision | None"]
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def classify(exc: BaseException, user: Classifier | None = None) -> Decision:
+    """Decide the class of ``exc``; ``user`` is consulted first."""
+    # Explicit signals from the handler beat any classifier.
+    if isinstance(exc, Retry):
+        return Decision(ErrorClass.TRANSIENT, exc.reason, exc.delay)
+    if isinstance(exc, Permanent):
+        return Decision(ErrorClass.PERMANENT, exc.reason)
+    if isinstance(exc, FencedError | StoreUnavailableError):
+        return Decision(ErrorClass.COORDINATION, _describe(exc))
+    if user is not None:
+        verdict = user(exc)
+        if isinstance(verdict, Decision):
+            return verdict
+        if isinstance(verdict, ErrorClass):
+            return Decision(verdict, _describe(exc))
+        if verdict is not None:
+            raise TypeError(
+                f"classifier returned {verdict!r}; expected ErrorClass, Decision or None"
+            )
+    # A handler called with arguments it cannot take will fail the same way every time.
+    if isinstance(exc, TypeError | NotImplementedError):
+        return Decision(ErrorClass.PERMANENT, _describe(exc))
+    return Decision(ErrorClass.TRANSIENT, _describe(exc))

@@ -1,0 +1,256 @@
+"""The backend seam: one method per atomic state change of the store.
+
+A store is a thin adapter; the rules (state machine, fencing, retries) live in the core.
+What every store must guarantee:
+
+* **Fenced writes.** ``jobs_finish`` and ``leases_renew`` apply a row only if the job is
+  ``running`` *and* its ``lease_token`` equals the token presented, checked inside the
+  store's own atomic statement (``UPDATE … WHERE id = ? AND lease_token = ?``), never
+  by a read followed by a write. A refused write is recorded (see ``stale_commits``)
+  and reported to the caller; it is never swallowed.
+* **Monotonic tokens.** Every claim and every rescue increments the job's token, so a
+  worker that held an older lease can never match again.
+* **Monotonic states.** Transitions follow :data:`tokenline._jobs.ALLOWED_TRANSITIONS`.
+* **Store time.** Lease expiry is judged by the store's clock, not the worker's.
+
+Methods are keyword-only and async; a store that blocks (SQLite) runs its calls off the
+event loop. Capabilities say what a store lacks.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import NotSupportedError, StaleTokenError
+from .._jobs import (
+    Attempt,
+    ClaimedJob,
+    Finish,
+    Job,
+    JobState,
+    Lease,
+    NewJob,
+    Outcome,
+    QueueStats,
+    RescueReport,
+    StaleCommit,
+    WorkerRecord,
+)
+
+__all__ = ["Capabilities", "FencedTransaction", "ResourceLease", "Store"]
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a store can do beyond the common contract."""
+
+    #: Several processes may share the store (false for the in-memory store).
+    multi_process: bool = True
+    #: ``fenced_transaction``: business writes and the job's completion in one transaction.
+    transactional_completion: bool = False
+    #: The store wakes idle workers when a job is enqueued.
+    notifications: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceLease:
+    """A named lease (maintenance leadership, a business resource) with its token."""
+
+    resource: str
+    owner: str
+    token: int
+    expires_at: float
+
+
+class FencedTransaction(abc.ABC):
+    """A transaction on the store in which the job's token is checked first.
+
+    Used as ``with`` (sync handlers) or ``async with`` (async handlers). On entry the
+    store locks the job and verifies its token (raising :class:`StaleTokenError` before
+    any user write); on a clean exit it marks the job succeeded and commits everything
+    together; on an exception it rolls back.
+    """
+
+    #: True once the completion has committed.
+    committed: bool = False
+
+    @abc.abstractmethod
+    def __enter__(self) -> Any: ...
+
+    @abc.abstractmethod
+    def __exit__(self, *exc: object) -> None: ...
+
+    async def __aenter__(self) -> Any:
+        raise NotSupportedError("this store's transactions are synchronous: use `with`")
+
+    async def __aexit__(self, *exc: object) -> None:
+        raise NotSupportedError("this store's transactions are synchronous: use `with`")
+
+
+class Store(abc.ABC):
+    """Abstract base of every backend. See the module docstring for the contract."""
+
+    capabilities: Capabilities = Capabilities()
+
+    # -- life cycle ---------------------------------------------------------------------
+    @abc.abstractmethod
+    async def open(self) -> None:
+        """Connect and create or check the schema; raise a :class:`StoreError` on failure."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections. Safe to call twice."""
+
+    # -- broker ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def jobs_enqueue(self, *, jobs: Sequence[NewJob]) -> list[int]:
+        """Insert ``jobs`` atomically (all or none) and return their ids, in order."""
+
+    @abc.abstractmethod
+    async def jobs_claim(
+        self, *, owner: str, queues: Sequence[str], limit: int, ttl: float
+    ) -> list[ClaimedJob]:
+        """Lease up to ``limit`` ready jobs of unpaused ``queues`` to ``owner``.
+
+        Highest priority first, then oldest ``run_at``. Each job's attempt and token are
+        incremented; the lease expires ``ttl`` seconds from the store's now.
+        """
+
+    @abc.abstractmethod
+    async def leases_renew(
+        self, *, owner: str, leases: Sequence[Lease], ttl: float
+    ) -> list[Lease | None]:
+        """Extend each lease still held (same token, not expired): one batch.
+
+        Returns, in order, the renewed lease or ``None`` for a lease that is lost.
+        """
+
+    @abc.abstractmethod
+    async def jobs_finish(self, *, finishes: Sequence[Finish]) -> list[bool]:
+        """Apply finalising writes in one batch, each conditional on its own token.
+
+        Returns, in order, whether each was accepted. Refused ones are recorded as stale
+        commits.
+        """
+
+    @abc.abstractmethod
+    async def jobs_rescue(self, *, limit: int = 1000) -> RescueReport:
+        """Return running jobs whose lease expired to the queue, bumping their token.
+
+        The lost attempt counts: a job on its last attempt goes dead instead.
+        """
+
+    # -- queues ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def queue_pause(self, *, queue: str) -> None:
+        """Stop claims from ``queue`` (jobs stay queued)."""
+
+    @abc.abstractmethod
+    async def queue_resume(self, *, queue: str) -> None:
+        """Allow claims from ``queue`` again."""
+
+    @abc.abstractmethod
+    async def queues_stats(self) -> list[QueueStats]:
+        """Counts per state and oldest ready age, per queue (paused ones flagged)."""
+
+    # -- inspection and operator actions --------------------------------------------------
+    @abc.abstractmethod
+    async def job_get(self, *, job_id: int) -> Job:
+        """The job with ``job_id``; :class:`JobNotFoundError` if there is none."""
+
+    @abc.abstractmethod
+    async def jobs_list(
+        self,
+        *,
+        state: JobState | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+    ) -> list[Job]:
+        """Jobs filtered by state and queue, newest first."""
+
+    @abc.abstractmethod
+    async def job_attempts(self, *, job_id: int) -> list[Attempt]:
+        """Every attempt of the job, oldest first, with its token and outcome."""
+
+    @abc.abstractmethod
+    async def jobs_retry_dead(self, *, job_ids: Sequence[int]) -> int:
+        """Operator action: move dead jobs back to queued with a fresh attempt budget."""
+
+    @abc.abstractmethod
+    async def jobs_cancel(self, *, job_ids: Sequence[int], reason: str) -> int:
+        """Cancel jobs that are not running or finished (dead ones: discard)."""
+
+    @abc.abstractmethod
+    async def stale_commits(self, *, limit: int = 100) -> tuple[int, list[StaleCommit]]:
+        """The total number of refused stale writes and the most recent ones."""
+
+    # -- workers and named leases ---------------------------------------------------------
+    @abc.abstractmethod
+    async def worker_register(self, *, record: WorkerRecord, ttl: float) -> WorkerRecord:
+        """Insert or re-register a worker, issuing a fresh membership token."""
+
+    @abc.abstractmethod
+    async def worker_heartbeat(
+        self, *, worker_id: str, token: int, state: str, in_flight: int, ttl: float
+    ) -> WorkerRecord | None:
+        """Extend the membership lease if still held; ``None`` when it was lost."""
+
+    @abc.abstractmethod
+    async def worker_deregister(self, *, worker_id: str, token: int) -> None:
+        """Mark the worker stopped (best effort, conditional on its token)."""
+
+    @abc.abstractmethod
+    async def workers_list(self) -> list[WorkerRecord]:
+        """Every worker row, newest first."""
+
+    @abc.abstractmethod
+    async def lease_acquire(
+        self, *, resource: str, owner: str, ttl: float
+    ) -> ResourceLease | None:
+        """Take the named lease if it is free or expired (new token), or renew it if
+        ``owner`` already holds it; ``None`` when someone else holds it."""
+
+    @abc.abstractmethod
+    async def lease_release(self, *, lease: ResourceLease) -> bool:
+        """Release the named lease; only the holder of ``(owner, token)`` can."""
+
+    # -- transactions ---------------------------------------------------------------------
+    def fenced_transaction(self, *, lease: Lease) -> FencedTransaction:
+        """A transaction that checks ``lease`` first and completes the job on commit."""
+        raise NotSupportedError(
+            f"{type(self).__name__} cannot complete a job inside a business transaction; "
+            "use the SQLite or PostgreSQL store for ctx.transaction()"
+        )
+
+    # -- conveniences built on the primitives ---------------------------------------------
+    async def job_complete(self, *, lease: Lease) -> None:
+        """Mark the job succeeded; raise :class:`StaleTokenError` if the token is stale."""
+        await self._finish_one(Finish(lease, Outcome.SUCCEEDED), "complete")
+
+    async def job_retry(
+        self, *, lease: Lease, run_at: float, error: str, error_class: str = "transient"
+    ) -> None:
+        """Schedule another attempt at ``run_at``; the attempt is burned."""
+        await self._finish_one(Finish(lease, Outcome.RETRY, run_at, error, error_class), "retry")
+
+    async def job_dead(self, *, lease: Lease, error: str, error_class: str = "permanent") -> None:
+        """Dead-letter the job with ``error`` as its reason."""
+        await self._finish_one(Finish(lease, Outcome.DEAD, None, error, error_class), "dead")
+
+    async def job_snooze(self, *, lease: Lease, run_at: float, reason: str = "snoozed") -> None:
+        """Put the job back until ``run_at`` without burning an attempt."""
+        await self._finish_one(
+            Finish(lease, Outcome.RELEASE, run_at, reason, "coordination"), "snooze"
+        )
+
+    async def _finish_one(self, finish: Finish, operation: str) -> None:
+        (ok,) = await self.jobs_finish(finishes=[finish])
+        if not ok:
+            raise StaleTokenError(
+                resource=f"job {finish.lease.job_id}",
+                token=finish.lease.token,
+                operation=operation,
+            )

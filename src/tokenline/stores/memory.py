@@ -1,0 +1,423 @@
+"""The in-memory reference store: the contract in its plainest form.
+
+One process only (``memory://``). It is the model the other stores are tested against,
+and the store of unit tests. A lock makes every method atomic, as a transaction would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Sequence
+
+from .._clock import Clock, SystemClock
+from .._errors import JobNotFoundError
+from .._jobs import (
+    Attempt,
+    ClaimedJob,
+    Finish,
+    Job,
+    JobState,
+    Lease,
+    NewJob,
+    Outcome,
+    QueueStats,
+    RescueReport,
+    StaleCommit,
+    WorkerRecord,
+)
+from .base import Capabilities, ResourceLease, Store
+
+__all__ = ["MemoryStore"]
+
+_READY = (JobState.QUEUED, JobState.SCHEDULED)
+
+
+class MemoryStore(Store):
+    """A store held in this process's memory; nothing survives the process."""
+
+    capabilities = Capabilities(multi_process=False)
+
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock or SystemClock()
+        self._lock = threading.Lock()
+        self._jobs: dict[int, Job] = {}
+        self._attempts: dict[int, list[Attempt]] = {}
+        self._next_id = 1
+        self._paused: set[str] = set()
+        self._stale: list[StaleCommit] = []
+        self._workers: dict[str, WorkerRecord] = {}
+        self._leases: dict[str, ResourceLease] = {}
+        #: Test-only switch: check only that the job is running, not its token (what
+        #: state-only queues do). Exists so tests can prove the token check is what
+        #: keeps a zombie out.
+        self.unsafe_disable_fencing = False
+
+    async def open(self) -> None:
+        """Nothing to connect to."""
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+    # -- broker ---------------------------------------------------------------------------
+    async def jobs_enqueue(self, *, jobs: Sequence[NewJob]) -> list[int]:
+        """Insert all ``jobs`` and return their ids."""
+        with self._lock:
+            now = self.clock.now()
+            ids = []
+            for new in jobs:
+                run_at = now if new.run_at is None else new.run_at
+                job = Job(
+                    id=self._next_id,
+                    queue=new.queue,
+                    task=new.task,
+                    args=new.args,
+                    idempotency_key=new.idempotency_key,
+                    priority=new.priority,
+                    run_at=run_at,
+                    attempt=0,
+                    max_attempts=new.max_attempts,
+                    state=JobState.SCHEDULED if run_at > now else JobState.QUEUED,
+                    lease_owner=None,
+                    lease_token=0,
+                    lease_expires_at=None,
+                    last_error=None,
+                    error_class=None,
+                    created_at=now,
+                    updated_at=now,
+                    finished_at=None,
+                    timeout=new.timeout,
+                )
+                self._jobs[job.id] = job
+                self._attempts[job.id] = []
+                ids.append(job.id)
+                self._next_id += 1
+            return ids
+
+    async def jobs_claim(
+        self, *, owner: str, queues: Sequence[str], limit: int, ttl: float
+    ) -> list[ClaimedJob]:
+        """Lease the best ready jobs to ``owner``."""
+        with self._lock:
+            now = self.clock.now()
+            wanted = set(queues) - self._paused
+            ready = [
+                j
+                for j in self._jobs.values()
+                if j.state in _READY and j.run_at <= now and j.queue in wanted
+            ]
+            ready.sort(key=lambda j: (-j.priority, j.run_at, j.id))
+            claimed = []
+            for job in ready[:limit]:
+                token = job.lease_token + 1
+                job = dataclasses.replace(
+                    job,
+                    state=JobState.RUNNING,
+                    attempt=job.attempt + 1,
+                    lease_owner=owner,
+                    lease_token=token,
+                    lease_expires_at=now + ttl,
+                    updated_at=now,
+                )
+                self._jobs[job.id] = job
+                self._attempts[job.id].append(
+                    Attempt(job.id, job.attempt, token, owner, now, None, None, None, None)
+                )
+                claimed.append(ClaimedJob(job, Lease(job.id, owner, token, now + ttl)))
+            return claimed
+
+    def _holds(self, lease: Lease) -> bool:
+        job = self._jobs.get(lease.job_id)
+        return (
+            job is not None
+            and job.state is JobState.RUNNING
+            and job.lease_token == lease.token
+            and job.lease_owner == lease.owner
+        )
+
+    def _record_stale(self, lease: Lease, operation: str, now: float) -> None:
+        self._stale.append(StaleCommit(lease.job_id, lease.token, lease.owner, operation, now))
+
+    async def leases_renew(
+        self, *, owner: str, leases: Sequence[Lease], ttl: float
+    ) -> list[Lease | None]:
+        """Extend each held, unexpired lease."""
+        with self._lock:
+            now = self.clock.now()
+            out: list[Lease | None] = []
+            for lease in leases:
+                job = self._jobs.get(lease.job_id)
+                if (
+                    job is not None
+                    and lease.owner == owner
+                    and self._holds(lease)
+                    and (job.lease_expires_at or 0) > now
+                ):
+                    self._jobs[job.id] = dataclasses.replace(
+                        job, lease_expires_at=now + ttl, updated_at=now
+                    )
+                    out.append(dataclasses.replace(lease, expires_at=now + ttl))
+                else:
+                    self._record_stale(lease, "renew", now)
+                    out.append(None)
+            return out
+
+    async def jobs_finish(self, *, finishes: Sequence[Finish]) -> list[bool]:
+        """Apply each finish whose token is current."""
+        with self._lock:
+            now = self.clock.now()
+            out = []
+            for fin in finishes:
+                job = self._jobs.get(fin.lease.job_id)
+                fenced_ok = self._holds(fin.lease) or (
+                    self.unsafe_disable_fencing
+                    and job is not None
+                    and job.state is JobState.RUNNING
+                )
+                if job is None or not fenced_ok:
+                    self._record_stale(fin.lease, fin.outcome.value, now)
+                    out.append(False)
+                    continue
+                self._jobs[job.id] = _finished(job, fin, now)
+                self._close_attempt(job.id, fin.lease.token, fin.outcome.value, fin, now)
+                out.append(True)
+            return out
+
+    def _close_attempt(
+        self, job_id: int, token: int, outcome: str, fin: Finish | None, now: float
+    ) -> None:
+        attempts = self._attempts[job_id]
+        for i, att in enumerate(attempts):
+            if att.token == token and att.finished_at is None:
+                attempts[i] = dataclasses.replace(
+                    att,
+                    finished_at=now,
+                    outcome=outcome,
+                    error=fin.error if fin else "lease expired",
+                    error_class=fin.error_class if fin else "coordination",
+                )
+
+    async def jobs_rescue(self, *, limit: int = 1000) -> RescueReport:
+        """Requeue (or dead-letter) running jobs whose lease has expired."""
+        with self._lock:
+            now = self.clock.now()
+            requeued, dead = [], []
+            expired = [
+                j
+                for j in self._jobs.values()
+                if j.state is JobState.RUNNING and (j.lease_expires_at or 0) <= now
+            ][:limit]
+            for job in expired:
+                self._close_attempt(job.id, job.lease_token, "lease_expired", None, now)
+                last = job.attempt >= job.max_attempts
+                self._jobs[job.id] = dataclasses.replace(
+                    job,
+                    state=JobState.DEAD if last else JobState.QUEUED,
+                    lease_token=job.lease_token + 1,
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    run_at=now,
+                    last_error="lease expired: the worker stopped renewing it",
+                    error_class="coordination",
+                    updated_at=now,
+                    finished_at=now if last else None,
+                )
+                (dead if last else requeued).append(job.id)
+            return RescueReport(requeued=requeued, dead=dead)
+
+    # -- queues ---------------------------------------------------------------------------
+    async def queue_pause(self, *, queue: str) -> None:
+        """Pause ``queue``."""
+        with self._lock:
+            self._paused.add(queue)
+
+    async def queue_resume(self, *, queue: str) -> None:
+        """Resume ``queue``."""
+        with self._lock:
+            self._paused.discard(queue)
+
+    async def queues_stats(self) -> list[QueueStats]:
+        """Per-queue counts and oldest ready age."""
+        with self._lock:
+            now = self.clock.now()
+            counts: dict[str, dict[str, int]] = {}
+            oldest: dict[str, float] = {}
+            for job in self._jobs.values():
+                c = counts.setdefault(job.queue, {})
+                c[job.state.value] = c.get(job.state.value, 0) + 1
+                if job.state in _READY and job.run_at <= now:
+                    oldest[job.queue] = min(oldest.get(job.queue, now), job.run_at)
+            names = sorted(set(counts) | self._paused)
+            return [
+                QueueStats(
+                    q,
+                    counts.get(q, {}),
+                    (now - oldest[q]) if q in oldest else None,
+                    q in self._paused,
+                )
+                for q in names
+            ]
+
+    # -- inspection -----------------------------------------------------------------------
+    async def job_get(self, *, job_id: int) -> Job:
+        """The job, or :class:`JobNotFoundError`."""
+        with self._lock:
+            try:
+                return self._jobs[job_id]
+            except KeyError:
+                raise JobNotFoundError(f"no job with id {job_id}") from None
+
+    async def jobs_list(
+        self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
+    ) -> list[Job]:
+        """Jobs filtered by state and queue, newest first."""
+        with self._lock:
+            jobs = [
+                j
+                for j in self._jobs.values()
+                if (state is None or j.state is state) and (queue is None or j.queue == queue)
+            ]
+            return sorted(jobs, key=lambda j: -j.id)[:limit]
+
+    async def job_attempts(self, *, job_id: int) -> list[Attempt]:
+        """Attempts of the job, oldest first."""
+        with self._lock:
+            if job_id not in self._jobs:
+                raise JobNotFoundError(f"no job with id {job_id}")
+            return list(self._attempts[job_id])
+
+    async def jobs_retry_dead(self, *, job_ids: Sequence[int]) -> int:
+        """Requeue dead jobs with a fresh attempt budget."""
+        with self._lock:
+            now = self.clock.now()
+            n = 0
+            for jid in job_ids:
+                job = self._jobs.get(jid)
+                if job is not None and job.state is JobState.DEAD:
+                    self._jobs[jid] = dataclasses.replace(
+                        job,
+                        state=JobState.QUEUED,
+                        max_attempts=job.attempt + job.max_attempts,
+                        run_at=now,
+                        finished_at=None,
+                        updated_at=now,
+                    )
+                    n += 1
+            return n
+
+    async def jobs_cancel(self, *, job_ids: Sequence[int], reason: str) -> int:
+        """Cancel jobs that are queued, scheduled or dead."""
+        with self._lock:
+            now = self.clock.now()
+            n = 0
+            for jid in job_ids:
+                job = self._jobs.get(jid)
+                if job is not None and job.state in (*_READY, JobState.DEAD):
+                    self._jobs[jid] = dataclasses.replace(
+                        job,
+                        state=JobState.CANCELLED,
+                        last_error=reason,
+                        finished_at=now,
+                        updated_at=now,
+                    )
+                    n += 1
+            return n
+
+    async def stale_commits(self, *, limit: int = 100) -> tuple[int, list[StaleCommit]]:
+        """Total refused writes and the most recent ``limit``."""
+        with self._lock:
+            return len(self._stale), list(reversed(self._stale))[:limit]
+
+    # -- workers and leases ---------------------------------------------------------------
+    async def worker_register(self, *, record: WorkerRecord, ttl: float) -> WorkerRecord:
+        """Register ``record`` with a fresh token."""
+        with self._lock:
+            now = self.clock.now()
+            old = self._workers.get(record.id)
+            rec = dataclasses.replace(
+                record,
+                token=(old.token if old else 0) + 1,
+                heartbeat_at=now,
+                expires_at=now + ttl,
+                started_at=old.started_at if old else now,
+            )
+            self._workers[record.id] = rec
+            return rec
+
+    async def worker_heartbeat(
+        self, *, worker_id: str, token: int, state: str, in_flight: int, ttl: float
+    ) -> WorkerRecord | None:
+        """Extend the membership lease if it is still held and unexpired."""
+        with self._lock:
+            now = self.clock.now()
+            rec = self._workers.get(worker_id)
+            if rec is None or rec.token != token or rec.expires_at <= now:
+                return None
+            rec = dataclasses.replace(
+                rec, state=state, in_flight=in_flight, heartbeat_at=now, expires_at=now + ttl
+            )
+            self._workers[worker_id] = rec
+            return rec
+
+    async def worker_deregister(self, *, worker_id: str, token: int) -> None:
+        """Mark the worker stopped."""
+        with self._lock:
+            rec = self._workers.get(worker_id)
+            if rec is not None and rec.token == token:
+                now = self.clock.now()
+                self._workers[worker_id] = dataclasses.replace(
+                    rec, state="stopped", in_flight=0, heartbeat_at=now, expires_at=now
+                )
+
+    async def workers_list(self) -> list[WorkerRecord]:
+        """All workers, newest first."""
+        with self._lock:
+            return sorted(self._workers.values(), key=lambda w: -w.started_at)
+
+    async def lease_acquire(
+        self, *, resource: str, owner: str, ttl: float
+    ) -> ResourceLease | None:
+        """Take or renew the named lease."""
+        with self._lock:
+            now = self.clock.now()
+            cur = self._leases.get(resource)
+            if cur is not None and cur.expires_at > now and cur.owner != owner:
+                return None
+            if cur is not None and cur.owner == owner and cur.expires_at > now:
+                new = dataclasses.replace(cur, expires_at=now + ttl)
+            else:
+                new = ResourceLease(resource, owner, (cur.token if cur else 0) + 1, now + ttl)
+            self._leases[resource] = new
+            return new
+
+    async def lease_release(self, *, lease: ResourceLease) -> bool:
+        """Release the lease if ``(owner, token)`` still holds it."""
+        with self._lock:
+            cur = self._leases.get(lease.resource)
+            if cur is None or cur.owner != lease.owner or cur.token != lease.token:
+                return False
+            # Expire rather than delete: the token counter must survive the release.
+            self._leases[lease.resource] = dataclasses.replace(
+                cur, expires_at=self.clock.now()
+            )
+            return True
+
+
+def _finished(job: Job, fin: Finish, now: float) -> Job:
+    """The job after ``fin`` was accepted."""
+    base = dataclasses.replace(
+        job,
+        lease_owner=None,
+        lease_expires_at=None,
+        updated_at=now,
+        last_error=fin.error,
+        error_class=fin.error_class,
+    )
+    if fin.outcome is Outcome.SUCCEEDED:
+        return dataclasses.replace(base, state=JobState.SUCCEEDED, finished_at=now)
+    if fin.outcome is Outcome.DEAD:
+        return dataclasses.replace(base, state=JobState.DEAD, finished_at=now)
+    run_at = now if fin.run_at is None else fin.run_at
+    state = JobState.SCHEDULED if run_at > now else JobState.QUEUED
+    refund = 1 if fin.outcome is Outcome.RELEASE else 0
+    return dataclasses.replace(base, state=state, run_at=run_at, attempt=job.attempt - refund)

@@ -1,0 +1,5 @@
+"""The embedded SQLite store: one file, several worker processes on one machine."""
+
+from .store import SQLiteStore
+
+__all__ = ["SQLiteStore"]

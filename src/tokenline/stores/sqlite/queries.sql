@@ -1,0 +1,288 @@
+-- tokenline: SQLite queries. Every finalising write is conditional on the job's
+-- lease token inside the statement itself; see stores/base.py for the contract.
+-- Parameters are named (:name); lists arrive as JSON text and are read with json_each.
+
+-- name: schema
+CREATE TABLE IF NOT EXISTS tokenline_jobs (
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    queue            TEXT    NOT NULL,
+    task             TEXT    NOT NULL,
+    args             TEXT    NOT NULL,
+    idempotency_key  TEXT,
+    priority         INTEGER NOT NULL DEFAULT 0,
+    run_at           REAL    NOT NULL,
+    attempt          INTEGER NOT NULL DEFAULT 0,
+    max_attempts     INTEGER NOT NULL,
+    state            TEXT    NOT NULL CHECK (state IN
+                        ('scheduled', 'queued', 'running', 'succeeded', 'dead', 'cancelled')),
+    lease_owner      TEXT,
+    lease_token      INTEGER NOT NULL DEFAULT 0,
+    lease_expires_at REAL,
+    last_error       TEXT,
+    error_class      TEXT,
+    created_at       REAL    NOT NULL,
+    updated_at       REAL    NOT NULL,
+    finished_at      REAL,
+    timeout          REAL
+);
+CREATE INDEX IF NOT EXISTS tokenline_jobs_ready
+    ON tokenline_jobs (queue, priority DESC, run_at, id)
+    WHERE state IN ('queued', 'scheduled');
+CREATE INDEX IF NOT EXISTS tokenline_jobs_expiry
+    ON tokenline_jobs (lease_expires_at) WHERE state = 'running';
+CREATE INDEX IF NOT EXISTS tokenline_jobs_queue_state ON tokenline_jobs (queue, state);
+-- The store itself refuses a backwards move, whatever SQL a bug or a stale worker sends.
+CREATE TRIGGER IF NOT EXISTS tokenline_jobs_monotonic
+BEFORE UPDATE OF state ON tokenline_jobs
+WHEN NEW.state <> OLD.state AND NOT (
+       (OLD.state = 'scheduled' AND NEW.state IN ('queued', 'running', 'cancelled'))
+    OR (OLD.state = 'queued'    AND NEW.state IN ('running', 'cancelled'))
+    OR (OLD.state = 'running'   AND NEW.state IN ('succeeded', 'dead', 'queued', 'scheduled'))
+    OR (OLD.state = 'dead'      AND NEW.state IN ('queued', 'cancelled'))
+)
+BEGIN
+    SELECT RAISE(ABORT, 'tokenline: illegal job state transition');
+END;
+CREATE TABLE IF NOT EXISTS tokenline_attempts (
+    job_id      INTEGER NOT NULL,
+    token       INTEGER NOT NULL,
+    attempt     INTEGER NOT NULL,
+    owner       TEXT    NOT NULL,
+    started_at  REAL    NOT NULL,
+    finished_at REAL,
+    outcome     TEXT,
+    error       TEXT,
+    error_class TEXT,
+    PRIMARY KEY (job_id, token)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tokenline_stale_commits (
+    id        INTEGER PRIMARY KEY,
+    job_id    INTEGER NOT NULL,
+    token     INTEGER NOT NULL,
+    owner     TEXT    NOT NULL,
+    operation TEXT    NOT NULL,
+    at        REAL    NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tokenline_paused_queues (
+    queue     TEXT PRIMARY KEY,
+    paused_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tokenline_workers (
+    id           TEXT PRIMARY KEY,
+    host         TEXT    NOT NULL,
+    pid          INTEGER NOT NULL,
+    queues       TEXT    NOT NULL,
+    concurrency  INTEGER NOT NULL,
+    state        TEXT    NOT NULL,
+    token        INTEGER NOT NULL,
+    started_at   REAL    NOT NULL,
+    heartbeat_at REAL    NOT NULL,
+    expires_at   REAL    NOT NULL,
+    in_flight    INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS tokenline_leases (
+    resource   TEXT PRIMARY KEY,
+    owner      TEXT    NOT NULL,
+    token      INTEGER NOT NULL,
+    expires_at REAL    NOT NULL
+);
+
+-- name: enqueue
+INSERT INTO tokenline_jobs (queue, task, args, idempotency_key, priority, run_at,
+                            max_attempts, state, created_at, updated_at, timeout)
+VALUES (:queue, :task, :args, :idempotency_key, :priority, :run_at,
+        :max_attempts, :state, :now, :now, :timeout);
+
+-- name: claim
+UPDATE tokenline_jobs
+SET state = 'running',
+    attempt = attempt + 1,
+    lease_owner = :owner,
+    lease_token = lease_token + 1,
+    lease_expires_at = :now + :ttl,
+    updated_at = :now
+WHERE id IN (
+    SELECT id FROM tokenline_jobs
+    WHERE state IN ('queued', 'scheduled')
+      AND run_at <= :now
+      AND queue IN (SELECT value FROM json_each(:queues))
+      AND queue NOT IN (SELECT queue FROM tokenline_paused_queues)
+    ORDER BY priority DESC, run_at, id
+    LIMIT :limit
+)
+RETURNING *;
+
+-- name: attempt_start
+INSERT INTO tokenline_attempts (job_id, token, attempt, owner, started_at)
+VALUES (:job_id, :token, :attempt, :owner, :now);
+
+-- name: renew
+UPDATE tokenline_jobs
+SET lease_expires_at = :now + :ttl
+FROM (SELECT json_extract(value, '$[0]') AS jid, json_extract(value, '$[1]') AS tok
+      FROM json_each(:leases)) AS held
+WHERE tokenline_jobs.id = held.jid
+  AND tokenline_jobs.lease_token = held.tok
+  AND tokenline_jobs.lease_owner = :owner
+  AND tokenline_jobs.state = 'running'
+  AND tokenline_jobs.lease_expires_at > :now
+RETURNING tokenline_jobs.id, tokenline_jobs.lease_expires_at;
+
+-- name: finish
+UPDATE tokenline_jobs
+SET state = :state,
+    run_at = COALESCE(:run_at, run_at),
+    attempt = attempt - :refund,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    last_error = :error,
+    error_class = :error_class,
+    finished_at = :finished_at,
+    updated_at = :now
+WHERE id = :job_id AND lease_token = :token AND lease_owner = :owner AND state = 'running';
+
+-- name: finish_unfenced
+-- Test-only: what a state-only queue does. Never used unless fencing is disabled.
+UPDATE tokenline_jobs
+SET state = :state,
+    run_at = COALESCE(:run_at, run_at),
+    attempt = attempt - :refund,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    last_error = :error,
+    error_class = :error_class,
+    finished_at = :finished_at,
+    updated_at = :now
+WHERE id = :job_id AND state = 'running';
+
+-- name: attempt_finish
+UPDATE tokenline_attempts
+SET finished_at = :now, outcome = :outcome, error = :error, error_class = :error_class
+WHERE job_id = :job_id AND token = :token AND finished_at IS NULL;
+
+-- name: stale_insert
+INSERT INTO tokenline_stale_commits (job_id, token, owner, operation, at)
+VALUES (:job_id, :token, :owner, :operation, :now);
+
+-- name: fence_check
+-- Takes the write lock (inside BEGIN IMMEDIATE) and proves the token is current.
+UPDATE tokenline_jobs SET updated_at = :now
+WHERE id = :job_id AND lease_token = :token AND lease_owner = :owner AND state = 'running';
+
+-- name: fence_check_unfenced
+UPDATE tokenline_jobs SET updated_at = :now WHERE id = :job_id AND state = 'running';
+
+-- name: rescue_attempts
+UPDATE tokenline_attempts
+SET finished_at = :now, outcome = 'lease_expired',
+    error = 'lease expired: the worker stopped renewing it', error_class = 'coordination'
+WHERE finished_at IS NULL
+  AND (job_id, token) IN (
+      SELECT id, lease_token FROM tokenline_jobs
+      WHERE state = 'running' AND lease_expires_at <= :now
+      ORDER BY lease_expires_at LIMIT :limit);
+
+-- name: rescue
+UPDATE tokenline_jobs
+SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'queued' END,
+    finished_at = CASE WHEN attempt >= max_attempts THEN :now ELSE NULL END,
+    lease_token = lease_token + 1,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    run_at = :now,
+    last_error = 'lease expired: the worker stopped renewing it',
+    error_class = 'coordination',
+    updated_at = :now
+WHERE id IN (
+    SELECT id FROM tokenline_jobs
+    WHERE state = 'running' AND lease_expires_at <= :now
+    ORDER BY lease_expires_at LIMIT :limit)
+RETURNING id, state;
+
+-- name: pause
+INSERT INTO tokenline_paused_queues (queue, paused_at) VALUES (:queue, :now)
+ON CONFLICT (queue) DO NOTHING;
+
+-- name: resume
+DELETE FROM tokenline_paused_queues WHERE queue = :queue;
+
+-- name: stats_counts
+SELECT queue, state, count(*) AS n FROM tokenline_jobs GROUP BY queue, state;
+
+-- name: stats_oldest
+SELECT queue, min(run_at) AS oldest FROM tokenline_jobs
+WHERE state IN ('queued', 'scheduled') AND run_at <= :now
+GROUP BY queue;
+
+-- name: paused_list
+SELECT queue FROM tokenline_paused_queues;
+
+-- name: job_get
+SELECT * FROM tokenline_jobs WHERE id = :job_id;
+
+-- name: jobs_list
+SELECT * FROM tokenline_jobs
+WHERE (:state IS NULL OR state = :state) AND (:queue IS NULL OR queue = :queue)
+ORDER BY id DESC LIMIT :limit;
+
+-- name: attempts_list
+SELECT * FROM tokenline_attempts WHERE job_id = :job_id ORDER BY token;
+
+-- name: retry_dead
+UPDATE tokenline_jobs
+SET state = 'queued', max_attempts = attempt + max_attempts, run_at = :now,
+    finished_at = NULL, updated_at = :now
+WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'dead';
+
+-- name: cancel
+UPDATE tokenline_jobs
+SET state = 'cancelled', last_error = :reason, finished_at = :now, updated_at = :now
+WHERE id IN (SELECT value FROM json_each(:ids))
+  AND state IN ('queued', 'scheduled', 'dead');
+
+-- name: stale_count
+SELECT count(*) FROM tokenline_stale_commits;
+
+-- name: stale_list
+SELECT job_id, token, owner, operation, at FROM tokenline_stale_commits
+ORDER BY id DESC LIMIT :limit;
+
+-- name: worker_register
+INSERT INTO tokenline_workers (id, host, pid, queues, concurrency, state, token,
+                               started_at, heartbeat_at, expires_at, in_flight)
+VALUES (:id, :host, :pid, :queues, :concurrency, :state, 1, :now, :now, :now + :ttl, 0)
+ON CONFLICT (id) DO UPDATE
+SET token = tokenline_workers.token + 1, state = excluded.state,
+    heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at, in_flight = 0
+RETURNING *;
+
+-- name: worker_heartbeat
+UPDATE tokenline_workers
+SET state = :state, in_flight = :in_flight, heartbeat_at = :now, expires_at = :now + :ttl
+WHERE id = :id AND token = :token AND expires_at > :now
+RETURNING *;
+
+-- name: worker_deregister
+UPDATE tokenline_workers
+SET state = 'stopped', in_flight = 0, heartbeat_at = :now, expires_at = :now
+WHERE id = :id AND token = :token;
+
+-- name: workers_list
+SELECT * FROM tokenline_workers ORDER BY started_at DESC;
+
+-- name: lease_acquire
+INSERT INTO tokenline_leases (resource, owner, token, expires_at)
+VALUES (:resource, :owner, 1, :now + :ttl)
+ON CONFLICT (resource) DO UPDATE
+SET token = CASE WHEN tokenline_leases.owner = excluded.owner
+                      AND tokenline_leases.expires_at > :now
+                 THEN tokenline_leases.token ELSE tokenline_leases.token + 1 END,
+    owner = excluded.owner,
+    expires_at = excluded.expires_at
+WHERE tokenline_leases.expires_at <= :now OR tokenline_leases.owner = excluded.owner
+RETURNING resource, owner, token, expires_at;
+
+-- name: lease_release
+-- Expire rather than delete: the token counter must survive the release.
+UPDATE tokenline_leases SET expires_at = :now
+WHERE resource = :resource AND owner = :owner AND token = :token AND expires_at > :now;

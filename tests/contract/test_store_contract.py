@@ -1,0 +1,377 @@
+"""The store contract: every backend must pass every test here unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tokenline._clock import FakeClock
+from tokenline._errors import JobNotFoundError, NotSupportedError, StaleTokenError
+from tokenline._jobs import Finish, JobState, Lease, NewJob, Outcome, WorkerRecord
+
+Q = ["default"]
+
+
+def new(task: str = "t", **kw: Any) -> NewJob:
+    return NewJob(queue=kw.pop("queue", "default"), task=task, args="[]", **kw)
+
+
+async def claim_one(store: Any, owner: str = "w1", ttl: float = 10.0) -> Any:
+    (claimed,) = await store.jobs_claim(owner=owner, queues=Q, limit=1, ttl=ttl)
+    return claimed
+
+
+async def test_enqueue_returns_ids_and_jobs_start_queued(store: Any) -> None:
+    """Enqueued jobs get distinct ids in order and start queued with attempt 0."""
+    ids = await store.jobs_enqueue(jobs=[new(), new(), new()])
+    assert len(set(ids)) == 3
+    assert ids == sorted(ids)
+    job = await store.job_get(job_id=ids[0])
+    assert job.state is JobState.QUEUED
+    assert job.attempt == 0
+    assert job.lease_token == 0
+
+
+async def test_enqueue_many_is_all_or_nothing_and_empty_is_noop(store: Any) -> None:
+    """An empty batch inserts nothing and returns no ids."""
+    assert await store.jobs_enqueue(jobs=[]) == []
+    assert await store.jobs_list() == []
+
+
+async def test_job_get_unknown_raises(store: Any) -> None:
+    """Asking for a job that does not exist is a clear JobNotFoundError."""
+    with pytest.raises(JobNotFoundError, match="12345"):
+        await store.job_get(job_id=12345)
+
+
+async def test_claim_orders_by_priority_then_run_at(store: Any, clock: FakeClock) -> None:
+    """Higher priority first, then older run_at, then lower id."""
+    low = (await store.jobs_enqueue(jobs=[new(priority=0)]))[0]
+    clock.advance(1)
+    high = (await store.jobs_enqueue(jobs=[new(priority=5)]))[0]
+    mid = (await store.jobs_enqueue(jobs=[new(priority=1)]))[0]
+    got = await store.jobs_claim(owner="w", queues=Q, limit=10, ttl=10)
+    assert [c.job.id for c in got] == [high, mid, low]
+
+
+async def test_claim_issues_lease_with_store_time_and_increments(
+    store: Any, clock: FakeClock
+) -> None:
+    """A claim moves the job to running, bumps attempt and token, and sets expiry."""
+    (jid,) = await store.jobs_enqueue(jobs=[new()])
+    c = await claim_one(store, ttl=7)
+    assert c.job.id == jid
+    assert c.job.state is JobState.RUNNING
+    assert c.job.attempt == 1
+    assert c.lease.token == 1
+    assert c.lease.owner == "w1"
+    assert c.lease.expires_at == pytest.approx(clock.now() + 7)
+    assert await store.jobs_claim(owner="w2", queues=Q, limit=1, ttl=7) == []
+
+
+async def test_delayed_job_is_scheduled_until_run_at(store: Any, clock: FakeClock) -> None:
+    """A job with run_at in the future is not claimable until then."""
+    (jid,) = await store.jobs_enqueue(jobs=[new(run_at=clock.now() + 30)])
+    assert (await store.job_get(job_id=jid)).state is JobState.SCHEDULED
+    assert await store.jobs_claim(owner="w", queues=Q, limit=1, ttl=5) == []
+    clock.advance(30)
+    assert [c.job.id for c in await store.jobs_claim(owner="w", queues=Q, limit=1, ttl=5)] == [
+        jid
+    ]
+
+
+async def test_claim_only_from_requested_and_unpaused_queues(store: Any) -> None:
+    """Claims filter by queue and skip paused queues until resumed."""
+    await store.jobs_enqueue(jobs=[new(queue="a"), new(queue="b")])
+    await store.queue_pause(queue="a")
+    got = await store.jobs_claim(owner="w", queues=["a"], limit=5, ttl=5)
+    assert got == []
+    stats = {s.queue: s for s in await store.queues_stats()}
+    assert stats["a"].paused
+    assert not stats["b"].paused
+    await store.queue_resume(queue="a")
+    got = await store.jobs_claim(owner="w", queues=["a"], limit=5, ttl=5)
+    assert [c.job.queue for c in got] == ["a"]
+
+
+async def test_renew_extends_only_held_leases(store: Any, clock: FakeClock) -> None:
+    """Renewal extends held leases; a wrong token or owner gets None and is recorded."""
+    await store.jobs_enqueue(jobs=[new(), new()])
+    a, b = await store.jobs_claim(owner="w1", queues=Q, limit=2, ttl=10)
+    clock.advance(5)
+    forged = Lease(b.lease.job_id, "w1", b.lease.token + 7, b.lease.expires_at)
+    out = await store.leases_renew(owner="w1", leases=[a.lease, forged], ttl=10)
+    assert out[0] is not None
+    assert out[0].expires_at == pytest.approx(clock.now() + 10)
+    assert out[1] is None
+    other = await store.leases_renew(owner="w2", leases=[a.lease], ttl=10)
+    assert other == [None]
+    total, recent = await store.stale_commits()
+    assert total == 2
+    assert {r.operation for r in recent} == {"renew"}
+
+
+async def test_renew_refuses_an_expired_lease(store: Any, clock: FakeClock) -> None:
+    """Ownership expires: a lease past its TTL cannot be renewed back to life."""
+    await store.jobs_enqueue(jobs=[new()])
+    c = await claim_one(store, ttl=5)
+    clock.advance(5.01)
+    assert await store.leases_renew(owner="w1", leases=[c.lease], ttl=5) == [None]
+
+
+@pytest.mark.parametrize("outcome", list(Outcome))
+async def test_every_finalising_write_refuses_a_stale_token(
+    store: Any, clock: FakeClock, outcome: Outcome
+) -> None:
+    """After a rescue and re-claim, the old token's write is refused for every outcome."""
+    (jid,) = await store.jobs_enqueue(jobs=[new()])
+    old = await claim_one(store, "w1", ttl=5)
+    clock.advance(6)
+    await store.jobs_rescue()
+    new_claim = await claim_one(store, "w2", ttl=5)
+    assert new_claim.lease.token > old.lease.token
+    ok = await store.jobs_finish(finishes=[Finish(old.lease, outcome, clock.now(), "e", "x")])
+    assert ok == [False]
+    job = await store.job_get(job_id=jid)
+    assert job.state is JobState.RUNNING
+    assert job.lease_owner == "w2"
+    total, recent = await store.stale_commits()
+    assert total == 1
+    assert recent[0].token == old.lease.token
+    assert recent[0].job_id == jid
+    # The current holder still commits.
+    assert await store.jobs_finish(finishes=[Finish(new_claim.lease, Outcome.SUCCEEDED)]) == [
+        True
+    ]
+
+
+async def test_singular_helpers_raise_stale_token_error(store: Any) -> None:
+    """job_complete with a forged token raises StaleTokenError naming the job."""
+    (jid,) = await store.jobs_enqueue(jobs=[new()])
+    c = await claim_one(store)
+    forged = Lease(jid, "w1", c.lease.token + 1, c.lease.expires_at)
+    with pytest.raises(StaleTokenError, match=f"job {jid}"):
+        await store.job_complete(lease=forged)
+    await store.job_complete(lease=c.lease)
+
+
+async def test_a_finished_job_never_runs_again(store: Any) -> None:
+    """Monotonic states: a succeeded job is not claimable and a second commit fails."""
+    (jid,) = await store.jobs_enqueue(jobs=[new()])
+    c = await claim_one(store)
+    await store.job_complete(lease=c.lease)
+    assert (await store.job_get(job_id=jid)).state is JobState.SUCCEEDED
+    assert await store.jobs_claim(owner="w", queues=Q, limit=5, ttl=5) == []
+    assert await store.jobs_finish(finishes=[Finish(c.lease, Outcome.RETRY)]) == [False]
+    report = await store.jobs_rescue()
+    assert (list(report.requeued), list(report.dead)) == ([], [])
+    assert await store.jobs_retry_dead(job_ids=[jid]) == 0
+    assert (await store.job_get(job_id=jid)).state is JobState.SUCCEEDED
+
+
+async def test_retry_burns_an_attempt_and_release_gives_it_back(
+    store: Any, clock: FakeClock
+) -> None:
+    """RETRY keeps the attempt count; RELEASE refunds it; both requeue the job."""
+    (jid,) = await store.jobs_enqueue(jobs=[new()])
+    c = await claim_one(store)
+    await store.job_retry(lease=c.lease, run_at=clock.now() + 10, error="boom")
+    job = await store.job_get(job_id=jid)
+    assert job.state is JobState.SCHEDULED
+    assert job.attempt == 1
+    assert job.last_error == "boom"
+    clock.advance(10)
+    c2 = await claim_one(store)
+    assert c2.job.attempt == 2
+    await store.job_snooze(lease=c2.lease, run_at=clock.now())
+    job = await store.job_get(job_id=jid)
+    assert job.state is JobState.QUEUED
+    assert job.attempt == 1
+    c3 = await claim_one(store)
+    assert c3.lease.token == 3
+
+
+async def test_dead_job_can_be_retried_by_operator_only_to_queued(store: Any) -> None:
+    """Dead-lettering records the reason; an operator retry requeues with fresh attempts."""
+    (jid,) = await store.jobs_enqueue(jobs=[new(max_attempts=1)])
+    c = await claim_one(store)
+    await store.job_dead(lease=c.lease, error="invalid invoice")
+    job = await store.job_get(job_id=jid)
+    assert (job.state, job.last_error, job.error_class) == (
+        JobState.DEAD,
+        "invalid invoice",
+        "permanent",
+    )
+    assert await store.jobs_retry_dead(job_ids=[jid]) == 1
+    job = await store.job_get(job_id=jid)
+    assert job.state is JobState.QUEUED
+    assert job.max_attempts > job.attempt
+    c2 = await claim_one(store)
+    assert c2.lease.token > c.lease.token
+
+
+async def test_rescue_requeues_expired_leases_and_bumps_token(
+    store: Any, clock: FakeClock
+) -> None:
+    """An expired lease is returned to the queue with a new token; live ones stay."""
+    await store.jobs_enqueue(jobs=[new(), new()])
+    a = await claim_one(store, "w1", ttl=5)
+    b = await claim_one(store, "w2", ttl=50)
+    clock.advance(5)
+    report = await store.jobs_rescue()
+    assert list(report.requeued) == [a.job.id]
+    assert list(report.dead) == []
+    job = await store.job_get(job_id=a.job.id)
+    assert job.state is JobState.QUEUED
+    assert job.lease_token == a.lease.token + 1
+    assert job.lease_owner is None
+    assert (await store.job_get(job_id=b.job.id)).state is JobState.RUNNING
+    attempts = await store.job_attempts(job_id=a.job.id)
+    assert [(x.token, x.outcome) for x in attempts] == [(a.lease.token, "lease_expired")]
+
+
+async def test_rescue_on_last_attempt_dead_letters(store: Any, clock: FakeClock) -> None:
+    """A crash counts as an attempt: the last one expiring sends the job to dead."""
+    (jid,) = await store.jobs_enqueue(jobs=[new(max_attempts=1)])
+    await claim_one(store, ttl=1)
+    clock.advance(2)
+    report = await store.jobs_rescue()
+    assert list(report.dead) == [jid]
+    job = await store.job_get(job_id=jid)
+    assert job.state is JobState.DEAD
+    assert job.error_class == "coordination"
+
+
+async def test_attempt_history_keeps_tokens_and_outcomes(store: Any, clock: FakeClock) -> None:
+    """Every attempt is recorded with its token, owner and outcome."""
+    (jid,) = await store.jobs_enqueue(jobs=[new()])
+    c1 = await claim_one(store, "w1")
+    await store.job_retry(lease=c1.lease, run_at=clock.now(), error="flaky")
+    c2 = await claim_one(store, "w2")
+    await store.job_complete(lease=c2.lease)
+    attempts = await store.job_attempts(job_id=jid)
+    assert [(a.attempt, a.token, a.owner, a.outcome) for a in attempts] == [
+        (1, 1, "w1", "retry"),
+        (2, 2, "w2", "succeeded"),
+    ]
+    assert attempts[0].error == "flaky"
+
+
+async def test_concurrent_claimers_never_share_a_job(store_pair: tuple[Any, Any]) -> None:
+    """Many concurrent claims over two connections hand out each (job, token) once."""
+    a, b = store_pair
+    await a.jobs_enqueue(jobs=[new() for _ in range(60)])
+    results = await asyncio.gather(
+        *[
+            (a if i % 2 else b).jobs_claim(owner=f"w{i}", queues=Q, limit=3, ttl=30)
+            for i in range(30)
+        ]
+    )
+    pairs = [(c.job.id, c.lease.token) for batch in results for c in batch]
+    ids = [jid for jid, _ in pairs]
+    assert len(ids) == 60
+    assert len(set(ids)) == 60
+
+
+async def test_cancel_only_touches_waiting_or_dead_jobs(store: Any) -> None:
+    """Cancel moves queued jobs to cancelled and leaves running ones alone."""
+    a, b = await store.jobs_enqueue(jobs=[new(), new()])
+    c = await claim_one(store)
+    assert await store.jobs_cancel(job_ids=[a, b], reason="operator") == 1
+    states = {(await store.job_get(job_id=j)).state for j in (a, b)}
+    assert states == {JobState.RUNNING, JobState.CANCELLED}
+    await store.job_complete(lease=c.lease)
+
+
+async def test_stats_count_states_and_oldest_age(store: Any, clock: FakeClock) -> None:
+    """Stats report counts per state and the age of the oldest ready job."""
+    await store.jobs_enqueue(jobs=[new(), new()])
+    clock.advance(4)
+    await claim_one(store)
+    (s,) = await store.queues_stats()
+    assert s.count(JobState.QUEUED) == 1
+    assert s.count(JobState.RUNNING) == 1
+    assert s.oldest_ready_age == pytest.approx(4)
+
+
+def _record(wid: str = "w-1") -> WorkerRecord:
+    return WorkerRecord(wid, "host", 1, ("default",), 4, "ready", 0, 0.0, 0.0, 0.0)
+
+
+async def test_worker_membership_lease(store: Any, clock: FakeClock) -> None:
+    """Heartbeats need the current token and an unexpired lease; re-registering bumps it."""
+    rec = await store.worker_register(record=_record(), ttl=10)
+    assert rec.token == 1
+    hb = await store.worker_heartbeat(
+        worker_id=rec.id, token=rec.token, state="processing", in_flight=2, ttl=10
+    )
+    assert hb is not None
+    assert hb.state == "processing"
+    assert hb.in_flight == 2
+    assert (
+        await store.worker_heartbeat(worker_id=rec.id, token=99, state="x", in_flight=0, ttl=10)
+        is None
+    )
+    clock.advance(11)
+    assert (
+        await store.worker_heartbeat(
+            worker_id=rec.id, token=rec.token, state="ready", in_flight=0, ttl=10
+        )
+        is None
+    )
+    again = await store.worker_register(record=_record(), ttl=10)
+    assert again.token == 2
+    await store.worker_deregister(worker_id=rec.id, token=again.token)
+    (listed,) = await store.workers_list()
+    assert listed.state == "stopped"
+
+
+async def test_named_lease_is_exclusive_and_fenced(store: Any, clock: FakeClock) -> None:
+    """One holder at a time; a new holder after expiry gets a higher token; release
+    needs owner and token."""
+    a = await store.lease_acquire(resource="maint", owner="a", ttl=5)
+    assert a is not None
+    assert await store.lease_acquire(resource="maint", owner="b", ttl=5) is None
+    renewed = await store.lease_acquire(resource="maint", owner="a", ttl=5)
+    assert renewed is not None
+    assert renewed.token == a.token
+    clock.advance(6)
+    b = await store.lease_acquire(resource="maint", owner="b", ttl=5)
+    assert b is not None
+    assert b.token == a.token + 1
+    assert not await store.lease_release(lease=a)
+    assert await store.lease_release(lease=b)
+    c = await store.lease_acquire(resource="maint", owner="a", ttl=5)
+    assert c is not None
+    assert c.token == b.token + 1
+
+
+async def test_fenced_transaction_commits_effect_with_completion(store: Any) -> None:
+    """The business write and the completion commit together; a stale token writes
+    nothing."""
+    if not store.capabilities.transactional_completion:
+        # A store without the capability must say so clearly, not half-work.
+        (jid,) = await store.jobs_enqueue(jobs=[new()])
+        c = await claim_one(store)
+        with pytest.raises(NotSupportedError, match="ctx.transaction"):
+            store.fenced_transaction(lease=c.lease)
+        return
+    a, b = await store.jobs_enqueue(jobs=[new(), new()])
+    ca = await claim_one(store)
+    with store.fenced_transaction(lease=ca.lease) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS biz (job INTEGER)")
+        conn.execute("INSERT INTO biz VALUES (?)", (a,))
+    assert (await store.job_get(job_id=a)).state is JobState.SUCCEEDED
+    cb = await claim_one(store)
+    stale = Lease(b, cb.lease.owner, cb.lease.token + 1, cb.lease.expires_at)
+    with pytest.raises(StaleTokenError), store.fenced_transaction(lease=stale) as conn:
+        conn.execute("INSERT INTO biz VALUES (?)", (b,))
+    with pytest.raises(RuntimeError), store.fenced_transaction(lease=cb.lease) as conn:
+        conn.execute("INSERT INTO biz VALUES (?)", (b,))
+        raise RuntimeError("handler failed")
+    assert (await store.job_get(job_id=b)).state is JobState.RUNNING
+    with store.fenced_transaction(lease=cb.lease) as conn:
+        rows = conn.execute("SELECT job FROM biz ORDER BY job").fetchall()
+    assert [r[0] for r in rows] == [a]
