@@ -20,6 +20,7 @@ event loop. Capabilities say what a store lacks.
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -106,8 +107,20 @@ class Store(abc.ABC):
 
     # -- broker ---------------------------------------------------------------------------
     @abc.abstractmethod
-    async def jobs_enqueue(self, *, jobs: Sequence[NewJob]) -> list[int]:
-        """Insert ``jobs`` atomically (all or none) and return their ids, in order."""
+    async def jobs_enqueue(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[int]:
+        """Insert ``jobs`` atomically (all or none) and return their ids, in order.
+
+        With ``connection`` (a driver connection inside the caller's open transaction),
+        the jobs are inserted in that transaction: they exist if and only if it commits
+        (the outbox pattern). Stores that cannot do this raise NotSupportedError.
+        """
+
+    async def wait_for_jobs(self, *, queues: Sequence[str], timeout: float) -> None:
+        """Return when jobs may be ready in ``queues``, or after ``timeout`` seconds.
+
+        The default polls; stores with notifications return early on an enqueue.
+        """
+        await asyncio.sleep(timeout)
 
     @abc.abstractmethod
     async def jobs_claim(

@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from .._clock import Clock, SystemClock
-from .._errors import JobNotFoundError
+from .._errors import JobNotFoundError, NotSupportedError
 from .._jobs import (
     Attempt,
     ClaimedJob,
@@ -60,8 +61,10 @@ class MemoryStore(Store):
         """Nothing to release."""
 
     # -- broker ---------------------------------------------------------------------------
-    async def jobs_enqueue(self, *, jobs: Sequence[NewJob]) -> list[int]:
+    async def jobs_enqueue(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[int]:
         """Insert all ``jobs`` and return their ids."""
+        if connection is not None:
+            raise NotSupportedError("the in-memory store has no transactions to enqueue in")
         with self._lock:
             now = self.clock.now()
             ids = []

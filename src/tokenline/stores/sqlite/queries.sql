@@ -93,6 +93,9 @@ INSERT INTO tokenline_jobs (queue, task, args, idempotency_key, priority, run_at
 VALUES (:queue, :task, :args, :idempotency_key, :priority, :run_at,
         :max_attempts, :state, :now, :now, :timeout);
 
+-- name: last_job_id
+SELECT seq FROM sqlite_sequence WHERE name = 'tokenline_jobs';
+
 -- name: claim
 UPDATE tokenline_jobs
 SET state = 'running',

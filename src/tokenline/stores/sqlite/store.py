@@ -301,11 +301,14 @@ class SQLiteStore(Store):
         executor.shutdown(wait=True)
 
     # -- broker ---------------------------------------------------------------------------
-    async def jobs_enqueue(self, *, jobs: Sequence[NewJob]) -> list[int]:
-        """Insert all jobs in one transaction and return their ids."""
+    async def jobs_enqueue(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[int]:
+        """Insert all jobs in one transaction and return their ids.
 
-        def run(conn: sqlite3.Connection) -> list[int]:
-            now = self.clock.now()
+        With ``connection`` (a ``sqlite3.Connection`` to this file inside the caller's
+        open transaction) the rows are inserted in that transaction instead.
+        """
+
+        def rows_for(now: float) -> list[dict[str, Any]]:
             rows = []
             for j in jobs:
                 run_at = now if j.run_at is None else j.run_at
@@ -323,10 +326,14 @@ class SQLiteStore(Store):
                         "timeout": j.timeout,
                     }
                 )
+            return rows
+
+        def run(conn: sqlite3.Connection) -> list[int]:
+            rows = rows_for(self.clock.now())
             with self._write(conn):
-                first = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", ("tokenline_jobs",)).fetchone()
+                first = conn.execute(Q["last_job_id"]).fetchone()
                 conn.executemany(Q["enqueue"], rows)
-                last = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", ("tokenline_jobs",)).fetchone()[0]
+                last = conn.execute(Q["last_job_id"]).fetchone()[0]
             start = (first[0] if first else 0) + 1
             # AUTOINCREMENT under BEGIN IMMEDIATE: ids of this batch are contiguous.
             if last - start + 1 != len(rows):
@@ -335,6 +342,16 @@ class SQLiteStore(Store):
 
         if not jobs:
             return []
+        if connection is not None:
+            if not isinstance(connection, sqlite3.Connection) or not connection.in_transaction:
+                raise StoreError(
+                    "connection= must be a sqlite3.Connection inside an open transaction"
+                )
+            ids = []
+            with map_sqlite_errors(self.path):
+                for row in rows_for(self.clock.now()):
+                    ids.append(connection.execute(Q["enqueue"], row).lastrowid)
+            return [int(i) for i in ids if i is not None]
         return await self._call(run)
 
     async def jobs_claim(
