@@ -112,8 +112,9 @@ class WorkerSettings:
     drain_timeout: float = 30.0
     #: Period of the rescue of expired leases by the maintenance leader (seconds).
     rescue_interval: float = 5.0
-    #: Per-call timeout for store operations of this worker (seconds).
-    store_timeout: float = 10.0
+    #: Per-call timeout for store operations of this worker (seconds); a slower answer
+    #: counts as a coordination failure. ``None``: a third of the lease TTL.
+    store_timeout: float | None = None
     #: Jobs claimed in one round trip; ``None``: up to the free concurrency.
     claim_batch: int | None = None
     #: Check lease validity on the worker's own clock before every commit. Turning it
@@ -138,7 +139,6 @@ class WorkerSettings:
             "job_timeout",
             "drain_timeout",
             "rescue_interval",
-            "store_timeout",
         ):
             _positive(name, getattr(self, name))
         if self.renew_interval * 3 > self.lease_ttl:
@@ -153,13 +153,20 @@ class WorkerSettings:
                 raise ConfigError(
                     "lease_margin", "must be smaller than lease_ttl - renew_interval"
                 )
-        if self.store_timeout >= self.lease_ttl:
+        if self.store_timeout is not None:
+            _positive("store_timeout", self.store_timeout)
+        if self.store_timeout is not None and self.store_timeout >= self.lease_ttl:
             raise ConfigError(
                 "store_timeout",
                 "must be shorter than lease_ttl, or a slow store call outlives the lease",
             )
         if self.claim_batch is not None:
             _positive_int("claim_batch", self.claim_batch)
+
+    @property
+    def call_timeout(self) -> float:
+        """The effective per-call store timeout in seconds."""
+        return self.store_timeout if self.store_timeout is not None else self.lease_ttl / 3
 
     @property
     def margin(self) -> float:

@@ -1,0 +1,402 @@
+"""App: the composition root — store URL, task registry, clock and settings.
+
+``App`` offers a synchronous facade (``enqueue``) for ordinary code and async twins
+(``enqueue_async``) for code already on an event loop. The facade runs the async core
+on a private event loop thread, so it works from any thread, including a handler's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar, overload
+
+from ._clock import Clock, SystemClock
+from ._config import Settings, load_settings, validate_queue_name
+from ._errors import InvalidInputError, PayloadError, UnknownTaskError
+from ._jobs import NewJob
+from ._tasks import Task
+from .classify import Classifier
+from .retry import RetryPolicy
+from .stores import MemoryStore, Store, store_from_url
+
+__all__ = ["App"]
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Longest accepted idempotency key, in characters.
+MAX_KEY_LENGTH = 255
+
+
+class _Portal:
+    """A private event loop on a daemon thread, for the synchronous facade."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(
+                    target=loop.run_forever, name="tokenline-portal", daemon=True
+                ).start()
+                self._loop = loop
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._loop = None
+
+
+class App:
+    """A tokenline application: where jobs are stored and which tasks exist.
+
+    ``url`` defaults to ``TOKENLINE_URL``, then ``sqlite:///tokenline.db``.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        settings: Settings | None = None,
+        clock: Clock | None = None,
+        classifier: Classifier | None = None,
+    ) -> None:
+        base = settings or load_settings(Settings)
+        if url is not None:
+            base = Settings(**{**_as_dict(base), "url": url})
+        self.settings = base
+        self.clock: Clock = clock or SystemClock()
+        self.classifier = classifier
+        self.retry = RetryPolicy(base.retry_base, base.retry_cap)
+        self._tasks: dict[str, Task] = {}
+        self._portal = _Portal()
+        self._facade_store: Store | None = None
+        # One in-memory store is shared by everything in the process: it *is* the data.
+        self._memory = MemoryStore(clock=self.clock) if base.url.startswith("memory:") else None
+
+    @property
+    def url(self) -> str:
+        """The store URL."""
+        return self.settings.url
+
+    def __repr__(self) -> str:
+        return f"<tokenline.App url={self.url!r} tasks={sorted(self._tasks)}>"
+
+    # -- tasks ----------------------------------------------------------------------------
+    @overload
+    def task(self, fn: F) -> F: ...
+
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
+        retry: RetryPolicy | None = None,
+        classifier: Classifier | None = None,
+    ) -> Callable[[F], F]: ...
+
+    def task(
+        self,
+        fn: F | None = None,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
+        retry: RetryPolicy | None = None,
+        classifier: Classifier | None = None,
+    ) -> F | Callable[[F], F]:
+        """Register a handler. Used bare (``@app.task``) or with options."""
+
+        def register(func: F) -> F:
+            task = Task(
+                name=name or f"{func.__module__}.{func.__qualname__}",
+                fn=func,
+                queue=queue,
+                max_attempts=max_attempts,
+                timeout=timeout,
+                priority=priority,
+                retry=retry,
+                classifier=classifier,
+            )
+            if task.name in self._tasks and self._tasks[task.name].fn is not func:
+                raise InvalidInputError(f"a task named {task.name!r} is already registered")
+            self._tasks[task.name] = task
+            return func
+
+        return register(fn) if fn is not None else register
+
+    @property
+    def tasks(self) -> Mapping[str, Task]:
+        """Registered tasks by name."""
+        return dict(self._tasks)
+
+    def get_task(self, name: str) -> Task:
+        """The task registered as ``name``; :class:`UnknownTaskError` otherwise."""
+        try:
+            return self._tasks[name]
+        except KeyError:
+            known = ", ".join(sorted(self._tasks)) or "none"
+            raise UnknownTaskError(f"unknown task {name!r} (registered: {known})") from None
+
+    def _resolve(self, task: Task | str | Callable[..., Any]) -> Task:
+        if isinstance(task, Task):
+            return task
+        if isinstance(task, str):
+            return self.get_task(task)
+        for t in self._tasks.values():
+            if t.fn is task:
+                return t
+        raise UnknownTaskError(f"{task!r} is not a registered task of this app")
+
+    # -- building jobs --------------------------------------------------------------------
+    def build_job(
+        self,
+        task: Task | str | Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        priority: int | None = None,
+        delay: float | None = None,
+        run_at: float | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+    ) -> NewJob:
+        """Validate one job's input and encode it; raises before anything is stored."""
+        t = self._resolve(task)
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise PayloadError(f"kwargs for task {t.name!r} must be a mapping, got {kwargs!r}")
+        try:
+            payload = json.dumps(
+                {"args": list(args), "kwargs": dict(kwargs or {})},
+                allow_nan=False,
+                separators=(",", ":"),
+            )
+        except (TypeError, ValueError) as exc:
+            raise PayloadError(f"arguments of task {t.name!r} are not JSON: {exc}") from None
+        size = len(payload.encode("utf-8"))
+        if size > self.settings.max_payload_bytes:
+            raise PayloadError(
+                f"arguments of task {t.name!r} are {size} bytes, over the limit of "
+                f"{self.settings.max_payload_bytes} (setting max_payload_bytes)"
+            )
+        if idempotency_key is not None and (
+            not isinstance(idempotency_key, str)
+            or not idempotency_key
+            or len(idempotency_key) > MAX_KEY_LENGTH
+        ):
+            raise InvalidInputError(
+                f"idempotency_key must be a non-empty string of at most {MAX_KEY_LENGTH} "
+                f"characters, got {idempotency_key!r}"
+            )
+        if delay is not None and run_at is not None:
+            raise InvalidInputError("give delay or run_at, not both")
+        if delay is not None:
+            if not isinstance(delay, int | float) or delay < 0:
+                raise InvalidInputError(f"delay must be >= 0 seconds, got {delay!r}")
+            run_at = self.clock.now() + delay
+        prio = t.priority if priority is None else priority
+        if isinstance(prio, bool) or not isinstance(prio, int):
+            raise InvalidInputError(f"priority must be an integer, got {prio!r}")
+        attempts = max_attempts or t.max_attempts or self.settings.max_attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise InvalidInputError(f"max_attempts must be >= 1, got {attempts!r}")
+        return NewJob(
+            queue=validate_queue_name(queue or t.queue),
+            task=t.name,
+            args=payload,
+            idempotency_key=idempotency_key,
+            priority=prio,
+            run_at=run_at,
+            max_attempts=attempts,
+            timeout=t.timeout,
+        )
+
+    # -- stores ---------------------------------------------------------------------------
+    def open_store(self, *, timeout: float | None = None) -> Store:
+        """A new, unopened store handle for this app's URL (one per event loop)."""
+        if self._memory is not None:
+            return self._memory
+        return store_from_url(
+            self.url, clock=self.clock, timeout=timeout or self.settings.store_timeout
+        )
+
+    async def _store(self) -> Store:
+        if self._facade_store is None:
+            store = self.open_store()
+            await store.open()
+            self._facade_store = store
+        return self._facade_store
+
+    def run(self, coro_fn: Callable[[Store], Coroutine[Any, Any, T]]) -> T:
+        """Run ``coro_fn(store)`` on the facade's loop and store; for sync callers."""
+
+        async def call() -> T:
+            return await coro_fn(await self._store())
+
+        return self._portal.run(call())
+
+    def close(self) -> None:
+        """Close the facade's store and loop. Safe to call twice."""
+        store = self._facade_store
+        if store is not None:
+            self._facade_store = None
+            self._portal.run(store.close())
+        self._portal.close()
+
+    # -- enqueue --------------------------------------------------------------------------
+    async def enqueue_async(
+        self,
+        task: Task | str | Callable[..., Any],
+        *args: Any,
+        kwargs: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        priority: int | None = None,
+        delay: float | None = None,
+        run_at: float | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        connection: Any = None,
+        store: Store | None = None,
+    ) -> int:
+        """Enqueue one job from async code and return its id.
+
+        ``connection``: a driver connection in an open transaction; the job then exists
+        if and only if that transaction commits.
+        """
+        job = self.build_job(
+            task,
+            args,
+            kwargs,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            delay=delay,
+            run_at=run_at,
+            queue=queue,
+            max_attempts=max_attempts,
+        )
+        target: _Enqueuer
+        if store is not None:
+            target = store
+        elif connection is not None:
+            # Only the caller's connection is used, on the caller's loop: no pool needed.
+            target = self.open_store()
+        else:
+            # The facade's store lives on the portal loop; hop over to it.
+            target = _PortalStore(self)
+        (jid,) = await target.jobs_enqueue(jobs=[job], connection=connection)
+        return jid
+
+    def enqueue(
+        self,
+        task: Task | str | Callable[..., Any],
+        *args: Any,
+        kwargs: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        priority: int | None = None,
+        delay: float | None = None,
+        run_at: float | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        connection: Any = None,
+    ) -> int:
+        """Enqueue one job and return its id. Bad input raises before anything is stored."""
+        job = self.build_job(
+            task,
+            args,
+            kwargs,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            delay=delay,
+            run_at=run_at,
+            queue=queue,
+            max_attempts=max_attempts,
+        )
+        if connection is not None:
+            # A driver connection belongs to the caller's thread: insert right here.
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                store = self.open_store()
+                (jid,) = asyncio.run(store.jobs_enqueue(jobs=[job], connection=connection))
+                return jid
+            raise InvalidInputError(
+                "enqueue(connection=...) called on a running event loop: "
+                "use `await app.enqueue_async(..., connection=conn)`"
+            )
+        (jid,) = self.run(lambda s: s.jobs_enqueue(jobs=[job]))
+        return jid
+
+    def build_many(
+        self,
+        task: Task | str | Callable[..., Any],
+        items: Iterable[Sequence[Any]],
+        *,
+        keys: Iterable[str | None] | None = None,
+        priority: int | None = None,
+        delay: float | None = None,
+        queue: str | None = None,
+    ) -> list[NewJob]:
+        """Validate a batch: one job per argument tuple in ``items``, keys matched by order."""
+        rows = [tuple(i) if not isinstance(i, str | bytes) else (i,) for i in items]
+        key_list = list(keys) if keys is not None else [None] * len(rows)
+        if len(key_list) != len(rows):
+            raise InvalidInputError(f"{len(key_list)} keys given for {len(rows)} jobs")
+        return [
+            self.build_job(
+                task, row, None, idempotency_key=k, priority=priority, delay=delay, queue=queue
+            )
+            for row, k in zip(rows, key_list, strict=True)
+        ]
+
+    def enqueue_many(
+        self,
+        task: Task | str | Callable[..., Any],
+        items: Iterable[Sequence[Any]],
+        *,
+        keys: Iterable[str | None] | None = None,
+        priority: int | None = None,
+        delay: float | None = None,
+        queue: str | None = None,
+    ) -> list[int]:
+        """Enqueue a batch atomically (all or none) and return the ids in order."""
+        jobs = self.build_many(task, items, keys=keys, priority=priority, delay=delay, queue=queue)
+        return self.run(lambda s: s.jobs_enqueue(jobs=jobs))
+
+
+class _Enqueuer(Protocol):
+    async def jobs_enqueue(
+        self, *, jobs: Sequence[NewJob], connection: Any = None
+    ) -> list[int]: ...
+
+
+class _PortalStore:
+    """Forwards ``jobs_enqueue`` to the facade's loop from any other loop."""
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+
+    async def jobs_enqueue(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[int]:
+        return await asyncio.to_thread(
+            self._app.run, lambda s: s.jobs_enqueue(jobs=jobs, connection=connection)
+        )
+
+
+def _as_dict(settings: Settings) -> dict[str, Any]:
+    return {name: getattr(settings, name) for name in Settings.__dataclass_fields__}
+

@@ -1,0 +1,548 @@
+"""The worker: one asyncio process running jobs under leases.
+
+Control plane (own tasks, never behind handlers): the membership heartbeat, one batched
+renewal of every in-flight lease per ``renew_interval``, a watchdog that fences the
+worker as soon as its monotonic clock says a lease can no longer be trusted (a resumed
+``SIGSTOP``, a long GC or VM stall), and maintenance (rescue of expired leases) when
+this worker holds the maintenance lease.
+
+Data plane: claim jobs while the state allows it, run them (async handlers on the loop,
+sync ones in a thread pool), classify failures and commit each outcome through the
+:class:`BatchCompleter`, conditional on the job's token in the store.
+
+Why a stale worker cannot commit: every commit carries ``(job id, owner, token)`` and
+the store applies it only if that token is still the newest for a running job. A claim
+or rescue bumps the token, so once anyone else may hold the job, the old holder's
+commit matches nothing. The local checks (watchdog, ``ctx.check``) only stop pointless
+work earlier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import signal
+import socket
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .._config import WorkerSettings
+from .._errors import (
+    FencedError,
+    StaleTokenError,
+    StoreError,
+    TokenlineError,
+    UnknownTaskError,
+)
+from .._jobs import ClaimedJob, Finish, Outcome, WorkerRecord
+from ..classify import Decision, ErrorClass, classify
+from ..retry import RetryPolicy
+from .completer import BatchCompleter
+from .context import JobContext, Slot, decode_args
+from .state import WorkerEvent, WorkerState, next_state
+
+if TYPE_CHECKING:
+    from .._app import App
+    from ..stores.base import Store
+
+__all__ = ["Worker", "WorkerCounters"]
+
+log = logging.getLogger("tokenline.worker")
+
+MAINTENANCE_LEASE = "tokenline:maintenance"
+
+
+@dataclass
+class WorkerCounters:
+    """What this worker did, for logs and tests."""
+
+    started: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    dead: int = 0
+    released: int = 0
+    stale_refused: int = 0
+    self_fenced: int = 0
+    fenced: int = 0
+    rescued: int = 0
+    coordination_errors: int = 0
+
+
+class Worker:
+    """Runs jobs of ``app`` from ``settings.queues`` until asked to stop."""
+
+    def __init__(
+        self,
+        app: App,
+        settings: WorkerSettings | None = None,
+        *,
+        store: Store | None = None,
+        worker_id: str | None = None,
+    ) -> None:
+        self.app = app
+        self.settings = settings or WorkerSettings()
+        self.clock = app.clock
+        # Identity is per process start, never a reused hostname.
+        self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.state = WorkerState.READY
+        self.counters = WorkerCounters()
+        self._store = store
+        self._slots: dict[int, Slot] = {}
+        self._membership_token = 0
+        self._stop_requested = False
+        self._stopped: asyncio.Event | None = None
+        self._slot_freed: asyncio.Event | None = None
+        self._fence_lock: asyncio.Lock | None = None
+        self._completer: BatchCompleter | None = None
+        self._coordination_failures = 0
+        # Threads beyond concurrency: a cancelled sync handler keeps its thread until it
+        # returns or calls ctx, and must not starve the next jobs.
+        self._pool = ThreadPoolExecutor(
+            max_workers=self.settings.concurrency * 2, thread_name_prefix="tokenline-job"
+        )
+        #: Called with (old, new, reason) on every state change; for tests and metrics.
+        self.on_state_change: Callable[[WorkerState, WorkerState, str], None] | None = None
+
+    # -- state ----------------------------------------------------------------------------
+    def _fire(self, event: WorkerEvent, reason: str = "") -> None:
+        old = self.state
+        new = next_state(old, event)
+        if new is old:
+            return
+        self.state = new
+        log.info("worker %s: %s -> %s (%s)", self.id, old.value, new.value, reason or event.value)
+        if self.on_state_change is not None:
+            self.on_state_change(old, new, reason)
+        if new is WorkerState.STOPPED and self._stopped is not None:
+            self._stopped.set()
+
+    @property
+    def store(self) -> Store:
+        """The worker's store handle (opened by :meth:`run`)."""
+        if self._store is None:
+            raise TokenlineError("the worker is not running")
+        return self._store
+
+    def _valid_until(self, sent_at: float) -> float:
+        # Measured from when the request was *sent*: the store's expiry is at least this
+        # late, whatever the round trip took.
+        return sent_at + self.settings.lease_ttl - self.settings.margin
+
+    # -- life cycle -----------------------------------------------------------------------
+    async def run(self, *, install_signal_handlers: bool = False) -> None:
+        """Run until stopped (``request_shutdown``, or SIGTERM/SIGINT if installed)."""
+        self._stopped = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._fence_lock = asyncio.Lock()
+        if self._store is None:
+            self._store = self.app.open_store(timeout=self.settings.call_timeout)
+        await self._store.open()
+        self._completer = BatchCompleter(self._store)
+        self._completer.start()
+        loop = asyncio.get_running_loop()
+        if install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_shutdown)
+        await self._register()
+        tasks = [
+            asyncio.create_task(self._fetch_loop(), name="tokenline-fetch"),
+            asyncio.create_task(self._control_loop(), name="tokenline-control"),
+            asyncio.create_task(self._watchdog_loop(), name="tokenline-watchdog"),
+            asyncio.create_task(self._maintenance_loop(), name="tokenline-maintenance"),
+        ]
+        try:
+            await self._stopped.wait()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._cancel_all("worker stopping", release=True)
+            await self._completer.stop()
+            with contextlib.suppress(TokenlineError):
+                await self._store.worker_deregister(
+                    worker_id=self.id, token=self._membership_token
+                )
+            if install_signal_handlers:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+            await self._store.close()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            log.info("worker %s stopped: %s", self.id, self.counters)
+
+    def request_shutdown(self) -> None:
+        """First call: drain (finish in-flight jobs within ``drain_timeout``), then stop.
+        Second call: stop at once, releasing in-flight jobs."""
+        if self.state is WorkerState.STOPPED:
+            return
+        if self._stop_requested:
+            log.warning("worker %s: second shutdown request, stopping now", self.id)
+            self._fire(WorkerEvent.FORCE_STOP, "second shutdown request")
+            return
+        self._stop_requested = True
+        self._fire(WorkerEvent.SHUTDOWN, "shutdown requested")
+        if self.state is WorkerState.DRAINING:
+            asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        deadline = self.clock.monotonic() + self.settings.drain_timeout
+        assert self._slot_freed is not None
+        while self._slots and self.clock.monotonic() < deadline:
+            self._slot_freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._slot_freed.wait(), max(0.0, deadline - self.clock.monotonic())
+                )
+        if self.state is not WorkerState.DRAINING:
+            return
+        if self._slots:
+            await self._cancel_all("drain timeout", release=True)
+            self._fire(WorkerEvent.DRAIN_TIMEOUT, f"drain timeout {self.settings.drain_timeout:g}s")
+        else:
+            self._fire(WorkerEvent.DRAINED, "all in-flight jobs finished")
+
+    async def _register(self) -> None:
+        record = WorkerRecord(
+            id=self.id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            queues=self.settings.queues,
+            concurrency=self.settings.concurrency,
+            state=self.state.value,
+            token=0,
+            started_at=0.0,
+            heartbeat_at=0.0,
+            expires_at=0.0,
+        )
+        rec = await self.store.worker_register(record=record, ttl=self.settings.lease_ttl)
+        self._membership_token = rec.token
+
+    # -- data plane -----------------------------------------------------------------------
+    async def _fetch_loop(self) -> None:
+        settings = self.settings
+        assert self._slot_freed is not None
+        while True:
+            if not self.state.may_fetch or self._stop_requested:
+                await asyncio.sleep(min(settings.poll_interval, 0.2))
+                continue
+            free = settings.concurrency - len(self._slots)
+            if free <= 0:
+                self._slot_freed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._slot_freed.wait(), settings.poll_interval)
+                continue
+            limit = min(free, settings.claim_batch or free)
+            sent_at = self.clock.monotonic()
+            try:
+                claimed = await self.store.jobs_claim(
+                    owner=self.id, queues=settings.queues, limit=limit, ttl=settings.lease_ttl
+                )
+            except StoreError as exc:
+                self._coordination_failed("claim", exc)
+                await asyncio.sleep(settings.poll_interval)
+                continue
+            for c in claimed:
+                self._start(c, sent_at)
+            if not claimed:
+                await self.store.wait_for_jobs(
+                    queues=settings.queues, timeout=settings.poll_interval
+                )
+
+    def _start(self, claimed: ClaimedJob, sent_at: float) -> None:
+        slot = Slot(claimed=claimed, lease=claimed.lease, valid_until=self._valid_until(sent_at))
+        self._slots[claimed.job.id] = slot
+        self.counters.started += 1
+        self._fire(WorkerEvent.JOB_STARTED)
+        slot.task = asyncio.create_task(self._execute(slot), name=f"tokenline-job-{claimed.job.id}")
+
+    def _free(self, slot: Slot) -> None:
+        if self._slots.get(slot.claimed.job.id) is slot:
+            del self._slots[slot.claimed.job.id]
+        assert self._slot_freed is not None
+        self._slot_freed.set()
+        if not self._slots and self.state is WorkerState.PROCESSING:
+            self._fire(WorkerEvent.ALL_JOBS_DONE)
+
+    async def _execute(self, slot: Slot) -> None:
+        try:
+            finish = await self._run_handler(slot)
+            if finish is not None and slot.cancel_reason is None:
+                await self._commit(slot, finish)
+        except asyncio.CancelledError:
+            if slot.cancel_reason is None:
+                raise
+        finally:
+            self._free(slot)
+
+    async def _run_handler(self, slot: Slot) -> Finish | None:
+        """Run the handler and turn its result into the Finish to commit (or None)."""
+        job = slot.claimed.job
+        try:
+            task = self.app.get_task(job.task)
+            args, kwargs = decode_args(job.args)
+        except UnknownTaskError as exc:
+            return self._dead(slot, f"{exc} on worker {self.id}", ErrorClass.PERMANENT)
+        except ValueError as exc:
+            return self._dead(slot, f"malformed job payload: {exc}", ErrorClass.PERMANENT)
+        ctx = JobContext(
+            slot=slot,
+            store=self.store,
+            clock=self.clock,
+            local_fencing=self.settings.local_fencing,
+        )
+        timeout = job.timeout or task.timeout or self.settings.job_timeout
+        try:
+            if task.is_async:
+                await asyncio.wait_for(task.fn(ctx, *args, **kwargs), timeout)
+            else:
+                call = functools.partial(task.fn, ctx, *args, **kwargs)
+                fut = asyncio.get_running_loop().run_in_executor(self._pool, call)
+                await asyncio.wait_for(fut, timeout)
+        except asyncio.CancelledError:
+            raise
+        except TimeoutError as exc:
+            if slot.completed_in_transaction:
+                return None
+            slot.cancel.set()  # the sync thread may run on; its ctx calls now refuse
+            reason = str(exc) or f"hard timeout: attempt ran longer than {timeout:g}s"
+            return self._after_failure(slot, Decision(ErrorClass.TRANSIENT, reason))
+        except BaseException as exc:  # noqa: BLE001 - a handler may raise anything
+            if slot.completed_in_transaction:
+                log.warning("job %s raised after its transaction committed: %r", job.id, exc)
+                return None
+            decision = classify(exc, task.classifier or self.app.classifier)
+            if isinstance(exc, FencedError):
+                self._note_fenced(exc)
+                await self._lease_lost(f"job {job.id}: {exc}")
+                return None
+            return self._after_failure(slot, decision, task.retry)
+        if slot.completed_in_transaction:
+            self.counters.succeeded += 1
+            return None
+        return Finish(slot.lease, Outcome.SUCCEEDED)
+
+    def _note_fenced(self, exc: FencedError) -> None:
+        if isinstance(exc, StaleTokenError):
+            self.counters.stale_refused += 1
+        else:
+            self.counters.self_fenced += 1
+
+    def _dead(self, slot: Slot, reason: str, cls: ErrorClass) -> Finish:
+        return Finish(slot.lease, Outcome.DEAD, None, reason, cls.value)
+
+    def _after_failure(
+        self, slot: Slot, decision: Decision, policy: RetryPolicy | None = None
+    ) -> Finish:
+        job = slot.claimed.job
+        if decision.error_class is ErrorClass.PERMANENT:
+            return self._dead(slot, decision.reason, ErrorClass.PERMANENT)
+        if decision.error_class is ErrorClass.COORDINATION:
+            # Not the job's fault: give the attempt back and let it run again.
+            return Finish(
+                slot.lease, Outcome.RELEASE, self.clock.now(), decision.reason, "coordination"
+            )
+        if job.attempt >= job.max_attempts:
+            return self._dead(
+                slot,
+                f"{decision.reason} (attempt {job.attempt} of {job.max_attempts})",
+                ErrorClass.TRANSIENT,
+            )
+        retry = policy or self.app.retry
+        delay = decision.delay if decision.delay is not None else retry.delay(job.attempt)
+        return Finish(
+            slot.lease, Outcome.RETRY, self.clock.now() + delay, decision.reason, "transient"
+        )
+
+    async def _commit(self, slot: Slot, finish: Finish) -> None:
+        """Self-fence, then commit through the batch completer; a refusal fences us."""
+        assert self._completer is not None
+        while True:
+            if self.settings.local_fencing and self.clock.monotonic() >= slot.valid_until:
+                self.counters.self_fenced += 1
+                await self._lease_lost(
+                    f"job {slot.claimed.job.id}: lease no longer trusted by the worker's clock"
+                )
+                return
+            try:
+                ok = await self._completer.submit(finish)
+            except StoreError as exc:
+                # The outcome is not lost: retry while the lease is still ours.
+                self._coordination_failed("commit", exc)
+                await asyncio.sleep(min(1.0, self.settings.renew_interval / 2))
+                continue
+            break
+        if not ok:
+            self.counters.stale_refused += 1
+            await self._lease_lost(
+                f"job {slot.claimed.job.id}: store refused {finish.outcome.value} "
+                f"with token {finish.lease.token}"
+            )
+            return
+        outcome = finish.outcome
+        if outcome is Outcome.SUCCEEDED:
+            self.counters.succeeded += 1
+        elif outcome is Outcome.RETRY:
+            self.counters.retried += 1
+        elif outcome is Outcome.DEAD:
+            self.counters.dead += 1
+            log.warning("job %s dead: %s", slot.claimed.job.id, finish.error)
+        else:
+            self.counters.released += 1
+
+    # -- fencing --------------------------------------------------------------------------
+    async def _lease_lost(self, reason: str) -> None:
+        """Fence the worker: stop every handler, give back what is still ours, re-register."""
+        assert self._fence_lock is not None
+        if self.state is WorkerState.STOPPED:
+            return
+        async with self._fence_lock:
+            if self.state is WorkerState.FENCED:
+                return
+            self.counters.fenced += 1
+            log.warning("worker %s fenced: %s", self.id, reason)
+            self._fire(WorkerEvent.LEASE_LOST, reason)
+            await self._cancel_all(f"fenced: {reason}", release=True)
+            if self._stop_requested:
+                self._fire(WorkerEvent.SHUTDOWN, "shutdown while fenced")
+                return
+            while self.state is WorkerState.FENCED:
+                try:
+                    await self._register()
+                except StoreError as exc:
+                    self._coordination_failed("re-register", exc)
+                    await asyncio.sleep(self.settings.renew_interval)
+                    continue
+                self._fire(WorkerEvent.REREGISTERED, "fresh membership lease")
+
+    async def _cancel_all(self, reason: str, *, release: bool) -> None:
+        current = asyncio.current_task()
+        slots = list(self._slots.values())
+        for slot in slots:
+            slot.cancel_reason = reason
+            slot.cancel.set()
+            if slot.task is not None and slot.task is not current:
+                slot.task.cancel()
+        now_mono = self.clock.monotonic()
+        # Jobs whose lease is still ours go back at once, attempt refunded; the rest
+        # expire and the rescuer takes them.
+        keep = [s for s in slots if now_mono < s.valid_until] if release else []
+        if keep:
+            finishes = [
+                Finish(s.lease, Outcome.RELEASE, self.clock.now(), reason, "coordination")
+                for s in keep
+            ]
+            try:
+                results = await asyncio.wait_for(
+                    self.store.jobs_finish(finishes=finishes), self.settings.call_timeout
+                )
+                self.counters.released += sum(results)
+            except (StoreError, TimeoutError) as exc:
+                log.warning("worker %s could not release %d jobs: %s", self.id, len(keep), exc)
+        for slot in slots:
+            if slot.task is not None and slot.task is not current:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await slot.task
+            self._free(slot)
+
+    def _coordination_failed(self, what: str, exc: Exception) -> None:
+        self.counters.coordination_errors += 1
+        self._coordination_failures += 1
+        log.warning("worker %s: %s failed: %s", self.id, what, exc)
+        if self.state in (WorkerState.READY, WorkerState.PROCESSING):
+            self._fire(WorkerEvent.COORDINATION_UNHEALTHY, f"{what} failed: {exc}")
+
+    # -- control plane --------------------------------------------------------------------
+    async def _control_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.renew_interval)
+            if self.state in (WorkerState.STOPPED, WorkerState.FENCED):
+                continue
+            await self._renew_once()
+
+    async def _renew_once(self) -> None:
+        settings = self.settings
+        slots = list(self._slots.values())
+        sent_at = self.clock.monotonic()
+        try:
+            rec = await self.store.worker_heartbeat(
+                worker_id=self.id,
+                token=self._membership_token,
+                state=self.state.value,
+                in_flight=len(slots),
+                ttl=settings.lease_ttl,
+            )
+            renewed = await self.store.leases_renew(
+                owner=self.id, leases=[s.lease for s in slots], ttl=settings.lease_ttl
+            )
+        except StoreError as exc:
+            self._coordination_failed("lease renewal", exc)
+            return
+        if rec is None:
+            await self._lease_lost("membership lease lost (heartbeat refused)")
+            return
+        lost = []
+        for slot, lease in zip(slots, renewed, strict=True):
+            if lease is None:
+                lost.append(slot.claimed.job.id)
+            else:
+                slot.lease = lease
+                slot.valid_until = self._valid_until(sent_at)
+        if lost:
+            await self._lease_lost(f"renewal refused for jobs {lost}")
+            return
+        self._coordination_failures = 0
+        if self.state is WorkerState.DRAINING and not self._stop_requested:
+            self._fire(WorkerEvent.COORDINATION_HEALTHY, "renewal succeeded")
+
+    async def _watchdog_loop(self) -> None:
+        period = min(1.0, self.settings.renew_interval / 2)
+        while True:
+            await asyncio.sleep(period)
+            if not self.settings.local_fencing or self.state is WorkerState.STOPPED:
+                continue
+            now = self.clock.monotonic()
+            expired = [s.claimed.job.id for s in self._slots.values() if now >= s.valid_until]
+            if expired:
+                self.counters.self_fenced += 1
+                await self._lease_lost(
+                    f"leases of jobs {expired} expired by the worker's own clock "
+                    "(was the process paused or cut off?)"
+                )
+
+    async def _maintenance_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.rescue_interval)
+            if self.state in (WorkerState.STOPPED, WorkerState.FENCED):
+                continue
+            try:
+                await self.maintenance_once()
+            except StoreError as exc:
+                log.warning("worker %s: maintenance failed: %s", self.id, exc)
+
+    async def maintenance_once(self) -> bool:
+        """Rescue expired leases if this worker holds the maintenance lease.
+
+        Returns whether it was the leader. Rescue is safe even if two leaders overlap:
+        each row is taken only if its lease expired, inside one statement.
+        """
+        lease = await self.store.lease_acquire(
+            resource=MAINTENANCE_LEASE, owner=self.id, ttl=self.settings.lease_ttl
+        )
+        if lease is None:
+            return False
+        report = await self.store.jobs_rescue()
+        n = len(report.requeued) + len(report.dead)
+        if n:
+            self.counters.rescued += n
+            log.warning(
+                "rescued %d jobs with expired leases (requeued %s, dead %s)",
+                n,
+                list(report.requeued)[:20],
+                list(report.dead)[:20],
+            )
+        return True
