@@ -351,6 +351,16 @@ async def test_named_lease_is_exclusive_and_fenced(store: Any, clock: FakeClock)
 async def test_fenced_transaction_commits_effect_with_completion(store: Any) -> None:
     """The business write and the completion commit together; a stale token writes
     nothing."""
+    import inspect
+
+    async def run(conn: Any, query: str, *params: Any) -> list[Any]:
+        """Run ``query`` (``?`` placeholders) through whichever API ``conn`` has: the
+        sync sqlite3 one or psycopg's async one."""
+        if inspect.iscoroutinefunction(conn.execute):
+            cur = await conn.execute(query.replace("?", "%s"), params)
+            return list(await cur.fetchall()) if cur.description else []
+        return list(conn.execute(query, params).fetchall())
+
     if not store.capabilities.transactional_completion:
         # A store without the capability must say so clearly, not half-work.
         (jid,) = await store.jobs_enqueue(jobs=[new()])
@@ -360,18 +370,20 @@ async def test_fenced_transaction_commits_effect_with_completion(store: Any) -> 
         return
     a, b = await store.jobs_enqueue(jobs=[new(), new()])
     ca = await claim_one(store)
-    with store.fenced_transaction(lease=ca.lease) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS biz (job INTEGER)")
-        conn.execute("INSERT INTO biz VALUES (?)", (a,))
+    async with store.fenced_transaction(lease=ca.lease) as conn:
+        await run(conn, "CREATE TABLE IF NOT EXISTS biz (job INTEGER)")
+        await run(conn, "INSERT INTO biz VALUES (?)", a)
     assert (await store.job_get(job_id=a)).state is JobState.SUCCEEDED
     cb = await claim_one(store)
     stale = Lease(b, cb.lease.owner, cb.lease.token + 1, cb.lease.expires_at)
-    with pytest.raises(StaleTokenError), store.fenced_transaction(lease=stale) as conn:
-        conn.execute("INSERT INTO biz VALUES (?)", (b,))
-    with pytest.raises(RuntimeError), store.fenced_transaction(lease=cb.lease) as conn:
-        conn.execute("INSERT INTO biz VALUES (?)", (b,))
-        raise RuntimeError("handler failed")
+    with pytest.raises(StaleTokenError):
+        async with store.fenced_transaction(lease=stale) as conn:
+            await run(conn, "INSERT INTO biz VALUES (?)", b)
+    with pytest.raises(RuntimeError):
+        async with store.fenced_transaction(lease=cb.lease) as conn:
+            await run(conn, "INSERT INTO biz VALUES (?)", b)
+            raise RuntimeError("handler failed")
     assert (await store.job_get(job_id=b)).state is JobState.RUNNING
-    with store.fenced_transaction(lease=cb.lease) as conn:
-        rows = conn.execute("SELECT job FROM biz ORDER BY job").fetchall()
+    async with store.fenced_transaction(lease=cb.lease) as conn:
+        rows = await run(conn, "SELECT job FROM biz ORDER BY job")
     assert [r[0] for r in rows] == [a]

@@ -161,7 +161,12 @@ class MemoryStore(Store):
                     )
                     out.append(dataclasses.replace(lease, expires_at=now + ttl))
                 else:
-                    self._record_stale(lease, "renew", now)
+                    # Refused, but stale only if someone else's token or owner is on it
+                    # now; a job this owner finished itself, or an expired lease, is not.
+                    if job is None or job.lease_token != lease.token or (
+                        job.lease_owner is not None and job.lease_owner != owner
+                    ):
+                        self._record_stale(lease, "renew", now)
                     out.append(None)
             return out
 

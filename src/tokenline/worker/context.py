@@ -31,6 +31,8 @@ class Slot:
     cancel_reason: str | None = None
     task: asyncio.Task[None] | None = None
     completed_in_transaction: bool = False
+    #: Its outcome is being committed: a renewal refused meanwhile means nothing.
+    finishing: bool = False
 
 
 class JobContext:

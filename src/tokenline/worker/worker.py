@@ -98,7 +98,7 @@ class Worker:
         self._stop_requested = False
         self._stopped: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
-        self._fence_lock: asyncio.Lock | None = None
+        self._fencing = False
         self._completer: BatchCompleter | None = None
         self._coordination_failures = 0
         # Threads beyond concurrency: a cancelled sync handler keeps its thread until it
@@ -139,7 +139,6 @@ class Worker:
         """Run until stopped (``request_shutdown``, or SIGTERM/SIGINT if installed)."""
         self._stopped = asyncio.Event()
         self._slot_freed = asyncio.Event()
-        self._fence_lock = asyncio.Lock()
         if self._store is None:
             self._store = self.app.open_store(timeout=self.settings.call_timeout)
         await self._store.open()
@@ -156,9 +155,18 @@ class Worker:
             asyncio.create_task(self._watchdog_loop(), name="tokenline-watchdog"),
             asyncio.create_task(self._maintenance_loop(), name="tokenline-maintenance"),
         ]
+        stop_wait = asyncio.create_task(self._stopped.wait())
+        failure: BaseException | None = None
         try:
-            await self._stopped.wait()
+            done, _ = await asyncio.wait([stop_wait, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if t is not stop_wait and not t.cancelled() and t.exception() is not None:
+                    # A dead control or data loop would leave a zombie: stop loudly instead.
+                    failure = t.exception()
+                    log.critical("worker %s: %s crashed", self.id, t.get_name(), exc_info=failure)
+                    self._fire(WorkerEvent.FORCE_STOP, f"{t.get_name()} crashed")
         finally:
+            stop_wait.cancel()
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -174,6 +182,8 @@ class Worker:
             await self._store.close()
             self._pool.shutdown(wait=False, cancel_futures=True)
             log.info("worker %s stopped: %s", self.id, self.counters)
+        if failure is not None:
+            raise failure
 
     def request_shutdown(self) -> None:
         """First call: drain (finish in-flight jobs within ``drain_timeout``), then stop.
@@ -246,12 +256,26 @@ class Worker:
                 self._coordination_failed("claim", exc)
                 await asyncio.sleep(settings.poll_interval)
                 continue
+            if claimed and (not self.state.may_fetch or self._stop_requested):
+                # The worker fenced or began draining while the claim was in flight.
+                await self._release_unstarted(claimed)
+                continue
             for c in claimed:
                 self._start(c, sent_at)
             if not claimed:
                 await self.store.wait_for_jobs(
                     queues=settings.queues, timeout=settings.poll_interval
                 )
+
+    async def _release_unstarted(self, claimed: list[ClaimedJob]) -> None:
+        finishes = [
+            Finish(c.lease, Outcome.RELEASE, self.clock.now(), "worker stopped fetching", "coordination")
+            for c in claimed
+        ]
+        try:
+            await self.store.jobs_finish(finishes=finishes)
+        except StoreError as exc:
+            log.warning("worker %s could not release %d claimed jobs: %s", self.id, len(claimed), exc)
 
     def _start(self, claimed: ClaimedJob, sent_at: float) -> None:
         slot = Slot(claimed=claimed, lease=claimed.lease, valid_until=self._valid_until(sent_at))
@@ -368,10 +392,12 @@ class Worker:
                     f"job {slot.claimed.job.id}: lease no longer trusted by the worker's clock"
                 )
                 return
+            slot.finishing = True
             try:
                 ok = await self._completer.submit(finish)
             except StoreError as exc:
                 # The outcome is not lost: retry while the lease is still ours.
+                slot.finishing = False
                 self._coordination_failed("commit", exc)
                 await asyncio.sleep(min(1.0, self.settings.renew_interval / 2))
                 continue
@@ -397,12 +423,12 @@ class Worker:
     # -- fencing --------------------------------------------------------------------------
     async def _lease_lost(self, reason: str) -> None:
         """Fence the worker: stop every handler, give back what is still ours, re-register."""
-        assert self._fence_lock is not None
-        if self.state is WorkerState.STOPPED:
+        # A flag, not a lock: a handler task that reports a lost lease while the worker
+        # is already fencing must not wait for the fencing, which is awaiting it.
+        if self.state in (WorkerState.STOPPED, WorkerState.FENCED) or self._fencing:
             return
-        async with self._fence_lock:
-            if self.state is WorkerState.FENCED:
-                return
+        self._fencing = True
+        try:
             self.counters.fenced += 1
             log.warning("worker %s fenced: %s", self.id, reason)
             self._fire(WorkerEvent.LEASE_LOST, reason)
@@ -418,6 +444,8 @@ class Worker:
                     await asyncio.sleep(self.settings.renew_interval)
                     continue
                 self._fire(WorkerEvent.REREGISTERED, "fresh membership lease")
+        finally:
+            self._fencing = False
 
     async def _cancel_all(self, reason: str, *, release: bool) -> None:
         current = asyncio.current_task()
@@ -466,7 +494,7 @@ class Worker:
 
     async def _renew_once(self) -> None:
         settings = self.settings
-        slots = list(self._slots.values())
+        slots = [s for s in self._slots.values() if not s.finishing]
         sent_at = self.clock.monotonic()
         try:
             rec = await self.store.worker_heartbeat(
@@ -487,6 +515,8 @@ class Worker:
             return
         lost = []
         for slot, lease in zip(slots, renewed, strict=True):
+            if self._slots.get(slot.claimed.job.id) is not slot or slot.finishing:
+                continue  # it finished while the renewal was in flight: nothing was lost
             if lease is None:
                 lost.append(slot.claimed.job.id)
             else:

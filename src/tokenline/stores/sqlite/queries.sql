@@ -131,6 +131,10 @@ WHERE tokenline_jobs.id = held.jid
   AND tokenline_jobs.lease_expires_at > :now
 RETURNING tokenline_jobs.id, tokenline_jobs.lease_expires_at;
 
+-- name: lease_holders
+SELECT id, lease_token, lease_owner FROM tokenline_jobs
+WHERE id IN (SELECT value FROM json_each(:ids));
+
 -- name: finish
 UPDATE tokenline_jobs
 SET state = :state,

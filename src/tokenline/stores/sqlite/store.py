@@ -158,6 +158,15 @@ def _worker(row: sqlite3.Row) -> WorkerRecord:
     )
 
 
+def _taken_over(holder: tuple[int, str | None] | None, token: int, owner: str) -> bool:
+    """Whether a refused renewal was stale (someone else's token or owner), rather than
+    of a job this owner finished itself or whose lease merely expired."""
+    if holder is None:
+        return True
+    current_token, current_owner = holder
+    return current_token != token or (current_owner is not None and current_owner != owner)
+
+
 def finish_params(fin: Finish, now: float) -> dict[str, Any]:
     """Named parameters of the ``finish`` query for one :class:`Finish`."""
     if fin.outcome is Outcome.SUCCEEDED:
@@ -405,7 +414,15 @@ class SQLiteStore(Store):
                 ).fetchall()
                 renewed = {r[0]: r[1] for r in rows}
                 lost = [lease for lease in leases if lease.job_id not in renewed]
-                self._record_stale(conn, lost, "renew", now)
+                if lost:
+                    current = conn.execute(
+                        Q["lease_holders"], {"ids": json.dumps([x.job_id for x in lost])}
+                    ).fetchall()
+                    holders = {r[0]: (r[1], r[2]) for r in current}
+                    stale = [
+                        x for x in lost if _taken_over(holders.get(x.job_id), x.token, owner)
+                    ]
+                    self._record_stale(conn, stale, "renew", now)
             return [
                 Lease(lease.job_id, owner, lease.token, renewed[lease.job_id])
                 if lease.job_id in renewed

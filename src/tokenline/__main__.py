@@ -1,0 +1,5 @@
+"""``python -m tokenline``: the command line."""
+
+from .cli import main
+
+main()

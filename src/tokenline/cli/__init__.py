@@ -1,0 +1,163 @@
+"""The ``tokenline`` command line.
+
+Every option also reads a ``TOKENLINE_…`` environment variable (shown in ``--help``);
+worker settings may also come from a TOML file (``--config``), lowest in precedence.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import click
+
+from .._config import WorkerSettings, load_settings, validate_queue_name
+from .._errors import InvalidInputError, QueueNameError
+from ..worker import run_worker
+from ._common import (
+    app_option,
+    console,
+    reporting_errors,
+    resolve_app,
+    url_option,
+    with_store,
+)
+from .bench import bench
+from .demo import demo
+from .inspect import dlq, job, jobs, queues, status, workers
+
+__all__ = ["main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="tokenline")
+def main() -> None:
+    """tokenline: a job queue whose workers stay safe when coordination fails partly."""
+
+
+def _env(name: str) -> dict[str, Any]:
+    return {"envvar": f"TOKENLINE_{name}", "show_envvar": True, "default": None}
+
+
+@main.command()
+@app_option
+@url_option
+@click.option("--queues", "-q", help="Comma-separated queues to consume [default: default].", **_env("QUEUES"))
+@click.option("--concurrency", "-c", type=int, help="Jobs run at once [default: 10].", **_env("CONCURRENCY"))
+@click.option("--lease-ttl", type=float, help="Lease time-to-live, seconds [default: 30].", **_env("LEASE_TTL"))
+@click.option("--renew-interval", type=float, help="Lease renewal period, <= TTL/3 [default: 10].", **_env("RENEW_INTERVAL"))
+@click.option("--lease-margin", type=float, help="Self-fencing margin under the TTL [default: TTL/10].", **_env("LEASE_MARGIN"))
+@click.option("--poll-interval", type=float, help="Longest wait for new jobs, seconds [default: 1].", **_env("POLL_INTERVAL"))
+@click.option("--job-timeout", type=float, help="Hard limit per attempt when the task sets none [default: 300].", **_env("JOB_TIMEOUT"))
+@click.option("--drain-timeout", type=float, help="Time given to in-flight jobs on shutdown [default: 30].", **_env("DRAIN_TIMEOUT"))
+@click.option("--rescue-interval", type=float, help="Period of the expired-lease rescue [default: 5].", **_env("RESCUE_INTERVAL"))
+@click.option("--store-timeout", type=float, help="Per-call store timeout [default: TTL/3].", **_env("STORE_TIMEOUT"))
+@click.option("--claim-batch", type=int, help="Jobs claimed per round trip [default: free slots].", **_env("CLAIM_BATCH"))
+@click.option("--config", type=click.Path(dir_okay=False), help="TOML file with a [tokenline.worker] table.", **_env("CONFIG"))
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="Log verbosity [default: info].", **_env("LOG_LEVEL"))
+def worker(
+    app_spec: str | None,
+    url: str | None,
+    config: str | None,
+    log_level: str | None,
+    **options: Any,
+) -> None:
+    """Run a worker until SIGTERM (drain, then stop) or a second SIGTERM (stop now)."""
+    logging.basicConfig(
+        level=(log_level or "info").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not app_spec:
+        raise click.UsageError("--app (or TOKENLINE_APP) is required: the worker runs its tasks")
+    with reporting_errors():
+        app = resolve_app(app_spec, url)
+        if options.get("queues"):
+            options["queues"] = tuple(q.strip() for q in options["queues"].split(",") if q.strip())
+        settings = load_settings(
+            WorkerSettings, options, environ={}, file=config, section="tokenline.worker"
+        )
+        counters = run_worker(app, settings)
+    console.print(f"worker stopped: {counters}", highlight=False)
+
+
+@main.command()
+@app_option
+@url_option
+@click.argument("task")
+@click.argument("args", required=False, default="[]")
+@click.option("--kwargs", "kwargs_json", default=None, help="Keyword arguments as a JSON object.")
+@click.option("--key", "idempotency_key", default=None, help="Idempotency key, e.g. invoice:42.")
+@click.option("--priority", type=int, default=None, help="Higher runs first.")
+@click.option("--delay", type=float, default=None, help="Seconds before the job may run.")
+@click.option("--queue", default=None, help="Override the task's queue.")
+def enqueue(
+    app_spec: str | None,
+    url: str | None,
+    task: str,
+    args: str,
+    kwargs_json: str | None,
+    idempotency_key: str | None,
+    priority: int | None,
+    delay: float | None,
+    queue: str | None,
+) -> None:
+    """Enqueue TASK with ARGS, a JSON array (e.g. '[42, "eur"]'); print the job id."""
+    if not app_spec:
+        raise click.UsageError("--app (or TOKENLINE_APP) is required to check the task name")
+    with reporting_errors():
+        try:
+            parsed = json.loads(args)
+            kwargs = json.loads(kwargs_json) if kwargs_json else None
+        except json.JSONDecodeError as exc:
+            raise InvalidInputError(f"arguments are not valid JSON: {exc}") from None
+        if not isinstance(parsed, list):
+            raise InvalidInputError(f"ARGS must be a JSON array, got {args!r}")
+        app = resolve_app(app_spec, url)
+        try:
+            jid = app.enqueue(
+                task,
+                *parsed,
+                kwargs=kwargs,
+                idempotency_key=idempotency_key,
+                priority=priority,
+                delay=delay,
+                queue=queue,
+            )
+        finally:
+            app.close()
+    console.print(jid)
+
+
+def _queue_arg(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    try:
+        return validate_queue_name(value)
+    except QueueNameError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@main.command()
+@app_option
+@url_option
+@click.argument("queue", callback=_queue_arg)
+def pause(app_spec: str | None, url: str | None, queue: str) -> None:
+    """Stop workers from claiming jobs of QUEUE (jobs stay queued)."""
+    with reporting_errors():
+        with_store(resolve_app(app_spec, url), lambda s: s.queue_pause(queue=queue))
+    console.print(f"paused {queue}")
+
+
+@main.command()
+@app_option
+@url_option
+@click.argument("queue", callback=_queue_arg)
+def resume(app_spec: str | None, url: str | None, queue: str) -> None:
+    """Let workers claim jobs of QUEUE again."""
+    with reporting_errors():
+        with_store(resolve_app(app_spec, url), lambda s: s.queue_resume(queue=queue))
+    console.print(f"resumed {queue}")
+
+
+for command in (status, queues, workers, jobs, job, dlq, demo, bench):
+    main.add_command(command)
+

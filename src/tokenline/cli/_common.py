@@ -1,0 +1,108 @@
+"""Shared pieces of the command line: app loading, store access, error reporting."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import importlib
+import os
+import sys
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+
+from .._app import App
+from .._errors import TokenlineError
+from ..stores import Store
+
+T = TypeVar("T")
+console = Console()
+err_console = Console(stderr=True)
+
+
+def load_app(spec: str) -> App:
+    """Import ``module:attribute`` and return the :class:`App` it names."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise click.BadParameter(f"{spec!r}: expected module:attribute, e.g. myproject.jobs:app")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.BadParameter(f"cannot import {module_name!r}: {exc}") from None
+    app = getattr(module, attr, None)
+    if not isinstance(app, App):
+        raise click.BadParameter(f"{spec!r} is not a tokenline.App (got {type(app).__name__})")
+    return app
+
+
+def resolve_app(app_spec: str | None, url: str | None) -> App:
+    """The app named by ``--app``, else a bare app on ``--url`` / ``TOKENLINE_URL``."""
+    if app_spec:
+        app = load_app(app_spec)
+        return App(url, settings=app.settings) if url and url != app.url else app
+    return App(url)
+
+
+def with_store(app: App, fn: Callable[[Store], Coroutine[Any, Any, T]]) -> T:
+    """Open a store for ``app``, run ``fn`` on it and close it."""
+
+    async def run() -> T:
+        store = app.open_store()
+        await store.open()
+        try:
+            return await fn(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+@contextlib.contextmanager
+def reporting_errors() -> Iterator[None]:
+    """Turn tokenline errors into a one-line message and exit status 1."""
+    try:
+        yield
+    except TokenlineError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise SystemExit(1) from None
+
+
+def when(ts: float | None) -> str:
+    """A UTC timestamp for tables."""
+    if ts is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def ago(seconds: float | None) -> str:
+    """A short age such as ``3.2s`` or ``4m10s``."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    return f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+url_option = click.option(
+    "--url",
+    envvar="TOKENLINE_URL",
+    show_envvar=True,
+    default=None,
+    help="Store URL (default: the app's, else sqlite:///tokenline.db).",
+)
+app_option = click.option(
+    "--app",
+    "app_spec",
+    envvar="TOKENLINE_APP",
+    show_envvar=True,
+    default=None,
+    help="The application as module:attribute, e.g. myproject.jobs:app.",
+)
