@@ -1,0 +1,11 @@
+"""The PostgreSQL store: any number of worker machines on one database.
+
+``postgresql://user@host:5432/db?schema=tokenline`` — needs ``tokenline[postgres]``
+(psycopg 3 and psycopg_pool).
+"""
+
+from ._migrations import SCHEMA_VERSION
+from ._transaction import PostgresFencedTransaction
+from .store import PostgresStore
+
+__all__ = ["SCHEMA_VERSION", "PostgresFencedTransaction", "PostgresStore"]

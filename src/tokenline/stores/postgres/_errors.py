@@ -1,0 +1,127 @@
+"""psycopg and pool errors, translated into tokenline's tree in one place.
+
+The message says what to do: which database is missing and how to create it, which
+role lacks which privilege, whether the server was unreachable or only slow. Only
+tokenline's own statements are translated; errors raised by a user's SQL inside a
+fenced transaction reach the user as psycopg raised them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import psycopg
+from psycopg import errors as pg
+from psycopg_pool import PoolClosed, PoolTimeout
+
+from ..._errors import (
+    StoreCorruptError,
+    StoreError,
+    StoreUnavailableError,
+    TokenlineError,
+)
+from ._target import Target
+
+__all__ = ["describe_connect_failure", "map_postgres_errors"]
+
+
+def describe_connect_failure(exc: BaseException, target: Target) -> str:
+    """A message for a failed connection that says the likely cause and the fix."""
+    text = " ".join(str(exc).split())
+    at = f"{target.host}:{target.port}"
+    if f'database "{target.dbname}" does not exist' in text:
+        return (
+            f"PostgreSQL database {target.dbname!r} does not exist on {at}: create it "
+            f"(createdb -h {target.host} -p {target.port} -U {target.user} {target.dbname}, "
+            f'or CREATE DATABASE "{target.dbname}") or fix the database name in the URL'
+        )
+    if "role" in text and "does not exist" in text:
+        return (
+            f"PostgreSQL role {target.user!r} does not exist on {at}: create it "
+            "(CREATE ROLE … LOGIN) or fix the user name in the URL"
+        )
+    if "password authentication failed" in text or "no password supplied" in text:
+        return (
+            f"PostgreSQL on {at} rejected the credentials of role {target.user!r}: check the "
+            "password in the URL, PGPASSWORD or ~/.pgpass"
+        )
+    if "pg_hba.conf" in text:
+        return (
+            f"PostgreSQL on {at} does not accept connections from this host for role "
+            f"{target.user!r} to database {target.dbname!r}: add a pg_hba.conf entry ({text})"
+        )
+    if "permission denied" in text or "privilege" in text:
+        return (
+            f"PostgreSQL role {target.user!r} lacks a privilege on {target.where}: "
+            f'GRANT CONNECT ON DATABASE "{target.dbname}" TO "{target.user}" ({text})'
+        )
+    if "timeout expired" in text or "timed out" in text:
+        return (
+            f"PostgreSQL on {at} did not accept a connection in time: is the host right "
+            f"and reachable, and the server not overloaded? ({text})"
+        )
+    if any(
+        s in text
+        for s in (
+            "Connection refused",
+            "could not translate host name",
+            "No route to host",
+            "Network is unreachable",
+            "No such file or directory",
+        )
+    ):
+        return (
+            f"cannot reach PostgreSQL at {at}: is the server running there, and are the "
+            f"host and port in the URL right? ({text})"
+        )
+    return f"PostgreSQL {target.where} is unavailable: {text}"
+
+
+@contextlib.contextmanager
+def map_postgres_errors(target: Target, timeout: float) -> Iterator[None]:
+    """Translate psycopg, pool and timeout errors raised inside into tokenline's tree."""
+    try:
+        yield
+    except TokenlineError:
+        raise
+    except PoolTimeout as exc:
+        raise StoreUnavailableError(
+            f"no connection to PostgreSQL {target.where} within {timeout:g}s "
+            "(the server is unreachable, or every connection of the pool is busy)"
+        ) from exc
+    except PoolClosed as exc:
+        raise StoreError("the PostgreSQL store is closed; call open() first") from exc
+    except pg.QueryCanceled as exc:
+        raise StoreUnavailableError(
+            f"PostgreSQL {target.where} did not answer within {timeout:g}s "
+            f"(statement_timeout): {exc}"
+        ) from exc
+    except pg.InsufficientPrivilege as exc:
+        raise StoreUnavailableError(
+            f"PostgreSQL role {target.user!r} lacks a privilege tokenline needs on schema "
+            f"{target.schema!r} of {target.where}: {exc}. Grant it (for the first "
+            f'migration: GRANT CREATE ON DATABASE "{target.dbname}" TO "{target.user}"; '
+            f'afterwards: GRANT USAGE ON SCHEMA "{target.schema}" and ALL on its tables and '
+            "sequences), or run `tokenline migrate` as a role that has it"
+        ) from exc
+    except (pg.UndefinedTable, pg.UndefinedFunction, pg.InvalidSchemaName) as exc:
+        raise StoreCorruptError(
+            f"the tokenline schema {target.schema!r} of {target.where} is missing or "
+            f"incomplete ({exc}): run `tokenline migrate`"
+        ) from exc
+    except pg.TransactionRollback as exc:
+        # Deadlock or serialization failure: nothing was applied; trying again is safe.
+        raise StoreUnavailableError(
+            f"PostgreSQL {target.where} aborted a transaction on a conflict; retry: {exc}"
+        ) from exc
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        raise StoreUnavailableError(describe_connect_failure(exc, target)) from exc
+    except psycopg.Error as exc:
+        raise StoreError(f"PostgreSQL {target.where} refused an operation: {exc}") from exc
+    except TimeoutError as exc:
+        raise StoreUnavailableError(
+            f"PostgreSQL {target.where} did not answer within the store timeout"
+        ) from exc
+    except OSError as exc:
+        raise StoreUnavailableError(describe_connect_failure(exc, target)) from exc

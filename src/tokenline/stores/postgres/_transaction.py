@@ -1,0 +1,134 @@
+"""``ctx.transaction()`` on PostgreSQL: the user's writes and the completion, atomically.
+
+Why a stale worker cannot commit through it:
+
+1. The transaction's first statement is ``SELECT … FOR UPDATE`` on the job row with the
+   lease's token, owner and ``state = 'running'``. No row: the token is stale, the
+   transaction is rolled back before the user wrote anything, the refusal is recorded
+   in its own transaction and :class:`StaleTokenError` is raised.
+2. From then on the row is locked: a rescue skips it (``SKIP LOCKED``) and a stale
+   finish waits, so the token cannot change under the user's writes.
+3. On a clean exit the job is finished with the same fenced statement as
+   ``jobs_finish``, and one ``COMMIT`` makes the user's writes and the completion
+   durable together. An exception rolls both back.
+
+The connection comes from the store's pool and is returned afterwards. Its
+``statement_timeout`` (the store timeout) also applies to the user's statements, and
+renewals of this one job wait for the commit: keep these transactions short.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, cast
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
+
+from ..._errors import NotSupportedError, StaleTokenError, StoreError
+from ..._jobs import Finish, Lease, Outcome
+from ..base import FencedTransaction
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from .store import PostgresStore
+
+__all__ = ["PostgresFencedTransaction"]
+
+log = logging.getLogger("tokenline.store.postgres")
+
+_SYNC = (
+    "the PostgreSQL store's transactions are asynchronous: use "
+    "`async with store.fenced_transaction(...)` (ctx.transaction() in an async handler)"
+)
+
+
+class PostgresFencedTransaction(FencedTransaction):
+    """A fenced transaction on a pooled connection; use it with ``async with``.
+
+    ``async with`` yields the :class:`psycopg.AsyncConnection`, already inside the
+    transaction. Do not commit or roll back on it: leaving the block does.
+    """
+
+    def __init__(self, store: PostgresStore, lease: Lease) -> None:
+        self._store = store
+        self._lease = lease
+        self._cm: contextlib.AbstractAsyncContextManager[AsyncConnection[Any]] | None = None
+
+    def __enter__(self) -> Any:
+        raise NotSupportedError(_SYNC)
+
+    def __exit__(self, *exc: object) -> None:
+        raise NotSupportedError(_SYNC)
+
+    async def __aenter__(self) -> AsyncConnection[Any]:
+        if self._cm is not None:
+            raise StoreError("a fenced transaction can be entered only once")
+        self._cm = self._run()
+        return await self._cm.__aenter__()
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._cm is None:
+            return
+        exc_type, exc_value, tb = cast(
+            "tuple[type[BaseException] | None, BaseException | None, TracebackType | None]",
+            exc,
+        )
+        await self._cm.__aexit__(exc_type, exc_value, tb)
+
+    def _stale(self) -> StaleTokenError:
+        return StaleTokenError(
+            resource=f"job {self._lease.job_id}", token=self._lease.token, operation="transaction"
+        )
+
+    @contextlib.asynccontextmanager
+    async def _run(self) -> AsyncIterator[AsyncConnection[Any]]:
+        store, lease = self._store, self._lease
+        async with store._pooled(translate_body=False) as conn:
+            tx = conn.transaction()
+            with store._translate():
+                await tx.__aenter__()
+                fenced = await store._fence_check_on(conn, lease)
+            if not fenced:
+                with store._translate():
+                    # Roll back (psycopg.Rollback ends the block without an error), then
+                    # record the refusal in its own transaction: it must outlive the rollback.
+                    await tx.__aexit__(psycopg.Rollback, psycopg.Rollback(), None)
+                    await store._record_stale_on(conn, lease, "transaction")
+                raise self._stale()
+            try:
+                yield conn
+            except BaseException as exc:
+                await _rollback_quietly(tx, exc)
+                raise
+            with store._translate():
+                try:
+                    if conn.info.transaction_status != TransactionStatus.INTRANS:
+                        raise StoreError(
+                            "the fenced transaction was ended inside its block; "
+                            "leave COMMIT and ROLLBACK to the `async with`"
+                        )
+                    (ok,) = await store._finish_on(conn, [Finish(lease, Outcome.SUCCEEDED)])
+                    if not ok:  # impossible under the row lock, unless fencing is off
+                        raise self._stale()
+                except BaseException as exc:
+                    await _rollback_quietly(tx, exc)
+                    if isinstance(exc, StaleTokenError):
+                        await store._record_stale_on(conn, lease, "transaction")
+                    raise
+                await tx.__aexit__(None, None, None)  # COMMIT: writes and completion
+            self.committed = True
+
+
+async def _rollback_quietly(
+    tx: contextlib.AbstractAsyncContextManager[Any], exc: BaseException
+) -> None:
+    """Roll back while ``exc`` propagates; a failing rollback must not mask it."""
+    try:
+        await tx.__aexit__(type(exc), exc, exc.__traceback__)
+    except Exception as rollback_exc:  # the connection is broken: the pool discards it
+        log.warning("rollback of a fenced transaction failed: %s", rollback_exc)

@@ -1,0 +1,118 @@
+-- tokenline: PostgreSQL schema migrations, applied in order by _migrations.py.
+--
+-- Each migration is one named block "migration_NNNN_description"; NNNN is the schema
+-- version it produces. A block runs in the same transaction as every other pending
+-- block and the version bookkeeping, under an advisory lock, so a schema is never left
+-- half-migrated. Never edit a released block: add a new one.
+--
+-- Placeholders, filled with psycopg.sql (quoted, never pasted text):
+--   schema   the schema's identifier
+--   job_ids  the job id sequence's name as a string literal (for nextval)
+-- Times are double precision epoch seconds, as at the store seam.
+
+-- name: migration_0001_initial
+CREATE SEQUENCE {schema}.job_ids AS bigint;
+
+CREATE TABLE {schema}.jobs (
+    id               bigint           PRIMARY KEY DEFAULT nextval({job_ids}),
+    queue            text             NOT NULL,
+    task             text             NOT NULL,
+    args             text             NOT NULL,
+    idempotency_key  text,
+    priority         integer          NOT NULL DEFAULT 0,
+    run_at           double precision NOT NULL,
+    attempt          integer          NOT NULL DEFAULT 0,
+    max_attempts     integer          NOT NULL,
+    state            text             NOT NULL CHECK (state IN
+                        ('scheduled', 'queued', 'running', 'succeeded', 'dead', 'cancelled')),
+    lease_owner      text,
+    lease_token      bigint           NOT NULL DEFAULT 0,
+    lease_expires_at double precision,
+    last_error       text,
+    error_class      text,
+    created_at       double precision NOT NULL,
+    updated_at       double precision NOT NULL,
+    finished_at      double precision,
+    timeout          double precision
+);
+ALTER SEQUENCE {schema}.job_ids OWNED BY {schema}.jobs.id;
+
+CREATE INDEX jobs_ready ON {schema}.jobs (queue, priority DESC, run_at, id)
+    WHERE state IN ('queued', 'scheduled');
+CREATE INDEX jobs_expiry ON {schema}.jobs (lease_expires_at) WHERE state = 'running';
+CREATE INDEX jobs_queue_state ON {schema}.jobs (queue, state);
+
+-- The store itself refuses a backwards move, whatever SQL a bug or a stale worker sends.
+-- Mirrors tokenline._jobs.ALLOWED_TRANSITIONS.
+CREATE FUNCTION {schema}.jobs_monotonic() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.state <> OLD.state AND NOT (
+           (OLD.state = 'scheduled' AND NEW.state IN ('queued', 'running', 'cancelled'))
+        OR (OLD.state = 'queued'    AND NEW.state IN ('running', 'cancelled'))
+        OR (OLD.state = 'running'   AND NEW.state IN ('succeeded', 'dead', 'queued', 'scheduled'))
+        OR (OLD.state = 'dead'      AND NEW.state IN ('queued', 'cancelled'))
+    ) THEN
+        RAISE EXCEPTION 'tokenline: illegal job state transition % -> % (job %)',
+            OLD.state, NEW.state, OLD.id
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER jobs_monotonic BEFORE UPDATE OF state ON {schema}.jobs
+    FOR EACH ROW EXECUTE FUNCTION {schema}.jobs_monotonic();
+
+-- The store's notion of "now": the caller's clock when one is given (tests inject a
+-- fake one), else the database's, so every worker agrees on when a lease expires.
+-- statement_timestamp() is fixed for a whole statement: one statement, one "now".
+CREATE FUNCTION {schema}.now_epoch(given double precision) RETURNS double precision
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$ SELECT COALESCE(given, extract(epoch FROM statement_timestamp())::double precision) $$;
+
+CREATE TABLE {schema}.attempts (
+    job_id      bigint           NOT NULL REFERENCES {schema}.jobs (id) ON DELETE CASCADE,
+    token       bigint           NOT NULL,
+    attempt     integer          NOT NULL,
+    owner       text             NOT NULL,
+    started_at  double precision NOT NULL,
+    finished_at double precision,
+    outcome     text,
+    error       text,
+    error_class text,
+    PRIMARY KEY (job_id, token)
+);
+
+CREATE TABLE {schema}.stale_commits (
+    id        bigint           GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id    bigint           NOT NULL,
+    token     bigint           NOT NULL,
+    owner     text             NOT NULL,
+    operation text             NOT NULL,
+    at        double precision NOT NULL
+);
+
+CREATE TABLE {schema}.paused_queues (
+    queue     text             PRIMARY KEY,
+    paused_at double precision NOT NULL
+);
+
+CREATE TABLE {schema}.workers (
+    id           text             PRIMARY KEY,
+    host         text             NOT NULL,
+    pid          integer          NOT NULL,
+    queues       text[]           NOT NULL,
+    concurrency  integer          NOT NULL,
+    state        text             NOT NULL,
+    token        bigint           NOT NULL,
+    started_at   double precision NOT NULL,
+    heartbeat_at double precision NOT NULL,
+    expires_at   double precision NOT NULL,
+    in_flight    integer          NOT NULL DEFAULT 0
+);
+
+CREATE TABLE {schema}.leases (
+    resource   text             PRIMARY KEY,
+    owner      text             NOT NULL,
+    token      bigint           NOT NULL,
+    expires_at double precision NOT NULL
+);

@@ -1,0 +1,383 @@
+-- tokenline: PostgreSQL queries. Every finalising write is conditional on the job's
+-- lease token inside the statement itself; see stores/base.py for the contract.
+--
+-- Parameters are psycopg's %(name)s; batches arrive as arrays and are read with
+-- unnest(...) WITH ORDINALITY, so one statement serves a whole batch and each row
+-- keeps its place. Placeholders in braces are filled once per store with psycopg.sql
+-- (see migrations.sql). Every time is schema.now_epoch(now): the caller's clock when
+-- the store was given one, else the database's.
+--
+-- Lines ending in "-- fence" hold a token check; the test-only unfenced variants
+-- (TOKENLINE_TEST_UNSAFE_DISABLE_FENCING) are these queries with those lines removed.
+
+-- name: schema_exists
+SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s);
+
+-- name: schema_create
+CREATE SCHEMA {schema};
+
+-- name: version_table_exists
+SELECT EXISTS (
+    SELECT 1 FROM pg_catalog.pg_tables
+    WHERE schemaname = %(schema)s AND tablename = 'schema_version'
+);
+
+-- name: version_table_create
+CREATE TABLE IF NOT EXISTS {schema}.schema_version (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: version_current
+SELECT COALESCE(max(version), 0) FROM {schema}.schema_version;
+
+-- name: version_record
+INSERT INTO {schema}.schema_version (version, name) VALUES (%(version)s, %(name)s);
+
+-- name: migrate_lock
+-- Held to the end of the migrating transaction: concurrent starters wait, then find the
+-- schema current. Keyed by schema, so apps sharing a database do not wait on each other.
+SELECT pg_advisory_xact_lock(hashtextextended('tokenline migrate ' || %(schema)s, 0));
+
+-- name: enqueue
+WITH input AS (
+    SELECT *
+    FROM unnest(%(queue)s::text[], %(task)s::text[], %(args)s::text[],
+                %(idempotency_key)s::text[], %(priority)s::integer[],
+                %(run_at)s::double precision[], %(max_attempts)s::integer[],
+                %(timeout)s::double precision[])
+         WITH ORDINALITY AS i (queue, task, args, idempotency_key, priority, run_at,
+                               max_attempts, timeout, ord)
+),
+-- Ids are drawn first and handed out in ascending input order, so the caller gets
+-- them back in the order it sent the jobs, whatever order the rows are inserted in.
+drawn AS (
+    SELECT array_agg(id ORDER BY id) AS ids
+    FROM (SELECT nextval({job_ids}) AS id FROM input) AS n
+),
+clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
+inserted AS (
+    INSERT INTO {schema}.jobs (id, queue, task, args, idempotency_key, priority, run_at,
+                               max_attempts, state, created_at, updated_at, timeout)
+    SELECT d.ids[i.ord::integer], i.queue, i.task, i.args, i.idempotency_key, i.priority,
+           COALESCE(i.run_at, c.now), i.max_attempts,
+           CASE WHEN COALESCE(i.run_at, c.now) > c.now THEN 'scheduled' ELSE 'queued' END,
+           c.now, c.now, i.timeout
+    FROM input AS i, drawn AS d, clock AS c
+    RETURNING id, queue, state
+),
+-- NOTIFY is transactional: listeners hear of the jobs only once they are committed.
+notified AS (
+    SELECT count(pg_notify(%(channel)s, q.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM inserted WHERE state = 'queued') AS q
+)
+SELECT inserted.id FROM inserted, notified ORDER BY inserted.id;
+
+-- name: claim
+-- SKIP LOCKED: concurrent claimers never wait on each other and never take the same
+-- row; the token bump and the attempt row happen in this same statement.
+WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
+picked AS MATERIALIZED (
+    SELECT j.id
+    FROM {schema}.jobs AS j, clock AS c
+    WHERE j.state IN ('queued', 'scheduled')
+      AND j.run_at <= c.now
+      AND j.queue = ANY (%(queues)s::text[])
+      AND NOT EXISTS (SELECT 1 FROM {schema}.paused_queues AS p WHERE p.queue = j.queue)
+    ORDER BY j.priority DESC, j.run_at, j.id
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+),
+claimed AS (
+    UPDATE {schema}.jobs AS j
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        lease_owner = %(owner)s,
+        lease_token = j.lease_token + 1,
+        lease_expires_at = c.now + %(ttl)s,
+        updated_at = c.now
+    FROM picked AS p, clock AS c
+    WHERE j.id = p.id
+    RETURNING j.*
+),
+attempt_rows AS (
+    INSERT INTO {schema}.attempts (job_id, token, attempt, owner, started_at)
+    SELECT id, lease_token, attempt, lease_owner, updated_at FROM claimed
+)
+SELECT * FROM claimed ORDER BY priority DESC, run_at, id;
+
+-- name: renew
+WITH input AS (
+    SELECT *
+    FROM unnest(%(job_id)s::bigint[], %(token)s::bigint[], %(lease_owner)s::text[])
+         WITH ORDINALITY AS l (job_id, token, owner, ord)
+),
+clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
+-- Row locks in id order: a renewal batch and a finish batch of the same worker, on two
+-- connections, can never deadlock. FOR UPDATE reads the newest committed version of
+-- each row, which is what "who holds it now" below must see.
+locked AS MATERIALIZED (
+    SELECT j.id, j.lease_token, j.lease_owner FROM {schema}.jobs AS j
+    WHERE j.id IN (SELECT job_id FROM input)
+    ORDER BY j.id
+    FOR NO KEY UPDATE
+),
+renewed AS (
+    UPDATE {schema}.jobs AS j
+    SET lease_expires_at = c.now + %(ttl)s, updated_at = c.now
+    FROM input AS l, locked AS k, clock AS c
+    WHERE j.id = l.job_id AND k.id = j.id
+      AND l.owner = %(owner)s
+      AND j.lease_token = l.token AND j.lease_owner = l.owner
+      AND j.state = 'running'
+      AND j.lease_expires_at > c.now
+    RETURNING l.ord, j.lease_expires_at
+),
+-- A refused renewal is stale only if someone else's token or owner is on the job now;
+-- a lease on a job this owner finished itself, or one that merely expired, is not.
+stale AS (
+    INSERT INTO {schema}.stale_commits (job_id, token, owner, operation, at)
+    SELECT l.job_id, l.token, l.owner, 'renew', c.now
+    FROM input AS l
+         CROSS JOIN clock AS c
+         LEFT JOIN locked AS k ON k.id = l.job_id
+    WHERE l.ord NOT IN (SELECT ord FROM renewed)
+      AND (k.id IS NULL
+           OR k.lease_token <> l.token
+           OR (k.lease_owner IS NOT NULL AND k.lease_owner <> %(owner)s))
+    ORDER BY l.ord
+)
+SELECT ord, lease_expires_at FROM renewed;
+
+-- name: finish
+-- One statement for the whole batch; each row applies only if its own token, owner and
+-- the running state still match. Refused rows are recorded as stale commits.
+WITH input AS (
+    SELECT *
+    FROM unnest(%(job_id)s::bigint[], %(token)s::bigint[], %(lease_owner)s::text[],
+                %(outcome)s::text[], %(run_at)s::double precision[], %(error)s::text[],
+                %(error_class)s::text[])
+         WITH ORDINALITY AS f (job_id, token, owner, outcome, run_at, error, error_class,
+                               ord)
+),
+clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
+locked AS MATERIALIZED (
+    SELECT j.id FROM {schema}.jobs AS j
+    WHERE j.id IN (SELECT job_id FROM input)
+    ORDER BY j.id
+    FOR NO KEY UPDATE
+),
+done AS (
+    UPDATE {schema}.jobs AS j
+    SET state = CASE
+            WHEN f.outcome IN ('succeeded', 'dead') THEN f.outcome
+            WHEN COALESCE(f.run_at, c.now) > c.now THEN 'scheduled'
+            ELSE 'queued'
+        END,
+        run_at = CASE WHEN f.outcome IN ('retry', 'release')
+                      THEN COALESCE(f.run_at, c.now) ELSE j.run_at END,
+        -- A release gives the attempt back: the job did not fail, it was put aside.
+        attempt = j.attempt - CASE WHEN f.outcome = 'release' THEN 1 ELSE 0 END,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        last_error = f.error,
+        error_class = f.error_class,
+        finished_at = CASE WHEN f.outcome IN ('succeeded', 'dead') THEN c.now END,
+        updated_at = c.now
+    FROM input AS f, locked AS k, clock AS c
+    WHERE j.id = f.job_id AND k.id = j.id
+      AND j.lease_token = f.token AND j.lease_owner = f.owner  -- fence
+      AND j.state = 'running'
+    RETURNING f.ord, j.id, f.token, f.outcome, f.error, f.error_class
+),
+closed AS (
+    UPDATE {schema}.attempts AS a
+    SET finished_at = c.now, outcome = d.outcome, error = d.error, error_class = d.error_class
+    FROM done AS d, clock AS c
+    WHERE a.job_id = d.id AND a.token = d.token AND a.finished_at IS NULL
+),
+stale AS (
+    INSERT INTO {schema}.stale_commits (job_id, token, owner, operation, at)
+    SELECT f.job_id, f.token, f.owner, f.outcome, c.now
+    FROM input AS f, clock AS c
+    WHERE f.ord NOT IN (SELECT ord FROM done)
+    ORDER BY f.ord
+)
+SELECT ord FROM done;
+
+-- name: fence_check
+-- First statement of a fenced transaction: proves the token and locks the job row until
+-- commit, so no rescue or stale finish can slip in between the check and the commit.
+SELECT id FROM {schema}.jobs
+WHERE id = %(job_id)s
+  AND lease_token = %(token)s AND lease_owner = %(owner)s  -- fence
+  AND state = 'running'
+FOR UPDATE;
+
+-- name: stale_insert
+INSERT INTO {schema}.stale_commits (job_id, token, owner, operation, at)
+VALUES (%(job_id)s, %(token)s, %(owner)s, %(operation)s, {schema}.now_epoch(%(now)s));
+
+-- name: rescue
+-- SKIP LOCKED: a job whose owner is committing right now is left to that commit.
+WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
+expired AS MATERIALIZED (
+    SELECT j.id, j.lease_token
+    FROM {schema}.jobs AS j, clock AS c
+    WHERE j.state = 'running' AND j.lease_expires_at <= c.now
+    ORDER BY j.lease_expires_at, j.id
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+),
+closed AS (
+    UPDATE {schema}.attempts AS a
+    SET finished_at = c.now, outcome = 'lease_expired',
+        error = 'lease expired: the worker stopped renewing it', error_class = 'coordination'
+    FROM expired AS e, clock AS c
+    WHERE a.job_id = e.id AND a.token = e.lease_token AND a.finished_at IS NULL
+),
+rescued AS (
+    UPDATE {schema}.jobs AS j
+    SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'queued' END,
+        finished_at = CASE WHEN j.attempt >= j.max_attempts THEN c.now END,
+        lease_token = j.lease_token + 1,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        run_at = c.now,
+        last_error = 'lease expired: the worker stopped renewing it',
+        error_class = 'coordination',
+        updated_at = c.now
+    FROM expired AS e, clock AS c
+    WHERE j.id = e.id
+    RETURNING j.id, j.state, j.queue
+),
+notified AS (
+    SELECT count(pg_notify(%(channel)s, q.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM rescued WHERE state = 'queued') AS q
+)
+SELECT rescued.id, rescued.state FROM rescued, notified ORDER BY rescued.id;
+
+-- name: pause
+INSERT INTO {schema}.paused_queues (queue, paused_at)
+VALUES (%(queue)s, {schema}.now_epoch(%(now)s))
+ON CONFLICT (queue) DO NOTHING;
+
+-- name: resume
+WITH resumed AS (
+    DELETE FROM {schema}.paused_queues WHERE queue = %(queue)s RETURNING queue
+)
+SELECT count(pg_notify(%(channel)s, queue)) FROM resumed;
+
+-- name: stats_counts
+SELECT queue, state, count(*) AS n FROM {schema}.jobs GROUP BY queue, state;
+
+-- name: stats_oldest
+WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now)
+SELECT j.queue, c.now - min(j.run_at) AS age
+FROM {schema}.jobs AS j, clock AS c
+WHERE j.state IN ('queued', 'scheduled') AND j.run_at <= c.now
+GROUP BY j.queue, c.now;
+
+-- name: paused_list
+SELECT queue FROM {schema}.paused_queues;
+
+-- name: job_get
+SELECT * FROM {schema}.jobs WHERE id = %(job_id)s;
+
+-- name: jobs_list
+SELECT * FROM {schema}.jobs
+WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: attempts_list
+SELECT * FROM {schema}.attempts WHERE job_id = %(job_id)s ORDER BY token;
+
+-- name: retry_dead
+WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
+revived AS (
+    UPDATE {schema}.jobs AS j
+    SET state = 'queued', max_attempts = j.attempt + j.max_attempts, run_at = c.now,
+        finished_at = NULL, updated_at = c.now
+    FROM clock AS c
+    WHERE j.id = ANY (%(ids)s::bigint[]) AND j.state = 'dead'
+    RETURNING j.queue
+),
+notified AS (
+    SELECT count(pg_notify(%(channel)s, q.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM revived) AS q
+)
+SELECT count(*) FROM revived, notified;
+
+-- name: cancel
+UPDATE {schema}.jobs
+SET state = 'cancelled', last_error = %(reason)s,
+    finished_at = {schema}.now_epoch(%(now)s), updated_at = {schema}.now_epoch(%(now)s)
+WHERE id = ANY (%(ids)s::bigint[]) AND state IN ('queued', 'scheduled', 'dead');
+
+-- name: stale_count
+SELECT count(*) FROM {schema}.stale_commits;
+
+-- name: stale_list
+SELECT job_id, token, owner, operation, at FROM {schema}.stale_commits
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: worker_register
+WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now)
+INSERT INTO {schema}.workers AS w (id, host, pid, queues, concurrency, state, token,
+                                   started_at, heartbeat_at, expires_at, in_flight)
+SELECT %(id)s, %(host)s, %(pid)s, %(queues)s::text[], %(concurrency)s, %(state)s, 1,
+       c.now, c.now, c.now + %(ttl)s, 0
+FROM clock AS c
+ON CONFLICT (id) DO UPDATE
+SET token = w.token + 1,
+    host = excluded.host,
+    pid = excluded.pid,
+    queues = excluded.queues,
+    concurrency = excluded.concurrency,
+    state = excluded.state,
+    heartbeat_at = excluded.heartbeat_at,
+    expires_at = excluded.expires_at,
+    in_flight = 0
+RETURNING *;
+
+-- name: worker_heartbeat
+WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now)
+UPDATE {schema}.workers AS w
+SET state = %(state)s, in_flight = %(in_flight)s, heartbeat_at = c.now,
+    expires_at = c.now + %(ttl)s
+FROM clock AS c
+WHERE w.id = %(id)s AND w.token = %(token)s AND w.expires_at > c.now
+RETURNING w.*;
+
+-- name: worker_deregister
+WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now)
+UPDATE {schema}.workers AS w
+SET state = 'stopped', in_flight = 0, heartbeat_at = c.now, expires_at = c.now
+FROM clock AS c
+WHERE w.id = %(id)s AND w.token = %(token)s;
+
+-- name: workers_list
+SELECT * FROM {schema}.workers ORDER BY started_at DESC;
+
+-- name: lease_acquire
+WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now)
+INSERT INTO {schema}.leases AS l (resource, owner, token, expires_at)
+SELECT %(resource)s, %(owner)s, 1, c.now + %(ttl)s FROM clock AS c
+ON CONFLICT (resource) DO UPDATE
+SET token = CASE WHEN l.owner = excluded.owner
+                      AND l.expires_at > {schema}.now_epoch(%(now)s)
+                 THEN l.token ELSE l.token + 1 END,
+    owner = excluded.owner,
+    expires_at = excluded.expires_at
+WHERE l.expires_at <= {schema}.now_epoch(%(now)s) OR l.owner = excluded.owner
+RETURNING resource, owner, token, expires_at;
+
+-- name: lease_release
+-- Expire rather than delete: the token counter must survive the release.
+UPDATE {schema}.leases
+SET expires_at = LEAST(expires_at, {schema}.now_epoch(%(now)s))
+WHERE resource = %(resource)s AND owner = %(owner)s AND token = %(token)s;

@@ -1,0 +1,588 @@
+"""PostgreSQL store: any number of worker machines on one database.
+
+Every operation is one statement (or one short transaction) from ``queries.sql`` on a
+connection of a psycopg async pool. The guarantees of ``stores/base.py`` come from the
+database, not from this process:
+
+* Claims take rows with ``FOR UPDATE SKIP LOCKED``: concurrent claimers on any machine
+  never wait for each other and never share a job; the token bump and the attempt row
+  happen in the same statement.
+* ``jobs_finish`` and ``leases_renew`` are one statement per batch, each row conditional
+  on its own ``(id, lease_token, lease_owner, state = 'running')``; refused rows are
+  written to ``stale_commits`` by that same statement.
+* A trigger refuses any backwards job state move, whatever SQL is sent.
+* Time is the database's (``statement_timestamp()``), so lease expiry never depends on a
+  worker's clock; a store built with an explicit ``clock`` (tests) passes its ``now``
+  into every statement instead.
+
+Tables live in the URL's ``?schema=`` (default ``tokenline``), created and upgraded by
+versioned migrations (``migrations.sql``) on :meth:`PostgresStore.open`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
+from psycopg.rows import DictRow, TupleRow, dict_row, tuple_row
+from psycopg_pool import AsyncConnectionPool
+
+from ..._clock import Clock, SystemClock
+from ..._errors import JobNotFoundError, StoreError
+from ..._jobs import (
+    Attempt,
+    ClaimedJob,
+    Finish,
+    Job,
+    JobState,
+    Lease,
+    NewJob,
+    QueueStats,
+    RescueReport,
+    StaleCommit,
+    WorkerRecord,
+)
+from .._sql import load_queries
+from ..base import Capabilities, FencedTransaction, ResourceLease, Store
+from ._errors import map_postgres_errors
+from ._listener import Listener
+from ._migrations import (
+    SCHEMA_VERSION,
+    apply_migrations,
+    compose,
+    schema_version,
+    too_new,
+    too_old,
+)
+from ._target import Target, parse_url
+from ._transaction import PostgresFencedTransaction
+
+__all__ = ["SCHEMA_VERSION", "UNSAFE_ENV", "PostgresStore"]
+
+log = logging.getLogger("tokenline.store.postgres")
+
+#: Environment switch for tests and drills only: check job state but not the token.
+UNSAFE_ENV = "TOKENLINE_TEST_UNSAFE_DISABLE_FENCING"
+
+_Q = load_queries(__name__.rpartition(".")[0])
+#: Queries with a test-only unfenced variant (lines ending in ``-- fence`` removed).
+_FENCED = ("finish", "fence_check")
+
+
+def _unfenced(text: str) -> str:
+    lines = text.splitlines()
+    kept = [line for line in lines if not line.rstrip().endswith("-- fence")]
+    if len(kept) == len(lines):
+        raise ValueError("a fenced query has no line ending in '-- fence'")
+    return "\n".join(kept)
+
+
+def _job(row: DictRow) -> Job:
+    return Job(
+        id=row["id"],
+        queue=row["queue"],
+        task=row["task"],
+        args=row["args"],
+        idempotency_key=row["idempotency_key"],
+        priority=row["priority"],
+        run_at=row["run_at"],
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        state=JobState(row["state"]),
+        lease_owner=row["lease_owner"],
+        lease_token=row["lease_token"],
+        lease_expires_at=row["lease_expires_at"],
+        last_error=row["last_error"],
+        error_class=row["error_class"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        finished_at=row["finished_at"],
+        timeout=row["timeout"],
+    )
+
+
+def _worker(row: DictRow) -> WorkerRecord:
+    return WorkerRecord(
+        id=row["id"],
+        host=row["host"],
+        pid=row["pid"],
+        queues=tuple(row["queues"]),
+        concurrency=row["concurrency"],
+        state=row["state"],
+        token=row["token"],
+        started_at=row["started_at"],
+        heartbeat_at=row["heartbeat_at"],
+        expires_at=row["expires_at"],
+        in_flight=row["in_flight"],
+    )
+
+
+class PostgresStore(Store):
+    """A store in a PostgreSQL schema (``postgresql://user@host/db?schema=name``).
+
+    ``timeout`` bounds connecting, waiting for a pooled connection and each statement
+    (``statement_timeout``); an operation never hangs past it. ``migrate=False`` makes
+    :meth:`open` refuse a schema that needs migrating instead of migrating it (run
+    ``tokenline migrate`` then). ``max_connections`` caps the pool.
+    """
+
+    capabilities = Capabilities(
+        multi_process=True, transactional_completion=True, notifications=True
+    )
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        clock: Clock | None = None,
+        timeout: float = 10.0,
+        migrate: bool = True,
+        max_connections: int = 10,
+    ) -> None:
+        self.target: Target = parse_url(url, timeout=timeout)
+        #: The schema holding this store's tables.
+        self.schema = self.target.schema
+        self.clock: Clock = clock or SystemClock()
+        # Without an injected clock "now" is the database's: statements get now=NULL.
+        self._clock_given = clock is not None
+        self.timeout = timeout
+        self.migrate_on_open = migrate
+        self.max_connections = max_connections
+        #: Test-only switch: check only that the job is running, not its token (what
+        #: state-only queues do). Exists so tests can prove the token check is what
+        #: keeps a zombie out.
+        self.unsafe_disable_fencing = os.environ.get(UNSAFE_ENV) == "1"
+        self._queries = {name: compose(text, self.schema) for name, text in _Q.items()}
+        for name in _FENCED:
+            self._queries[f"{name}_unfenced"] = _unfenced(self._queries[name])
+        self._pool: AsyncConnectionPool[AsyncConnection[TupleRow]] | None = None
+        self._listener: Listener | None = None
+        # Last resort against a peer that stops answering mid-statement: waiting for a
+        # pooled connection and the statement each have ``timeout``, plus slack.
+        self._deadline = 2 * timeout + 1
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _q(self, name: str) -> str:
+        if self.unsafe_disable_fencing and name in _FENCED:
+            return self._queries[f"{name}_unfenced"]
+        return self._queries[name]
+
+    def _now(self) -> float | None:
+        return self.clock.now() if self._clock_given else None
+
+    def _translate(self) -> contextlib.AbstractContextManager[None]:
+        return map_postgres_errors(self.target, self.timeout)
+
+    @contextlib.asynccontextmanager
+    async def _pooled(self, *, translate_body: bool = True) -> AsyncIterator[AsyncConnection[Any]]:
+        """A pooled connection (autocommit). Errors of the body are translated too,
+        unless ``translate_body`` is false (a user's statements run in it)."""
+        pool = self._pool
+        if pool is None:
+            raise StoreError("the PostgreSQL store is not open; call open() first")
+        with self._translate():
+            conn = await pool.getconn(timeout=self.timeout)
+        try:
+            if translate_body:
+                with self._translate():
+                    async with asyncio.timeout(self._deadline):
+                        yield conn
+            else:
+                yield conn
+        finally:
+            # The pool rolls back or discards a connection left in a transaction or broken.
+            await pool.putconn(conn)
+
+    async def _rows(self, query: str, params: dict[str, Any]) -> list[DictRow]:
+        async with self._pooled() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(query, params)
+            return await cur.fetchall()
+
+    async def _tuples(self, query: str, params: dict[str, Any]) -> list[TupleRow]:
+        async with self._pooled() as conn:
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(query, params)
+            return await cur.fetchall()
+
+    async def _rowcount(self, query: str, params: dict[str, Any]) -> int:
+        async with self._pooled() as conn:
+            cur = conn.cursor()
+            await cur.execute(query, params)
+            return cur.rowcount
+
+    async def _connect(self) -> AsyncConnection[Any]:
+        """A dedicated connection outside the pool (migrations), bounded by the timeout."""
+        return await asyncio.wait_for(
+            AsyncConnection.connect(self.target.conninfo, autocommit=True),
+            timeout=self._deadline,
+        )
+
+    # -- life cycle -----------------------------------------------------------------------
+    async def open(self) -> None:
+        """Check (and unless ``migrate=False``, migrate) the schema, then open the pool.
+
+        The schema is checked on a direct connection first, so a wrong host, database or
+        role is reported with libpq's reason rather than as a pool timeout.
+        """
+        if self._pool is not None:
+            return
+        with self._translate():
+            conn = await self._connect()
+            try:
+                version = await schema_version(conn, self.schema)
+                if version > SCHEMA_VERSION:
+                    raise too_new(version, self.target)
+                if version < SCHEMA_VERSION:
+                    if not self.migrate_on_open:
+                        raise too_old(version, self.target)
+                    await apply_migrations(conn, self.target)
+            finally:
+                await conn.close()
+            pool: AsyncConnectionPool[AsyncConnection[TupleRow]] = AsyncConnectionPool(
+                self.target.conninfo,
+                kwargs={"autocommit": True},
+                min_size=1,
+                max_size=self.max_connections,
+                open=False,
+                timeout=self.timeout,
+                # One empty query per checkout: a connection the server dropped is
+                # replaced before our statement is sent, not reported as a failure.
+                check=AsyncConnectionPool.check_connection,
+                name=f"tokenline-{self.schema}",
+            )
+            try:
+                await pool.open(wait=True, timeout=self.timeout)
+            except BaseException:
+                await pool.close()
+                raise
+        self._pool = pool
+        self._listener = Listener(self.target.conninfo, self.target.channel, timeout=self.timeout)
+        if self.unsafe_disable_fencing:
+            log.warning("fencing token checks are DISABLED (%s=1): tests only", UNSAFE_ENV)
+
+    async def migrate(self) -> int:
+        """Bring the schema to this code's version and return it (``tokenline migrate``).
+
+        Works on an unopened store. All pending migrations apply in one transaction under
+        an advisory lock; a schema newer than this code raises
+        :class:`~tokenline.SchemaVersionError` and is left untouched.
+        """
+        with self._translate():
+            conn = await self._connect()
+            try:
+                return await apply_migrations(conn, self.target)
+            finally:
+                await conn.close()
+
+    async def close(self) -> None:
+        """Stop listening and close the pool. Safe to call twice."""
+        listener, pool = self._listener, self._pool
+        self._listener, self._pool = None, None
+        if listener is not None:
+            await listener.close()
+        if pool is not None:
+            await pool.close()
+
+    # -- broker ---------------------------------------------------------------------------
+    def _enqueue_params(self, jobs: Sequence[NewJob]) -> dict[str, Any]:
+        return {
+            "queue": [j.queue for j in jobs],
+            "task": [j.task for j in jobs],
+            "args": [j.args for j in jobs],
+            "idempotency_key": [j.idempotency_key for j in jobs],
+            "priority": [j.priority for j in jobs],
+            "run_at": [j.run_at for j in jobs],
+            "max_attempts": [j.max_attempts for j in jobs],
+            "timeout": [j.timeout for j in jobs],
+            "now": self._now(),
+            "channel": self.target.channel,
+        }
+
+    async def jobs_enqueue(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[int]:
+        """Insert all jobs with one statement and return their ids, in order.
+
+        With ``connection`` (a :class:`psycopg.AsyncConnection` inside the caller's
+        transaction, or about to start one) the rows are inserted in that transaction:
+        they exist, and workers are notified, if and only if it commits.
+        """
+        if not jobs:
+            return []
+        params = self._enqueue_params(jobs)
+        if connection is None:
+            return [row[0] for row in await self._tuples(self._q("enqueue"), params)]
+        if not isinstance(connection, psycopg.AsyncConnection):
+            raise StoreError(
+                "connection= must be a psycopg.AsyncConnection to the store's database "
+                f"inside an open transaction, not {type(connection).__name__}"
+            )
+        status = connection.info.transaction_status
+        in_transaction = status == TransactionStatus.INTRANS or (
+            status == TransactionStatus.IDLE and not connection.autocommit
+        )
+        if not in_transaction:
+            raise StoreError(
+                "connection= must be inside an open transaction (async with "
+                "conn.transaction(), or a connection without autocommit): otherwise the "
+                "jobs would commit on their own"
+            )
+        with self._translate():
+            cur = connection.cursor(row_factory=tuple_row)
+            await cur.execute(self._q("enqueue"), params)
+            return [row[0] for row in await cur.fetchall()]
+
+    async def wait_for_jobs(
+        self,
+        *,
+        queues: Sequence[str],
+        timeout: float,  # noqa: ASYNC109 - the seam's signature
+    ) -> None:
+        """Return on a NOTIFY for one of ``queues``, or after ``timeout`` seconds."""
+        if self._listener is None:
+            raise StoreError("the PostgreSQL store is not open; call open() first")
+        await self._listener.wait(queues, timeout)
+
+    async def jobs_claim(
+        self, *, owner: str, queues: Sequence[str], limit: int, ttl: float
+    ) -> list[ClaimedJob]:
+        """Lease up to ``limit`` ready jobs to ``owner`` in one statement."""
+        if limit <= 0 or not queues:
+            return []
+        params = {
+            "owner": owner,
+            "queues": list(queues),
+            "limit": limit,
+            "ttl": ttl,
+            "now": self._now(),
+        }
+        rows = await self._rows(self._q("claim"), params)
+        jobs = [_job(r) for r in rows]
+        return [
+            ClaimedJob(j, Lease(j.id, owner, j.lease_token, j.lease_expires_at or 0.0))
+            for j in jobs
+        ]
+
+    async def leases_renew(
+        self, *, owner: str, leases: Sequence[Lease], ttl: float
+    ) -> list[Lease | None]:
+        """Extend every held lease in one statement; report the lost ones, recording as
+        stale those someone else took over."""
+        if not leases:
+            return []
+        params = {
+            "job_id": [lease.job_id for lease in leases],
+            "token": [lease.token for lease in leases],
+            "lease_owner": [lease.owner for lease in leases],
+            "owner": owner,
+            "ttl": ttl,
+            "now": self._now(),
+        }
+        renewed = {int(r[0]): float(r[1]) for r in await self._tuples(self._q("renew"), params)}
+        return [
+            Lease(lease.job_id, owner, lease.token, renewed[i]) if (i := n + 1) in renewed else None
+            for n, lease in enumerate(leases)
+        ]
+
+    async def _finish_on(
+        self, conn: AsyncConnection[Any], finishes: Sequence[Finish]
+    ) -> list[bool]:
+        """Run the fenced batch finish on ``conn``; whether each row was accepted."""
+        params = {
+            "job_id": [f.lease.job_id for f in finishes],
+            "token": [f.lease.token for f in finishes],
+            "lease_owner": [f.lease.owner for f in finishes],
+            "outcome": [f.outcome.value for f in finishes],
+            "run_at": [f.run_at for f in finishes],
+            "error": [f.error for f in finishes],
+            "error_class": [f.error_class for f in finishes],
+            "now": self._now(),
+        }
+        cur = conn.cursor(row_factory=tuple_row)
+        await cur.execute(self._q("finish"), params)
+        accepted = {int(r[0]) for r in await cur.fetchall()}
+        return [n + 1 in accepted for n in range(len(finishes))]
+
+    async def jobs_finish(self, *, finishes: Sequence[Finish]) -> list[bool]:
+        """Apply the batch in one statement, each row fenced by its own token."""
+        if not finishes:
+            return []
+        async with self._pooled() as conn:
+            return await self._finish_on(conn, finishes)
+
+    async def _fence_check_on(self, conn: AsyncConnection[Any], lease: Lease) -> bool:
+        """Lock the job row if ``lease`` still holds it (inside ``conn``'s transaction)."""
+        params = {"job_id": lease.job_id, "token": lease.token, "owner": lease.owner}
+        cur = conn.cursor(row_factory=tuple_row)
+        await cur.execute(self._q("fence_check"), params)
+        return await cur.fetchone() is not None
+
+    async def _record_stale_on(
+        self, conn: AsyncConnection[Any], lease: Lease, operation: str
+    ) -> None:
+        params = {
+            "job_id": lease.job_id,
+            "token": lease.token,
+            "owner": lease.owner,
+            "operation": operation,
+            "now": self._now(),
+        }
+        await conn.execute(self._q("stale_insert"), params)
+
+    async def jobs_rescue(self, *, limit: int = 1000) -> RescueReport:
+        """Requeue or dead-letter running jobs whose lease expired by the store's clock."""
+        params = {"limit": limit, "now": self._now(), "channel": self.target.channel}
+        rows = await self._tuples(self._q("rescue"), params)
+        return RescueReport(
+            requeued=[r[0] for r in rows if r[1] == JobState.QUEUED],
+            dead=[r[0] for r in rows if r[1] == JobState.DEAD],
+        )
+
+    # -- queues ---------------------------------------------------------------------------
+    async def queue_pause(self, *, queue: str) -> None:
+        """Stop claims from ``queue``."""
+        await self._rowcount(self._q("pause"), {"queue": queue, "now": self._now()})
+
+    async def queue_resume(self, *, queue: str) -> None:
+        """Allow claims from ``queue`` again, and wake its idle workers."""
+        await self._tuples(self._q("resume"), {"queue": queue, "channel": self.target.channel})
+
+    async def queues_stats(self) -> list[QueueStats]:
+        """Per-queue counts by state, oldest ready age and paused flag."""
+        async with self._pooled() as conn:
+            cur = conn.cursor(row_factory=tuple_row)
+            counts: dict[str, dict[str, int]] = {}
+            await cur.execute(self._q("stats_counts"))
+            for queue, state, n in await cur.fetchall():
+                counts.setdefault(queue, {})[state] = n
+            await cur.execute(self._q("stats_oldest"), {"now": self._now()})
+            oldest: dict[str, float] = dict(await cur.fetchall())
+            await cur.execute(self._q("paused_list"))
+            paused = {row[0] for row in await cur.fetchall()}
+        return [
+            QueueStats(q, counts.get(q, {}), oldest.get(q), q in paused)
+            for q in sorted(set(counts) | paused)
+        ]
+
+    # -- inspection -----------------------------------------------------------------------
+    async def job_get(self, *, job_id: int) -> Job:
+        """The job, or :class:`JobNotFoundError`."""
+        rows = await self._rows(self._q("job_get"), {"job_id": job_id})
+        if not rows:
+            raise JobNotFoundError(f"no job with id {job_id}")
+        return _job(rows[0])
+
+    async def jobs_list(
+        self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
+    ) -> list[Job]:
+        """Jobs filtered by state and queue, newest first."""
+        params = {"state": state.value if state else None, "queue": queue, "limit": limit}
+        return [_job(r) for r in await self._rows(self._q("jobs_list"), params)]
+
+    async def job_attempts(self, *, job_id: int) -> list[Attempt]:
+        """Attempts of the job, oldest first."""
+        await self.job_get(job_id=job_id)
+        rows = await self._rows(self._q("attempts_list"), {"job_id": job_id})
+        return [
+            Attempt(
+                job_id=r["job_id"],
+                attempt=r["attempt"],
+                token=r["token"],
+                owner=r["owner"],
+                started_at=r["started_at"],
+                finished_at=r["finished_at"],
+                outcome=r["outcome"],
+                error=r["error"],
+                error_class=r["error_class"],
+            )
+            for r in rows
+        ]
+
+    async def jobs_retry_dead(self, *, job_ids: Sequence[int]) -> int:
+        """Requeue dead jobs with a fresh attempt budget."""
+        params = {"ids": list(job_ids), "now": self._now(), "channel": self.target.channel}
+        ((n,),) = await self._tuples(self._q("retry_dead"), params)
+        return int(n)
+
+    async def jobs_cancel(self, *, job_ids: Sequence[int], reason: str) -> int:
+        """Cancel queued, scheduled or dead jobs."""
+        params = {"ids": list(job_ids), "reason": reason, "now": self._now()}
+        return await self._rowcount(self._q("cancel"), params)
+
+    async def stale_commits(self, *, limit: int = 100) -> tuple[int, list[StaleCommit]]:
+        """Total refused writes and the most recent ``limit``."""
+        async with self._pooled() as conn:
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(self._q("stale_count"))
+            ((total,),) = await cur.fetchall()
+            await cur.execute(self._q("stale_list"), {"limit": limit})
+            rows = await cur.fetchall()
+        return int(total), [StaleCommit(*r) for r in rows]
+
+    # -- workers and leases ---------------------------------------------------------------
+    async def worker_register(self, *, record: WorkerRecord, ttl: float) -> WorkerRecord:
+        """Register (or re-register) a worker with a fresh membership token."""
+        params = {
+            "id": record.id,
+            "host": record.host,
+            "pid": record.pid,
+            "queues": list(record.queues),
+            "concurrency": record.concurrency,
+            "state": record.state,
+            "ttl": ttl,
+            "now": self._now(),
+        }
+        (row,) = await self._rows(self._q("worker_register"), params)
+        return _worker(row)
+
+    async def worker_heartbeat(
+        self, *, worker_id: str, token: int, state: str, in_flight: int, ttl: float
+    ) -> WorkerRecord | None:
+        """Extend the membership lease; ``None`` if it was lost."""
+        params = {
+            "id": worker_id,
+            "token": token,
+            "state": state,
+            "in_flight": in_flight,
+            "ttl": ttl,
+            "now": self._now(),
+        }
+        rows = await self._rows(self._q("worker_heartbeat"), params)
+        return _worker(rows[0]) if rows else None
+
+    async def worker_deregister(self, *, worker_id: str, token: int) -> None:
+        """Mark the worker stopped."""
+        params = {"id": worker_id, "token": token, "now": self._now()}
+        await self._rowcount(self._q("worker_deregister"), params)
+
+    async def workers_list(self) -> list[WorkerRecord]:
+        """All workers, newest first."""
+        return [_worker(r) for r in await self._rows(self._q("workers_list"), {})]
+
+    async def lease_acquire(self, *, resource: str, owner: str, ttl: float) -> ResourceLease | None:
+        """Take, or renew, the named lease."""
+        params = {"resource": resource, "owner": owner, "ttl": ttl, "now": self._now()}
+        rows = await self._tuples(self._q("lease_acquire"), params)
+        return ResourceLease(*rows[0]) if rows else None
+
+    async def lease_release(self, *, lease: ResourceLease) -> bool:
+        """Release the named lease if ``(owner, token)`` still holds it."""
+        params = {
+            "resource": lease.resource,
+            "owner": lease.owner,
+            "token": lease.token,
+            "now": self._now(),
+        }
+        return await self._rowcount(self._q("lease_release"), params) == 1
+
+    # -- transactions ---------------------------------------------------------------------
+    def fenced_transaction(self, *, lease: Lease) -> FencedTransaction:
+        """An ``async with`` transaction that checks ``lease`` first and completes the job
+        on commit; see :class:`~tokenline.stores.postgres.PostgresFencedTransaction`."""
+        return PostgresFencedTransaction(self, lease)
