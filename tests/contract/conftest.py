@@ -2,13 +2,19 @@
 
 Backends join by adding a factory to ``BACKENDS``. A backend whose service is missing is
 skipped with the reason printed, except in CI (``CI=true``), where it fails.
+
+PostgreSQL: the server named by ``TOKENLINE_TEST_POSTGRES_URL`` (default
+``postgresql://postgres@127.0.0.1:5432/test``). Every test gets a fresh schema with a
+random name, dropped afterwards, so tests never see each other's rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import os
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -16,19 +22,86 @@ from tokenline._clock import FakeClock
 from tokenline.stores import MemoryStore, Store
 from tokenline.stores.sqlite import SQLiteStore
 
+#: In CI a missing service is a failure, never a skip (the same rule as tests/conftest.py,
+#: which a second conftest cannot import by name).
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
-def _memory(clock: FakeClock, tmp_path: Path) -> Store:
+POSTGRES_URL = os.environ.get(
+    "TOKENLINE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+
+
+def _memory(clock: FakeClock, tmp_path: Path, request: pytest.FixtureRequest) -> Store:
     return MemoryStore(clock=clock)
 
 
-def _sqlite(clock: FakeClock, tmp_path: Path) -> Store:
+def _sqlite(clock: FakeClock, tmp_path: Path, request: pytest.FixtureRequest) -> Store:
     return SQLiteStore(f"sqlite:///{tmp_path / 'contract.db'}", clock=clock)
 
 
-BACKENDS: dict[str, Callable[[FakeClock, Path], Store]] = {
+def _postgres(clock: FakeClock, tmp_path: Path, request: pytest.FixtureRequest) -> Store:
+    from tokenline.stores.postgres import PostgresStore
+
+    # Fetched lazily so only postgres runs need the server; cached per test, so both
+    # stores of ``store_pair`` share one schema.
+    url: str = request.getfixturevalue("postgres_url")
+    return PostgresStore(url, clock=clock)
+
+
+BACKENDS: dict[str, Callable[[FakeClock, Path, pytest.FixtureRequest], Store]] = {
     "memory": _memory,
     "sqlite": _sqlite,
+    "postgres": _postgres,
 }
+
+
+def _unavailable(reason: str) -> NoReturn:
+    if IN_CI:
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> str:
+    """The test server's URL; skips (fails in CI) when it cannot be reached."""
+    try:
+        import psycopg
+    except ModuleNotFoundError:
+        _unavailable("psycopg is not installed: pip install 'tokenline[postgres]'")
+    try:
+        with psycopg.connect(POSTGRES_URL, connect_timeout=3):
+            pass
+    except psycopg.Error as exc:
+        _unavailable(
+            f"PostgreSQL for tests is unreachable ({exc}); "
+            "set TOKENLINE_TEST_POSTGRES_URL to a server you can create schemas on"
+        )
+    return POSTGRES_URL
+
+
+@pytest.fixture
+def postgres_schema(postgres_server: str) -> Iterator[str]:
+    """A fresh schema name for this test; the schema is dropped afterwards."""
+    import psycopg
+    from psycopg import sql
+
+    schema = f"tl_test_{secrets.token_hex(6)}"
+    yield schema
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def postgres_url_for(base: str, schema: str) -> str:
+    """``base`` with tokenline's ``schema`` parameter and that schema first on the
+    search path, so a test's own unqualified tables land in it and are dropped too."""
+    sep = "&" if "?" in base else "?"
+    return f"{base}{sep}schema={schema}&options=-c%20search_path%3D{schema}"
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str, postgres_schema: str) -> str:
+    """A store URL on the test server, in this test's own schema."""
+    return postgres_url_for(postgres_server, postgres_schema)
 
 
 @pytest.fixture(params=sorted(BACKENDS))
@@ -36,7 +109,7 @@ async def store(
     request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path
 ) -> AsyncIterator[Any]:
     """An open, empty store of each backend, driven by the fake clock."""
-    s = BACKENDS[request.param](clock, tmp_path)
+    s = BACKENDS[request.param](clock, tmp_path, request)
     await s.open()
     try:
         yield s
@@ -53,7 +126,7 @@ async def store_pair(
         yield store, store
         return
     backend = request.node.callspec.params["store"]
-    other = BACKENDS[backend](clock, tmp_path)
+    other = BACKENDS[backend](clock, tmp_path, request)
     await other.open()
     try:
         yield store, other

@@ -363,9 +363,9 @@ async def test_fenced_transaction_commits_effect_with_completion(store: Any) -> 
 
     if not store.capabilities.transactional_completion:
         # A store without the capability must say so clearly, not half-work.
-        (jid,) = await store.jobs_enqueue(jobs=[new()])
+        await store.jobs_enqueue(jobs=[new()])
         c = await claim_one(store)
-        with pytest.raises(NotSupportedError, match="ctx.transaction"):
+        with pytest.raises(NotSupportedError, match=r"ctx\.transaction"):
             store.fenced_transaction(lease=c.lease)
         return
     a, b = await store.jobs_enqueue(jobs=[new(), new()])
@@ -379,10 +379,14 @@ async def test_fenced_transaction_commits_effect_with_completion(store: Any) -> 
     with pytest.raises(StaleTokenError):
         async with store.fenced_transaction(lease=stale) as conn:
             await run(conn, "INSERT INTO biz VALUES (?)", b)
-    with pytest.raises(RuntimeError):
+
+    async def write_then_fail() -> None:
         async with store.fenced_transaction(lease=cb.lease) as conn:
             await run(conn, "INSERT INTO biz VALUES (?)", b)
             raise RuntimeError("handler failed")
+
+    with pytest.raises(RuntimeError, match="handler failed"):
+        await write_then_fail()
     assert (await store.job_get(job_id=b)).state is JobState.RUNNING
     async with store.fenced_transaction(lease=cb.lease) as conn:
         rows = await run(conn, "SELECT job FROM biz ORDER BY job")
