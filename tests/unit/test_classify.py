@@ -1,0 +1,144 @@
+"""Error classification: explicit signals, coordination errors, defaults, user classifier."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenline import (
+    Decision,
+    ErrorClass,
+    FencedError,
+    JobCancelled,
+    LeaseExpiredError,
+    Permanent,
+    Retry,
+    StaleTokenError,
+    StoreUnavailableError,
+    classify,
+)
+
+
+def test_retry_is_transient_with_its_delay() -> None:
+    """Retry(delay) is transient and carries the handler's delay and reason."""
+    decision = classify(Retry(2.5, reason="rate limited"))
+    assert decision == Decision(ErrorClass.TRANSIENT, "rate limited", 2.5)
+
+
+def test_retry_without_delay_leaves_delay_to_the_policy() -> None:
+    """Retry() with no delay is transient with delay None, so backoff decides."""
+    decision = classify(Retry())
+    assert decision.error_class is ErrorClass.TRANSIENT
+    assert decision.delay is None
+
+
+def test_retry_zero_delay_is_kept() -> None:
+    """Retry(0) keeps delay 0 (retry now), distinct from None (use backoff)."""
+    assert classify(Retry(0)).delay == 0
+
+
+def test_negative_retry_delay_is_rejected() -> None:
+    """Retry(-1) raises ValueError at once instead of scheduling into the past."""
+    with pytest.raises(ValueError, match="delay"):
+        Retry(-1)
+
+
+def test_permanent_is_permanent_with_its_reason() -> None:
+    """Permanent(reason) is permanent and keeps the reason for the dead-letter record."""
+    decision = classify(Permanent("order 7 does not exist"))
+    assert decision.error_class is ErrorClass.PERMANENT
+    assert decision.reason == "order 7 does not exist"
+    assert decision.delay is None
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        FencedError("lost"),
+        StaleTokenError(resource="job 1", token=3, operation="complete"),
+        LeaseExpiredError("expired"),
+        JobCancelled("cancelled"),
+        StoreUnavailableError("down"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_coordination_errors_are_coordination(exc: BaseException) -> None:
+    """Fencing and store-unavailable errors are coordination failures, never the job's fault."""
+    decision = classify(exc)
+    assert decision.error_class is ErrorClass.COORDINATION
+    assert type(exc).__name__ in decision.reason
+
+
+def test_type_error_is_permanent() -> None:
+    """A TypeError (handler called with wrong arguments) is permanent: retrying cannot help."""
+    decision = classify(TypeError("f() takes 1 positional argument but 2 were given"))
+    assert decision.error_class is ErrorClass.PERMANENT
+    assert decision.reason.startswith("TypeError: f() takes")
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [ValueError("x"), ConnectionResetError(), TimeoutError(), RuntimeError("boom"), KeyError(1)],
+    ids=lambda e: type(e).__name__,
+)
+def test_other_exceptions_are_transient(exc: BaseException) -> None:
+    """Anything not otherwise recognised is transient, and the reason names its type."""
+    decision = classify(exc)
+    assert decision.error_class is ErrorClass.TRANSIENT
+    assert decision.delay is None
+    assert decision.reason.startswith(type(exc).__name__)
+
+
+def test_reason_of_exception_without_message_is_its_type_name() -> None:
+    """An exception with an empty message is described by its type name alone."""
+    assert classify(ConnectionResetError()).reason == "ConnectionResetError"
+
+
+def test_user_classifier_error_class_overrides_default() -> None:
+    """A classifier returning an ErrorClass decides, and the reason still describes the error."""
+    decision = classify(ValueError("bad row"), lambda exc: ErrorClass.PERMANENT)
+    assert decision == Decision(ErrorClass.PERMANENT, "ValueError: bad row")
+
+
+def test_user_classifier_decision_is_returned_as_is() -> None:
+    """A classifier returning a Decision is used verbatim, delay included."""
+    mine = Decision(ErrorClass.TRANSIENT, "upstream 503", 9.0)
+    assert classify(RuntimeError("503"), lambda exc: mine) is mine
+
+
+def test_user_classifier_none_falls_through_to_defaults() -> None:
+    """A classifier returning None leaves the default classification in place."""
+    calls: list[BaseException] = []
+
+    def classifier(exc: BaseException) -> None:
+        calls.append(exc)
+
+    err = TypeError("nope")
+    assert classify(err, classifier).error_class is ErrorClass.PERMANENT
+    assert classify(ValueError("x"), classifier).error_class is ErrorClass.TRANSIENT
+    assert calls[0] is err
+    assert len(calls) == 2
+
+
+def test_user_classifier_is_consulted_before_type_error_default() -> None:
+    """The user classifier runs before the TypeError-is-permanent default and can override it."""
+    decision = classify(TypeError("flaky driver"), lambda exc: ErrorClass.TRANSIENT)
+    assert decision.error_class is ErrorClass.TRANSIENT
+
+
+def test_explicit_signals_beat_the_user_classifier() -> None:
+    """Retry and Permanent raised by the handler are not overridden by a classifier."""
+
+    def everything_is_coordination(exc: BaseException) -> ErrorClass:
+        return ErrorClass.COORDINATION
+
+    assert classify(Retry(1), everything_is_coordination).error_class is ErrorClass.TRANSIENT
+    assert classify(Permanent("x"), everything_is_coordination).error_class is (
+        ErrorClass.PERMANENT
+    )
+
+
+@pytest.mark.parametrize("junk", ["permanent", 1, True, object()], ids=repr)
+def test_classifier_returning_junk_raises_type_error(junk: object) -> None:
+    """A classifier returning anything but ErrorClass, Decision or None is a TypeError."""
+    with pytest.raises(TypeError, match="classifier returned"):
+        classify(ValueError("x"), lambda exc: junk)  # type: ignore[arg-type,return-value]
