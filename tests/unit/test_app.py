@@ -1,0 +1,487 @@
+"""The App facade: URL resolution, task registration and validated, all-or-nothing enqueue."""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tokenline import (
+    DEFAULT_URL,
+    App,
+    ConfigError,
+    FakeClock,
+    InvalidInputError,
+    JobState,
+    PayloadError,
+    QueueNameError,
+    Settings,
+    Task,
+    UnknownTaskError,
+)
+from tokenline.stores import MemoryStore
+
+
+def sample_task(ctx: Any, x: int) -> int:
+    """A module-level handler, for the default task name."""
+    return x
+
+
+def _dispose(app: App) -> None:
+    """Close ``app`` and make sure its facade event loop is closed too.
+
+    ``App.close()`` stops the facade's loop but does not close it (see
+    ``test_close_closes_the_facade_event_loop``); closing it here keeps that one defect
+    from surfacing as ResourceWarnings in whichever later test the collector runs in.
+    """
+    loop = getattr(getattr(app, "_portal", None), "_loop", None)
+    app.close()
+    if loop is None:
+        return
+    deadline = time.monotonic() + 5
+    while loop.is_running() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    if not loop.is_closed():
+        loop.close()
+
+
+@pytest.fixture
+def make_app() -> Iterator[Callable[..., App]]:
+    """A factory of apps that are all disposed of after the test."""
+    apps: list[App] = []
+
+    def make(*args: Any, **kwargs: Any) -> App:
+        a = App(*args, **kwargs)
+        apps.append(a)
+        return a
+
+    try:
+        yield make
+    finally:
+        for a in apps:
+            _dispose(a)
+
+
+@pytest.fixture
+def app(make_app: Callable[..., App]) -> App:
+    """An in-memory app with two tasks."""
+    a = make_app("memory://")
+    a.task(name="mail.send")(lambda ctx, to: None)
+    a.task(name="billing.invoice", queue="billing", priority=3, max_attempts=7)(
+        lambda ctx, order: None
+    )
+    return a
+
+
+def stored(app: App) -> list[Any]:
+    """Every job in the app's store, newest first."""
+    return app.run(lambda s: s.jobs_list())
+
+
+# -- URL ------------------------------------------------------------------------------------
+
+
+def test_default_url_is_local_sqlite() -> None:
+    """Without a URL or TOKENLINE_URL, the app points at sqlite:///tokenline.db."""
+    app = App()
+    assert app.url == DEFAULT_URL == "sqlite:///tokenline.db"
+
+
+def test_url_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a URL argument, TOKENLINE_URL decides."""
+    monkeypatch.setenv("TOKENLINE_URL", "postgresql://db.example/jobs")
+    assert App().url == "postgresql://db.example/jobs"
+
+
+def test_explicit_url_beats_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A URL passed to App() wins over TOKENLINE_URL."""
+    monkeypatch.setenv("TOKENLINE_URL", "postgresql://db.example/jobs")
+    assert App("sqlite:///other.db").url == "sqlite:///other.db"
+
+
+def test_explicit_url_keeps_other_settings() -> None:
+    """App(url, settings=...) replaces only the URL of the given settings."""
+    app = App("memory://", settings=Settings(max_attempts=9, url="sqlite:///x.db"))
+    assert app.url == "memory://"
+    assert app.settings.max_attempts == 9
+
+
+def test_bad_env_setting_fails_app_construction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A malformed TOKENLINE_* variable stops App() with ConfigError naming it."""
+    monkeypatch.setenv("TOKENLINE_MAX_ATTEMPTS", "lots")
+    with pytest.raises(ConfigError) as info:
+        App()
+    assert info.value.setting == "max_attempts"
+
+
+def test_memory_app_shares_one_store(clock: FakeClock) -> None:
+    """Every store handle of a memory:// app is the same MemoryStore, on the app's clock."""
+    app = App("memory://", clock=clock)
+    store = app.open_store()
+    assert isinstance(store, MemoryStore)
+    assert app.open_store() is store
+    assert store.clock is clock
+
+
+# -- tasks ----------------------------------------------------------------------------------
+
+
+def test_bare_decorator_names_task_module_dot_qualname() -> None:
+    """@app.task without a name registers module.qualname and returns the function unchanged."""
+    app = App("memory://")
+    assert app.task(sample_task) is sample_task
+    name = f"{sample_task.__module__}.sample_task"
+    assert list(app.tasks) == [name]
+    assert app.get_task(name).fn is sample_task
+
+
+def test_task_options_are_kept() -> None:
+    """Options given to @app.task end up on the registered Task."""
+    app = App("memory://")
+    app.task(name="t.opts", queue="q1", max_attempts=3, timeout=2.5, priority=-1)(sample_task)
+    t = app.get_task("t.opts")
+    assert (t.queue, t.max_attempts, t.timeout, t.priority) == ("q1", 3, 2.5, -1)
+    assert not t.is_async
+
+
+def test_async_handler_is_detected() -> None:
+    """A coroutine function is registered as an async task."""
+    app = App("memory://")
+
+    async def handler(ctx: Any) -> None:
+        return None
+
+    app.task(name="t.async")(handler)
+    assert app.get_task("t.async").is_async
+
+
+@pytest.mark.parametrize("queue", ["", "has space", "x" * 65, "a/b", "é"])
+def test_bad_queue_name_is_refused_at_registration(queue: str) -> None:
+    """A task whose queue name is invalid is refused with QueueNameError, and not registered."""
+    app = App("memory://")
+    with pytest.raises(QueueNameError):
+        app.task(name="t.q", queue=queue)(sample_task)
+    assert "t.q" not in app.tasks
+
+
+@pytest.mark.parametrize("name", ["1starts.with.digit", "has space", "x" * 201, "a/b"])
+def test_bad_task_name_is_refused(name: str) -> None:
+    """A task name outside the allowed pattern raises InvalidInputError naming it."""
+    app = App("memory://")
+    with pytest.raises(InvalidInputError, match="invalid task name"):
+        app.task(name=name)(sample_task)
+    assert app.tasks == {}
+
+
+def test_empty_task_name_is_refused_not_replaced() -> None:
+    """name="" is refused like any invalid name instead of silently becoming module.qualname."""
+    app = App("memory://")
+    with pytest.raises(InvalidInputError, match="invalid task name"):
+        app.task(name="")(sample_task)
+    assert app.tasks == {}
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("max_attempts", 0), ("max_attempts", True), ("timeout", 0), ("timeout", -1.0)],
+)
+def test_bad_task_option_is_a_config_error(option: str, value: Any) -> None:
+    """Invalid per-task max_attempts or timeout raise ConfigError naming the option."""
+    app = App("memory://")
+    with pytest.raises(ConfigError) as info:
+        app.task(name="t.bad", **{option: value})(sample_task)
+    assert info.value.setting == option
+
+
+def test_duplicate_task_name_is_refused() -> None:
+    """Registering a second function under a taken name raises, keeping the first."""
+    app = App("memory://")
+    app.task(name="t.dup")(sample_task)
+    with pytest.raises(InvalidInputError, match="already registered"):
+        app.task(name="t.dup")(lambda ctx: None)
+    assert app.get_task("t.dup").fn is sample_task
+
+
+def test_registering_the_same_function_twice_is_harmless() -> None:
+    """Re-registering the same function under the same name (a re-import) is accepted."""
+    app = App("memory://")
+    app.task(name="t.same")(sample_task)
+    app.task(name="t.same")(sample_task)
+    assert list(app.tasks) == ["t.same"]
+
+
+def test_get_unknown_task_lists_registered_ones(app: App) -> None:
+    """get_task on an unknown name raises UnknownTaskError listing the registered names."""
+    with pytest.raises(UnknownTaskError) as info:
+        app.get_task("mail.sned")
+    msg = str(info.value)
+    assert "mail.sned" in msg
+    assert "mail.send" in msg
+    assert "billing.invoice" in msg
+
+
+def test_unknown_task_on_empty_app_says_none() -> None:
+    """With no tasks registered, the error says so instead of listing nothing."""
+    with pytest.raises(UnknownTaskError, match=r"registered: none"):
+        App("memory://").get_task("x")
+
+
+# -- build_job ------------------------------------------------------------------------------
+
+
+def test_build_job_encodes_args_and_defaults(app: App) -> None:
+    """build_job encodes args as JSON and takes queue, priority and attempts from the task."""
+    job = app.build_job("billing.invoice", [42], {"currency": "EUR"})
+    assert json.loads(job.args) == {"args": [42], "kwargs": {"currency": "EUR"}}
+    assert (job.queue, job.task, job.priority, job.max_attempts) == (
+        "billing",
+        "billing.invoice",
+        3,
+        7,
+    )
+    assert job.run_at is None
+
+
+def test_build_job_falls_back_to_app_max_attempts() -> None:
+    """A task without max_attempts uses the app's max_attempts setting."""
+    app = App("memory://", settings=Settings(max_attempts=4))
+    app.task(name="t.x")(sample_task)
+    assert app.build_job("t.x", [1]).max_attempts == 4
+
+
+def test_build_job_accepts_the_function_itself() -> None:
+    """A registered handler function may be passed instead of its name."""
+    a = App("memory://")
+    a.task(name="t.fn")(sample_task)
+    assert a.build_job(sample_task, [1]).task == "t.fn"
+
+
+def test_build_job_with_unregistered_function_is_unknown(app: App) -> None:
+    """Passing a function that is not registered raises UnknownTaskError."""
+    with pytest.raises(UnknownTaskError):
+        app.build_job(sample_task, [1])
+
+
+def test_delay_sets_run_at_from_the_app_clock(clock: FakeClock) -> None:
+    """delay=N schedules the job at clock.now() + N, using the injected clock."""
+    app = App("memory://", clock=clock)
+    app.task(name="t.d")(sample_task)
+    assert app.build_job("t.d", [1], delay=30).run_at == clock.now() + 30
+
+
+def test_explicit_run_at_is_kept(app: App) -> None:
+    """run_at is passed through unchanged."""
+    assert app.build_job("mail.send", ["a@b"], run_at=1_800_000_000.0).run_at == 1_800_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        ([object()], None),
+        ([b"bytes"], None),
+        ([{1, 2}], None),
+        ([math.nan], None),
+        ([math.inf], None),
+        ([], {"x": math.nan}),
+        ([], ["not", "a", "mapping"]),
+    ],
+    ids=["object", "bytes", "set", "nan", "inf", "nan-kwarg", "kwargs-list"],
+)
+def test_non_json_arguments_are_a_payload_error(app: App, args: Any, kwargs: Any) -> None:
+    """Arguments that are not strict JSON raise PayloadError naming the task; nothing is stored."""
+    with pytest.raises(PayloadError, match=r"mail\.send"):
+        app.enqueue("mail.send", *args, kwargs=kwargs)
+    assert stored(app) == []
+
+
+def test_oversized_payload_names_the_limit(make_app: Callable[..., App]) -> None:
+    """A payload over max_payload_bytes raises PayloadError naming the size, limit and setting."""
+    app = make_app("memory://", settings=Settings(max_payload_bytes=100))
+    app.task(name="t.big")(sample_task)
+    app.build_job("t.big", ["x" * 50])  # under the limit
+    with pytest.raises(PayloadError) as info:
+        app.enqueue("t.big", "x" * 200)
+    msg = str(info.value)
+    assert "100" in msg
+    assert "max_payload_bytes" in msg
+    assert stored(app) == []
+
+
+@pytest.mark.parametrize(
+    "key", ["", "k" * 256, 123, b"bytes"], ids=["empty", "long", "int", "bytes"]
+)
+def test_bad_idempotency_key_is_refused(app: App, key: Any) -> None:
+    """An empty, over-255-character or non-string idempotency key raises InvalidInputError."""
+    with pytest.raises(InvalidInputError, match="idempotency_key"):
+        app.enqueue("mail.send", "a@b", idempotency_key=key)
+    assert stored(app) == []
+
+
+def test_idempotency_key_of_max_length_is_accepted(app: App) -> None:
+    """A 255-character key is the longest accepted."""
+    assert app.build_job("mail.send", ["a@b"], idempotency_key="k" * 255).idempotency_key
+
+
+@pytest.mark.parametrize("delay", [-1, -0.001, "5"], ids=repr)
+def test_bad_delay_is_refused(app: App, delay: Any) -> None:
+    """A negative or non-numeric delay raises InvalidInputError; nothing is stored."""
+    with pytest.raises(InvalidInputError, match="delay"):
+        app.enqueue("mail.send", "a@b", delay=delay)
+    assert stored(app) == []
+
+
+@pytest.mark.parametrize("delay", [math.nan, math.inf], ids=repr)
+def test_non_finite_delay_is_refused(app: App, delay: float) -> None:
+    """A NaN or infinite delay is refused: such a job could never become ready."""
+    with pytest.raises(InvalidInputError, match="delay"):
+        app.build_job("mail.send", ["a@b"], delay=delay)
+
+
+@pytest.mark.parametrize("run_at", ["tomorrow", math.nan], ids=repr)
+def test_bad_run_at_is_refused(app: App, run_at: Any) -> None:
+    """A run_at that is not a finite number raises InvalidInputError before anything is stored."""
+    with pytest.raises(InvalidInputError, match="run_at"):
+        app.build_job("mail.send", ["a@b"], run_at=run_at)
+
+
+def test_delay_and_run_at_together_are_refused(app: App) -> None:
+    """Giving both delay and run_at is ambiguous and raises InvalidInputError."""
+    with pytest.raises(InvalidInputError, match="not both"):
+        app.enqueue("mail.send", "a@b", delay=5, run_at=1_800_000_000.0)
+    assert stored(app) == []
+
+
+@pytest.mark.parametrize("priority", [1.5, True, "high"], ids=repr)
+def test_bad_priority_is_refused(app: App, priority: Any) -> None:
+    """A priority that is not a plain int raises InvalidInputError; nothing is stored."""
+    with pytest.raises(InvalidInputError, match="priority"):
+        app.enqueue("mail.send", "a@b", priority=priority)
+    assert stored(app) == []
+
+
+@pytest.mark.parametrize("max_attempts", [0, -1, True, 2.0], ids=repr)
+def test_bad_max_attempts_at_enqueue_is_refused(app: App, max_attempts: Any) -> None:
+    """An enqueue-time max_attempts below 1 or not an int raises instead of being replaced."""
+    with pytest.raises(InvalidInputError, match="max_attempts"):
+        app.build_job("mail.send", ["a@b"], max_attempts=max_attempts)
+
+
+def test_bad_queue_override_is_refused(app: App) -> None:
+    """A queue override with an invalid name raises QueueNameError; nothing is stored."""
+    with pytest.raises(QueueNameError):
+        app.enqueue("mail.send", "a@b", queue="no spaces please")
+    assert stored(app) == []
+
+
+def test_enqueue_unknown_task_lists_registered_and_stores_nothing(app: App) -> None:
+    """Enqueueing an unknown task names the registered ones and stores nothing."""
+    with pytest.raises(UnknownTaskError, match=r"billing\.invoice, mail\.send"):
+        app.enqueue("mail.sendd", "a@b")
+    assert stored(app) == []
+
+
+# -- enqueue --------------------------------------------------------------------------------
+
+
+def test_enqueue_stores_the_job(app: App) -> None:
+    """enqueue returns the id of a queued job carrying task, queue, args, key and priority."""
+    jid = app.enqueue(
+        "billing.invoice", 42, kwargs={"c": "EUR"}, idempotency_key="invoice:42", priority=5
+    )
+    (job,) = stored(app)
+    assert job.id == jid
+    assert job.task == "billing.invoice"
+    assert job.queue == "billing"
+    assert json.loads(job.args) == {"args": [42], "kwargs": {"c": "EUR"}}
+    assert job.idempotency_key == "invoice:42"
+    assert job.priority == 5
+    assert job.max_attempts == 7
+    assert job.state is JobState.QUEUED
+    assert job.attempt == 0
+
+
+def test_enqueue_with_delay_is_scheduled(make_app: Callable[..., App], clock: FakeClock) -> None:
+    """A delayed job is stored as scheduled at now + delay."""
+    app = make_app("memory://", clock=clock)
+    app.task(name="t.later")(sample_task)
+    app.enqueue("t.later", 1, delay=60)
+    (job,) = stored(app)
+    assert job.state is JobState.SCHEDULED
+    assert job.run_at == clock.now() + 60
+
+
+async def test_enqueue_async_into_a_given_store(app: App) -> None:
+    """enqueue_async(store=...) inserts through that store on the caller's loop."""
+    store = app.open_store()
+    jid = await app.enqueue_async("mail.send", "a@b", store=store)
+    job = await store.job_get(job_id=jid)
+    assert job.task == "mail.send"
+
+
+def test_enqueue_many_stores_all_in_order(app: App) -> None:
+    """enqueue_many stores one job per item, ids in order, keys matched by position."""
+    ids = app.enqueue_many("mail.send", [("a@x",), ("b@x",), "c@x"], keys=["k1", None, "k3"])
+    assert len(ids) == 3
+    assert ids == sorted(ids)
+    jobs = {j.id: j for j in stored(app)}
+    assert [json.loads(jobs[i].args)["args"] for i in ids] == [["a@x"], ["b@x"], ["c@x"]]
+    assert [jobs[i].idempotency_key for i in ids] == ["k1", None, "k3"]
+
+
+def test_failing_batch_stores_nothing(app: App) -> None:
+    """One bad item in enqueue_many fails the whole batch before anything is stored."""
+    with pytest.raises(PayloadError):
+        app.enqueue_many("mail.send", [("a@x",), (object(),), ("c@x",)])
+    assert stored(app) == []
+
+
+def test_batch_with_bad_key_stores_nothing(app: App) -> None:
+    """An invalid key for one item of a batch stores none of the batch."""
+    with pytest.raises(InvalidInputError):
+        app.enqueue_many("mail.send", [("a@x",), ("b@x",)], keys=["ok", ""])
+    assert stored(app) == []
+
+
+def test_batch_with_wrong_number_of_keys_is_refused(app: App) -> None:
+    """A keys list whose length differs from the items raises InvalidInputError."""
+    with pytest.raises(InvalidInputError, match="2 keys given for 3 jobs"):
+        app.enqueue_many("mail.send", [("a",), ("b",), ("c",)], keys=["k1", "k2"])
+    assert stored(app) == []
+
+
+def test_close_closes_the_facade_event_loop() -> None:
+    """close() (twice, after using the facade) ends the portal thread and closes its loop."""
+    app = App("memory://")
+    app.task(name="t.close")(sample_task)
+    app.enqueue("t.close", 1)
+    portals = [t for t in threading.enumerate() if t.name == "tokenline-portal"]
+    assert portals, "the sync facade runs on a portal thread"
+    app.close()
+    app.close()
+    for t in portals:
+        t.join(5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del app
+        gc.collect()
+    leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert leaks == []
+
+
+def test_task_repr_in_app_repr(app: App) -> None:
+    """The app's repr shows its URL and task names, for debugging."""
+    assert "memory://" in repr(app)
+    assert "mail.send" in repr(app)
+
+
+def test_task_is_directly_callable() -> None:
+    """A Task object calls through to its handler (useful in tests)."""
+    t = Task(name="t.call", fn=sample_task)
+    assert t(None, 5) == 5

@@ -1,0 +1,658 @@
+"""The worker against the in-memory store: outcomes, shutdown, and fencing of a zombie.
+
+The worker's loops run on real asyncio time, so these tests use small intervals and
+generous ``asyncio.wait_for`` deadlines, and never assert on durations. Lease validity
+follows ``app.clock``: a FakeClock there freezes the worker's own view of its leases, so
+the store-side token check can be exercised apart from the local self-fencing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from tokenline import (
+    App,
+    ErrorClass,
+    FakeClock,
+    Job,
+    JobCancelled,
+    JobContext,
+    JobState,
+    LeaseExpiredError,
+    Permanent,
+    Retry,
+    RetryPolicy,
+    StoreUnavailableError,
+    Worker,
+    WorkerSettings,
+    WorkerState,
+)
+from tokenline._jobs import ClaimedJob, NewJob
+from tokenline.stores import MemoryStore, Store
+
+#: Deadline for anything a test waits on; a healthy run takes a small fraction of it.
+DEADLINE = 10.0
+
+#: Small intervals so the loops turn quickly. renew_interval is kept below lease_ttl / 3
+#: (see test_config: exactly a third is refused for decimal fractions).
+FAST = WorkerSettings(
+    lease_ttl=0.6,
+    renew_interval=0.15,
+    poll_interval=0.02,
+    rescue_interval=0.1,
+    concurrency=4,
+)
+
+#: For zombie tests: no renewal or rescue fires during the test, so the only thing that
+#: can refuse the worker is its commit.
+QUIET = WorkerSettings(
+    lease_ttl=30.0,
+    renew_interval=10.0,
+    poll_interval=0.02,
+    rescue_interval=10.0,
+    concurrency=1,
+)
+
+#: Retries come back at once instead of after seconds of backoff.
+NO_BACKOFF = RetryPolicy(base=0.001, cap=0.001)
+
+StateLog = list[WorkerState]
+
+
+@contextlib.asynccontextmanager
+async def running(worker: Worker) -> AsyncIterator[StateLog]:
+    """Run ``worker`` in the background, recording every state it enters; stop it after."""
+    states: StateLog = []
+    worker.on_state_change = lambda old, new, reason: states.append(new)
+    task = asyncio.create_task(worker.run(), name="test-worker")
+    try:
+        yield states
+    finally:
+        if not task.done():
+            worker.request_shutdown()
+            worker.request_shutdown()  # the second request stops at once
+        await asyncio.wait_for(task, DEADLINE)
+
+
+async def eventually(predicate: Callable[[], bool], what: str) -> None:
+    """Wait until ``predicate()`` holds, failing with ``what`` after the deadline."""
+
+    async def poll() -> None:
+        # Polling: the worker exposes no event for these conditions.
+        while not predicate():  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+
+    try:
+        await asyncio.wait_for(poll(), DEADLINE)
+    except TimeoutError:
+        pytest.fail(f"timed out waiting until {what}")
+
+
+async def job_in(store: Store, job_id: int, *states: JobState) -> Job:
+    """Wait until the job reaches one of ``states`` and return it."""
+
+    async def poll() -> Job:
+        while True:
+            job = await store.job_get(job_id=job_id)
+            if job.state in states:
+                return job
+            await asyncio.sleep(0.005)
+
+    try:
+        return await asyncio.wait_for(poll(), DEADLINE)
+    except TimeoutError:
+        job = await store.job_get(job_id=job_id)
+        pytest.fail(f"job {job_id} stayed {job.state.value}, expected one of {states}")
+
+
+def state_of(worker: Worker) -> WorkerState:
+    """The worker's state, read afresh (its methods change it behind a type checker's back)."""
+    return worker.state
+
+
+async def outcomes(store: Store, job_id: int) -> list[str | None]:
+    """The recorded outcome of each attempt of a job, oldest first."""
+    return [a.outcome for a in await store.job_attempts(job_id=job_id)]
+
+
+@pytest.fixture
+def app() -> App:
+    """An in-memory app on the real clock."""
+    return App("memory://")
+
+
+@pytest.fixture
+def store(app: App) -> Store:
+    """The app's (shared) in-memory store."""
+    return app.open_store()
+
+
+# -- outcomes -------------------------------------------------------------------------------
+
+
+async def test_job_succeeds_and_worker_returns_to_ready(app: App, store: Store) -> None:
+    """A successful job is committed as succeeded and the worker goes PROCESSING → READY."""
+    seen: list[tuple[int, int, int, str]] = []
+
+    @app.task(name="t.ok")
+    async def ok(ctx: JobContext, a: int, *, b: str) -> None:
+        seen.append((ctx.job_id, ctx.attempt, a, b))
+
+    jid = await app.enqueue_async("t.ok", 7, kwargs={"b": "x"}, store=store)
+    worker = Worker(app, FAST)
+    async with running(worker) as states:
+        job = await job_in(store, jid, JobState.SUCCEEDED)
+        await eventually(lambda: worker.state is WorkerState.READY and bool(states), "READY")
+        assert states[:2] == [WorkerState.PROCESSING, WorkerState.READY]
+    assert seen == [(jid, 1, 7, "x")]
+    assert job.attempt == 1
+    assert job.lease_owner is None
+    assert await outcomes(store, jid) == ["succeeded"]
+    assert worker.counters.succeeded == 1
+    assert worker.state is WorkerState.STOPPED
+
+
+async def test_transient_failure_retries_then_goes_dead(app: App, store: Store) -> None:
+    """A handler that keeps failing is retried up to max_attempts, then dead with the reason."""
+    calls: list[int] = []
+
+    @app.task(name="t.flaky", max_attempts=3, retry=NO_BACKOFF)
+    async def flaky(ctx: JobContext) -> None:
+        calls.append(ctx.attempt)
+        raise ConnectionResetError("peer reset")
+
+    jid = await app.enqueue_async("t.flaky", store=store)
+    worker = Worker(app, FAST)
+    async with running(worker):
+        job = await job_in(store, jid, JobState.DEAD)
+    assert calls == [1, 2, 3]
+    assert job.attempt == 3
+    assert job.error_class == "transient"
+    assert job.last_error is not None
+    assert "ConnectionResetError: peer reset" in job.last_error
+    assert "attempt 3 of 3" in job.last_error
+    assert await outcomes(store, jid) == ["retry", "retry", "dead"]
+    assert (worker.counters.retried, worker.counters.dead) == (2, 1)
+
+
+async def test_permanent_goes_dead_at_once(app: App, store: Store) -> None:
+    """Permanent(reason) dead-letters the job on its first attempt, keeping the reason."""
+    calls: list[int] = []
+
+    @app.task(name="t.perm", max_attempts=5)
+    async def perm(ctx: JobContext) -> None:
+        calls.append(ctx.attempt)
+        raise Permanent("order 7 does not exist")
+
+    jid = await app.enqueue_async("t.perm", store=store)
+    async with running(Worker(app, FAST)):
+        job = await job_in(store, jid, JobState.DEAD)
+    assert calls == [1]
+    assert job.attempt == 1
+    assert job.last_error == "order 7 does not exist"
+    assert job.error_class == "permanent"
+
+
+async def test_type_error_in_handler_is_dead_at_once(app: App, store: Store) -> None:
+    """Arguments the handler cannot take (TypeError) dead-letter the job without retries."""
+
+    @app.task(name="t.arity", max_attempts=5)
+    async def arity(ctx: JobContext) -> None:
+        return None
+
+    jid = await app.enqueue_async("t.arity", 1, 2, store=store)
+    async with running(Worker(app, FAST)):
+        job = await job_in(store, jid, JobState.DEAD)
+    assert job.attempt == 1
+    assert job.error_class == "permanent"
+    assert job.last_error is not None
+    assert job.last_error.startswith("TypeError")
+
+
+async def test_retry_with_zero_delay_retries_at_once(app: App, store: Store) -> None:
+    """Retry(delay=0) runs the job again right away, overriding a long backoff policy."""
+    calls: list[int] = []
+
+    @app.task(name="t.again", retry=RetryPolicy(base=60.0, cap=60.0))
+    async def again(ctx: JobContext) -> None:
+        calls.append(ctx.attempt)
+        if ctx.attempt == 1:
+            raise Retry(delay=0, reason="not yet")
+
+    jid = await app.enqueue_async("t.again", store=store)
+    async with running(Worker(app, FAST)):
+        job = await job_in(store, jid, JobState.SUCCEEDED)
+    assert calls == [1, 2]
+    assert job.attempt == 2
+    attempts = await store.job_attempts(job_id=jid)
+    assert [a.outcome for a in attempts] == ["retry", "succeeded"]
+    assert attempts[0].error == "not yet"
+    assert attempts[1].token > attempts[0].token
+
+
+async def test_coordination_error_releases_without_burning_an_attempt(
+    app: App, store: Store
+) -> None:
+    """A handler failing with StoreUnavailableError gives the attempt back and runs again."""
+    calls: list[int] = []
+
+    @app.task(name="t.coord", max_attempts=1)
+    async def coord(ctx: JobContext) -> None:
+        calls.append(ctx.attempt)
+        if len(calls) == 1:
+            raise StoreUnavailableError("ledger unreachable")
+
+    jid = await app.enqueue_async("t.coord", store=store)
+    async with running(Worker(app, FAST)):
+        job = await job_in(store, jid, JobState.SUCCEEDED)
+    # With max_attempts=1, a burned attempt would have made the failure final.
+    assert calls == [1, 1]
+    assert job.attempt == 1
+    attempts = await store.job_attempts(job_id=jid)
+    assert [a.outcome for a in attempts] == ["release", "succeeded"]
+    assert attempts[0].error_class == "coordination"
+
+
+async def test_app_classifier_decides_for_the_worker() -> None:
+    """The worker consults the app's classifier: a ValueError it calls permanent is dead at once."""
+    app = App(
+        "memory://",
+        classifier=lambda exc: ErrorClass.PERMANENT if isinstance(exc, ValueError) else None,
+    )
+    store = app.open_store()
+    calls: list[int] = []
+
+    @app.task(name="t.classified", max_attempts=5, retry=NO_BACKOFF)
+    async def classified(ctx: JobContext) -> None:
+        calls.append(ctx.attempt)
+        raise ValueError("bad row")
+
+    jid = await app.enqueue_async("t.classified", store=store)
+    async with running(Worker(app, FAST)):
+        job = await job_in(store, jid, JobState.DEAD)
+    assert calls == [1]
+    assert job.error_class == "permanent"
+    assert job.last_error == "ValueError: bad row"
+
+
+async def test_unknown_task_goes_dead(app: App, store: Store) -> None:
+    """A stored job whose task this worker does not know is dead with "unknown task"."""
+    app.task(name="t.known")(lambda ctx: None)
+    (jid,) = await store.jobs_enqueue(
+        jobs=[NewJob(queue="default", task="t.gone", args='{"args":[],"kwargs":{}}')]
+    )
+    worker = Worker(app, FAST)
+    async with running(worker):
+        job = await job_in(store, jid, JobState.DEAD)
+    assert job.last_error is not None
+    assert "unknown task 't.gone'" in job.last_error
+    assert "t.known" in job.last_error
+    assert worker.id in job.last_error
+    assert job.error_class == "permanent"
+
+
+@pytest.mark.parametrize(
+    "payload",
+    ["not json", "[1, 2]", '{"args": {"a": 1}, "kwargs": {}}', '{"args": [], "kwargs": []}'],
+    ids=["not-json", "not-object", "args-not-list", "kwargs-not-object"],
+)
+async def test_malformed_payload_goes_dead(app: App, store: Store, payload: str) -> None:
+    """A stored payload that is not {"args": [...], "kwargs": {...}} is dead without a call."""
+    calls: list[int] = []
+
+    @app.task(name="t.mal")
+    async def mal(ctx: JobContext, *args: Any, **kwargs: Any) -> None:
+        calls.append(ctx.attempt)
+
+    (jid,) = await store.jobs_enqueue(jobs=[NewJob(queue="default", task="t.mal", args=payload)])
+    async with running(Worker(app, FAST)):
+        job = await job_in(store, jid, JobState.DEAD)
+    assert calls == []
+    assert job.last_error is not None
+    assert job.last_error.startswith("malformed job payload")
+    assert job.error_class == "permanent"
+
+
+async def test_hard_timeout_cancels_async_handler_and_retries(app: App, store: Store) -> None:
+    """An async handler over its task timeout is cancelled, retried, then dead with "timeout"."""
+    cancelled: list[int] = []
+
+    @app.task(name="t.slow", timeout=0.1, max_attempts=2, retry=NO_BACKOFF)
+    async def slow(ctx: JobContext) -> None:
+        try:
+            await asyncio.sleep(DEADLINE * 10)
+        except asyncio.CancelledError:
+            cancelled.append(ctx.attempt)
+            raise
+
+    jid = await app.enqueue_async("t.slow", store=store)
+    async with running(Worker(app, FAST)):
+        job = await job_in(store, jid, JobState.DEAD)
+    assert cancelled == [1, 2]
+    assert job.last_error is not None
+    assert "timeout" in job.last_error
+    assert "attempt 2 of 2" in job.last_error
+    attempts = await store.job_attempts(job_id=jid)
+    assert [a.outcome for a in attempts] == ["retry", "dead"]
+    assert attempts[0].error is not None
+    assert "timeout" in attempts[0].error
+
+
+async def test_hard_timeout_flags_sync_handler_through_ctx(app: App, store: Store) -> None:
+    """A sync handler over its timeout sees JobCancelled from ctx.check(), and the job is dead."""
+    raised: list[BaseException] = []
+    stopped = threading.Event()
+
+    @app.task(name="t.sync_slow", timeout=0.1, max_attempts=1)
+    def sync_slow(ctx: JobContext) -> None:
+        try:
+            while True:
+                ctx.check()
+                time.sleep(0.005)
+        except BaseException as exc:
+            raised.append(exc)
+            raise
+        finally:
+            stopped.set()
+
+    jid = await app.enqueue_async("t.sync_slow", store=store)
+    async with running(Worker(app, FAST)):
+        job = await job_in(store, jid, JobState.DEAD)
+        await eventually(stopped.is_set, "the handler thread returned")
+    assert job.last_error is not None
+    assert "timeout" in job.last_error
+    assert len(raised) == 1
+    assert isinstance(raised[0], JobCancelled)
+
+
+async def test_sync_handler_runs_in_a_worker_thread(app: App, store: Store) -> None:
+    """A sync handler runs in the worker's thread pool, not on the event loop's thread."""
+    threads: list[threading.Thread] = []
+
+    @app.task(name="t.sync")
+    def sync(ctx: JobContext) -> None:
+        threads.append(threading.current_thread())
+
+    jid = await app.enqueue_async("t.sync", store=store)
+    async with running(Worker(app, FAST)):
+        await job_in(store, jid, JobState.SUCCEEDED)
+    (thread,) = threads
+    assert thread is not threading.current_thread()
+    assert thread.name.startswith("tokenline-job")
+
+
+# -- shutdown -------------------------------------------------------------------------------
+
+
+async def test_shutdown_drains_in_flight_job_then_stops(app: App, store: Store) -> None:
+    """A first shutdown request lets the in-flight job finish and commit, then the worker stops."""
+    started = asyncio.Event()
+    finish = asyncio.Event()
+
+    @app.task(name="t.drain")
+    async def drain(ctx: JobContext) -> None:
+        started.set()
+        await finish.wait()
+
+    jid = await app.enqueue_async("t.drain", store=store)
+    worker = Worker(app, FAST)
+    states: StateLog = []
+    worker.on_state_change = lambda old, new, reason: states.append(new)
+    task = asyncio.create_task(worker.run())
+    await asyncio.wait_for(started.wait(), DEADLINE)
+    worker.request_shutdown()
+    assert worker.state is WorkerState.DRAINING
+    # A job that arrives while draining must not be taken, though slots are free.
+    other = await app.enqueue_async("t.drain", store=store)
+    await asyncio.sleep(0.1)  # several poll intervals: time for a wrong fetch to happen
+    assert not task.done()
+    finish.set()
+    await asyncio.wait_for(task, DEADLINE)
+    assert (await store.job_get(job_id=jid)).state is JobState.SUCCEEDED
+    # Draining fetches nothing new: the second job was never claimed.
+    untouched = await store.job_get(job_id=other)
+    assert untouched.attempt == 0
+    assert untouched.state is JobState.QUEUED
+    assert states[-2:] == [WorkerState.DRAINING, WorkerState.STOPPED]
+    assert state_of(worker) is WorkerState.STOPPED
+
+
+async def test_second_shutdown_stops_at_once_and_releases_job(app: App, store: Store) -> None:
+    """A second shutdown request cancels the handler and gives the job back, attempt refunded."""
+    started = asyncio.Event()
+    cancelled: list[bool] = []
+
+    @app.task(name="t.stuck")
+    async def stuck(ctx: JobContext) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(DEADLINE * 10)
+        except asyncio.CancelledError:
+            cancelled.append(ctx.cancelled)
+            raise
+
+    jid = await app.enqueue_async("t.stuck", store=store)
+    worker = Worker(app, FAST)
+    task = asyncio.create_task(worker.run())
+    await asyncio.wait_for(started.wait(), DEADLINE)
+    worker.request_shutdown()
+    assert state_of(worker) is WorkerState.DRAINING
+    worker.request_shutdown()
+    assert state_of(worker) is WorkerState.STOPPED
+    await asyncio.wait_for(task, DEADLINE)
+    job = await store.job_get(job_id=jid)
+    assert job.state is JobState.QUEUED
+    assert job.attempt == 0
+    assert job.lease_owner is None
+    assert cancelled == [True]
+    assert await outcomes(store, jid) == ["release"]
+    assert worker.counters.released == 1
+
+
+async def test_shutdown_requested_right_after_start_stops_the_worker(app: App) -> None:
+    """request_shutdown() issued before the worker's loop has started still stops it."""
+    worker = Worker(app, FAST)
+    task = asyncio.create_task(worker.run())
+    worker.request_shutdown()
+    await asyncio.wait_for(task, DEADLINE)
+    assert worker.state is WorkerState.STOPPED
+
+
+# -- fencing --------------------------------------------------------------------------------
+
+
+def _zombie_setup(
+    unsafe: bool,
+) -> tuple[App, MemoryStore, list[ClaimedJob], list[int]]:
+    """An app whose worker uses a store with its own clock, and a task that gets stolen.
+
+    The app's FakeClock never moves, so the worker always trusts its lease; the store's
+    clock jumps past the TTL inside the handler, the lease is rescued and re-claimed by
+    ``other``: the worker is now a zombie that does not know it.
+    """
+    app = App("memory://", clock=FakeClock())
+    store_clock = FakeClock()
+    store = MemoryStore(clock=store_clock)
+    store.unsafe_disable_fencing = unsafe
+    stolen: list[ClaimedJob] = []
+    rescued: list[int] = []
+
+    @app.task(name="t.victim")
+    async def victim(ctx: JobContext) -> None:
+        store_clock.advance(QUIET.lease_ttl + 1)
+        rescued.extend((await store.jobs_rescue()).requeued)
+        stolen.extend(await store.jobs_claim(owner="other", queues=["default"], limit=1, ttl=3600))
+
+    return app, store, stolen, rescued
+
+
+async def test_zombie_commit_is_refused_and_worker_is_fenced() -> None:
+    """A worker whose lease was stolen has its commit refused, goes FENCED, then READY again."""
+    app, store, stolen, rescued = _zombie_setup(unsafe=False)
+    (jid,) = await store.jobs_enqueue(jobs=[app.build_job("t.victim")])
+    worker = Worker(app, QUIET, store=store)
+    async with running(worker) as states:
+        await eventually(lambda: WorkerState.FENCED in states, "the worker is fenced")
+        await eventually(lambda: worker.state is WorkerState.READY, "the worker re-registers")
+        i = states.index(WorkerState.FENCED)
+        assert WorkerState.READY in states[i + 1 :]
+        job = await store.job_get(job_id=jid)
+    assert rescued == [jid]
+    (theirs,) = stolen
+    # The other owner still holds the job: the zombie's "succeeded" did not land.
+    assert job.state is JobState.RUNNING
+    assert job.lease_owner == "other"
+    assert job.lease_token == theirs.lease.token
+    assert worker.counters.succeeded == 0
+    assert worker.counters.stale_refused >= 1
+    _, refused = await store.stale_commits()
+    mine = [(c.job_id, c.owner, c.operation) for c in refused if c.owner == worker.id]
+    assert (jid, worker.id, "succeeded") in mine
+    assert all(c.token < theirs.lease.token for c in refused if c.owner == worker.id)
+
+
+async def test_without_store_fencing_the_zombie_commit_lands() -> None:
+    """With the store's token check off, the same stale commit is accepted: the token protects."""
+    app, store, stolen, _ = _zombie_setup(unsafe=True)
+    (jid,) = await store.jobs_enqueue(jobs=[app.build_job("t.victim")])
+    worker = Worker(app, QUIET, store=store)
+    async with running(worker) as states:
+        job = await job_in(store, jid, JobState.SUCCEEDED)
+        assert WorkerState.FENCED not in states
+    (theirs,) = stolen
+    # The job was the other owner's, yet the zombie's outcome overwrote it.
+    assert theirs.job.lease_owner == "other"
+    assert job.state is JobState.SUCCEEDED
+    assert worker.counters.succeeded == 1
+    assert worker.counters.stale_refused == 0
+
+
+#: The watchdog looks every 0.5 s; renewal (1 s) and rescue (10 s) come later, so the
+#: watchdog is what notices a jump of the worker's clock.
+WATCHED = WorkerSettings(
+    lease_ttl=3.0, renew_interval=1.0, poll_interval=0.02, rescue_interval=10.0
+)
+
+
+async def test_watchdog_fences_and_cancels_async_handler(clock: FakeClock) -> None:
+    """Once the worker's clock passes the TTL, the watchdog fences it and cancels the handler."""
+    app = App("memory://", clock=clock)
+    store = app.open_store()
+    started = asyncio.Event()
+    observed: list[tuple[int, bool]] = []
+
+    @app.task(name="t.paused")
+    async def paused(ctx: JobContext) -> None:
+        if ctx.attempt > 1:
+            return  # the rescued job runs again normally
+        started.set()
+        try:
+            await asyncio.sleep(DEADLINE * 10)
+        except asyncio.CancelledError:
+            observed.append((ctx.attempt, ctx.cancelled))
+            raise
+
+    jid = await app.enqueue_async("t.paused", store=store)
+    worker = Worker(app, WATCHED)
+    async with running(worker) as states:
+        await asyncio.wait_for(started.wait(), DEADLINE)
+        clock.advance(WATCHED.lease_ttl + 0.5)  # as if the process had been paused
+        await eventually(lambda: bool(observed), "the handler is cancelled")
+        await eventually(lambda: worker.state is WorkerState.READY, "the worker re-registers")
+        assert worker.counters.self_fenced >= 1
+        # The fenced worker released nothing it no longer trusted: the job waits for rescue.
+        assert (await store.job_get(job_id=jid)).state is JobState.RUNNING
+        assert await worker.maintenance_once()
+        job = await job_in(store, jid, JobState.SUCCEEDED)
+    assert observed == [(1, True)]
+    assert WorkerState.FENCED in states
+    assert WorkerState.READY in states[states.index(WorkerState.FENCED) + 1 :]
+    assert job.attempt == 2
+    assert await outcomes(store, jid) == ["lease_expired", "succeeded"]
+
+
+async def test_sync_handler_ctx_refuses_once_lease_is_untrusted(clock: FakeClock) -> None:
+    """A sync handler's ctx.check() raises LeaseExpiredError once its lease is past the TTL."""
+    app = App("memory://", clock=clock)
+    store = app.open_store()
+    started = threading.Event()
+    raised: list[BaseException] = []
+
+    @app.task(name="t.sync_paused", max_attempts=1)
+    def sync_paused(ctx: JobContext) -> None:
+        started.set()
+        try:
+            for _ in range(int(DEADLINE / 0.005)):
+                ctx.check()
+                time.sleep(0.005)
+        except BaseException as exc:
+            raised.append(exc)
+            raise
+
+    jid = await app.enqueue_async("t.sync_paused", store=store)
+    worker = Worker(app, WATCHED)
+    async with running(worker) as states:
+        await eventually(started.is_set, "the handler started")
+        clock.advance(WATCHED.lease_ttl + 0.5)
+        await eventually(lambda: bool(raised), "ctx.check() refuses")
+        await eventually(lambda: WorkerState.FENCED in states, "the worker is fenced")
+        await eventually(lambda: worker.state is WorkerState.READY, "the worker re-registers")
+        # Nothing was committed; out of attempts, the rescue dead-letters the job.
+        assert (await store.job_get(job_id=jid)).state is JobState.RUNNING
+        assert await worker.maintenance_once()
+        job = await store.job_get(job_id=jid)
+    assert isinstance(raised[0], LeaseExpiredError)
+    assert job.state is JobState.DEAD
+    assert job.error_class == "coordination"
+    assert worker.counters.succeeded == 0
+    assert worker.counters.dead == 0
+
+
+async def test_reclaimed_job_does_not_orphan_its_earlier_attempt(clock: FakeClock) -> None:
+    """After a pause, rescue and re-claim by the same worker, the old attempt is still cancelled.
+
+    Models a worker resumed from a long pause: its lease was rescued meanwhile and its
+    fetch loop claims the job again before the watchdog has looked at the clock.
+    """
+    app = App("memory://", clock=clock)
+    store = app.open_store()
+    started = asyncio.Event()
+    cancelled: list[int] = []
+    first_cancelled = asyncio.Event()
+    second_done = asyncio.Event()
+
+    @app.task(name="t.resumed")
+    async def resumed(ctx: JobContext) -> None:
+        if ctx.attempt > 1:
+            second_done.set()
+            return
+        started.set()
+        try:
+            await asyncio.sleep(DEADLINE * 10)
+        except asyncio.CancelledError:
+            cancelled.append(ctx.attempt)
+            first_cancelled.set()
+            raise
+
+    settings = WorkerSettings(
+        lease_ttl=6.0, renew_interval=2.0, poll_interval=0.02, rescue_interval=10.0
+    )
+    jid = await app.enqueue_async("t.resumed", store=store)
+    worker = Worker(app, settings)
+    async with running(worker):
+        await asyncio.wait_for(started.wait(), DEADLINE)
+        clock.advance(settings.lease_ttl + 0.5)
+        assert (await store.jobs_rescue()).requeued == [jid]  # by whichever leader runs it
+        await asyncio.wait_for(second_done.wait(), DEADLINE)
+        await job_in(store, jid, JobState.SUCCEEDED)
+        # The watchdog looks every second; give it a few turns.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(first_cancelled.wait(), 3.0)
+        assert cancelled == [1], "attempt 1 is still running, untracked by the worker"
