@@ -66,6 +66,7 @@ def describe_connect_failure(exc: BaseException, target: Target) -> str:
         for s in (
             "Connection refused",
             "could not translate host name",
+            "failed to resolve host",
             "No route to host",
             "Network is unreachable",
             "No such file or directory",

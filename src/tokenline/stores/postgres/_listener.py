@@ -9,8 +9,8 @@ Notifications only make waiting shorter; they are never needed for correctness. 
 waiter always returns by its timeout, so a listener that cannot connect, or whose
 connection drops or hangs, degrades to polling and never blocks a worker. A lost
 connection wakes every waiter at once (a notification may have been missed while it
-was down), and the next wait reconnects, no more often than once per
-``retry_interval``.
+was down), and the next wait reconnects at once; a connection that could not be
+established is retried ``retry_interval`` later, while anyone is waiting.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ class Listener:
         self._waiters: set[_Waiter] = set()
         self._task: asyncio.Task[None] | None = None
         self._retry_at = 0.0
+        self._retry_handle: asyncio.TimerHandle | None = None
         self._closed = False
         #: Backend pid of the listening connection while it is up, else ``None``.
         self.backend_pid: int | None = None
@@ -75,10 +76,19 @@ class Listener:
         if self._closed or (self._task is not None and not self._task.done()):
             return
         loop = asyncio.get_running_loop()
-        if loop.time() < self._retry_at:
+        delay = self._retry_at - loop.time()
+        if delay > 0:
+            # Do not hammer a server that just refused us, but do not wait for the next
+            # caller either: a long wait should not run its course without listening.
+            if self._retry_handle is None:
+                self._retry_handle = loop.call_later(delay, self._retry)
             return
-        self._retry_at = loop.time() + self._retry_interval
         self._task = loop.create_task(self._run(), name=f"tokenline-listen-{self._channel}")
+
+    def _retry(self) -> None:
+        self._retry_handle = None
+        if self._waiters:
+            self._ensure_running()
 
     async def _run(self) -> None:
         conn: AsyncConnection[Any] | None = None
@@ -98,6 +108,8 @@ class Listener:
             log.warning(
                 "LISTEN connection on %s lost, polling until it is back: %s", self._channel, exc
             )
+            if self.backend_pid is None:  # never got to listen: back off before retrying
+                self._retry_at = asyncio.get_running_loop().time() + self._retry_interval
         finally:
             was_listening = self.backend_pid is not None
             self.backend_pid = None
@@ -119,6 +131,9 @@ class Listener:
     async def close(self) -> None:
         """Stop listening and close the connection. Safe to call twice."""
         self._closed = True
+        if self._retry_handle is not None:
+            self._retry_handle.cancel()
+            self._retry_handle = None
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
