@@ -1,0 +1,350 @@
+"""What the PostgreSQL store promises beyond the shared contract.
+
+Notifications, transactional enqueue, schema migrations, error messages and timeouts.
+Tests that need the server of ``TOKENLINE_TEST_POSTGRES_URL`` are skipped without it,
+and fail in CI (see conftest.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from tokenline._clock import FakeClock
+from tokenline._errors import (
+    ConfigError,
+    JobNotFoundError,
+    NotSupportedError,
+    SchemaVersionError,
+    StoreError,
+    StoreUnavailableError,
+)
+from tokenline._jobs import Finish, JobState, Lease, NewJob, Outcome
+from tokenline.stores import store_from_url
+from tokenline.stores.postgres import SCHEMA_VERSION, PostgresStore
+
+pytestmark = pytest.mark.postgres
+
+
+def new(queue: str = "default") -> NewJob:
+    return NewJob(queue=queue, task="t", args="[]")
+
+
+@pytest.fixture
+async def admin(postgres_server: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A plain autocommit connection for inspecting and meddling with the database."""
+    conn = await psycopg.AsyncConnection.connect(postgres_server, autocommit=True)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def pg(postgres_url: str) -> AsyncIterator[PostgresStore]:
+    """An open store on this test's schema, on the database's own clock."""
+    store = PostgresStore(postgres_url, timeout=5)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def listener_pid(
+    admin: psycopg.AsyncConnection[Any], schema: str, *, not_pid: int | None = None
+) -> int:
+    """The backend pid of the store's LISTEN connection, once it is listening."""
+    listen = f'LISTEN "tokenline_{schema}"'
+    for _ in range(100):
+        cur = await admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE query = %s AND pid <> %s",
+            (listen, not_pid or 0),
+        )
+        row = await cur.fetchone()
+        if row is not None:
+            return int(row[0])
+        await asyncio.sleep(0.05)
+    raise AssertionError("the store never started listening")
+
+
+async def test_notify_wakes_wait_for_jobs_early(
+    pg: PostgresStore, admin: psycopg.AsyncConnection[Any], postgres_schema: str
+) -> None:
+    """An enqueue on a waited-for queue ends the wait at once; other queues do not."""
+    waiter = asyncio.create_task(pg.wait_for_jobs(queues=["a"], timeout=30))
+    await listener_pid(admin, postgres_schema)
+    await pg.jobs_enqueue(jobs=[new("b")])
+    await asyncio.sleep(0.3)
+    assert not waiter.done()
+    started = time.monotonic()
+    await pg.jobs_enqueue(jobs=[new("a")])
+    await asyncio.wait_for(waiter, timeout=5)
+    assert time.monotonic() - started < 5
+
+
+async def test_lost_listener_falls_back_to_polling_and_comes_back(
+    pg: PostgresStore, admin: psycopg.AsyncConnection[Any], postgres_schema: str
+) -> None:
+    """Killing the LISTEN connection never hangs or fails a waiter: it returns by its
+    timeout, and a later wait listens again on a new connection."""
+    waiter = asyncio.create_task(pg.wait_for_jobs(queues=["a"], timeout=30))
+    pid = await listener_pid(admin, postgres_schema)
+    await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    # A notification may have been missed while the connection was down: the waiter is
+    # woken so the worker polls, rather than sleeping out its 30 seconds.
+    await asyncio.wait_for(waiter, timeout=5)
+
+    started = time.monotonic()
+    await pg.wait_for_jobs(queues=["a"], timeout=0.5)
+    assert 0.4 < time.monotonic() - started < 3
+
+    waiter = asyncio.create_task(pg.wait_for_jobs(queues=["a"], timeout=30))
+    await listener_pid(admin, postgres_schema, not_pid=pid)
+    await pg.jobs_enqueue(jobs=[new("a")])
+    await asyncio.wait_for(waiter, timeout=5)
+
+
+async def test_enqueue_joins_the_callers_transaction(
+    pg: PostgresStore,
+    postgres_server: str,
+    admin: psycopg.AsyncConnection[Any],
+    postgres_schema: str,
+) -> None:
+    """Outbox: jobs enqueued on the caller's connection exist, and wake workers, only
+    if the caller's transaction commits."""
+    waiter = asyncio.create_task(pg.wait_for_jobs(queues=["default"], timeout=30))
+    await listener_pid(admin, postgres_schema)
+    conn = await psycopg.AsyncConnection.connect(postgres_server, autocommit=True)
+    rolled_back: list[int] = []
+
+    async def enqueue_then_fail() -> None:
+        async with conn.transaction():
+            rolled_back.extend(await pg.jobs_enqueue(jobs=[new()], connection=conn))
+            raise RuntimeError("business rule broken")
+
+    try:
+        with pytest.raises(RuntimeError, match="business rule"):
+            await enqueue_then_fail()
+        with pytest.raises(JobNotFoundError):
+            await pg.job_get(job_id=rolled_back[0])
+        await asyncio.sleep(0.3)
+        assert not waiter.done()
+
+        async with conn.transaction():
+            ids = await pg.jobs_enqueue(jobs=[new(), new()], connection=conn)
+            with pytest.raises(JobNotFoundError):  # invisible until the caller commits
+                await pg.job_get(job_id=ids[0])
+        assert [(await pg.job_get(job_id=i)).state for i in ids] == [JobState.QUEUED] * 2
+        await asyncio.wait_for(waiter, timeout=5)
+    finally:
+        await conn.close()
+
+
+async def test_enqueue_refuses_a_connection_outside_a_transaction(
+    pg: PostgresStore, postgres_server: str
+) -> None:
+    """An autocommit connection would commit the jobs on their own: refused clearly."""
+    async with await psycopg.AsyncConnection.connect(postgres_server, autocommit=True) as conn:
+        with pytest.raises(StoreError, match="open transaction"):
+            await pg.jobs_enqueue(jobs=[new()], connection=conn)
+    with pytest.raises(StoreError, match="AsyncConnection"):
+        await pg.jobs_enqueue(jobs=[new()], connection=object())
+    assert await pg.jobs_list() == []
+
+
+async def test_schema_newer_than_the_code_is_refused(
+    pg: PostgresStore, postgres_url: str, admin: psycopg.AsyncConnection[Any], postgres_schema: str
+) -> None:
+    """A schema migrated by a newer tokenline is neither used nor touched."""
+    await admin.execute(
+        sql.SQL("INSERT INTO {}.schema_version (version, name) VALUES (%s, 'future')").format(
+            sql.Identifier(postgres_schema)
+        ),
+        (SCHEMA_VERSION + 1,),
+    )
+    newer = PostgresStore(postgres_url)
+    with pytest.raises(SchemaVersionError, match="upgrade tokenline"):
+        await newer.open()
+    with pytest.raises(SchemaVersionError, match="upgrade tokenline"):
+        await newer.migrate()
+
+
+async def test_migrate_disabled_refuses_an_empty_schema_and_creates_nothing(
+    postgres_url: str, admin: psycopg.AsyncConnection[Any], postgres_schema: str
+) -> None:
+    """migrate=False on a fresh schema says to run `tokenline migrate`; after it, opens."""
+    store = PostgresStore(postgres_url, migrate=False)
+    with pytest.raises(SchemaVersionError, match="run `tokenline migrate`"):
+        await store.open()
+    cur = await admin.execute(
+        "SELECT count(*) FROM pg_namespace WHERE nspname = %s", (postgres_schema,)
+    )
+    assert await cur.fetchone() == (0,)
+    assert await store.migrate() == SCHEMA_VERSION
+    assert await store.migrate() == SCHEMA_VERSION  # idempotent
+    await store.open()
+    try:
+        assert await store.jobs_list() == []
+    finally:
+        await store.close()
+
+
+async def test_concurrent_first_opens_migrate_once(postgres_url: str) -> None:
+    """Workers starting together on a new schema all open it; the advisory lock makes
+    one of them migrate and the others find it current."""
+    stores = [PostgresStore(postgres_url) for _ in range(4)]
+    await asyncio.gather(*(s.open() for s in stores))
+    try:
+        (jid,) = await stores[0].jobs_enqueue(jobs=[new()])
+        assert (await stores[3].job_get(job_id=jid)).state is JobState.QUEUED
+    finally:
+        await asyncio.gather(*(s.close() for s in stores))
+
+
+async def test_a_failed_migration_leaves_nothing_behind(
+    postgres_url: str, admin: psycopg.AsyncConnection[Any], postgres_schema: str
+) -> None:
+    """Migrations run in one transaction: when one statement fails, none of the others
+    (nor the version row) remain."""
+    schema = sql.Identifier(postgres_schema)
+    await admin.execute(sql.SQL("CREATE SCHEMA {}").format(schema))
+    await admin.execute(sql.SQL("CREATE TABLE {}.leases (x int)").format(schema))
+    with pytest.raises(StoreError, match="leases"):
+        await PostgresStore(postgres_url).open()
+    cur = await admin.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = %s", (postgres_schema,)
+    )
+    assert await cur.fetchall() == [("leases",)]
+
+
+async def test_wrong_database_name_is_named_in_the_error(postgres_server: str) -> None:
+    """A missing database is reported by name, with how to create it."""
+    base, _, _ = postgres_server.rpartition("/")
+    missing = f"tokenline_missing_{secrets.token_hex(4)}"
+    store = PostgresStore(f"{base}/{missing}", timeout=3)
+    with pytest.raises(StoreUnavailableError, match=f"{missing}.*createdb"):
+        await store.open()
+
+
+async def test_unreachable_server_fails_fast_with_the_address() -> None:
+    """Nothing listening on the port: a clear error within the timeout, never a hang."""
+    store = PostgresStore("postgresql://postgres@127.0.0.1:1/test", timeout=2)
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailableError, match=r"127\.0\.0\.1:1\b"):
+        await store.open()
+    assert time.monotonic() - started < 10
+
+
+async def test_busy_pool_raises_instead_of_hanging(postgres_url: str) -> None:
+    """With every pooled connection taken, an operation fails after the timeout."""
+    store = PostgresStore(postgres_url, timeout=1, max_connections=1)
+    await store.open()
+    try:
+        await store.jobs_enqueue(jobs=[new()])
+        (claimed,) = await store.jobs_claim(owner="w", queues=["default"], limit=1, ttl=30)
+        async with store.fenced_transaction(lease=claimed.lease):
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailableError, match="within 1s"):
+                await store.jobs_list()
+            assert time.monotonic() - started < 5
+    finally:
+        await store.close()
+
+
+async def test_statement_timeout_bounds_a_blocked_write(postgres_url: str) -> None:
+    """A finish stuck behind another transaction's row lock is cancelled by the server
+    after the store timeout and reported as the store being unavailable."""
+    holder = PostgresStore(postgres_url, timeout=5)
+    blocked = PostgresStore(postgres_url, timeout=1)
+    await holder.open()
+    await blocked.open()
+    try:
+        await holder.jobs_enqueue(jobs=[new()])
+        (claimed,) = await holder.jobs_claim(owner="w", queues=["default"], limit=1, ttl=30)
+        async with holder.fenced_transaction(lease=claimed.lease):
+            with pytest.raises(StoreUnavailableError, match="statement_timeout"):
+                await blocked.jobs_finish(finishes=[Finish(claimed.lease, Outcome.RETRY)])
+        assert (await holder.job_get(job_id=claimed.job.id)).state is JobState.SUCCEEDED
+    finally:
+        await blocked.close()
+        await holder.close()
+
+
+async def test_database_refuses_backwards_state_moves(
+    pg: PostgresStore, admin: psycopg.AsyncConnection[Any], postgres_schema: str
+) -> None:
+    """The trigger refuses succeeded → running even from SQL that bypasses the store."""
+    (jid,) = await pg.jobs_enqueue(jobs=[new()])
+    (claimed,) = await pg.jobs_claim(owner="w", queues=["default"], limit=1, ttl=30)
+    await pg.job_complete(lease=claimed.lease)
+    with pytest.raises(psycopg.errors.CheckViolation, match="illegal job state transition"):
+        await admin.execute(
+            sql.SQL("UPDATE {}.jobs SET state = 'running' WHERE id = %s").format(
+                sql.Identifier(postgres_schema)
+            ),
+            (jid,),
+        )
+
+
+async def test_leases_follow_the_database_clock(pg: PostgresStore) -> None:
+    """Without an injected clock, expiry is the database's now plus the TTL."""
+    await pg.jobs_enqueue(jobs=[new()])
+    (claimed,) = await pg.jobs_claim(owner="w", queues=["default"], limit=1, ttl=60)
+    assert claimed.lease.expires_at == pytest.approx(time.time() + 60, abs=5)
+    assert list((await pg.jobs_rescue()).requeued) == []
+
+
+async def test_fenced_transaction_is_async_only(pg: PostgresStore) -> None:
+    """Sync `with` is refused with a message that says to use `async with`."""
+    await pg.jobs_enqueue(jobs=[new()])
+    (claimed,) = await pg.jobs_claim(owner="w", queues=["default"], limit=1, ttl=30)
+    with (
+        pytest.raises(NotSupportedError, match="async with"),
+        pg.fenced_transaction(lease=claimed.lease),
+    ):
+        pass
+
+
+async def test_unsafe_switch_checks_state_only(
+    postgres_url: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TOKENLINE_TEST_UNSAFE_DISABLE_FENCING=1 lets a stale token finish a running job:
+    the switch works, so tests can show the token check is what stops a zombie."""
+    monkeypatch.setenv("TOKENLINE_TEST_UNSAFE_DISABLE_FENCING", "1")
+    store = PostgresStore(postgres_url, clock=clock)
+    assert store.unsafe_disable_fencing
+    await store.open()
+    try:
+        (jid,) = await store.jobs_enqueue(jobs=[new()])
+        (claimed,) = await store.jobs_claim(owner="w", queues=["default"], limit=1, ttl=30)
+        zombie = Lease(jid, "zombie", claimed.lease.token - 1, claimed.lease.expires_at)
+        assert await store.jobs_finish(finishes=[Finish(zombie, Outcome.SUCCEEDED)]) == [True]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(
+    "schema", ["Upper", "1digit", "x" * 51, "a-b", "robert');drop table jobs;--"]
+)
+def test_schema_name_is_validated(schema: str) -> None:
+    """Only plain lower-case identifiers are accepted as schema names."""
+    with pytest.raises(ConfigError, match="schema"):
+        PostgresStore(f"postgresql://app@db.example/app?schema={schema}")
+
+
+def test_store_from_url_builds_a_postgres_store() -> None:
+    """postgresql:// URLs reach this store, with the schema taken from the URL and
+    every other parameter left to libpq."""
+    store = store_from_url("postgresql://app@db.example/app?sslmode=require&schema=billing")
+    assert isinstance(store, PostgresStore)
+    assert store.schema == "billing"
+    assert "sslmode=require" in store.target.conninfo
+    assert "billing" not in store.target.conninfo
