@@ -75,7 +75,7 @@ def worker(
         if options.get("queues"):
             options["queues"] = tuple(q.strip() for q in options["queues"].split(",") if q.strip())
         settings = load_settings(
-            WorkerSettings, options, environ={}, file=config, section="tokenline.worker"
+            WorkerSettings, options, file=config, section="tokenline.worker"
         )
         counters = run_worker(app, settings)
     console.print(f"worker stopped: {counters}", highlight=False)

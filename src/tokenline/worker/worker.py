@@ -497,21 +497,23 @@ class Worker:
         slots = [s for s in self._slots.values() if not s.finishing]
         sent_at = self.clock.monotonic()
         try:
+            # Job leases first: they carry ownership, and their refusal is what fences.
+            renewed = await self.store.leases_renew(
+                owner=self.id, leases=[s.lease for s in slots], ttl=settings.lease_ttl
+            )
             rec = await self.store.worker_heartbeat(
                 worker_id=self.id,
                 token=self._membership_token,
                 state=self.state.value,
-                in_flight=len(slots),
+                in_flight=len(self._slots),
                 ttl=settings.lease_ttl,
             )
-            renewed = await self.store.leases_renew(
-                owner=self.id, leases=[s.lease for s in slots], ttl=settings.lease_ttl
-            )
+            if rec is None:
+                # Membership is for visibility, not ownership: nobody else can take it.
+                log.warning("worker %s: membership lease had expired; re-registering", self.id)
+                await self._register()
         except StoreError as exc:
             self._coordination_failed("lease renewal", exc)
-            return
-        if rec is None:
-            await self._lease_lost("membership lease lost (heartbeat refused)")
             return
         lost = []
         for slot, lease in zip(slots, renewed, strict=True):

@@ -135,6 +135,14 @@ RETURNING tokenline_jobs.id, tokenline_jobs.lease_expires_at;
 SELECT id, lease_token, lease_owner FROM tokenline_jobs
 WHERE id IN (SELECT value FROM json_each(:ids));
 
+-- name: renew_unfenced
+-- Test-only: a renewal that ignores token and owner. Never used unless fencing is disabled.
+UPDATE tokenline_jobs
+SET lease_expires_at = :now + :ttl
+FROM (SELECT json_extract(value, '$[0]') AS jid FROM json_each(:leases)) AS held
+WHERE tokenline_jobs.id = held.jid AND tokenline_jobs.state = 'running'
+RETURNING tokenline_jobs.id, tokenline_jobs.lease_expires_at;
+
 -- name: finish
 UPDATE tokenline_jobs
 SET state = :state,
