@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, overload
@@ -36,23 +37,37 @@ class _Portal:
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+
+    @staticmethod
+    def _serve(loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.close()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
-                threading.Thread(
-                    target=loop.run_forever, name="tokenline-portal", daemon=True
-                ).start()
+                self._thread = threading.Thread(
+                    target=self._serve, args=(loop,), name="tokenline-portal", daemon=True
+                )
+                self._thread.start()
                 self._loop = loop
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+            loop = self._loop
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
     def close(self) -> None:
         with self._lock:
-            if self._loop is not None:
-                self._loop.call_soon_threadsafe(self._loop.stop)
-                self._loop = None
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is not None and thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
 
 
 class App:
@@ -124,7 +139,7 @@ class App:
 
         def register(func: F) -> F:
             task = Task(
-                name=name or f"{func.__module__}.{func.__qualname__}",
+                name=f"{func.__module__}.{func.__qualname__}" if name is None else name,
                 fn=func,
                 queue=queue,
                 max_attempts=max_attempts,
@@ -207,13 +222,19 @@ class App:
         if delay is not None and run_at is not None:
             raise InvalidInputError("give delay or run_at, not both")
         if delay is not None:
-            if not isinstance(delay, int | float) or delay < 0:
-                raise InvalidInputError(f"delay must be >= 0 seconds, got {delay!r}")
+            if not _finite(delay) or delay < 0:
+                raise InvalidInputError(f"delay must be a finite number >= 0, got {delay!r}")
             run_at = self.clock.now() + delay
+        elif run_at is not None and not _finite(run_at):
+            raise InvalidInputError(
+                f"run_at must be a finite UTC timestamp in seconds, got {run_at!r}"
+            )
         prio = t.priority if priority is None else priority
         if isinstance(prio, bool) or not isinstance(prio, int):
             raise InvalidInputError(f"priority must be an integer, got {prio!r}")
-        attempts = max_attempts or t.max_attempts or self.settings.max_attempts
+        attempts = next(
+            a for a in (max_attempts, t.max_attempts, self.settings.max_attempts) if a is not None
+        )
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
             raise InvalidInputError(f"max_attempts must be >= 1, got {attempts!r}")
         return NewJob(
@@ -397,6 +418,9 @@ class _PortalStore:
         )
 
 
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _as_dict(settings: Settings) -> dict[str, Any]:
     return {name: getattr(settings, name) for name in Settings.__dataclass_fields__}
-

@@ -14,6 +14,8 @@ import math
 import os
 import re
 import tomllib
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,7 +143,8 @@ class WorkerSettings:
             "rescue_interval",
         ):
             _positive(name, getattr(self, name))
-        if self.renew_interval * 3 > self.lease_ttl:
+        third = self.lease_ttl / 3
+        if self.renew_interval > third and not math.isclose(self.renew_interval, third):
             raise ConfigError(
                 "renew_interval",
                 f"must be at most lease_ttl / 3 ({self.lease_ttl / 3:g}s) so that two "
@@ -150,9 +153,7 @@ class WorkerSettings:
         if self.lease_margin is not None:
             _positive("lease_margin", self.lease_margin)
             if self.lease_margin >= self.lease_ttl - self.renew_interval:
-                raise ConfigError(
-                    "lease_margin", "must be smaller than lease_ttl - renew_interval"
-                )
+                raise ConfigError("lease_margin", "must be smaller than lease_ttl - renew_interval")
         if self.store_timeout is not None:
             _positive("store_timeout", self.store_timeout)
         if self.store_timeout is not None and self.store_timeout >= self.lease_ttl:
@@ -177,10 +178,18 @@ class WorkerSettings:
 S = TypeVar("S", Settings, WorkerSettings)
 
 
+def _field_type(cls: type[Any], name: str) -> type[Any]:
+    """The declared type of field ``name``, with ``| None`` dropped."""
+    hint = typing.get_type_hints(cls)[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (types.UnionType, typing.Union) and len(args) == 1:
+        hint = args[0]
+    return hint if isinstance(hint, type) else str
+
+
 def _coerce(cls: type[Any], name: str, raw: str) -> Any:
-    """Turn an environment variable's text into the type of field ``name``."""
-    default = {f.name: f for f in dataclasses.fields(cls)}[name].default
-    kind = type(default)
+    """Turn an environment variable's text into the declared type of field ``name``."""
+    kind = _field_type(cls, name)
     try:
         if name == "queues":
             return tuple(q.strip() for q in raw.split(",") if q.strip())
@@ -191,7 +200,7 @@ def _coerce(cls: type[Any], name: str, raw: str) -> Any:
             return low in ("1", "true", "yes", "on")
         if kind is int:
             return int(raw)
-        if kind is float or default is None:
+        if kind is float:
             return float(raw)
     except ValueError:
         raise ConfigError(name, f"cannot read {raw!r} as {kind.__name__}") from None
@@ -244,5 +253,3 @@ def load_settings(
         if value is not None:
             values[key] = value
     return cls(**values)
-
-

@@ -132,28 +132,28 @@ class LeaseExpiredError(FencedError):
     """
 
 
-class JobCancelled(FencedError):  # noqa: N818 - a signal, named for what happened
+class JobCancelled(FencedError):
     """The worker cancelled this job (fenced, force-stopped or timed out).
 
     Sync handlers see it from any ``ctx`` call once the cancellation flag is set.
     """
 
 
-class Retry(Exception):  # noqa: N818 - a signal raised by handlers, not an error
+class Retry(Exception):
     """Raise from a handler to retry the job after ``delay`` seconds.
 
     The retry burns an attempt; once ``max_attempts`` is reached the job goes dead.
     """
 
     def __init__(self, delay: float | None = None, reason: str = "retry requested") -> None:
-        if delay is not None and delay < 0:
-            raise ValueError(f"Retry delay must be >= 0, got {delay!r}")
+        if delay is not None and not (0 <= delay < float("inf")):
+            raise ValueError(f"Retry delay must be a finite number >= 0, got {delay!r}")
         self.delay = delay
         self.reason = reason
         super().__init__(reason)
 
 
-class Permanent(Exception):  # noqa: N818 - a signal raised by handlers, not an error
+class Permanent(Exception):
     """Raise from a handler to dead-letter the job at once, with ``reason``."""
 
     def __init__(self, reason: str) -> None:

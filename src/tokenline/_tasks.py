@@ -52,8 +52,14 @@ class Task:
             or self.max_attempts < 1
         ):
             raise ConfigError("max_attempts", f"must be >= 1, got {self.max_attempts!r}")
-        if self.timeout is not None and not self.timeout > 0:
-            raise ConfigError("timeout", f"must be > 0 seconds, got {self.timeout!r}")
+        if self.timeout is not None and (
+            isinstance(self.timeout, bool)
+            or not isinstance(self.timeout, int | float)
+            or not 0 < self.timeout < float("inf")
+        ):
+            raise ConfigError(
+                "timeout", f"must be a finite number of seconds > 0, got {self.timeout!r}"
+            )
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             raise ConfigError("priority", f"must be an integer, got {self.priority!r}")
 

@@ -91,7 +91,9 @@ class Cluster:
             if value:
                 return value
             time.sleep(0.05)
-        logs = "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}" for _, log in self.procs)
+        logs = "\n".join(
+            f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}" for _, log in self.procs
+        )
         pytest.fail(f"timed out waiting for {what}\n{logs}")
 
     def job(self, job_id: int) -> sqlite3.Row:

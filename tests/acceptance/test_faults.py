@@ -72,7 +72,7 @@ def _zombie_run(cluster: Cluster, **env: str) -> tuple[int, str, subprocess.Pope
     jid = enqueue(cluster, "zombie", 3.0, 4.0)
     owner_a = cluster.wait_for("worker a to run the job", lambda: running_on(cluster, jid))
     a.send_signal(signal.SIGSTOP)
-    b = cluster.worker("b")
+    cluster.worker("b")
     cluster.wait_for(
         "worker b to run the rescued job",
         lambda: (o := running_on(cluster, jid)) is not None and o != owner_a,

@@ -43,19 +43,78 @@ def _env(name: str) -> dict[str, Any]:
 @main.command()
 @app_option
 @url_option
-@click.option("--queues", "-q", help="Comma-separated queues to consume [default: default].", **_env("QUEUES"))
-@click.option("--concurrency", "-c", type=int, help="Jobs run at once [default: 10].", **_env("CONCURRENCY"))
-@click.option("--lease-ttl", type=float, help="Lease time-to-live, seconds [default: 30].", **_env("LEASE_TTL"))
-@click.option("--renew-interval", type=float, help="Lease renewal period, <= TTL/3 [default: 10].", **_env("RENEW_INTERVAL"))
-@click.option("--lease-margin", type=float, help="Self-fencing margin under the TTL [default: TTL/10].", **_env("LEASE_MARGIN"))
-@click.option("--poll-interval", type=float, help="Longest wait for new jobs, seconds [default: 1].", **_env("POLL_INTERVAL"))
-@click.option("--job-timeout", type=float, help="Hard limit per attempt when the task sets none [default: 300].", **_env("JOB_TIMEOUT"))
-@click.option("--drain-timeout", type=float, help="Time given to in-flight jobs on shutdown [default: 30].", **_env("DRAIN_TIMEOUT"))
-@click.option("--rescue-interval", type=float, help="Period of the expired-lease rescue [default: 5].", **_env("RESCUE_INTERVAL"))
-@click.option("--store-timeout", type=float, help="Per-call store timeout [default: TTL/3].", **_env("STORE_TIMEOUT"))
-@click.option("--claim-batch", type=int, help="Jobs claimed per round trip [default: free slots].", **_env("CLAIM_BATCH"))
-@click.option("--config", type=click.Path(dir_okay=False), help="TOML file with a [tokenline.worker] table.", **_env("CONFIG"))
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="Log verbosity [default: info].", **_env("LOG_LEVEL"))
+@click.option(
+    "--queues", "-q", help="Comma-separated queues to consume [default: default].", **_env("QUEUES")
+)
+@click.option(
+    "--concurrency", "-c", type=int, help="Jobs run at once [default: 10].", **_env("CONCURRENCY")
+)
+@click.option(
+    "--lease-ttl",
+    type=float,
+    help="Lease time-to-live, seconds [default: 30].",
+    **_env("LEASE_TTL"),
+)
+@click.option(
+    "--renew-interval",
+    type=float,
+    help="Lease renewal period, <= TTL/3 [default: 10].",
+    **_env("RENEW_INTERVAL"),
+)
+@click.option(
+    "--lease-margin",
+    type=float,
+    help="Self-fencing margin under the TTL [default: TTL/10].",
+    **_env("LEASE_MARGIN"),
+)
+@click.option(
+    "--poll-interval",
+    type=float,
+    help="Longest wait for new jobs, seconds [default: 1].",
+    **_env("POLL_INTERVAL"),
+)
+@click.option(
+    "--job-timeout",
+    type=float,
+    help="Hard limit per attempt when the task sets none [default: 300].",
+    **_env("JOB_TIMEOUT"),
+)
+@click.option(
+    "--drain-timeout",
+    type=float,
+    help="Time given to in-flight jobs on shutdown [default: 30].",
+    **_env("DRAIN_TIMEOUT"),
+)
+@click.option(
+    "--rescue-interval",
+    type=float,
+    help="Period of the expired-lease rescue [default: 5].",
+    **_env("RESCUE_INTERVAL"),
+)
+@click.option(
+    "--store-timeout",
+    type=float,
+    help="Per-call store timeout [default: TTL/3].",
+    **_env("STORE_TIMEOUT"),
+)
+@click.option(
+    "--claim-batch",
+    type=int,
+    help="Jobs claimed per round trip [default: free slots].",
+    **_env("CLAIM_BATCH"),
+)
+@click.option(
+    "--config",
+    type=click.Path(dir_okay=False),
+    help="TOML file with a [tokenline.worker] table.",
+    **_env("CONFIG"),
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    help="Log verbosity [default: info].",
+    **_env("LOG_LEVEL"),
+)
 def worker(
     app_spec: str | None,
     url: str | None,
@@ -74,9 +133,7 @@ def worker(
         app = resolve_app(app_spec, url)
         if options.get("queues"):
             options["queues"] = tuple(q.strip() for q in options["queues"].split(",") if q.strip())
-        settings = load_settings(
-            WorkerSettings, options, file=config, section="tokenline.worker"
-        )
+        settings = load_settings(WorkerSettings, options, file=config, section="tokenline.worker")
         counters = run_worker(app, settings)
     console.print(f"worker stopped: {counters}", highlight=False)
 
@@ -160,4 +217,3 @@ def resume(app_spec: str | None, url: str | None, queue: str) -> None:
 
 for command in (status, queues, workers, jobs, job, dlq, demo, bench):
     main.add_command(command)
-

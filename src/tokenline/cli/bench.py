@@ -53,9 +53,7 @@ def bench(url: str | None, jobs: int, workers: int, concurrency: int) -> None:
         "--log-level", "warning",
     ]  # fmt: skip
     t = time.perf_counter()
-    procs = [
-        subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL) for _ in range(workers)
-    ]
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL) for _ in range(workers)]
     try:
         while True:
             (stats,) = a.run(lambda s: s.queues_stats())

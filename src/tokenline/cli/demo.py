@@ -50,8 +50,10 @@ class DemoResult:
     @property
     def ok(self) -> bool:
         """No lost job and no duplicate effect."""
-        return self.duplicates == 0 and self.succeeded + self.dead == self.jobs and (
-            self.invoices == self.succeeded
+        return (
+            self.duplicates == 0
+            and self.succeeded + self.dead == self.jobs
+            and (self.invoices == self.succeeded)
         )
 
 
@@ -101,8 +103,8 @@ def run_demo(db: Path, jobs: int, workers: int, *, show_progress: bool = True) -
         ) as progress:  # fmt: skip
             bar = progress.add_task("", total=jobs)
             while True:
-                (stats,) = app.run(lambda s: s.queues_stats()) or [None]
-                done = stats.count(JobState.SUCCEEDED) + stats.count(JobState.DEAD)
+                stats = app.run(lambda s: s.queues_stats())
+                done = sum(q.count(JobState.SUCCEEDED) + q.count(JobState.DEAD) for q in stats)
                 progress.update(bar, completed=done)
                 if not killed and done >= jobs * 0.2:
                     procs[0][0].send_signal(signal.SIGKILL)
@@ -138,9 +140,14 @@ def run_demo(db: Path, jobs: int, workers: int, *, show_progress: bool = True) -
     return _collect(db, jobs, enqueue_seconds, elapsed, fencings)
 
 
-def _collect(db: Path, jobs: int, enqueue_seconds: float, elapsed: float, fencings: int) -> DemoResult:
+def _collect(
+    db: Path, jobs: int, enqueue_seconds: float, elapsed: float, fencings: int
+) -> DemoResult:
     with contextlib.closing(sqlite3.connect(db)) as conn:
-        one = lambda sql: conn.execute(sql).fetchone()[0]  # noqa: E731
+
+        def one(sql: str) -> int:
+            return int(conn.execute(sql).fetchone()[0])
+
         return DemoResult(
             jobs=jobs,
             succeeded=one("SELECT count(*) FROM tokenline_jobs WHERE state = 'succeeded'"),
@@ -192,13 +199,11 @@ def report(r: DemoResult) -> Table:
 def demo(jobs: int, workers: int, db: Path) -> None:
     """Invoices under fire: kill -9 one worker, SIGSTOP another past its lease."""
     console.print(
-        f"{jobs} invoice jobs, {workers} worker processes, lease TTL {LEASE_TTL:g}s, "
-        f"store {db}", highlight=False,
+        f"{jobs} invoice jobs, {workers} worker processes, lease TTL {LEASE_TTL:g}s, store {db}",
+        highlight=False,
     )
     result = run_demo(db, jobs, workers)
     console.print(report(result))
     if not result.ok:
         raise click.ClickException("invariant broken: lost job or duplicate effect")
     console.print("[green]every invoice written exactly once[/]")
-
-

@@ -38,7 +38,9 @@ def _queues_table(stats: list[Any]) -> Table:
 
 
 def _workers_table(records: list[Any]) -> Table:
-    table = Table("worker", "state", "in flight", "queues", "heartbeat", "lease", "token", title="workers")
+    table = Table(
+        "worker", "state", "in flight", "queues", "heartbeat", "lease", "token", title="workers"
+    )
     now = time.time()
     for w in records:
         alive = w.expires_at > now and w.state != "stopped"
@@ -114,7 +116,18 @@ def workers(app_spec: str | None, url: str | None, show_all: bool) -> None:
 
 
 def _jobs_table(items: list[Any], title: str) -> Table:
-    table = Table("id", "queue", "task", "state", "attempt", "token", "key", "run at", "last error", title=title)
+    table = Table(
+        "id",
+        "queue",
+        "task",
+        "state",
+        "attempt",
+        "token",
+        "key",
+        "run at",
+        "last error",
+        title=title,
+    )
     for j in items:
         table.add_row(
             str(j.id),
@@ -136,12 +149,16 @@ def _jobs_table(items: list[Any], title: str) -> Table:
 @click.option("--state", type=click.Choice(STATES), default=None, help="Only jobs in this state.")
 @click.option("--queue", default=None, help="Only jobs of this queue.")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
-def jobs(app_spec: str | None, url: str | None, state: str | None, queue: str | None, limit: int) -> None:
+def jobs(
+    app_spec: str | None, url: str | None, state: str | None, queue: str | None, limit: int
+) -> None:
     """List jobs, newest first."""
     with reporting_errors():
         items = with_store(
             resolve_app(app_spec, url),
-            lambda s: s.jobs_list(state=JobState(state) if state else None, queue=queue, limit=limit),
+            lambda s: s.jobs_list(
+                state=JobState(state) if state else None, queue=queue, limit=limit
+            ),
         )
     console.print(_jobs_table(items, "jobs"))
 
@@ -167,7 +184,9 @@ def job(app_spec: str | None, url: str | None, job_id: int) -> None:
         f"last error {j.last_error or '-'} ({j.error_class or '-'})",
         highlight=False,
     )
-    table = Table("attempt", "token", "worker", "started", "finished", "outcome", "error", title="attempts")
+    table = Table(
+        "attempt", "token", "worker", "started", "finished", "outcome", "error", title="attempts"
+    )
     for a in attempts:
         table.add_row(
             str(a.attempt),
@@ -215,7 +234,9 @@ def _dead_ids(store: Store, ids: tuple[int, ...], take_all: bool) -> Any:
 @url_option
 @click.argument("job_ids", nargs=-1, type=int)
 @click.option("--all", "take_all", is_flag=True, help="Every dead job.")
-def dlq_retry(app_spec: str | None, url: str | None, job_ids: tuple[int, ...], take_all: bool) -> None:
+def dlq_retry(
+    app_spec: str | None, url: str | None, job_ids: tuple[int, ...], take_all: bool
+) -> None:
     """Move dead jobs back to the queue with a fresh attempt budget."""
     if not job_ids and not take_all:
         raise click.UsageError("give job ids or --all")
@@ -233,7 +254,9 @@ def dlq_retry(app_spec: str | None, url: str | None, job_ids: tuple[int, ...], t
 @url_option
 @click.argument("job_ids", nargs=-1, type=int)
 @click.option("--all", "take_all", is_flag=True, help="Every dead job.")
-def dlq_discard(app_spec: str | None, url: str | None, job_ids: tuple[int, ...], take_all: bool) -> None:
+def dlq_discard(
+    app_spec: str | None, url: str | None, job_ids: tuple[int, ...], take_all: bool
+) -> None:
     """Mark dead jobs cancelled (kept for the record, never run again)."""
     if not job_ids and not take_all:
         raise click.UsageError("give job ids or --all")

@@ -82,12 +82,12 @@ class FencedTransaction(abc.ABC):
     def __enter__(self) -> Any: ...
 
     @abc.abstractmethod
-    def __exit__(self, *exc: object) -> None: ...
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None: ...
 
     async def __aenter__(self) -> Any:
         raise NotSupportedError("this store's transactions are synchronous: use `with`")
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         raise NotSupportedError("this store's transactions are synchronous: use `with`")
 
 
@@ -115,7 +115,8 @@ class Store(abc.ABC):
         (the outbox pattern). Stores that cannot do this raise NotSupportedError.
         """
 
-    async def wait_for_jobs(self, *, queues: Sequence[str], timeout: float) -> None:
+    # The timeout is the poll period, not a deadline for the caller to impose.
+    async def wait_for_jobs(self, *, queues: Sequence[str], timeout: float) -> None:  # noqa: ASYNC109
         """Return when jobs may be ready in ``queues``, or after ``timeout`` seconds.
 
         The default polls; stores with notifications return early on an enqueue.
@@ -220,9 +221,7 @@ class Store(abc.ABC):
         """Every worker row, newest first."""
 
     @abc.abstractmethod
-    async def lease_acquire(
-        self, *, resource: str, owner: str, ttl: float
-    ) -> ResourceLease | None:
+    async def lease_acquire(self, *, resource: str, owner: str, ttl: float) -> ResourceLease | None:
         """Take the named lease if it is free or expired (new token), or renew it if
         ``owner`` already holds it; ``None`` when someone else holds it."""
 

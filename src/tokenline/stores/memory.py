@@ -163,8 +163,10 @@ class MemoryStore(Store):
                 else:
                     # Refused, but stale only if someone else's token or owner is on it
                     # now; a job this owner finished itself, or an expired lease, is not.
-                    if job is None or job.lease_token != lease.token or (
-                        job.lease_owner is not None and job.lease_owner != owner
+                    if (
+                        job is None
+                        or job.lease_token != lease.token
+                        or (job.lease_owner is not None and job.lease_owner != owner)
                     ):
                         self._record_stale(lease, "renew", now)
                     out.append(None)
@@ -209,7 +211,8 @@ class MemoryStore(Store):
         """Requeue (or dead-letter) running jobs whose lease has expired."""
         with self._lock:
             now = self.clock.now()
-            requeued, dead = [], []
+            requeued: list[int] = []
+            dead: list[int] = []
             expired = [
                 j
                 for j in self._jobs.values()
@@ -382,9 +385,7 @@ class MemoryStore(Store):
         with self._lock:
             return sorted(self._workers.values(), key=lambda w: -w.started_at)
 
-    async def lease_acquire(
-        self, *, resource: str, owner: str, ttl: float
-    ) -> ResourceLease | None:
+    async def lease_acquire(self, *, resource: str, owner: str, ttl: float) -> ResourceLease | None:
         """Take or renew the named lease."""
         with self._lock:
             now = self.clock.now()
@@ -405,9 +406,7 @@ class MemoryStore(Store):
             if cur is None or cur.owner != lease.owner or cur.token != lease.token:
                 return False
             # Expire rather than delete: the token counter must survive the release.
-            self._leases[lease.resource] = dataclasses.replace(
-                cur, expires_at=self.clock.now()
-            )
+            self._leases[lease.resource] = dataclasses.replace(cur, expires_at=self.clock.now())
             return True
 
 

@@ -57,7 +57,10 @@ class JobContext:
         self.token: int = slot.lease.token
 
     def __repr__(self) -> str:
-        return f"<JobContext job={self.job_id} task={self.task} attempt={self.attempt} token={self.token}>"
+        return (
+            f"<JobContext job={self.job_id} task={self.task} "
+            f"attempt={self.attempt} token={self.token}>"
+        )
 
     @property
     def lease(self) -> Lease:

@@ -113,4 +113,6 @@ def next_state(state: WorkerState, event: WorkerEvent) -> WorkerState:
     try:
         return TRANSITIONS[(state, event)]
     except KeyError:
-        raise InvalidTransitionError(f"worker cannot handle {event.value} while {state.value}") from None
+        raise InvalidTransitionError(
+            f"worker cannot handle {event.value} while {state.value}"
+        ) from None

@@ -93,12 +93,15 @@ class Worker:
         self.state = WorkerState.READY
         self.counters = WorkerCounters()
         self._store = store
-        self._slots: dict[int, Slot] = {}
+        # Keyed by (job id, token): a job rescued from this very worker and claimed again
+        # is a new attempt, and must not hide the old one from cancellation.
+        self._slots: dict[tuple[int, int], Slot] = {}
         self._membership_token = 0
         self._stop_requested = False
         self._stopped: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
         self._fencing = False
+        self._drainer: asyncio.Task[None] | None = None
         self._completer: BatchCompleter | None = None
         self._coordination_failures = 0
         # Threads beyond concurrency: a cancelled sync handler keeps its thread until it
@@ -121,6 +124,10 @@ class Worker:
             self.on_state_change(old, new, reason)
         if new is WorkerState.STOPPED and self._stopped is not None:
             self._stopped.set()
+
+    def _is(self, state: WorkerState) -> bool:
+        # A method, so that type narrowing does not survive the awaits that change state.
+        return self.state is state
 
     @property
     def store(self) -> Store:
@@ -149,6 +156,9 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_shutdown)
         await self._register()
+        if self._stop_requested:
+            self._stop_requested = False
+            self.request_shutdown()
         tasks = [
             asyncio.create_task(self._fetch_loop(), name="tokenline-fetch"),
             asyncio.create_task(self._control_loop(), name="tokenline-control"),
@@ -173,9 +183,7 @@ class Worker:
             await self._cancel_all("worker stopping", release=True)
             await self._completer.stop()
             with contextlib.suppress(TokenlineError):
-                await self._store.worker_deregister(
-                    worker_id=self.id, token=self._membership_token
-                )
+                await self._store.worker_deregister(worker_id=self.id, token=self._membership_token)
             if install_signal_handlers:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
@@ -195,9 +203,11 @@ class Worker:
             self._fire(WorkerEvent.FORCE_STOP, "second shutdown request")
             return
         self._stop_requested = True
+        if self._stopped is None:
+            return  # not running yet: run() sees the request and stops at once
         self._fire(WorkerEvent.SHUTDOWN, "shutdown requested")
         if self.state is WorkerState.DRAINING:
-            asyncio.get_running_loop().create_task(self._drain())
+            self._drainer = asyncio.get_running_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
         deadline = self.clock.monotonic() + self.settings.drain_timeout
@@ -269,24 +279,33 @@ class Worker:
 
     async def _release_unstarted(self, claimed: list[ClaimedJob]) -> None:
         finishes = [
-            Finish(c.lease, Outcome.RELEASE, self.clock.now(), "worker stopped fetching", "coordination")
+            Finish(
+                c.lease,
+                Outcome.RELEASE,
+                self.clock.now(),
+                "worker stopped fetching",
+                "coordination",
+            )
             for c in claimed
         ]
         try:
             await self.store.jobs_finish(finishes=finishes)
         except StoreError as exc:
-            log.warning("worker %s could not release %d claimed jobs: %s", self.id, len(claimed), exc)
+            log.warning(
+                "worker %s could not release %d claimed jobs: %s", self.id, len(claimed), exc
+            )
 
     def _start(self, claimed: ClaimedJob, sent_at: float) -> None:
         slot = Slot(claimed=claimed, lease=claimed.lease, valid_until=self._valid_until(sent_at))
-        self._slots[claimed.job.id] = slot
+        self._slots[(claimed.job.id, claimed.lease.token)] = slot
         self.counters.started += 1
         self._fire(WorkerEvent.JOB_STARTED)
         slot.task = asyncio.create_task(self._execute(slot), name=f"tokenline-job-{claimed.job.id}")
 
     def _free(self, slot: Slot) -> None:
-        if self._slots.get(slot.claimed.job.id) is slot:
-            del self._slots[slot.claimed.job.id]
+        key = (slot.claimed.job.id, slot.claimed.lease.token)
+        if self._slots.get(key) is slot:
+            del self._slots[key]
         assert self._slot_freed is not None
         self._slot_freed.set()
         if not self._slots and self.state is WorkerState.PROCESSING:
@@ -335,7 +354,7 @@ class Worker:
             slot.cancel.set()  # the sync thread may run on; its ctx calls now refuse
             reason = str(exc) or f"hard timeout: attempt ran longer than {timeout:g}s"
             return self._after_failure(slot, Decision(ErrorClass.TRANSIENT, reason))
-        except BaseException as exc:  # noqa: BLE001 - a handler may raise anything
+        except BaseException as exc:
             if slot.completed_in_transaction:
                 log.warning("job %s raised after its transaction committed: %r", job.id, exc)
                 return None
@@ -436,7 +455,7 @@ class Worker:
             if self._stop_requested:
                 self._fire(WorkerEvent.SHUTDOWN, "shutdown while fenced")
                 return
-            while self.state is WorkerState.FENCED:
+            while self._is(WorkerState.FENCED):
                 try:
                     await self._register()
                 except StoreError as exc:
@@ -517,7 +536,8 @@ class Worker:
             return
         lost = []
         for slot, lease in zip(slots, renewed, strict=True):
-            if self._slots.get(slot.claimed.job.id) is not slot or slot.finishing:
+            key = (slot.claimed.job.id, slot.claimed.lease.token)
+            if self._slots.get(key) is not slot or slot.finishing:
                 continue  # it finished while the renewal was in flight: nothing was lost
             if lease is None:
                 lost.append(slot.claimed.job.id)

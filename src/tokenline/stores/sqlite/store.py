@@ -419,9 +419,7 @@ class SQLiteStore(Store):
                         Q["lease_holders"], {"ids": json.dumps([x.job_id for x in lost])}
                     ).fetchall()
                     holders = {r[0]: (r[1], r[2]) for r in current}
-                    stale = [
-                        x for x in lost if _taken_over(holders.get(x.job_id), x.token, owner)
-                    ]
+                    stale = [x for x in lost if _taken_over(holders.get(x.job_id), x.token, owner)]
                     self._record_stale(conn, stale, "renew", now)
             return [
                 Lease(lease.job_id, owner, lease.token, renewed[lease.job_id])
@@ -626,9 +624,7 @@ class SQLiteStore(Store):
         rows = await self._call(lambda c: c.execute(Q["workers_list"]).fetchall())
         return [_worker(r) for r in rows]
 
-    async def lease_acquire(
-        self, *, resource: str, owner: str, ttl: float
-    ) -> ResourceLease | None:
+    async def lease_acquire(self, *, resource: str, owner: str, ttl: float) -> ResourceLease | None:
         """Take, or renew, the named lease."""
         params = {"resource": resource, "owner": owner, "ttl": ttl, "now": self.clock.now()}
         row = await self._call(lambda c: c.execute(Q["lease_acquire"], params).fetchone())
@@ -685,7 +681,7 @@ class _SQLiteFencedTransaction(FencedTransaction):
         self._conn = conn
         return conn
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         conn = self._conn
         if conn is None:
             return
@@ -712,5 +708,5 @@ class _SQLiteFencedTransaction(FencedTransaction):
     async def __aenter__(self) -> sqlite3.Connection:
         return await asyncio.to_thread(self.__enter__)
 
-    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         await asyncio.to_thread(self.__exit__, exc_type, exc, tb)
