@@ -88,7 +88,8 @@ class PostgresFencedTransaction(FencedTransaction):
     @contextlib.asynccontextmanager
     async def _run(self) -> AsyncIterator[AsyncConnection[Any]]:
         store, lease = self._store, self._lease
-        async with store._pooled(translate_body=False) as conn:
+        conn = await store._checkout()
+        try:
             tx = conn.transaction()
             with store._translate():
                 await tx.__aenter__()
@@ -105,23 +106,33 @@ class PostgresFencedTransaction(FencedTransaction):
             except BaseException as exc:
                 await _rollback_quietly(tx, exc)
                 raise
-            with store._translate():
-                try:
-                    if conn.info.transaction_status != TransactionStatus.INTRANS:
-                        raise StoreError(
-                            "the fenced transaction was ended inside its block; "
-                            "leave COMMIT and ROLLBACK to the `async with`"
-                        )
-                    (ok,) = await store._finish_on(conn, [Finish(lease, Outcome.SUCCEEDED)])
-                    if not ok:  # impossible under the row lock, unless fencing is off
-                        raise self._stale()
-                except BaseException as exc:
-                    await _rollback_quietly(tx, exc)
-                    if isinstance(exc, StaleTokenError):
-                        await store._record_stale_on(conn, lease, "transaction")
-                    raise
-                await tx.__aexit__(None, None, None)  # COMMIT: writes and completion
-            self.committed = True
+            await self._commit(conn, tx)
+        finally:
+            # The pool rolls back, or discards, a connection left in a transaction or broken.
+            await store._checkin(conn)
+
+    async def _commit(
+        self, conn: AsyncConnection[Any], tx: contextlib.AbstractAsyncContextManager[Any]
+    ) -> None:
+        """Finish the job as succeeded inside the transaction, then commit both."""
+        store, lease = self._store, self._lease
+        with store._translate():
+            try:
+                if conn.info.transaction_status != TransactionStatus.INTRANS:
+                    raise StoreError(
+                        "the fenced transaction was ended inside its block; "
+                        "leave COMMIT and ROLLBACK to the `async with`"
+                    )
+                (ok,) = await store._finish_on(conn, [Finish(lease, Outcome.SUCCEEDED)])
+                if not ok:  # impossible under the row lock, unless fencing is off
+                    raise self._stale()
+            except BaseException as exc:
+                await _rollback_quietly(tx, exc)
+                if isinstance(exc, StaleTokenError):
+                    await store._record_stale_on(conn, lease, "transaction")
+                raise
+            await tx.__aexit__(None, None, None)  # COMMIT: the writes and the completion
+        self.committed = True
 
 
 async def _rollback_quietly(

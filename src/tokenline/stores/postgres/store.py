@@ -21,12 +21,11 @@ versioned migrations (``migrations.sql``) on :meth:`PostgresStore.open`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
@@ -51,6 +50,7 @@ from ..._jobs import (
 )
 from .._sql import load_queries
 from ..base import Capabilities, FencedTransaction, ResourceLease, Store
+from ._deadline import run_bounded
 from ._errors import map_postgres_errors
 from ._listener import Listener
 from ._migrations import (
@@ -61,6 +61,7 @@ from ._migrations import (
     too_new,
     too_old,
 )
+from ._rows import job_from_row, worker_from_row
 from ._target import Target, parse_url
 from ._transaction import PostgresFencedTransaction
 
@@ -70,6 +71,8 @@ log = logging.getLogger("tokenline.store.postgres")
 
 #: Environment switch for tests and drills only: check job state but not the token.
 UNSAFE_ENV = "TOKENLINE_TEST_UNSAFE_DISABLE_FENCING"
+
+T = TypeVar("T")
 
 _Q = load_queries(__name__.rpartition(".")[0])
 #: Queries with a test-only unfenced variant (lines ending in ``-- fence`` removed).
@@ -82,46 +85,6 @@ def _unfenced(text: str) -> str:
     if len(kept) == len(lines):
         raise ValueError("a fenced query has no line ending in '-- fence'")
     return "\n".join(kept)
-
-
-def _job(row: DictRow) -> Job:
-    return Job(
-        id=row["id"],
-        queue=row["queue"],
-        task=row["task"],
-        args=row["args"],
-        idempotency_key=row["idempotency_key"],
-        priority=row["priority"],
-        run_at=row["run_at"],
-        attempt=row["attempt"],
-        max_attempts=row["max_attempts"],
-        state=JobState(row["state"]),
-        lease_owner=row["lease_owner"],
-        lease_token=row["lease_token"],
-        lease_expires_at=row["lease_expires_at"],
-        last_error=row["last_error"],
-        error_class=row["error_class"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        finished_at=row["finished_at"],
-        timeout=row["timeout"],
-    )
-
-
-def _worker(row: DictRow) -> WorkerRecord:
-    return WorkerRecord(
-        id=row["id"],
-        host=row["host"],
-        pid=row["pid"],
-        queues=tuple(row["queues"]),
-        concurrency=row["concurrency"],
-        state=row["state"],
-        token=row["token"],
-        started_at=row["started_at"],
-        heartbeat_at=row["heartbeat_at"],
-        expires_at=row["expires_at"],
-        in_flight=row["in_flight"],
-    )
 
 
 class PostgresStore(Store):
@@ -164,8 +127,8 @@ class PostgresStore(Store):
             self._queries[f"{name}_unfenced"] = _unfenced(self._queries[name])
         self._pool: AsyncConnectionPool[AsyncConnection[TupleRow]] | None = None
         self._listener: Listener | None = None
-        # Last resort against a peer that stops answering mid-statement: waiting for a
-        # pooled connection and the statement each have ``timeout``, plus slack.
+        # Last resort against a peer that stops answering (see _deadline.py): waiting
+        # for a pooled connection and the statements each get ``timeout``, plus slack.
         self._deadline = 2 * timeout + 1
 
     # -- plumbing -------------------------------------------------------------------------
@@ -180,72 +143,89 @@ class PostgresStore(Store):
     def _translate(self) -> contextlib.AbstractContextManager[None]:
         return map_postgres_errors(self.target, self.timeout)
 
-    @contextlib.asynccontextmanager
-    async def _pooled(self, *, translate_body: bool = True) -> AsyncIterator[AsyncConnection[Any]]:
-        """A pooled connection (autocommit). Errors of the body are translated too,
-        unless ``translate_body`` is false (a user's statements run in it)."""
-        pool = self._pool
-        if pool is None:
+    def _require_pool(self) -> AsyncConnectionPool[AsyncConnection[TupleRow]]:
+        if self._pool is None:
             raise StoreError("the PostgreSQL store is not open; call open() first")
-        with self._translate():
+        return self._pool
+
+    async def _call(self, fn: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
+        """Run ``fn`` on a pooled connection (autocommit), errors translated, the
+        checkout and the statements together bounded by the store's deadline."""
+        pool = self._require_pool()
+
+        async def run() -> T:
             conn = await pool.getconn(timeout=self.timeout)
-        try:
-            if translate_body:
-                with self._translate():
-                    async with asyncio.timeout(self._deadline):
-                        yield conn
-            else:
-                yield conn
-        finally:
-            # The pool rolls back or discards a connection left in a transaction or broken.
-            await pool.putconn(conn)
+            try:
+                return await fn(conn)
+            finally:
+                # The pool rolls back, or discards, a connection left in a transaction
+                # or broken.
+                await pool.putconn(conn)
+
+        with self._translate():
+            return await run_bounded(run(), self._deadline)
+
+    async def _checkout(self) -> AsyncConnection[Any]:
+        """A pooled connection for a fenced transaction; give it back with ``_checkin``."""
+        pool = self._require_pool()
+        with self._translate():
+            return await run_bounded(
+                pool.getconn(timeout=self.timeout), self._deadline, discard=pool.putconn
+            )
+
+    async def _checkin(self, conn: AsyncConnection[Any]) -> None:
+        await self._require_pool().putconn(conn)
 
     async def _rows(self, query: str, params: dict[str, Any]) -> list[DictRow]:
-        async with self._pooled() as conn:
+        async def run(conn: AsyncConnection[Any]) -> list[DictRow]:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(query, params)
             return await cur.fetchall()
 
+        return await self._call(run)
+
     async def _tuples(self, query: str, params: dict[str, Any]) -> list[TupleRow]:
-        async with self._pooled() as conn:
+        async def run(conn: AsyncConnection[Any]) -> list[TupleRow]:
             cur = conn.cursor(row_factory=tuple_row)
             await cur.execute(query, params)
             return await cur.fetchall()
 
+        return await self._call(run)
+
     async def _rowcount(self, query: str, params: dict[str, Any]) -> int:
-        async with self._pooled() as conn:
+        async def run(conn: AsyncConnection[Any]) -> int:
             cur = conn.cursor()
             await cur.execute(query, params)
             return cur.rowcount
 
-    async def _connect(self) -> AsyncConnection[Any]:
-        """A dedicated connection outside the pool (migrations), bounded by the timeout."""
-        return await asyncio.wait_for(
-            AsyncConnection.connect(self.target.conninfo, autocommit=True),
-            timeout=self._deadline,
-        )
+        return await self._call(run)
+
+    async def _schema_check(self, *, migrate: bool) -> int:
+        """Check the schema's version on a direct connection, migrating if allowed.
+
+        Direct, not pooled: a wrong host, database or role is then reported with
+        libpq's reason rather than as a pool timeout, and it works before ``open()``.
+        """
+        conn = await AsyncConnection.connect(self.target.conninfo, autocommit=True)
+        try:
+            version = await schema_version(conn, self.schema)
+            if version > SCHEMA_VERSION:
+                raise too_new(version, self.target)
+            if version < SCHEMA_VERSION:
+                if not migrate:
+                    raise too_old(version, self.target)
+                version = await apply_migrations(conn, self.target)
+            return version
+        finally:
+            await conn.close()
 
     # -- life cycle -----------------------------------------------------------------------
     async def open(self) -> None:
-        """Check (and unless ``migrate=False``, migrate) the schema, then open the pool.
-
-        The schema is checked on a direct connection first, so a wrong host, database or
-        role is reported with libpq's reason rather than as a pool timeout.
-        """
+        """Check (and unless ``migrate=False``, migrate) the schema, then open the pool."""
         if self._pool is not None:
             return
         with self._translate():
-            conn = await self._connect()
-            try:
-                version = await schema_version(conn, self.schema)
-                if version > SCHEMA_VERSION:
-                    raise too_new(version, self.target)
-                if version < SCHEMA_VERSION:
-                    if not self.migrate_on_open:
-                        raise too_old(version, self.target)
-                    await apply_migrations(conn, self.target)
-            finally:
-                await conn.close()
+            await run_bounded(self._schema_check(migrate=self.migrate_on_open), self._deadline)
             pool: AsyncConnectionPool[AsyncConnection[TupleRow]] = AsyncConnectionPool(
                 self.target.conninfo,
                 kwargs={"autocommit": True},
@@ -273,14 +253,11 @@ class PostgresStore(Store):
 
         Works on an unopened store. All pending migrations apply in one transaction under
         an advisory lock; a schema newer than this code raises
-        :class:`~tokenline.SchemaVersionError` and is left untouched.
+        :class:`~tokenline.SchemaVersionError` and is left untouched. Each statement is
+        bounded by the store's ``timeout``: give a long migration a larger one.
         """
         with self._translate():
-            conn = await self._connect()
-            try:
-                return await apply_migrations(conn, self.target)
-            finally:
-                await conn.close()
+            return await run_bounded(self._schema_check(migrate=True), self._deadline)
 
     async def close(self) -> None:
         """Stop listening and close the pool. Safe to call twice."""
@@ -363,7 +340,7 @@ class PostgresStore(Store):
             "now": self._now(),
         }
         rows = await self._rows(self._q("claim"), params)
-        jobs = [_job(r) for r in rows]
+        jobs = [job_from_row(r) for r in rows]
         return [
             ClaimedJob(j, Lease(j.id, owner, j.lease_token, j.lease_expires_at or 0.0))
             for j in jobs
@@ -413,8 +390,7 @@ class PostgresStore(Store):
         """Apply the batch in one statement, each row fenced by its own token."""
         if not finishes:
             return []
-        async with self._pooled() as conn:
-            return await self._finish_on(conn, finishes)
+        return await self._call(lambda conn: self._finish_on(conn, finishes))
 
     async def _fence_check_on(self, conn: AsyncConnection[Any], lease: Lease) -> bool:
         """Lock the job row if ``lease`` still holds it (inside ``conn``'s transaction)."""
@@ -455,16 +431,25 @@ class PostgresStore(Store):
 
     async def queues_stats(self) -> list[QueueStats]:
         """Per-queue counts by state, oldest ready age and paused flag."""
-        async with self._pooled() as conn:
+
+        async def run(conn: AsyncConnection[Any]) -> list[list[TupleRow]]:
             cur = conn.cursor(row_factory=tuple_row)
-            counts: dict[str, dict[str, int]] = {}
-            await cur.execute(self._q("stats_counts"))
-            for queue, state, n in await cur.fetchall():
-                counts.setdefault(queue, {})[state] = n
-            await cur.execute(self._q("stats_oldest"), {"now": self._now()})
-            oldest: dict[str, float] = dict(await cur.fetchall())
-            await cur.execute(self._q("paused_list"))
-            paused = {row[0] for row in await cur.fetchall()}
+            out = []
+            for name, params in (
+                ("stats_counts", None),
+                ("stats_oldest", {"now": self._now()}),
+                ("paused_list", None),
+            ):
+                await cur.execute(self._q(name), params)
+                out.append(await cur.fetchall())
+            return out
+
+        count_rows, oldest_rows, paused_rows = await self._call(run)
+        counts: dict[str, dict[str, int]] = {}
+        for queue, state, n in count_rows:
+            counts.setdefault(queue, {})[state] = n
+        oldest: dict[str, float] = dict(oldest_rows)
+        paused = {row[0] for row in paused_rows}
         return [
             QueueStats(q, counts.get(q, {}), oldest.get(q), q in paused)
             for q in sorted(set(counts) | paused)
@@ -476,14 +461,14 @@ class PostgresStore(Store):
         rows = await self._rows(self._q("job_get"), {"job_id": job_id})
         if not rows:
             raise JobNotFoundError(f"no job with id {job_id}")
-        return _job(rows[0])
+        return job_from_row(rows[0])
 
     async def jobs_list(
         self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
     ) -> list[Job]:
         """Jobs filtered by state and queue, newest first."""
         params = {"state": state.value if state else None, "queue": queue, "limit": limit}
-        return [_job(r) for r in await self._rows(self._q("jobs_list"), params)]
+        return [job_from_row(r) for r in await self._rows(self._q("jobs_list"), params)]
 
     async def job_attempts(self, *, job_id: int) -> list[Attempt]:
         """Attempts of the job, oldest first."""
@@ -517,13 +502,16 @@ class PostgresStore(Store):
 
     async def stale_commits(self, *, limit: int = 100) -> tuple[int, list[StaleCommit]]:
         """Total refused writes and the most recent ``limit``."""
-        async with self._pooled() as conn:
+
+        async def run(conn: AsyncConnection[Any]) -> tuple[int, list[TupleRow]]:
             cur = conn.cursor(row_factory=tuple_row)
             await cur.execute(self._q("stale_count"))
             ((total,),) = await cur.fetchall()
             await cur.execute(self._q("stale_list"), {"limit": limit})
-            rows = await cur.fetchall()
-        return int(total), [StaleCommit(*r) for r in rows]
+            return int(total), await cur.fetchall()
+
+        total, rows = await self._call(run)
+        return total, [StaleCommit(*r) for r in rows]
 
     # -- workers and leases ---------------------------------------------------------------
     async def worker_register(self, *, record: WorkerRecord, ttl: float) -> WorkerRecord:
@@ -539,7 +527,7 @@ class PostgresStore(Store):
             "now": self._now(),
         }
         (row,) = await self._rows(self._q("worker_register"), params)
-        return _worker(row)
+        return worker_from_row(row)
 
     async def worker_heartbeat(
         self, *, worker_id: str, token: int, state: str, in_flight: int, ttl: float
@@ -554,7 +542,7 @@ class PostgresStore(Store):
             "now": self._now(),
         }
         rows = await self._rows(self._q("worker_heartbeat"), params)
-        return _worker(rows[0]) if rows else None
+        return worker_from_row(rows[0]) if rows else None
 
     async def worker_deregister(self, *, worker_id: str, token: int) -> None:
         """Mark the worker stopped."""
@@ -563,7 +551,7 @@ class PostgresStore(Store):
 
     async def workers_list(self) -> list[WorkerRecord]:
         """All workers, newest first."""
-        return [_worker(r) for r in await self._rows(self._q("workers_list"), {})]
+        return [worker_from_row(r) for r in await self._rows(self._q("workers_list"), {})]
 
     async def lease_acquire(self, *, resource: str, owner: str, ttl: float) -> ResourceLease | None:
         """Take, or renew, the named lease."""
