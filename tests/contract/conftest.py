@@ -104,6 +104,12 @@ def postgres_url(postgres_server: str, postgres_schema: str) -> str:
     return postgres_url_for(postgres_server, postgres_schema)
 
 
+@pytest.fixture
+def postgres_url_via(postgres_schema: str) -> Callable[[str], str]:
+    """Builds this test's store URL on another base URL (a relay in front of the server)."""
+    return lambda base: postgres_url_for(base, postgres_schema)
+
+
 @pytest.fixture(params=sorted(BACKENDS))
 async def store(
     request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path

@@ -8,14 +8,17 @@ and fail in CI (see conftest.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
+from urllib.parse import quote
 
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from tokenline._clock import FakeClock
 from tokenline._errors import (
@@ -348,3 +351,102 @@ def test_store_from_url_builds_a_postgres_store() -> None:
     assert store.schema == "billing"
     assert "sslmode=require" in store.target.conninfo
     assert "billing" not in store.target.conninfo
+
+
+class _Relay:
+    """A TCP relay to the test server that a test can cut or silence."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._upstream = (host, port)
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: While true, bytes are swallowed both ways: a peer that stopped answering.
+        self.silent = False
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self._upstream)
+        self._writers += [writer, up_writer]
+        for src, dst in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(self._pump(src, dst))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, OSError):
+            while data := await src.read(65536):
+                if not self.silent:
+                    dst.write(data)
+                    await dst.drain()
+        dst.close()
+
+    async def cut(self) -> None:
+        """Refuse new connections and drop every open one: the server is gone."""
+        if self._server is not None:
+            self._server.close()
+        for writer in self._writers:
+            writer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+@pytest.fixture
+async def relay_url(
+    postgres_server: str, postgres_url_via: Callable[[str], str]
+) -> AsyncIterator[tuple[str, _Relay]]:
+    """A store URL for this test's schema that goes through a relay the test controls."""
+    params = conninfo_to_dict(postgres_server)
+    relay = _Relay(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432))
+    port = await relay.start()
+    auth = quote(str(params.get("user", "postgres")))
+    if params.get("password"):
+        auth += ":" + quote(str(params["password"]))
+    url = f"postgresql://{auth}@127.0.0.1:{port}/{quote(str(params.get('dbname', 'test')))}"
+    try:
+        yield postgres_url_via(url), relay
+    finally:
+        await relay.cut()
+
+
+async def test_a_vanished_server_is_reported_not_waited_for(
+    relay_url: tuple[str, _Relay],
+) -> None:
+    """Once the server is gone, operations fail with StoreUnavailableError within the
+    timeout: the pool's dead connections are noticed, new ones are refused."""
+    url, relay = relay_url
+    store = PostgresStore(url, timeout=1)
+    await store.open()
+    try:
+        await store.jobs_enqueue(jobs=[new()])
+        await relay.cut()
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailableError):
+            await store.jobs_list()
+        assert time.monotonic() - started < 5
+    finally:
+        await store.close()
+
+
+async def test_a_silent_server_is_reported_not_waited_for(
+    relay_url: tuple[str, _Relay],
+) -> None:
+    """A server that stops answering without closing anything (a partition) cannot
+    hold an operation past the store's deadline."""
+    url, relay = relay_url
+    store = PostgresStore(url, timeout=1)
+    await store.open()
+    try:
+        await store.jobs_enqueue(jobs=[new()])
+        relay.silent = True
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailableError):
+            await store.jobs_list()
+        assert time.monotonic() - started < 10
+    finally:
+        await relay.cut()
+        await store.close()
