@@ -32,6 +32,7 @@ from tokenline._errors import (
 from tokenline._jobs import Finish, JobState, Lease, NewJob, Outcome
 from tokenline.stores import store_from_url
 from tokenline.stores.postgres import SCHEMA_VERSION, PostgresStore
+from tokenline.stores.postgres._deadline import CANCEL_GRACE, run_bounded
 
 pytestmark = pytest.mark.postgres
 
@@ -450,3 +451,39 @@ async def test_a_silent_server_is_reported_not_waited_for(
     finally:
         await relay.cut()
         await store.close()
+
+
+async def test_deadline_cuts_an_operation_that_absorbs_a_polite_cancel() -> None:
+    """Like psycopg waiting for the server to confirm a cancel, an operation may absorb
+    the first cancellation; the second, after a short grace, ends it."""
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await asyncio.sleep(60)
+
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await run_bounded(stubborn(), 0.1)
+    assert time.monotonic() - started < 0.1 + CANCEL_GRACE + 1
+
+
+async def test_deadline_hands_back_a_result_that_arrives_too_late() -> None:
+    """A result produced while the operation is being given up (a pooled connection at
+    the last moment) goes to ``discard`` instead of leaking."""
+    discarded: list[str] = []
+
+    async def late() -> str:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            return "connection"
+        return "never"
+
+    async def discard(result: str) -> None:
+        discarded.append(result)
+
+    with pytest.raises(TimeoutError):
+        await run_bounded(late(), 0.05, discard=discard)
+    assert discarded == ["connection"]

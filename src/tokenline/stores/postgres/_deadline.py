@@ -39,7 +39,11 @@ async def run_bounded(
     try:
         await asyncio.wait({task}, timeout=seconds)
     except asyncio.CancelledError:
+        # Our caller is being cancelled: so is the operation, but it may still complete
+        # (a connection arriving as we leave), and that result must not leak.
         task.cancel()
+        if discard is not None:
+            task.add_done_callback(lambda t: _discard_later(t, discard))
         raise
     if task.done():
         return task.result()
@@ -51,3 +55,19 @@ async def run_bounded(
     if discard is not None and not task.cancelled() and task.exception() is None:
         await discard(task.result())
     raise TimeoutError(f"no answer within {seconds:g}s")
+
+
+_BACKGROUND: set[asyncio.Task[None]] = set()
+
+
+def _discard_later(task: asyncio.Task[T], discard: Callable[[T], Awaitable[None]]) -> None:
+    if task.cancelled() or task.exception() is not None:
+        return
+
+    async def run() -> None:
+        await discard(task.result())
+
+    cleanup = asyncio.ensure_future(run())
+    # Keep a reference until it is done: the event loop only holds weak ones.
+    _BACKGROUND.add(cleanup)
+    cleanup.add_done_callback(_BACKGROUND.discard)
