@@ -77,9 +77,7 @@ async def test_delayed_job_is_scheduled_until_run_at(store: Any, clock: FakeCloc
     assert (await store.job_get(job_id=jid)).state is JobState.SCHEDULED
     assert await store.jobs_claim(owner="w", queues=Q, limit=1, ttl=5) == []
     clock.advance(30)
-    assert [c.job.id for c in await store.jobs_claim(owner="w", queues=Q, limit=1, ttl=5)] == [
-        jid
-    ]
+    assert [c.job.id for c in await store.jobs_claim(owner="w", queues=Q, limit=1, ttl=5)] == [jid]
 
 
 async def test_claim_only_from_requested_and_unpaused_queues(store: Any) -> None:
@@ -142,9 +140,7 @@ async def test_every_finalising_write_refuses_a_stale_token(
     assert recent[0].token == old.lease.token
     assert recent[0].job_id == jid
     # The current holder still commits.
-    assert await store.jobs_finish(finishes=[Finish(new_claim.lease, Outcome.SUCCEEDED)]) == [
-        True
-    ]
+    assert await store.jobs_finish(finishes=[Finish(new_claim.lease, Outcome.SUCCEEDED)]) == [True]
 
 
 async def test_singular_helpers_raise_stale_token_error(store: Any) -> None:
@@ -212,9 +208,7 @@ async def test_dead_job_can_be_retried_by_operator_only_to_queued(store: Any) ->
     assert c2.lease.token > c.lease.token
 
 
-async def test_rescue_requeues_expired_leases_and_bumps_token(
-    store: Any, clock: FakeClock
-) -> None:
+async def test_rescue_requeues_expired_leases_and_bumps_token(store: Any, clock: FakeClock) -> None:
     """An expired lease is returned to the queue with a new token; live ones stay."""
     await store.jobs_enqueue(jobs=[new(), new()])
     a = await claim_one(store, "w1", ttl=5)
