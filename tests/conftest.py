@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import NoReturn
 
 import pytest
 
@@ -10,6 +11,35 @@ from tokenline._clock import FakeClock
 
 #: In CI a missing service is a failure, never a skip.
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+POSTGRES_URL = os.environ.get(
+    "TOKENLINE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Skip with ``reason``, or fail in CI, where a missing service is an error."""
+    if IN_CI:
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> str:
+    """The test server's URL; skips (fails in CI) when it cannot be reached."""
+    try:
+        import psycopg
+    except ModuleNotFoundError:
+        unavailable("psycopg is not installed: pip install 'tokenline[postgres]'")
+    try:
+        with psycopg.connect(POSTGRES_URL, connect_timeout=3):
+            pass
+    except psycopg.Error as exc:
+        unavailable(
+            f"PostgreSQL for tests is unreachable ({exc}); "
+            "set TOKENLINE_TEST_POSTGRES_URL to a server you can create schemas on"
+        )
+    return POSTGRES_URL
 
 
 @pytest.fixture

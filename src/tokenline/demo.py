@@ -1,51 +1,64 @@
 """The demo application: invoices, each written exactly once through ``ctx.transaction``.
 
 Worker processes import ``tokenline.demo:app``; the store URL comes from
-``TOKENLINE_URL``, which ``tokenline demo`` sets for them.
+``TOKENLINE_URL``, which ``tokenline demo`` sets for them. On SQLite the handler is a
+sync function using ``with ctx.transaction()``; on PostgreSQL an async one using
+``async with``. The invoice table is named by ``TOKENLINE_DEMO_TABLE``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import random
-import sqlite3
+import re
 import time
 
 from ._app import App
-from ._errors import Retry
+from ._errors import ConfigError, Retry
 from .worker.context import JobContext
 
-__all__ = ["INVOICE_TABLE", "app", "create_tables", "invoice"]
+__all__ = ["app", "invoice", "invoice_async", "invoice_table"]
 
 app = App()
 
-#: No unique constraint on purpose: a duplicate effect would show up as a second row.
-INVOICE_TABLE = """
-CREATE TABLE IF NOT EXISTS demo_invoices (
-    order_id     INTEGER NOT NULL,
-    amount_cents INTEGER NOT NULL,
-    job_id       INTEGER NOT NULL,
-    token        INTEGER NOT NULL,
-    worker       TEXT    NOT NULL
-)
-"""
+_TABLE_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}(\.[a-z_][a-z0-9_]{0,62})?$")
+
+#: Columns of the invoice table. No unique constraint on purpose: a duplicate effect
+#: would show up as a second row.
+COLUMNS = "order_id, amount_cents, job_id, token, worker"
 
 
-def create_tables(conn: sqlite3.Connection) -> None:
-    """Create the demo's business table."""
-    conn.execute(INVOICE_TABLE)
+def invoice_table() -> str:
+    """The invoice table's name, checked: it is put into SQL text."""
+    name = os.environ.get("TOKENLINE_DEMO_TABLE", "demo_invoices")
+    if not _TABLE_RE.match(name):
+        raise ConfigError("TOKENLINE_DEMO_TABLE", f"not a plain table name: {name!r}")
+    return name
+
+
+def _flaky(ctx: JobContext, order_id: int) -> None:
+    if order_id % 97 == 0 and ctx.attempt == 1:
+        # A flaky payment gateway: the first try of a few orders fails transiently.
+        raise Retry(delay=0.2, reason="payment gateway timed out")
 
 
 @app.task(name="demo.invoice", queue="invoices", max_attempts=5)
 def invoice(ctx: JobContext, order_id: int, amount_cents: int) -> None:
     """Render an invoice (simulated work), then write it in the job's fenced transaction."""
     time.sleep(random.uniform(0.01, 0.04))
-    if order_id % 97 == 0 and ctx.attempt == 1:
-        # A flaky payment gateway: the first try of a few orders fails transiently.
-        raise Retry(delay=0.2, reason="payment gateway timed out")
+    _flaky(ctx, order_id)
     ctx.check()
+    insert = f"INSERT INTO {invoice_table()} ({COLUMNS}) VALUES (?, ?, ?, ?, ?)"
     with ctx.transaction() as conn:
-        conn.execute(
-            "INSERT INTO demo_invoices (order_id, amount_cents, job_id, token, worker) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (order_id, amount_cents, ctx.job_id, ctx.token, ctx.lease.owner),
-        )
+        conn.execute(insert, (order_id, amount_cents, ctx.job_id, ctx.token, ctx.lease.owner))
+
+
+@app.task(name="demo.invoice_async", queue="invoices", max_attempts=5)
+async def invoice_async(ctx: JobContext, order_id: int, amount_cents: int) -> None:
+    """The same invoice, for stores whose transactions are async (PostgreSQL)."""
+    await asyncio.sleep(random.uniform(0.01, 0.04))
+    _flaky(ctx, order_id)
+    insert = f"INSERT INTO {invoice_table()} ({COLUMNS}) VALUES (%s, %s, %s, %s, %s)"
+    async with ctx.transaction() as conn:
+        await conn.execute(insert, (order_id, amount_cents, ctx.job_id, ctx.token, ctx.lease.owner))

@@ -10,11 +10,10 @@ random name, dropped afterwards, so tests never see each other's rows.
 
 from __future__ import annotations
 
-import os
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 
@@ -22,13 +21,7 @@ from tokenline._clock import FakeClock
 from tokenline.stores import MemoryStore, Store
 from tokenline.stores.sqlite import SQLiteStore
 
-#: In CI a missing service is a failure, never a skip (the same rule as tests/conftest.py,
-#: which a second conftest cannot import by name).
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-POSTGRES_URL = os.environ.get(
-    "TOKENLINE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
-)
+# ``postgres_server`` (skip, or fail in CI, without a server) lives in tests/conftest.py.
 
 
 def _memory(clock: FakeClock, tmp_path: Path, request: pytest.FixtureRequest) -> Store:
@@ -53,30 +46,6 @@ BACKENDS: dict[str, Callable[[FakeClock, Path, pytest.FixtureRequest], Store]] =
     "sqlite": _sqlite,
     "postgres": _postgres,
 }
-
-
-def _unavailable(reason: str) -> NoReturn:
-    if IN_CI:
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> str:
-    """The test server's URL; skips (fails in CI) when it cannot be reached."""
-    try:
-        import psycopg
-    except ModuleNotFoundError:
-        _unavailable("psycopg is not installed: pip install 'tokenline[postgres]'")
-    try:
-        with psycopg.connect(POSTGRES_URL, connect_timeout=3):
-            pass
-    except psycopg.Error as exc:
-        _unavailable(
-            f"PostgreSQL for tests is unreachable ({exc}); "
-            "set TOKENLINE_TEST_POSTGRES_URL to a server you can create schemas on"
-        )
-    return POSTGRES_URL
 
 
 @pytest.fixture

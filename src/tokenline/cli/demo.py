@@ -1,4 +1,4 @@
-"""``tokenline demo``: invoices under fire on the embedded SQLite store.
+"""``tokenline demo``: invoices under fire, on SQLite (the default) or PostgreSQL.
 
 Enqueues a batch of invoice jobs keyed ``invoice:{order_id}``, starts worker processes,
 SIGKILLs one and SIGSTOPs another past its lease mid-run, lets the rest finish, and
@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +25,6 @@ from rich.table import Table
 
 from .._app import App
 from .._jobs import JobState
-from ..demo import create_tables
 from ._common import console
 
 LEASE_TTL = 2.0
@@ -57,8 +57,10 @@ class DemoResult:
         )
 
 
-def _spawn(url: str, n: int, log_dir: Path) -> list[tuple[subprocess.Popen[bytes], Path]]:
-    env = {**os.environ, "TOKENLINE_URL": url}
+def _spawn(
+    url: str, n: int, log_dir: Path, table: str
+) -> list[tuple[subprocess.Popen[bytes], Path]]:
+    env = {**os.environ, "TOKENLINE_URL": url, "TOKENLINE_DEMO_TABLE": table}
     procs = []
     for i in range(n):
         log = log_dir / f"worker-{i}.log"
@@ -73,26 +75,126 @@ def _spawn(url: str, n: int, log_dir: Path) -> list[tuple[subprocess.Popen[bytes
     return procs
 
 
-def run_demo(db: Path, jobs: int, workers: int, *, show_progress: bool = True) -> DemoResult:
-    """Run the demo against a fresh SQLite file at ``db`` and return its figures."""
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{db}{suffix}").unlink(missing_ok=True)
-    url = f"sqlite:///{db}"
-    app = App(url)
-    from ..demo import invoice
+class _Backend:
+    """Where the demo's tables live, and how to read its figures back."""
 
-    app.task(name="demo.invoice", queue="invoices", max_attempts=5)(invoice)
-    with sqlite3.connect(db) as conn:
-        create_tables(conn)
+    url: str
+    task: str
+    #: Table names: jobs, attempts, stale, invoices.
+    tables: dict[str, str]
+
+    def prepare(self) -> None:
+        raise NotImplementedError
+
+    def scalar(self, sql: str) -> int:
+        raise NotImplementedError
+
+    def cleanup(self) -> None:
+        """Nothing to clean by default: the SQLite file is kept for inspection."""
+
+
+class _SQLiteBackend(_Backend):
+    def __init__(self, db: Path) -> None:
+        self.db = db
+        self.url = f"sqlite:///{db}"
+        self.task = "demo.invoice"
+        self.tables = {
+            "jobs": "tokenline_jobs",
+            "attempts": "tokenline_attempts",
+            "stale": "tokenline_stale_commits",
+            "invoices": "demo_invoices",
+        }
+
+    def prepare(self) -> None:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{self.db}{suffix}").unlink(missing_ok=True)
+        with contextlib.closing(sqlite3.connect(self.db)) as conn:
+            conn.execute(f"CREATE TABLE demo_invoices ({_INVOICE_COLUMNS})")
+
+    def scalar(self, sql: str) -> int:
+        with contextlib.closing(sqlite3.connect(self.db)) as conn:
+            return int(conn.execute(sql).fetchone()[0])
+
+
+class _PostgresBackend(_Backend):
+    def __init__(self, base_url: str, keep: bool) -> None:
+        import psycopg  # the postgres extra; its absence is reported by App/store_from_url
+
+        self._psycopg = psycopg
+        self.schema = f"tokenline_demo_{uuid.uuid4().hex[:8]}"
+        sep = "&" if "?" in base_url else "?"
+        self.conninfo = base_url
+        self.url = f"{base_url}{sep}schema={self.schema}"
+        self.keep = keep
+        self.task = "demo.invoice_async"
+        self.tables = {
+            "jobs": f"{self.schema}.jobs",
+            "attempts": f"{self.schema}.attempts",
+            "stale": f"{self.schema}.stale_commits",
+            "invoices": f"{self.schema}.demo_invoices",
+        }
+
+    def prepare(self) -> None:
+        with self._psycopg.connect(self.conninfo, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {self.schema}")
+            conn.execute(f"CREATE TABLE {self.tables['invoices']} ({_INVOICE_COLUMNS})")
+
+    def scalar(self, sql: str) -> int:
+        with self._psycopg.connect(self.conninfo, autocommit=True) as conn:
+            row = conn.execute(sql).fetchone()
+            return int(row[0]) if row else 0
+
+    def cleanup(self) -> None:
+        if not self.keep:
+            with self._psycopg.connect(self.conninfo, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
+
+
+_INVOICE_COLUMNS = (
+    "order_id BIGINT NOT NULL, amount_cents BIGINT NOT NULL, job_id BIGINT NOT NULL, "
+    "token BIGINT NOT NULL, worker TEXT NOT NULL"
+)
+
+
+def backend_for(url: str, *, keep: bool = False) -> _Backend:
+    """The demo backend for a ``sqlite:///file`` or ``postgresql://…`` URL."""
+    if url.startswith("sqlite:///"):
+        return _SQLiteBackend(Path(url[len("sqlite:///") :]))
+    if url.startswith(("postgresql://", "postgres://")):
+        if "schema=" in url:
+            raise click.BadParameter("the demo picks its own schema: leave ?schema= out")
+        return _PostgresBackend(url, keep)
+    raise click.BadParameter(f"the demo runs on sqlite:///… or postgresql://…, not {url!r}")
+
+
+def run_demo(
+    backend: _Backend, jobs: int, workers: int, *, show_progress: bool = True
+) -> DemoResult:
+    """Run the demo on a fresh store and return its figures, read back from the store."""
+    backend.prepare()
+    try:
+        return _run(backend, jobs, workers, show_progress)
+    finally:
+        backend.cleanup()
+
+
+def _run(backend: _Backend, jobs: int, workers: int, show_progress: bool) -> DemoResult:
+    from .. import demo as demo_module
+
+    app = App(backend.url)
+    for task in demo_module.app.tasks.values():
+        app.task(name=task.name, queue=task.queue, max_attempts=task.max_attempts)(task.fn)
     started = time.monotonic()
-    app.enqueue_many(
-        "demo.invoice",
-        [(order, 1000 + order % 500) for order in range(1, jobs + 1)],
-        keys=[f"invoice:{order}" for order in range(1, jobs + 1)],
-    )
+    for first in range(1, jobs + 1, 10_000):
+        orders = range(first, min(jobs, first + 9_999) + 1)
+        app.enqueue_many(
+            backend.task,
+            [(order, 1000 + order % 500) for order in orders],
+            keys=[f"invoice:{order}" for order in orders],
+        )
     enqueue_seconds = time.monotonic() - started
     log_dir = Path(tempfile.mkdtemp(prefix="tokenline-demo-"))
-    procs = _spawn(url, workers, log_dir)
+    procs = _spawn(backend.url, workers, log_dir, backend.tables["invoices"])
     killed = stopped = False
     resume_at: float | None = None
     t0 = time.monotonic()
@@ -121,8 +223,8 @@ def run_demo(db: Path, jobs: int, workers: int, *, show_progress: bool = True) -
                     progress.update(bar, description="SIGCONT worker 1: it must fence itself")
                 if done >= jobs and resume_at is None:
                     break
-                if time.monotonic() - t0 > 300:
-                    raise click.ClickException("demo did not finish within 300 s")
+                if time.monotonic() - t0 > 600:
+                    raise click.ClickException("demo did not finish within 600 s")
                 time.sleep(0.1)
         elapsed = time.monotonic() - t0
     finally:
@@ -137,31 +239,28 @@ def run_demo(db: Path, jobs: int, workers: int, *, show_progress: bool = True) -
                 proc.kill()
         app.close()
     fencings = sum(log.read_text(errors="replace").count(" fenced: ") for _, log in procs)
-    return _collect(db, jobs, enqueue_seconds, elapsed, fencings)
+    return _collect(backend, jobs, enqueue_seconds, elapsed, fencings)
 
 
 def _collect(
-    db: Path, jobs: int, enqueue_seconds: float, elapsed: float, fencings: int
+    backend: _Backend, jobs: int, enqueue_seconds: float, elapsed: float, fencings: int
 ) -> DemoResult:
-    with contextlib.closing(sqlite3.connect(db)) as conn:
-
-        def one(sql: str) -> int:
-            return int(conn.execute(sql).fetchone()[0])
-
-        return DemoResult(
-            jobs=jobs,
-            succeeded=one("SELECT count(*) FROM tokenline_jobs WHERE state = 'succeeded'"),
-            dead=one("SELECT count(*) FROM tokenline_jobs WHERE state = 'dead'"),
-            attempts=one("SELECT count(*) FROM tokenline_attempts"),
-            retries=one("SELECT count(*) FROM tokenline_attempts WHERE outcome = 'retry'"),
-            rescues=one("SELECT count(*) FROM tokenline_attempts WHERE outcome = 'lease_expired'"),
-            stale_refused=one("SELECT count(*) FROM tokenline_stale_commits"),
-            fencings=fencings,
-            invoices=one("SELECT count(*) FROM demo_invoices"),
-            duplicates=one("SELECT count(*) - count(DISTINCT order_id) FROM demo_invoices"),
-            enqueue_seconds=enqueue_seconds,
-            elapsed=elapsed,
-        )
+    t = backend.tables
+    one = backend.scalar
+    return DemoResult(
+        jobs=jobs,
+        succeeded=one(f"SELECT count(*) FROM {t['jobs']} WHERE state = 'succeeded'"),
+        dead=one(f"SELECT count(*) FROM {t['jobs']} WHERE state = 'dead'"),
+        attempts=one(f"SELECT count(*) FROM {t['attempts']}"),
+        retries=one(f"SELECT count(*) FROM {t['attempts']} WHERE outcome = 'retry'"),
+        rescues=one(f"SELECT count(*) FROM {t['attempts']} WHERE outcome = 'lease_expired'"),
+        stale_refused=one(f"SELECT count(*) FROM {t['stale']}"),
+        fencings=fencings,
+        invoices=one(f"SELECT count(*) FROM {t['invoices']}"),
+        duplicates=one(f"SELECT count(*) - count(DISTINCT order_id) FROM {t['invoices']}"),
+        enqueue_seconds=enqueue_seconds,
+        elapsed=elapsed,
+    )
 
 
 def report(r: DemoResult) -> Table:
@@ -190,19 +289,21 @@ def report(r: DemoResult) -> Table:
 @click.option("--jobs", type=click.IntRange(10, 1_000_000), default=2000, show_default=True)
 @click.option("--workers", type=click.IntRange(2, 32), default=4, show_default=True)
 @click.option(
-    "--db",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("tokenline-demo.db"),
+    "--url",
+    default="sqlite:///tokenline-demo.db",
     show_default=True,
-    help="SQLite file for the demo (recreated).",
+    help="sqlite:///file (recreated) or postgresql://… (a fresh schema, dropped after).",
 )
-def demo(jobs: int, workers: int, db: Path) -> None:
+@click.option("--keep", is_flag=True, help="Keep the PostgreSQL schema for inspection.")
+def demo(jobs: int, workers: int, url: str, keep: bool) -> None:
     """Invoices under fire: kill -9 one worker, SIGSTOP another past its lease."""
+    backend = backend_for(url, keep=keep)
     console.print(
-        f"{jobs} invoice jobs, {workers} worker processes, lease TTL {LEASE_TTL:g}s, store {db}",
+        f"{jobs} invoice jobs, {workers} worker processes, lease TTL {LEASE_TTL:g}s, "
+        f"store {backend.url}",
         highlight=False,
     )
-    result = run_demo(db, jobs, workers)
+    result = run_demo(backend, jobs, workers)
     console.print(report(result))
     if not result.ok:
         raise click.ClickException("invariant broken: lost job or duplicate effect")
