@@ -254,7 +254,10 @@ class App:
         if self._memory is not None:
             return self._memory
         return store_from_url(
-            self.url, clock=self.clock, timeout=timeout or self.settings.store_timeout
+            self.url,
+            clock=self.clock,
+            timeout=timeout or self.settings.store_timeout,
+            migrate=self.settings.migrate,
         )
 
     async def _store(self) -> Store:

@@ -78,6 +78,9 @@ class Settings:
     retry_cap: float = 300.0
     #: Per-operation timeout for the store (seconds): a slower answer is an outage.
     store_timeout: float = 10.0
+    #: Upgrade an outdated store schema when first opened. Off: the store refuses it
+    #: with a hint to run ``tokenline migrate`` (for deployments that migrate by hand).
+    migrate: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or not self.url:

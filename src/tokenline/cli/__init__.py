@@ -6,6 +6,7 @@ worker settings may also come from a TOML file (``--config``), lowest in precede
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -14,6 +15,7 @@ import click
 
 from .._config import WorkerSettings, load_settings, validate_queue_name
 from .._errors import InvalidInputError, QueueNameError
+from ..stores import store_from_url
 from ..worker import run_worker
 from ._common import (
     app_option,
@@ -213,6 +215,36 @@ def resume(app_spec: str | None, url: str | None, queue: str) -> None:
     with reporting_errors():
         with_store(resolve_app(app_spec, url), lambda s: s.queue_resume(queue=queue))
     console.print(f"resumed {queue}")
+
+
+@main.command()
+@app_option
+@url_option
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=120.0,
+    show_default=True,
+    help="Longest a migration statement may run, seconds.",
+)
+def migrate(app_spec: str | None, url: str | None, timeout: float) -> None:
+    """Create or upgrade the store's schema (all pending steps in one transaction)."""
+    with reporting_errors():
+        app = resolve_app(app_spec, url)
+        store = store_from_url(app.url, timeout=timeout, migrate=True)
+
+        async def run() -> int | None:
+            upgrade = getattr(store, "migrate", None)
+            if upgrade is not None:
+                return int(await upgrade())
+            # Stores without versioned migrations create their schema when opened.
+            await store.open()
+            await store.close()
+            return None
+
+        version = asyncio.run(run())
+    suffix = f" (schema version {version})" if version is not None else ""
+    console.print(f"{app.url}: schema up to date{suffix}", highlight=False)
 
 
 for command in (status, queues, workers, jobs, job, dlq, demo, bench):

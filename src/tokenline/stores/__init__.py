@@ -21,8 +21,14 @@ __all__ = [
 ]
 
 
-def store_from_url(url: str, *, clock: Clock | None = None, timeout: float = 10.0) -> Store:
-    """A new, unopened store for ``url`` (``sqlite:///…``, ``postgresql://…``, ``memory://``)."""
+def store_from_url(
+    url: str, *, clock: Clock | None = None, timeout: float = 10.0, migrate: bool = True
+) -> Store:
+    """A new, unopened store for ``url`` (``sqlite:///…``, ``postgresql://…``, ``memory://``).
+
+    ``migrate=False``: a store with versioned migrations refuses an outdated schema
+    instead of upgrading it on open (run ``tokenline migrate``).
+    """
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme == "sqlite":
         from .sqlite import SQLiteStore
@@ -39,7 +45,7 @@ def store_from_url(url: str, *, clock: Clock | None = None, timeout: float = 10.
                     "the PostgreSQL store needs psycopg: pip install 'tokenline[postgres]'"
                 ) from exc
             raise
-        return PostgresStore(url, clock=clock, timeout=timeout)
+        return PostgresStore(url, clock=clock, timeout=timeout, migrate=migrate)
     raise ConfigError(
         "url",
         f"unsupported store URL {url!r}: use sqlite:///path.db, postgresql://… or memory://",
