@@ -77,17 +77,31 @@ SELECT inserted.id FROM inserted, notified ORDER BY inserted.id;
 -- name: claim
 -- SKIP LOCKED: concurrent claimers never wait on each other and never take the same
 -- row; the token bump and the attempt row happen in this same statement.
+-- One ordered index scan of jobs_ready per unpaused queue (LATERAL), stopping at the
+-- limit, then the best of those: never a scan and sort of the whole backlog, so a claim
+-- costs the same with a million jobs queued as with ten. Rows locked by a queue's scan
+-- but cut by the outer LIMIT stay untouched and are unlocked at the statement's end.
 WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
+open_queues AS (
+    SELECT q.name
+    FROM unnest(%(queues)s::text[]) AS q (name)
+    WHERE NOT EXISTS (SELECT 1 FROM {schema}.paused_queues AS p WHERE p.queue = q.name)
+),
 picked AS MATERIALIZED (
-    SELECT j.id
-    FROM {schema}.jobs AS j, clock AS c
-    WHERE j.state IN ('queued', 'scheduled')
-      AND j.run_at <= c.now
-      AND j.queue = ANY (%(queues)s::text[])
-      AND NOT EXISTS (SELECT 1 FROM {schema}.paused_queues AS p WHERE p.queue = j.queue)
-    ORDER BY j.priority DESC, j.run_at, j.id
+    SELECT cand.id
+    FROM open_queues AS oq, clock AS c,
+    LATERAL (
+        SELECT j.id, j.priority, j.run_at
+        FROM {schema}.jobs AS j
+        WHERE j.queue = oq.name
+          AND j.state IN ('queued', 'scheduled')
+          AND j.run_at <= c.now
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT %(limit)s
+        FOR UPDATE OF j SKIP LOCKED
+    ) AS cand
+    ORDER BY cand.priority DESC, cand.run_at, cand.id
     LIMIT %(limit)s
-    FOR UPDATE OF j SKIP LOCKED
 ),
 claimed AS (
     UPDATE {schema}.jobs AS j

@@ -233,9 +233,10 @@ class PostgresStore(Store):
                 max_size=self.max_connections,
                 open=False,
                 timeout=self.timeout,
-                # One empty query per checkout: a connection the server dropped is
-                # replaced before our statement is sent, not reported as a failure.
-                check=AsyncConnectionPool.check_connection,
+                # No check on checkout: it would cost a round trip per operation. A
+                # connection the server dropped fails its statement instead; callers
+                # treat that as a coordination error and retry, and the pool discards
+                # the broken connection when it is returned.
                 name=f"tokenline-{self.schema}",
             )
             try:

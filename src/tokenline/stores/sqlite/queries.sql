@@ -96,6 +96,18 @@ VALUES (:queue, :task, :args, :idempotency_key, :priority, :run_at,
 -- name: last_job_id
 SELECT seq FROM sqlite_sequence WHERE name = 'tokenline_jobs';
 
+-- name: claim_candidates
+-- One queue at a time, so the scan follows tokenline_jobs_ready in order and stops at
+-- the limit (an IN over several queues would sort the whole backlog). The caller merges
+-- the queues' candidates and claims the best, in the same write transaction.
+SELECT id, priority, run_at FROM tokenline_jobs
+WHERE queue = :queue
+  AND state IN ('queued', 'scheduled')
+  AND run_at <= :now
+  AND NOT EXISTS (SELECT 1 FROM tokenline_paused_queues WHERE queue = :queue)
+ORDER BY priority DESC, run_at, id
+LIMIT :limit;
+
 -- name: claim
 UPDATE tokenline_jobs
 SET state = 'running',
@@ -104,15 +116,8 @@ SET state = 'running',
     lease_token = lease_token + 1,
     lease_expires_at = :now + :ttl,
     updated_at = :now
-WHERE id IN (
-    SELECT id FROM tokenline_jobs
-    WHERE state IN ('queued', 'scheduled')
-      AND run_at <= :now
-      AND queue IN (SELECT value FROM json_each(:queues))
-      AND queue NOT IN (SELECT queue FROM tokenline_paused_queues)
-    ORDER BY priority DESC, run_at, id
-    LIMIT :limit
-)
+WHERE id IN (SELECT value FROM json_each(:ids))
+  AND state IN ('queued', 'scheduled')
 RETURNING *;
 
 -- name: attempt_start

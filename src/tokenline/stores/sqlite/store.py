@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import sqlite3
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,7 +25,6 @@ from ..._clock import Clock, SystemClock
 from ..._errors import (
     JobNotFoundError,
     SchemaVersionError,
-    StaleTokenError,
     StoreCorruptError,
     StoreError,
     StoreUnavailableError,
@@ -45,14 +43,16 @@ from ..._jobs import (
     StaleCommit,
     WorkerRecord,
 )
+from ..._ledger import Fence
 from .._sql import load_queries
 from ..base import Capabilities, FencedTransaction, ResourceLease, Store
+from .ledger import LQ, SQLiteLedger, immediate, insert_job
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
 log = logging.getLogger("tokenline.store.sqlite")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 Q = load_queries(__name__.rpartition(".")[0])
 T = TypeVar("T")
 
@@ -192,10 +192,10 @@ def finish_params(fin: Finish, now: float) -> dict[str, Any]:
     }
 
 
-class SQLiteStore(Store):
+class SQLiteStore(SQLiteLedger, Store):
     """A store in one SQLite file (``sqlite:///path.db``)."""
 
-    capabilities = Capabilities(multi_process=True, transactional_completion=True)
+    capabilities = Capabilities(multi_process=True, transactional_completion=True, ledger=True)
 
     def __init__(
         self,
@@ -231,16 +231,7 @@ class SQLiteStore(Store):
                 f"SQLite store {str(self.path)!r} did not answer within {self.timeout:g}s"
             ) from None
 
-    @staticmethod
-    @contextlib.contextmanager
-    def _write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+    _write = staticmethod(immediate)
 
     def _q(self, name: str) -> str:
         if self.unsafe_disable_fencing and name in ("finish", "fence_check", "renew"):
@@ -291,13 +282,19 @@ class SQLiteStore(Store):
             )
         if version == SCHEMA_VERSION:
             return
-        # Schema and version in one transaction: a crash leaves the old file untouched.
+        # Schema and version in one transaction: a crash (or a failing statement) leaves
+        # the file as it was; a concurrent starter waits for the lock, then finds it done.
         with self._write(conn):
             version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version >= SCHEMA_VERSION:
+                return
             if version == 0:
                 for statement in _statements(Q["schema"]):
                     conn.execute(statement)
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION:d}")
+            # 1 -> 2: the ledger (unique keys, effects, fences, duplicates).
+            for statement in _statements(LQ["schema_v2"]):
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION:d}")
 
     async def close(self) -> None:
         """Close the connection and its thread."""
@@ -339,6 +336,10 @@ class SQLiteStore(Store):
 
         def run(conn: sqlite3.Connection) -> list[int]:
             rows = rows_for(self.clock.now())
+            if any(j.unique is not None for j in jobs):
+                pairs = zip(rows, jobs, strict=True)
+                with self._write(conn):
+                    return [insert_job(conn, Q["enqueue"], *rj) for rj in pairs]
             with self._write(conn):
                 first = conn.execute(Q["last_job_id"]).fetchone()
                 conn.executemany(Q["enqueue"], rows)
@@ -356,11 +357,10 @@ class SQLiteStore(Store):
                 raise StoreError(
                     "connection= must be a sqlite3.Connection inside an open transaction"
                 )
-            ids = []
             with map_sqlite_errors(self.path):
-                for row in rows_for(self.clock.now()):
-                    ids.append(connection.execute(Q["enqueue"], row).lastrowid)
-            return [int(i) for i in ids if i is not None]
+                rows = rows_for(self.clock.now())
+                pairs = zip(rows, jobs, strict=True)
+                return [insert_job(connection, Q["enqueue"], *rj) for rj in pairs]
         return await self._call(run)
 
     async def jobs_claim(
@@ -370,15 +370,16 @@ class SQLiteStore(Store):
 
         def run(conn: sqlite3.Connection) -> list[ClaimedJob]:
             now = self.clock.now()
-            params = {
-                "owner": owner,
-                "queues": json.dumps(list(queues)),
-                "limit": limit,
-                "ttl": ttl,
-                "now": now,
-            }
             with self._write(conn):
-                rows = conn.execute(Q["claim"], params).fetchall()
+                candidates = []
+                for queue in dict.fromkeys(queues):
+                    candidates += conn.execute(
+                        Q["claim_candidates"], {"queue": queue, "now": now, "limit": limit}
+                    ).fetchall()
+                candidates.sort(key=lambda r: (-r[1], r[2], r[0]))
+                ids = json.dumps([r[0] for r in candidates[:limit]])
+                params = {"owner": owner, "ids": ids, "ttl": ttl, "now": now}
+                rows = conn.execute(Q["claim"], params).fetchall() if candidates else []
                 conn.executemany(
                     Q["attempt_start"],
                     [
@@ -641,72 +642,11 @@ class SQLiteStore(Store):
         return bool(await self._call(lambda c: c.execute(Q["lease_release"], params).rowcount))
 
     # -- transactions ---------------------------------------------------------------------
-    def fenced_transaction(self, *, lease: Lease) -> FencedTransaction:
-        """A transaction on this file that checks ``lease`` first, completes on commit."""
-        return _SQLiteFencedTransaction(self, lease)
+    def fenced_transaction(
+        self, *, lease: Lease, fences: Sequence[Fence] = ()
+    ) -> FencedTransaction:
+        """A transaction on this file that checks ``lease`` first, then advances
+        ``fences``, and completes the job on commit."""
+        from ._transaction import SQLiteFencedTransaction  # it builds on this module
 
-
-class _SQLiteFencedTransaction(FencedTransaction):
-    """See :class:`FencedTransaction`. Opens its own connection to the same file."""
-
-    def __init__(self, store: SQLiteStore, lease: Lease) -> None:
-        self._store = store
-        self._lease = lease
-        self._conn: sqlite3.Connection | None = None
-        self._owner_thread = threading.get_ident()
-
-    def __enter__(self) -> sqlite3.Connection:
-        store, lease = self._store, self._lease
-        with map_sqlite_errors(store.path):
-            conn = _connect(store.path, busy_timeout=store.timeout, same_thread=False)
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                params = {
-                    "job_id": lease.job_id,
-                    "token": lease.token,
-                    "owner": lease.owner,
-                    "now": store.clock.now(),
-                }
-                if conn.execute(store._q("fence_check"), params).rowcount != 1:
-                    conn.execute("ROLLBACK")
-                    with store._write(conn):
-                        store._record_stale(conn, [lease], "transaction", store.clock.now())
-                    conn.close()
-                    raise StaleTokenError(
-                        resource=f"job {lease.job_id}", token=lease.token, operation="transaction"
-                    )
-            except sqlite3.Error:
-                conn.close()
-                raise
-        self._conn = conn
-        return conn
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        conn = self._conn
-        if conn is None:
-            return
-        self._conn = None
-        store = self._store
-        try:
-            with map_sqlite_errors(store.path):
-                if exc_type is not None:
-                    conn.execute("ROLLBACK")
-                    return
-                (ok,) = store.finish_in(conn, [Finish(self._lease, Outcome.SUCCEEDED)])
-                if not ok:  # impossible under the write lock, unless the file was edited
-                    conn.execute("ROLLBACK")
-                    raise StaleTokenError(
-                        resource=f"job {self._lease.job_id}",
-                        token=self._lease.token,
-                        operation="transaction",
-                    )
-                conn.execute("COMMIT")
-                self.committed = True
-        finally:
-            conn.close()
-
-    async def __aenter__(self) -> sqlite3.Connection:
-        return await asyncio.to_thread(self.__enter__)
-
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        await asyncio.to_thread(self.__exit__, exc_type, exc, tb)
+        return SQLiteFencedTransaction(self, lease, fences)

@@ -1,0 +1,112 @@
+"""``ctx.transaction()`` on SQLite: the user's writes, fences and the completion, atomically.
+
+Why a stale worker cannot commit through it: the transaction opens with ``BEGIN
+IMMEDIATE`` (the database's write lock, across processes) and its first statement proves
+the job's token (``fence_check``); each requested fence is then advanced, refusing a lower
+token. Until ``COMMIT`` nobody else can write to the file, so neither a rescue nor a newer
+attempt can come between those checks and the user's writes; the job is finished with the
+same fenced statement as ``jobs_finish``, and one ``COMMIT`` makes everything durable
+together. A refusal rolls back before the user wrote anything and is recorded on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..._errors import StaleTokenError
+from ..._jobs import Finish, Lease, Outcome
+from ..._ledger import DuplicateKind, Fence
+from ..base import FencedTransaction
+from .ledger import by_job
+from .store import _connect, map_sqlite_errors
+
+if TYPE_CHECKING:
+    from .store import SQLiteStore
+
+__all__ = ["SQLiteFencedTransaction"]
+
+
+class SQLiteFencedTransaction(FencedTransaction):
+    """See :class:`FencedTransaction`. Opens its own connection to the same file."""
+
+    def __init__(self, store: SQLiteStore, lease: Lease, fences: Sequence[Fence] = ()) -> None:
+        self._store = store
+        self._lease = lease
+        self._fences = tuple(fences)
+        self._conn: sqlite3.Connection | None = None
+        self._owner_thread = threading.get_ident()
+
+    def __enter__(self) -> sqlite3.Connection:
+        store, lease = self._store, self._lease
+        with map_sqlite_errors(store.path):
+            conn = _connect(store.path, busy_timeout=store.timeout, same_thread=False)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                now = store.clock.now()
+                params = {
+                    "job_id": lease.job_id,
+                    "token": lease.token,
+                    "owner": lease.owner,
+                    "now": now,
+                }
+                if conn.execute(store._q("fence_check"), params).rowcount != 1:
+                    conn.execute("ROLLBACK")
+                    with store._write(conn):
+                        store._record_stale(conn, [lease], "transaction", store.clock.now())
+                    conn.close()
+                    raise StaleTokenError(
+                        resource=f"job {lease.job_id}", token=lease.token, operation="transaction"
+                    )
+                refused = store.fences_in(conn, lease, self._fences, now)
+                if refused is not None:
+                    conn.execute("ROLLBACK")
+                    with store._write(conn):
+                        stale = by_job(
+                            refused.key, DuplicateKind.STALE, "fence", lease, store.clock.now()
+                        )
+                        store.record_duplicate(conn, stale)
+                    conn.close()
+                    raise StaleTokenError(
+                        resource=f"fence {refused.key!r}",
+                        token=refused.token,
+                        operation="transaction",
+                    )
+            except sqlite3.Error:
+                conn.close()
+                raise
+        self._conn = conn
+        return conn
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        self._conn = None
+        store = self._store
+        try:
+            with map_sqlite_errors(store.path):
+                if exc_type is not None:
+                    conn.execute("ROLLBACK")
+                    return
+                (ok,) = store.finish_in(conn, [Finish(self._lease, Outcome.SUCCEEDED)])
+                if not ok:  # impossible under the write lock, unless the file was edited
+                    conn.execute("ROLLBACK")
+                    raise StaleTokenError(
+                        resource=f"job {self._lease.job_id}",
+                        token=self._lease.token,
+                        operation="transaction",
+                    )
+                conn.execute("COMMIT")
+                self.committed = True
+        finally:
+            conn.close()
+
+    async def __aenter__(self) -> sqlite3.Connection:
+        return await asyncio.to_thread(self.__enter__)
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        await asyncio.to_thread(self.__exit__, exc_type, exc, tb)
