@@ -1,9 +1,19 @@
-"""``tokenline bench``: no-op throughput with worker processes and bulk enqueue rate."""
+"""``tokenline bench``: bulk enqueue rate, no-op throughput and pickup latency.
+
+Phases, each reported with the machine's core count:
+
+1. bulk enqueue of ``--jobs`` no-op jobs (after ``--backlog`` jobs already queued);
+2. throughput: worker processes start against a paused queue, so start-up is not
+   timed; the queue is resumed and the clock runs until ``--jobs`` jobs succeeded;
+3. latency: with the workers idle, single jobs are enqueued one at a time and the
+   store's own timestamps give enqueue-to-start (p50, p99).
+"""
 
 from __future__ import annotations
 
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -16,12 +26,14 @@ from .._app import App
 from .._jobs import JobState
 from ._common import console
 
+QUEUE = "bench"
+
 
 def bench_app(url: str) -> App:
     """An app with the benchmark's no-op task."""
     app = App(url)
 
-    @app.task(name="bench.noop", queue="bench")
+    @app.task(name="bench.noop", queue=QUEUE)
     async def noop(ctx: object, i: int) -> None:
         """Do nothing: measures the queue, not the work."""
 
@@ -31,46 +43,101 @@ def bench_app(url: str) -> App:
 app = bench_app(os.environ.get("TOKENLINE_URL", "sqlite:///tokenline-bench.db"))
 
 
+def _enqueue(a: App, n: int, chunk: int = 10_000) -> float:
+    t = time.perf_counter()
+    for start in range(0, n, chunk):
+        a.enqueue_many("bench.noop", [(i,) for i in range(start, min(n, start + chunk))])
+    return time.perf_counter() - t
+
+
+def _succeeded(a: App) -> int:
+    return sum(q.count(JobState.SUCCEEDED) for q in a.run(lambda s: s.queues_stats()))
+
+
+def _latency(a: App, samples: int) -> list[float]:
+    """Enqueue-to-start delays in seconds, by the store's clock, one job at a time."""
+    delays = []
+    for i in range(samples):
+        jid = a.enqueue("bench.noop", i)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            attempts = a.run(lambda s, jid=jid: s.job_attempts(job_id=jid))
+            if attempts:
+                job = a.run(lambda s, jid=jid: s.job_get(job_id=jid))
+                delays.append(attempts[0].started_at - job.created_at)
+                break
+            time.sleep(0.002)
+        time.sleep(0.02)
+    return delays
+
+
 @click.command()
 @click.option("--url", default=None, help="Store URL [default: a fresh SQLite file].")
 @click.option("--jobs", type=click.IntRange(100), default=20_000, show_default=True)
+@click.option(
+    "--backlog",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="Jobs already queued before the measured ones (a deep queue).",
+)
 @click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True)
 @click.option("--concurrency", type=click.IntRange(1, 1000), default=50, show_default=True)
-def bench(url: str | None, jobs: int, workers: int, concurrency: int) -> None:
-    """Bulk-enqueue JOBS no-op jobs, then time WORKERS processes running them."""
+@click.option("--latency-samples", type=click.IntRange(0), default=200, show_default=True)
+def bench(
+    url: str | None, jobs: int, backlog: int, workers: int, concurrency: int,
+    latency_samples: int,
+) -> None:  # fmt: skip
+    """Measure bulk enqueue, no-op throughput with worker processes, and pickup latency."""
     if url is None:
         url = f"sqlite:///{Path(tempfile.mkdtemp(prefix='tokenline-bench-')) / 'bench.db'}"
     a = bench_app(url)
-    t = time.perf_counter()
-    for start in range(0, jobs, 10_000):
-        a.enqueue_many("bench.noop", [(i,) for i in range(start, min(jobs, start + 10_000))])
-    enq = time.perf_counter() - t
-    console.print(f"bulk enqueue: {jobs} jobs in {enq:.2f}s = {jobs / enq:,.0f} jobs/s")
+    cores = os.cpu_count()
+    a.run(lambda s: s.queue_pause(queue=QUEUE))  # also opens the store: not timed
+    if backlog:
+        took = _enqueue(a, backlog)
+        console.print(f"backlog: {backlog:,} jobs queued in {took:.1f}s")
+    took = _enqueue(a, jobs)
+    console.print(f"bulk enqueue: {jobs:,} jobs in {took:.2f}s = {jobs / took:,.0f} jobs/s")
     env = {**os.environ, "TOKENLINE_URL": url}
     cmd = [
         sys.executable, "-m", "tokenline", "worker", "--app", "tokenline.cli.bench:app",
-        "--queues", "bench", "--concurrency", str(concurrency), "--poll-interval", "0.05",
+        "--queues", QUEUE, "--concurrency", str(concurrency), "--poll-interval", "0.05",
         "--log-level", "warning",
     ]  # fmt: skip
-    t = time.perf_counter()
     procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL) for _ in range(workers)]
     try:
-        while True:
-            (stats,) = a.run(lambda s: s.queues_stats())
-            if stats.count(JobState.SUCCEEDED) >= jobs:
-                break
+        deadline = time.monotonic() + 60
+        while sum(w.state == "ready" for w in a.run(lambda s: s.workers_list())) < workers:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise click.ClickException("the workers did not start")
+            time.sleep(0.05)
+        t = time.perf_counter()
+        a.run(lambda s: s.queue_resume(queue=QUEUE))
+        # Polled gently: a counting query every few milliseconds would load the store
+        # more than the workers do.
+        while _succeeded(a) < jobs:
             if any(p.poll() is not None for p in procs):
                 raise click.ClickException("a worker process exited early")
-            time.sleep(0.05)
+            time.sleep(0.1)
         took = time.perf_counter() - t
+        console.print(
+            f"throughput: {jobs:,} no-op jobs, {workers} worker processes x {concurrency}, "
+            f"in {took:.2f}s = {jobs / took:,.0f} jobs/s"
+            + (f" (queue {backlog:,} deep)" if backlog else "")
+        )
+        if latency_samples and not backlog:
+            delays = sorted(_latency(a, latency_samples))
+            if delays:
+                p99 = delays[min(len(delays) - 1, int(len(delays) * 0.99))]
+                console.print(
+                    f"enqueue-to-start latency on idle workers ({len(delays)} samples): "
+                    f"p50 {statistics.median(delays) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms"
+                )
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
         for p in procs:
-            p.wait(timeout=30)
+            p.wait(timeout=60)
         a.close()
-    console.print(
-        f"processed: {jobs} no-op jobs with {workers} worker processes x {concurrency} "
-        f"in {took:.2f}s = {jobs / took:,.0f} jobs/s (includes worker start-up; "
-        f"{os.cpu_count()} cores)"
-    )
+    console.print(f"machine: {cores} cores; store {url.split('?')[0]}", highlight=False)
