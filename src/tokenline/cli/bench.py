@@ -24,6 +24,7 @@ import click
 
 from .._app import App
 from .._jobs import JobState
+from ..stores import Store
 from ._common import console
 
 QUEUE = "bench"
@@ -59,12 +60,18 @@ def _latency(a: App, samples: int) -> list[float]:
     delays = []
     for i in range(samples):
         jid = a.enqueue("bench.noop", i)
+
+        async def started(store: Store, jid: int = jid) -> float | None:
+            attempts = await store.job_attempts(job_id=jid)
+            if not attempts:
+                return None
+            return attempts[0].started_at - (await store.job_get(job_id=jid)).created_at
+
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            attempts = a.run(lambda s, jid=jid: s.job_attempts(job_id=jid))
-            if attempts:
-                job = a.run(lambda s, jid=jid: s.job_get(job_id=jid))
-                delays.append(attempts[0].started_at - job.created_at)
+            delay = a.run(started)
+            if delay is not None:
+                delays.append(delay)
                 break
             time.sleep(0.002)
         time.sleep(0.02)
