@@ -11,6 +11,8 @@ this tree at its boundary, so callers never catch a driver exception::
     │   └── QueueNameError          a queue name outside [A-Za-z0-9_.:-]{1,64}
     ├── JobNotFoundError            no job with that id
     ├── NotSupportedError           the store lacks a capability
+    ├── EffectPendingError          another live attempt is running the effect of that key
+    ├── LeaseBusyError              the resource lease is held by someone else
     ├── StoreError                  the store failed
     │   ├── StoreUnavailableError   cannot reach it / timed out (coordination)
     │   ├── StoreCorruptError       the file or schema is damaged
@@ -27,10 +29,12 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigError",
+    "EffectPendingError",
     "FencedError",
     "InvalidInputError",
     "JobCancelled",
     "JobNotFoundError",
+    "LeaseBusyError",
     "LeaseExpiredError",
     "NotSupportedError",
     "PayloadError",
@@ -82,6 +86,19 @@ class JobNotFoundError(TokenlineError, LookupError):
 
 class NotSupportedError(TokenlineError):
     """The configured store lacks the capability an operation needs."""
+
+
+class EffectPendingError(TokenlineError):
+    """The effect's key is pending under another attempt whose lease is still live.
+
+    Raised by ``ctx.effect`` once its ``wait`` is over. It is not a fencing error: the
+    job is retried later (transient), by when the other attempt has finished the effect
+    or lost its lease.
+    """
+
+
+class LeaseBusyError(TokenlineError):
+    """Another holder kept the resource lease for the whole of ``ctx.lease``'s ``wait``."""
 
 
 class StoreError(TokenlineError):

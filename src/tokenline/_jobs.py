@@ -36,6 +36,7 @@ __all__ = [
     "QueueStats",
     "RescueReport",
     "StaleCommit",
+    "Unique",
     "WorkerRecord",
     "can_transition",
 ]
@@ -76,6 +77,18 @@ def can_transition(src: JobState, dst: JobState) -> bool:
     return dst in ALLOWED_TRANSITIONS[src]
 
 
+class Unique(enum.StrEnum):
+    """How long a unique job's idempotency key keeps a second job out.
+
+    The key is held by the job that took it; an enqueue of the same key while it is held
+    returns that job's id instead of inserting. ``unique_for`` (seconds, by the store's
+    clock) ends the hold early in both modes.
+    """
+
+    ALWAYS = "always"  # held for good (or until unique_for runs out)
+    ACTIVE = "active"  # held until the job is finished: succeeded, dead or cancelled
+
+
 @dataclass(frozen=True, slots=True)
 class NewJob:
     """A validated job ready to be inserted by a store."""
@@ -88,6 +101,10 @@ class NewJob:
     run_at: float | None = None  # None: now
     max_attempts: int = 5
     timeout: float | None = None
+    #: Enqueue as a unique job: its idempotency key keeps a second job out (see Unique).
+    unique: Unique | None = None
+    #: With ``unique``: the hold ends this many seconds after the job was enqueued.
+    unique_for: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

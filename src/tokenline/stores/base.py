@@ -12,6 +12,13 @@ What every store must guarantee:
   worker that held an older lease can never match again.
 * **Monotonic states.** Transitions follow :data:`tokenline._jobs.ALLOWED_TRANSITIONS`.
 * **Store time.** Lease expiry is judged by the store's clock, not the worker's.
+* **Unique enqueue.** A job with ``unique`` set takes its idempotency key in the store's
+  key table with one ``INSERT … ON CONFLICT`` (never a read followed by a write); while
+  the key is held by an earlier job, the enqueue returns that job's id instead.
+* **The ledger** (stores with ``capabilities.ledger``): every ledger write checks the
+  job's token first, in the same transaction; per effect key the owner of a pending
+  record, and per fence key the highest token that wrote, decide who may write next;
+  every refusal and every repeat of a completed effect is recorded as a duplicate.
 
 Methods are keyword-only and async; a store that blocks (SQLite) runs its calls off the
 event loop. Capabilities say what a store lacks.
@@ -40,6 +47,7 @@ from .._jobs import (
     StaleCommit,
     WorkerRecord,
 )
+from .._ledger import Duplicate, EffectBegin, EffectRecord, Fence
 
 __all__ = ["Capabilities", "FencedTransaction", "ResourceLease", "Store"]
 
@@ -54,6 +62,8 @@ class Capabilities:
     transactional_completion: bool = False
     #: The store wakes idle workers when a job is enqueued.
     notifications: bool = False
+    #: Effects, fences, fenced resource-lease renewal and duplicate accounting.
+    ledger: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,9 +239,70 @@ class Store(abc.ABC):
     async def lease_release(self, *, lease: ResourceLease) -> bool:
         """Release the named lease; only the holder of ``(owner, token)`` can."""
 
+    async def lease_renew(self, *, lease: ResourceLease, ttl: float) -> ResourceLease | None:
+        """Extend the named lease only if ``(owner, token)`` still holds it unexpired;
+        ``None`` when it is lost (recorded as a stale write when someone else holds it)."""
+        raise self._no_ledger()
+
+    # -- ledger ---------------------------------------------------------------------------
+    def _no_ledger(self) -> NotSupportedError:
+        return NotSupportedError(
+            f"{type(self).__name__} has no ledger (effects, fences, resource leases); "
+            "use the SQLite, PostgreSQL or in-memory store"
+        )
+
+    async def effect_begin(self, *, lease: Lease, key: str) -> EffectBegin:
+        """Take ``key`` (status ``pending``) for the attempt holding ``lease``, if allowed.
+
+        In one transaction: the job's token is checked first (refused: ``STALE``). Then a
+        new key, a ``failed`` one, or one left ``pending`` by an attempt that lost its
+        lease is taken (``RUN``); within one job only by a newer token. A ``completed`` key
+        answers ``DONE`` with its record and records a repeat; a key pending under a live
+        lease answers ``BUSY``. Every ``STALE`` is recorded as a duplicate.
+        """
+        raise self._no_ledger()
+
+    async def effect_finish(
+        self, *, lease: Lease, key: str, result: str | None = None, error: str | None = None
+    ) -> bool:
+        """Mark the key ``completed`` with ``result`` (JSON text), or ``failed`` with
+        ``error``, only if it is still pending under this attempt's token.
+
+        The job's lease need not be current any more: the effect has happened, and
+        refusing its record would only make it happen again. A refusal (a newer token
+        took the key) is recorded as a stale duplicate and returns ``False``.
+        """
+        raise self._no_ledger()
+
+    async def effects_list(
+        self, *, job_id: int | None = None, key: str | None = None, limit: int = 100
+    ) -> list[EffectRecord]:
+        """Effect records, newest first, filtered by the job that wrote last or by key."""
+        raise self._no_ledger()
+
+    async def fence_write(self, *, lease: Lease, fence: Fence) -> bool:
+        """Record ``fence.token`` as the highest for ``(key, issuer)`` in one transaction
+        that first checks the job's token (and the issuing resource lease, if any).
+
+        ``False`` (recorded as a stale duplicate) when the job's lease or the resource
+        lease is lost, or a higher token of the same issuer has already written.
+        """
+        raise self._no_ledger()
+
+    async def duplicates_list(
+        self, *, since: float | None = None, limit: int = 10_000
+    ) -> list[Duplicate]:
+        """Recorded duplicates, newest first: ledger repeats and refusals, and every job
+        commit refused for a stale token (keyed by the job's idempotency key, or
+        ``job:<id>`` without one)."""
+        raise self._no_ledger()
+
     # -- transactions ---------------------------------------------------------------------
-    def fenced_transaction(self, *, lease: Lease) -> FencedTransaction:
-        """A transaction that checks ``lease`` first and completes the job on commit."""
+    def fenced_transaction(
+        self, *, lease: Lease, fences: Sequence[Fence] = ()
+    ) -> FencedTransaction:
+        """A transaction that checks ``lease`` first, then advances each of ``fences``
+        (refusing a lower token), and completes the job on commit."""
         raise NotSupportedError(
             f"{type(self).__name__} cannot complete a job inside a business transaction; "
             "use the SQLite or PostgreSQL store for ctx.transaction()"

@@ -27,6 +27,7 @@ from .._jobs import (
     StaleCommit,
     WorkerRecord,
 )
+from ._memory_ledger import MemoryLedger
 from .base import Capabilities, ResourceLease, Store
 
 __all__ = ["MemoryStore"]
@@ -34,10 +35,10 @@ __all__ = ["MemoryStore"]
 _READY = (JobState.QUEUED, JobState.SCHEDULED)
 
 
-class MemoryStore(Store):
+class MemoryStore(MemoryLedger, Store):
     """A store held in this process's memory; nothing survives the process."""
 
-    capabilities = Capabilities(multi_process=False)
+    capabilities = Capabilities(multi_process=False, ledger=True)
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self.clock: Clock = clock or SystemClock()
@@ -49,6 +50,7 @@ class MemoryStore(Store):
         self._stale: list[StaleCommit] = []
         self._workers: dict[str, WorkerRecord] = {}
         self._leases: dict[str, ResourceLease] = {}
+        self._ledger_init()
         #: Test-only switch: check only that the job is running, not its token (what
         #: state-only queues do). Exists so tests can prove the token check is what
         #: keeps a zombie out.
@@ -69,6 +71,11 @@ class MemoryStore(Store):
             now = self.clock.now()
             ids = []
             for new in jobs:
+                if new.unique is not None:
+                    holder = self._unique_holder(new, self._next_id, now)
+                    if holder is not None:
+                        ids.append(holder)
+                        continue
                 run_at = now if new.run_at is None else new.run_at
                 job = Job(
                     id=self._next_id,

@@ -8,6 +8,8 @@ Why a stale worker cannot commit through it:
    in its own transaction and :class:`StaleTokenError` is raised.
 2. From then on the row is locked: a rescue skips it (``SKIP LOCKED``) and a stale
    finish waits, so the token cannot change under the user's writes.
+   Each requested fence is then advanced in the same transaction (a lower token than
+   the highest that wrote is refused the same way, before any user write).
 3. On a clean exit the job is finished with the same fenced statement as
    ``jobs_finish``, and one ``COMMIT`` makes the user's writes and the completion
    durable together. An exception rolls both back.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
@@ -30,6 +32,7 @@ from psycopg.pq import TransactionStatus
 
 from ..._errors import NotSupportedError, StaleTokenError, StoreError
 from ..._jobs import Finish, Lease, Outcome
+from ..._ledger import DuplicateKind, Fence, by_attempt
 from ..base import FencedTransaction
 
 if TYPE_CHECKING:
@@ -54,9 +57,10 @@ class PostgresFencedTransaction(FencedTransaction):
     transaction. Do not commit or roll back on it: leaving the block does.
     """
 
-    def __init__(self, store: PostgresStore, lease: Lease) -> None:
+    def __init__(self, store: PostgresStore, lease: Lease, fences: Sequence[Fence] = ()) -> None:
         self._store = store
         self._lease = lease
+        self._fences = tuple(fences)
         self._cm: contextlib.AbstractAsyncContextManager[AsyncConnection[Any]] | None = None
 
     def __enter__(self) -> Any:
@@ -94,6 +98,15 @@ class PostgresFencedTransaction(FencedTransaction):
             with store._translate():
                 await tx.__aenter__()
                 fenced = await store._fence_check_on(conn, lease)
+                refused = await store.fences_on(conn, lease, self._fences) if fenced else None
+            if refused is not None:
+                with store._translate():
+                    await tx.__aexit__(psycopg.Rollback, psycopg.Rollback(), None)
+                    stale = by_attempt(refused.key, DuplicateKind.STALE, "fence", lease, 0.0)
+                    await store.record_duplicate_on(conn, stale)
+                raise StaleTokenError(
+                    resource=f"fence {refused.key!r}", token=refused.token, operation="transaction"
+                )
             if not fenced:
                 with store._translate():
                     # Roll back (psycopg.Rollback ends the block without an error), then

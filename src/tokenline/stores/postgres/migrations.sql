@@ -116,3 +116,65 @@ CREATE TABLE {schema}.leases (
     token      bigint           NOT NULL,
     expires_at double precision NOT NULL
 );
+
+-- name: migration_0002_ledger
+-- The ledger: unique enqueue keys, effects, fences and the duplicate audit.
+
+-- A unique job's idempotency key, held by the job that took it. No foreign key: the job
+-- row is inserted by the same statement that takes the key.
+CREATE TABLE {schema}.unique_keys (
+    key          text             PRIMARY KEY,
+    job_id       bigint           NOT NULL,
+    held_until   double precision,
+    while_active boolean          NOT NULL DEFAULT false,
+    created_at   double precision NOT NULL
+);
+
+-- Whether a held key lets go: past held_until, or a while-active holder that finished.
+-- A holder row this statement cannot see (inserted by a transaction that committed after
+-- our snapshot) counts as active: an invisible job must never free its key.
+CREATE FUNCTION {schema}.unique_key_released(
+    held_until double precision, while_active boolean, job_id bigint, now double precision
+) RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT (held_until IS NOT NULL AND held_until <= now)
+        OR (while_active AND EXISTS (
+                SELECT 1 FROM {schema}.jobs AS j
+                WHERE j.id = job_id AND j.state IN ('succeeded', 'dead', 'cancelled')))
+$$;
+
+CREATE TABLE {schema}.effects (
+    key          text             PRIMARY KEY,
+    status       text             NOT NULL CHECK (status IN ('pending', 'completed', 'failed')),
+    result       text,
+    error        text,
+    job_id       bigint           NOT NULL,
+    token        bigint           NOT NULL,
+    owner        text             NOT NULL,
+    runs         integer          NOT NULL DEFAULT 1,
+    created_at   double precision NOT NULL,
+    updated_at   double precision NOT NULL,
+    completed_at double precision
+);
+CREATE INDEX effects_job ON {schema}.effects (job_id);
+
+CREATE TABLE {schema}.fences (
+    key        text             NOT NULL,
+    issuer     text             NOT NULL,
+    token      bigint           NOT NULL,
+    job_id     bigint           NOT NULL,
+    owner      text             NOT NULL,
+    updated_at double precision NOT NULL,
+    PRIMARY KEY (key, issuer)
+);
+
+CREATE TABLE {schema}.duplicates (
+    id        bigint           GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    key       text             NOT NULL,
+    kind      text             NOT NULL CHECK (kind IN ('repeat', 'stale')),
+    operation text             NOT NULL,
+    job_id    bigint,
+    token     bigint           NOT NULL,
+    owner     text             NOT NULL,
+    at        double precision NOT NULL
+);
+CREATE INDEX duplicates_at ON {schema}.duplicates (at);

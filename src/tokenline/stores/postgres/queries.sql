@@ -46,9 +46,10 @@ WITH input AS (
     FROM unnest(%(queue)s::text[], %(task)s::text[], %(args)s::text[],
                 %(idempotency_key)s::text[], %(priority)s::integer[],
                 %(run_at)s::double precision[], %(max_attempts)s::integer[],
-                %(timeout)s::double precision[])
+                %(timeout)s::double precision[], %(unique)s::text[],
+                %(unique_for)s::double precision[])
          WITH ORDINALITY AS i (queue, task, args, idempotency_key, priority, run_at,
-                               max_attempts, timeout, ord)
+                               max_attempts, timeout, uniq, unique_for, ord)
 ),
 -- Ids are drawn first and handed out in ascending input order, so the caller gets
 -- them back in the order it sent the jobs, whatever order the rows are inserted in.
@@ -57,6 +58,33 @@ drawn AS (
     FROM (SELECT nextval({job_ids}) AS id FROM input) AS n
 ),
 clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
+-- Unique jobs take their key first (the first of a batch per key). The primary key makes
+-- concurrent enqueuers of one key wait for each other; ON CONFLICT then locks the held
+-- row and keeps its holder unless unique_key_released says it let go. The update always
+-- happens, so RETURNING names the holder even when it is another transaction's job.
+keys AS (
+    INSERT INTO {schema}.unique_keys AS k (key, job_id, held_until, while_active, created_at)
+    SELECT DISTINCT ON (i.idempotency_key)
+           i.idempotency_key, d.ids[i.ord::integer], c.now + i.unique_for,
+           i.uniq = 'active', c.now
+    FROM input AS i, drawn AS d, clock AS c
+    WHERE i.uniq IS NOT NULL
+    ORDER BY i.idempotency_key, i.ord
+    ON CONFLICT (key) DO UPDATE
+    SET job_id = CASE WHEN {schema}.unique_key_released(
+                          k.held_until, k.while_active, k.job_id, excluded.created_at)
+                      THEN excluded.job_id ELSE k.job_id END,
+        held_until = CASE WHEN {schema}.unique_key_released(
+                              k.held_until, k.while_active, k.job_id, excluded.created_at)
+                          THEN excluded.held_until ELSE k.held_until END,
+        while_active = CASE WHEN {schema}.unique_key_released(
+                                k.held_until, k.while_active, k.job_id, excluded.created_at)
+                            THEN excluded.while_active ELSE k.while_active END,
+        created_at = CASE WHEN {schema}.unique_key_released(
+                              k.held_until, k.while_active, k.job_id, excluded.created_at)
+                          THEN excluded.created_at ELSE k.created_at END
+    RETURNING k.key, k.job_id
+),
 inserted AS (
     INSERT INTO {schema}.jobs (id, queue, task, args, idempotency_key, priority, run_at,
                                max_attempts, state, created_at, updated_at, timeout)
@@ -65,6 +93,7 @@ inserted AS (
            CASE WHEN COALESCE(i.run_at, c.now) > c.now THEN 'scheduled' ELSE 'queued' END,
            c.now, c.now, i.timeout
     FROM input AS i, drawn AS d, clock AS c
+    WHERE i.uniq IS NULL OR d.ids[i.ord::integer] IN (SELECT job_id FROM keys)
     RETURNING id, queue, state
 ),
 -- NOTIFY is transactional: listeners hear of the jobs only once they are committed.
@@ -72,7 +101,12 @@ notified AS (
     SELECT count(pg_notify(%(channel)s, q.queue)) AS n
     FROM (SELECT DISTINCT queue FROM inserted WHERE state = 'queued') AS q
 )
-SELECT inserted.id FROM inserted, notified ORDER BY inserted.id;
+SELECT COALESCE(k.job_id, d.ids[i.ord::integer]) AS id
+FROM input AS i
+     CROSS JOIN drawn AS d
+     CROSS JOIN notified
+     LEFT JOIN keys AS k ON i.uniq IS NOT NULL AND k.key = i.idempotency_key
+ORDER BY i.ord;
 
 -- name: claim
 -- SKIP LOCKED: concurrent claimers never wait on each other and never take the same

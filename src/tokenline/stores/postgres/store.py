@@ -48,10 +48,12 @@ from ..._jobs import (
     StaleCommit,
     WorkerRecord,
 )
+from ..._ledger import Fence
 from .._sql import load_queries
 from ..base import Capabilities, FencedTransaction, ResourceLease, Store
 from ._deadline import run_bounded
 from ._errors import map_postgres_errors
+from ._ledger import PostgresLedger
 from ._listener import Listener
 from ._migrations import (
     SCHEMA_VERSION,
@@ -74,7 +76,10 @@ UNSAFE_ENV = "TOKENLINE_TEST_UNSAFE_DISABLE_FENCING"
 
 T = TypeVar("T")
 
-_Q = load_queries(__name__.rpartition(".")[0])
+_Q = {
+    **load_queries(__name__.rpartition(".")[0]),
+    **load_queries(__name__.rpartition(".")[0], "ledger.sql"),
+}
 #: Queries with a test-only unfenced variant (lines ending in ``-- fence`` removed).
 _FENCED = ("finish", "fence_check")
 
@@ -87,7 +92,7 @@ def _unfenced(text: str) -> str:
     return "\n".join(kept)
 
 
-class PostgresStore(Store):
+class PostgresStore(PostgresLedger, Store):
     """A store in a PostgreSQL schema (``postgresql://user@host/db?schema=name``).
 
     ``timeout`` bounds connecting, waiting for a pooled connection and each statement
@@ -97,7 +102,7 @@ class PostgresStore(Store):
     """
 
     capabilities = Capabilities(
-        multi_process=True, transactional_completion=True, notifications=True
+        multi_process=True, transactional_completion=True, notifications=True, ledger=True
     )
 
     def __init__(
@@ -280,6 +285,8 @@ class PostgresStore(Store):
             "run_at": [j.run_at for j in jobs],
             "max_attempts": [j.max_attempts for j in jobs],
             "timeout": [j.timeout for j in jobs],
+            "unique": [None if j.unique is None else j.unique.value for j in jobs],
+            "unique_for": [j.unique_for for j in jobs],
             "now": self._now(),
             "channel": self.target.channel,
         }
@@ -296,21 +303,21 @@ class PostgresStore(Store):
         params = self._enqueue_params(jobs)
         if connection is None:
             return [row[0] for row in await self._tuples(self._q("enqueue"), params)]
+        if isinstance(connection, psycopg.Connection):
+            # A sync caller (app.enqueue from ordinary code): blocking here is what
+            # that caller asked for, on its own connection and thread.
+            _require_transaction(connection)
+            with self._translate():
+                rows = connection.cursor(row_factory=tuple_row).execute(
+                    self._q("enqueue"), params
+                )
+                return [row[0] for row in rows.fetchall()]
         if not isinstance(connection, psycopg.AsyncConnection):
             raise StoreError(
-                "connection= must be a psycopg.AsyncConnection to the store's database "
+                "connection= must be a psycopg connection to the store's database "
                 f"inside an open transaction, not {type(connection).__name__}"
             )
-        status = connection.info.transaction_status
-        in_transaction = status == TransactionStatus.INTRANS or (
-            status == TransactionStatus.IDLE and not connection.autocommit
-        )
-        if not in_transaction:
-            raise StoreError(
-                "connection= must be inside an open transaction (async with "
-                "conn.transaction(), or a connection without autocommit): otherwise the "
-                "jobs would commit on their own"
-            )
+        _require_transaction(connection)
         with self._translate():
             cur = connection.cursor(row_factory=tuple_row)
             await cur.execute(self._q("enqueue"), params)
@@ -571,7 +578,23 @@ class PostgresStore(Store):
         return await self._rowcount(self._q("lease_release"), params) == 1
 
     # -- transactions ---------------------------------------------------------------------
-    def fenced_transaction(self, *, lease: Lease) -> FencedTransaction:
-        """An ``async with`` transaction that checks ``lease`` first and completes the job
-        on commit; see :class:`~tokenline.stores.postgres.PostgresFencedTransaction`."""
-        return PostgresFencedTransaction(self, lease)
+    def fenced_transaction(
+        self, *, lease: Lease, fences: Sequence[Fence] = ()
+    ) -> FencedTransaction:
+        """An ``async with`` transaction that checks ``lease`` first, advances ``fences``
+        and completes the job on commit; see
+        :class:`~tokenline.stores.postgres.PostgresFencedTransaction`."""
+        return PostgresFencedTransaction(self, lease, fences)
+
+
+def _require_transaction(connection: psycopg.Connection[Any] | AsyncConnection[Any]) -> None:
+    """Refuse a connection whose inserts would commit on their own."""
+    status = connection.info.transaction_status
+    in_transaction = status == TransactionStatus.INTRANS or (
+        status == TransactionStatus.IDLE and not connection.autocommit
+    )
+    if not in_transaction:
+        raise StoreError(
+            "connection= must be inside an open transaction (conn.transaction(), or a "
+            "connection without autocommit): otherwise the jobs would commit on their own"
+        )

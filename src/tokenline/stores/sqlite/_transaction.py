@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..._errors import StaleTokenError
 from ..._jobs import Finish, Lease, Outcome
-from ..._ledger import DuplicateKind, Fence
+from ..._ledger import DuplicateKind, Fence, by_attempt
 from ..base import FencedTransaction
-from .ledger import by_job
 from .store import _connect, map_sqlite_errors
 
 if TYPE_CHECKING:
@@ -65,7 +64,7 @@ class SQLiteFencedTransaction(FencedTransaction):
                 if refused is not None:
                     conn.execute("ROLLBACK")
                     with store._write(conn):
-                        stale = by_job(
+                        stale = by_attempt(
                             refused.key, DuplicateKind.STALE, "fence", lease, store.clock.now()
                         )
                         store.record_duplicate(conn, stale)

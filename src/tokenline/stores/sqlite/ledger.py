@@ -23,6 +23,8 @@ from ..._ledger import (
     EffectStatus,
     Fence,
     Start,
+    by_attempt,
+    effect_from_row,
 )
 from .._sql import load_queries
 from ..base import ResourceLease
@@ -30,15 +32,7 @@ from ..base import ResourceLease
 if TYPE_CHECKING:
     from ..._clock import Clock
 
-__all__ = [
-    "LQ",
-    "SQLiteLedger",
-    "by_job",
-    "effect_from_row",
-    "immediate",
-    "insert_job",
-    "stale_lease",
-]
+__all__ = ["LQ", "SQLiteLedger", "immediate", "insert_job", "stale_lease"]
 
 LQ = load_queries(__name__.rpartition(".")[0], "ledger.sql")
 T = TypeVar("T")
@@ -74,28 +68,6 @@ def insert_job(conn: sqlite3.Connection, enqueue_sql: str, row: dict[str, Any], 
     job_id = int(conn.execute(enqueue_sql, row).lastrowid or 0)
     conn.execute(LQ["unique_fill"], {"key": key, "job_id": job_id})
     return job_id
-
-
-def effect_from_row(row: sqlite3.Row | Any) -> EffectRecord:
-    """The :class:`EffectRecord` of an ``effects`` row (SQLite or PostgreSQL)."""
-    return EffectRecord(
-        key=row["key"],
-        status=EffectStatus(row["status"]),
-        result=row["result"],
-        error=row["error"],
-        job_id=row["job_id"],
-        token=row["token"],
-        owner=row["owner"],
-        runs=row["runs"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        completed_at=row["completed_at"],
-    )
-
-
-def by_job(key: str, kind: DuplicateKind, operation: str, lease: Lease, now: float) -> Duplicate:
-    """A duplicate written by the attempt holding ``lease``."""
-    return Duplicate(key, kind, operation, lease.job_id, lease.token, lease.owner, now)
 
 
 def stale_lease(lease: ResourceLease, now: float) -> Duplicate:
@@ -175,7 +147,7 @@ class SQLiteLedger:
             with immediate(conn):
                 if not self.job_fenced(conn, lease, now):
                     self.record_duplicate(
-                        conn, by_job(key, DuplicateKind.STALE, "effect_begin", lease, now)
+                        conn, by_attempt(key, DuplicateKind.STALE, "effect_begin", lease, now)
                     )
                     return EffectBegin(Start.STALE, None)
                 params = {"key": key, **_lease_params(lease, now)}
@@ -185,12 +157,12 @@ class SQLiteLedger:
                 cur = effect_from_row(conn.execute(LQ["effect_get"], {"key": key}).fetchone())
                 if cur.status is EffectStatus.COMPLETED:
                     self.record_duplicate(
-                        conn, by_job(key, DuplicateKind.REPEAT, "effect", lease, now)
+                        conn, by_attempt(key, DuplicateKind.REPEAT, "effect", lease, now)
                     )
                     return EffectBegin(Start.DONE, cur)
                 if cur.job_id == lease.job_id and cur.token > lease.token:
                     self.record_duplicate(
-                        conn, by_job(key, DuplicateKind.STALE, "effect_begin", lease, now)
+                        conn, by_attempt(key, DuplicateKind.STALE, "effect_begin", lease, now)
                     )
                     return EffectBegin(Start.STALE, cur)
                 return EffectBegin(Start.BUSY, cur)
@@ -216,7 +188,9 @@ class SQLiteLedger:
                 if conn.execute(LQ["effect_finish"], params).rowcount == 1:
                     return True
                 operation = "effect_complete" if done else "effect_fail"
-                self.record_duplicate(conn, by_job(key, DuplicateKind.STALE, operation, lease, now))
+                self.record_duplicate(
+                    conn, by_attempt(key, DuplicateKind.STALE, operation, lease, now)
+                )
                 return False
 
         return await self._call(run)
@@ -246,7 +220,7 @@ class SQLiteLedger:
             # The refusal outlives the rolled-back attempt: record it on its own.
             with immediate(conn):
                 self.record_duplicate(
-                    conn, by_job(fence.key, DuplicateKind.STALE, "fence", lease, now)
+                    conn, by_attempt(fence.key, DuplicateKind.STALE, "fence", lease, now)
                 )
             return False
 

@@ -1,0 +1,154 @@
+"""Ledger value objects: effect records, fences, duplicates, and key validation.
+
+The ledger is where business truth lives (DESIGN.md, sections 2-4). Three kinds of rows:
+
+* **effects** — one per effect key: ``pending`` while an attempt runs it, then
+  ``completed`` (with its JSON result) or ``failed``; with the job, token and worker
+  that wrote it last.
+* **fences** — per ``(key, issuer)`` the highest token that has written. The issuer is
+  the job (``job:<id>``: tokens of its attempts) or a resource lease
+  (``lease:<resource>``): tokens are only comparable when one counter issued them.
+* **duplicates** — every execution of an already completed key (``repeat``) and every
+  ledger write refused for a stale token (``stale``), for the duplicate audit.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import InvalidInputError
+from ._jobs import Lease
+
+__all__ = [
+    "MAX_KEY_LENGTH",
+    "Duplicate",
+    "DuplicateKind",
+    "EffectBegin",
+    "EffectRecord",
+    "EffectStatus",
+    "Fence",
+    "Start",
+    "by_attempt",
+    "effect_from_row",
+    "validate_key",
+]
+
+#: Longest accepted key (idempotency key, effect key, fence key, resource), in characters.
+MAX_KEY_LENGTH = 255
+
+
+def validate_key(key: object, what: str = "key") -> str:
+    """Return ``key`` if it is a non-empty string of at most :data:`MAX_KEY_LENGTH`
+    characters; raise :class:`InvalidInputError` naming ``what`` otherwise."""
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+        shown = key if not isinstance(key, str) or len(key) <= 40 else f"{key[:40]}…"
+        raise InvalidInputError(
+            f"{what} must be a non-empty string of at most {MAX_KEY_LENGTH} characters, "
+            f"got {shown!r}" + (f" ({len(key)} characters)" if isinstance(key, str) and key else "")
+        )
+    return key
+
+
+class EffectStatus(enum.StrEnum):
+    """Where an effect key is: being run, done, or failed (and so free to run again)."""
+
+    PENDING = "pending"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRecord:
+    """The ledger row of one effect key."""
+
+    key: str
+    status: EffectStatus
+    result: str | None  # JSON text of the callee's return value, once completed
+    error: str | None
+    job_id: int
+    token: int
+    owner: str
+    runs: int  # how many times an attempt took the key to run it
+    created_at: float
+    updated_at: float
+    completed_at: float | None
+
+
+class Start(enum.StrEnum):
+    """The store's answer to an attempt that wants to run an effect."""
+
+    RUN = "run"  # the key is now pending under this attempt: run the effect
+    DONE = "done"  # completed earlier: use the stored result (recorded as a repeat)
+    BUSY = "busy"  # pending under another attempt whose lease is live: try later
+    STALE = "stale"  # refused: the job's lease is gone or a newer token holds the key
+
+
+@dataclass(frozen=True, slots=True)
+class EffectBegin:
+    """What :meth:`Store.effect_begin` decided, with the key's record after it."""
+
+    start: Start
+    record: EffectRecord | None
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """A fenced write on ``key`` with ``token``.
+
+    ``resource``/``owner`` name the resource lease that issued the token; both ``None``
+    mean the job's own token. The store also checks that such a lease is still held.
+    """
+
+    key: str
+    token: int
+    resource: str | None = None
+    owner: str | None = None
+
+    def issuer(self, job_id: int) -> str:
+        """The counter that issued the token: ``lease:<resource>`` or ``job:<id>``."""
+        return f"lease:{self.resource}" if self.resource is not None else f"job:{job_id}"
+
+
+class DuplicateKind(enum.StrEnum):
+    """Why a duplicate was recorded."""
+
+    REPEAT = "repeat"  # an execution of a key that had already completed
+    STALE = "stale"  # a write refused because its token was stale
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """One recorded duplicate, for ``tokenline audit duplicates``."""
+
+    key: str
+    kind: DuplicateKind
+    operation: str
+    job_id: int | None
+    token: int
+    owner: str
+    at: float
+
+
+def by_attempt(key: str, kind: DuplicateKind, operation: str, lease: Lease, at: float) -> Duplicate:
+    """A duplicate written by the attempt holding ``lease``."""
+    return Duplicate(key, kind, operation, lease.job_id, lease.token, lease.owner, at)
+
+
+def effect_from_row(row: Mapping[str, Any]) -> EffectRecord:
+    """The :class:`EffectRecord` of an ``effects`` row (a mapping by column name)."""
+    return EffectRecord(
+        key=row["key"],
+        status=EffectStatus(row["status"]),
+        result=row["result"],
+        error=row["error"],
+        job_id=row["job_id"],
+        token=row["token"],
+        owner=row["owner"],
+        runs=row["runs"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        completed_at=row["completed_at"],
+    )
