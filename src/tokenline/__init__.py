@@ -22,10 +22,12 @@ from ._clock import Clock, FakeClock, SystemClock
 from ._config import DEFAULT_URL, Settings, WorkerSettings, load_settings
 from ._errors import (
     ConfigError,
+    EffectPendingError,
     FencedError,
     InvalidInputError,
     JobCancelled,
     JobNotFoundError,
+    LeaseBusyError,
     LeaseExpiredError,
     NotSupportedError,
     PayloadError,
@@ -43,6 +45,7 @@ from ._errors import (
 from ._jobs import Attempt, Job, JobState, Lease, QueueStats
 from ._tasks import Task
 from .classify import Decision, ErrorClass, classify
+from .ledger import EffectCall, current_effect, require_fenced
 from .retry import RetryPolicy
 from .worker import JobContext, Worker, WorkerState, run_worker
 
@@ -55,6 +58,8 @@ __all__ = [
     "Clock",
     "ConfigError",
     "Decision",
+    "EffectCall",
+    "EffectPendingError",
     "ErrorClass",
     "FakeClock",
     "FencedError",
@@ -65,6 +70,7 @@ __all__ = [
     "JobNotFoundError",
     "JobState",
     "Lease",
+    "LeaseBusyError",
     "LeaseExpiredError",
     "NotSupportedError",
     "PayloadError",
@@ -88,6 +94,8 @@ __all__ = [
     "WorkerState",
     "__version__",
     "classify",
+    "current_effect",
     "load_settings",
+    "require_fenced",
     "run_worker",
 ]

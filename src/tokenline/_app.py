@@ -12,12 +12,13 @@ import json
 import math
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar, overload
+from typing import Any, Literal, Protocol, TypeVar, overload
 
 from ._clock import Clock, SystemClock
 from ._config import Settings, load_settings, validate_queue_name
 from ._errors import InvalidInputError, PayloadError, UnknownTaskError
-from ._jobs import NewJob
+from ._jobs import NewJob, Unique
+from ._ledger import validate_key
 from ._tasks import Task
 from .classify import Classifier
 from .retry import RetryPolicy
@@ -28,8 +29,9 @@ __all__ = ["App"]
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: Longest accepted idempotency key, in characters.
-MAX_KEY_LENGTH = 255
+#: How unique an enqueue is: ``True`` (for good), ``"active"`` (while the job is not
+#: finished) or ``False``. See :class:`~tokenline._jobs.Unique`.
+UniqueOption = bool | Literal["active"]
 
 
 class _Portal:
@@ -191,6 +193,8 @@ class App:
         run_at: float | None = None,
         queue: str | None = None,
         max_attempts: int | None = None,
+        unique: UniqueOption = False,
+        unique_for: float | None = None,
     ) -> NewJob:
         """Validate one job's input and encode it; raises before anything is stored."""
         t = self._resolve(task)
@@ -210,15 +214,9 @@ class App:
                 f"arguments of task {t.name!r} are {size} bytes, over the limit of "
                 f"{self.settings.max_payload_bytes} (setting max_payload_bytes)"
             )
-        if idempotency_key is not None and (
-            not isinstance(idempotency_key, str)
-            or not idempotency_key
-            or len(idempotency_key) > MAX_KEY_LENGTH
-        ):
-            raise InvalidInputError(
-                f"idempotency_key must be a non-empty string of at most {MAX_KEY_LENGTH} "
-                f"characters, got {idempotency_key!r}"
-            )
+        if idempotency_key is not None:
+            validate_key(idempotency_key, "idempotency_key")
+        uniqueness = _uniqueness(unique, unique_for, idempotency_key)
         if delay is not None and run_at is not None:
             raise InvalidInputError("give delay or run_at, not both")
         if delay is not None:
@@ -246,6 +244,8 @@ class App:
             run_at=run_at,
             max_attempts=attempts,
             timeout=t.timeout,
+            unique=uniqueness,
+            unique_for=unique_for,
         )
 
     # -- stores ---------------------------------------------------------------------------
@@ -295,10 +295,12 @@ class App:
         run_at: float | None = None,
         queue: str | None = None,
         max_attempts: int | None = None,
+        unique: UniqueOption = False,
+        unique_for: float | None = None,
         connection: Any = None,
         store: Store | None = None,
     ) -> int:
-        """Enqueue one job from async code and return its id.
+        """Enqueue one job from async code and return its id (see :meth:`enqueue`).
 
         ``connection``: a driver connection in an open transaction; the job then exists
         if and only if that transaction commits.
@@ -313,6 +315,8 @@ class App:
             run_at=run_at,
             queue=queue,
             max_attempts=max_attempts,
+            unique=unique,
+            unique_for=unique_for,
         )
         target: _Enqueuer
         if store is not None:
@@ -337,9 +341,20 @@ class App:
         run_at: float | None = None,
         queue: str | None = None,
         max_attempts: int | None = None,
+        unique: UniqueOption = False,
+        unique_for: float | None = None,
         connection: Any = None,
     ) -> int:
-        """Enqueue one job and return its id. Bad input raises before anything is stored."""
+        """Enqueue one job and return its id. Bad input raises before anything is stored.
+
+        ``unique=True`` (with an ``idempotency_key``) makes the key keep a second job
+        out for good: while an earlier unique job holds the key, the enqueue inserts
+        nothing and returns *that* job's id. ``unique="active"`` holds the key only until
+        the job is finished (succeeded, dead or cancelled); ``unique_for=seconds`` ends
+        the hold that long after the holder was enqueued. The store decides atomically
+        (one ``INSERT … ON CONFLICT`` on its key table), so concurrent enqueues of one key
+        from any number of processes yield one job.
+        """
         job = self.build_job(
             task,
             args,
@@ -350,6 +365,8 @@ class App:
             run_at=run_at,
             queue=queue,
             max_attempts=max_attempts,
+            unique=unique,
+            unique_for=unique_for,
         )
         if connection is not None:
             # A driver connection belongs to the caller's thread: insert right here.
@@ -375,6 +392,8 @@ class App:
         priority: int | None = None,
         delay: float | None = None,
         queue: str | None = None,
+        unique: UniqueOption = False,
+        unique_for: float | None = None,
     ) -> list[NewJob]:
         """Validate a batch: one job per argument tuple in ``items``, keys matched by order."""
         rows = [tuple(i) if not isinstance(i, str | bytes) else (i,) for i in items]
@@ -383,7 +402,15 @@ class App:
             raise InvalidInputError(f"{len(key_list)} keys given for {len(rows)} jobs")
         return [
             self.build_job(
-                task, row, None, idempotency_key=k, priority=priority, delay=delay, queue=queue
+                task,
+                row,
+                None,
+                idempotency_key=k,
+                priority=priority,
+                delay=delay,
+                queue=queue,
+                unique=unique,
+                unique_for=unique_for,
             )
             for row, k in zip(rows, key_list, strict=True)
         ]
@@ -397,9 +424,24 @@ class App:
         priority: int | None = None,
         delay: float | None = None,
         queue: str | None = None,
+        unique: UniqueOption = False,
+        unique_for: float | None = None,
     ) -> list[int]:
-        """Enqueue a batch atomically (all or none) and return the ids in order."""
-        jobs = self.build_many(task, items, keys=keys, priority=priority, delay=delay, queue=queue)
+        """Enqueue a batch atomically (all or none) and return the ids in order.
+
+        With ``unique`` every job needs a key; a job whose key is held (by an earlier
+        job, or by an earlier job of this batch) gets the holder's id.
+        """
+        jobs = self.build_many(
+            task,
+            items,
+            keys=keys,
+            priority=priority,
+            delay=delay,
+            queue=queue,
+            unique=unique,
+            unique_for=unique_for,
+        )
         return self.run(lambda s: s.jobs_enqueue(jobs=jobs))
 
 
@@ -419,6 +461,23 @@ class _PortalStore:
         return await asyncio.to_thread(
             self._app.run, lambda s: s.jobs_enqueue(jobs=jobs, connection=connection)
         )
+
+
+def _uniqueness(unique: UniqueOption, unique_for: float | None, key: str | None) -> Unique | None:
+    """The store's :class:`Unique` mode for the enqueue options, validated."""
+    if unique is False:
+        if unique_for is not None:
+            raise InvalidInputError("unique_for needs unique=True or unique='active'")
+        return None
+    if unique is not True and unique != "active":
+        raise InvalidInputError(f"unique must be True, False or 'active', got {unique!r}")
+    if key is None:
+        raise InvalidInputError("a unique job needs an idempotency_key: the key is what is unique")
+    if unique_for is not None and (not _finite(unique_for) or unique_for <= 0):
+        raise InvalidInputError(
+            f"unique_for must be a finite number of seconds > 0, got {unique_for!r}"
+        )
+    return Unique.ACTIVE if unique == "active" else Unique.ALWAYS
 
 
 def _finite(value: object) -> bool:

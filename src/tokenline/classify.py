@@ -4,7 +4,8 @@
 class          examples                                     action
 =============  ===========================================  ==============================
 transient      timeouts, connection resets, unknown errors  retry with backoff, then dead
-permanent      ``Permanent``, bad arguments (``TypeError``)  dead at once, with the reason
+permanent      ``Permanent``, bad arguments (``TypeError``), dead at once, with the reason
+               invalid input (``InvalidInputError``)
 coordination   lease lost, store unreachable, cancelled      no ack, no attempt burned
 =============  ===========================================  ==============================
 
@@ -17,7 +18,13 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._errors import FencedError, Permanent, Retry, StoreUnavailableError
+from ._errors import (
+    FencedError,
+    InvalidInputError,
+    Permanent,
+    Retry,
+    StoreUnavailableError,
+)
 
 __all__ = ["Classifier", "Decision", "ErrorClass", "classify"]
 
@@ -68,7 +75,8 @@ def classify(exc: BaseException, user: Classifier | None = None) -> Decision:
             raise TypeError(
                 f"classifier returned {verdict!r}; expected ErrorClass, Decision or None"
             )
-    # A handler called with arguments it cannot take will fail the same way every time.
-    if isinstance(exc, TypeError | NotImplementedError):
+    # A handler called with arguments it cannot take, or handing tokenline input it
+    # refuses (an effect result that is not JSON), will fail the same way every time.
+    if isinstance(exc, TypeError | NotImplementedError | InvalidInputError):
         return Decision(ErrorClass.PERMANENT, _describe(exc))
     return Decision(ErrorClass.TRANSIENT, _describe(exc))

@@ -1,22 +1,43 @@
-"""The handler's view of its job: identity, token, cancellation and fenced commits."""
+"""The handler's view of its job: identity, token, cancellation, fenced commits, and
+the ledger (``effect``, ``fenced``, ``lease``; see ``tokenline/ledger.py`` and
+``worker/resources.py`` for how they work and what they guarantee)."""
 
 from __future__ import annotations
 
-import json
+import asyncio
 import threading
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._clock import Clock
-from .._errors import FencedError, JobCancelled, LeaseExpiredError
+from .._errors import (
+    FencedError,
+    JobCancelled,
+    LeaseExpiredError,
+    NotSupportedError,
+    StaleTokenError,
+)
 from .._jobs import ClaimedJob, Lease
+from .._ledger import Fence, Start
+from ..ledger import (
+    DEFAULT_EFFECT_WAIT,
+    EffectRun,
+    decode_result,
+    fence_for,
+    record_failure,
+    run_effect,
+    running_effect,
+)
+from .resources import HeldLease, LeaseScope
 
 if TYPE_CHECKING:
-    import asyncio
-
+    from .._config import WorkerSettings
     from ..stores.base import FencedTransaction, Store
 
-__all__ = ["JobContext"]
+T = TypeVar("T")
+
+__all__ = ["JobContext", "LeaseHandle"]
 
 
 @dataclass(eq=False)
@@ -33,6 +54,8 @@ class Slot:
     completed_in_transaction: bool = False
     #: Its outcome is being committed: a renewal refused meanwhile means nothing.
     finishing: bool = False
+    #: Resource leases held through ``ctx.lease``; the control plane renews them.
+    resources: list[HeldLease] = field(default_factory=list)
 
 
 class JobContext:
@@ -42,11 +65,25 @@ class JobContext:
     (``WHERE last_token < :token``) to refuse writes from a stale attempt.
     """
 
-    def __init__(self, *, slot: Slot, store: Store, clock: Clock, local_fencing: bool) -> None:
+    def __init__(
+        self,
+        *,
+        slot: Slot,
+        store: Store,
+        clock: Clock,
+        local_fencing: bool,
+        settings: WorkerSettings | None = None,
+    ) -> None:
         self._slot = slot
         self._store = store
         self._clock = clock
         self._local_fencing = local_fencing
+        self._settings = settings
+        # Built on the worker's loop: sync handlers reach the store through it.
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
         job = slot.claimed.job
         self.job_id: int = job.id
         self.task: str = job.task
@@ -63,9 +100,25 @@ class JobContext:
         )
 
     @property
-    def lease(self) -> Lease:
-        """The job's current lease (its expiry moves with each renewal)."""
+    def lease(self) -> LeaseHandle:
+        """The job's current lease (``ctx.lease.owner``, ``.token``, ``.expires_at``), and,
+        called, a lease on a business resource: ``with ctx.lease("account:42") as l:``."""
+        return LeaseHandle(self)
+
+    @property
+    def job_lease(self) -> Lease:
+        """The job's current lease as a value (its expiry moves with each renewal)."""
         return self._slot.lease
+
+    @property
+    def store(self) -> Store:
+        """The worker's store (for the ledger helpers; handlers rarely need it)."""
+        return self._store
+
+    @property
+    def clock(self) -> Clock:
+        """The worker's clock."""
+        return self._clock
 
     @property
     def cancelled(self) -> bool:
@@ -86,32 +139,196 @@ class JobContext:
                 f"job {self.job_id}: the lease (token {self.token}) may have expired by the "
                 "worker's own clock; not committing"
             )
+        for held in self._slot.resources:
+            held.check()
 
-    def transaction(self) -> _ContextTransaction:
+    def run_sync(self, coro: Coroutine[Any, Any, T], instead: str) -> T:
+        """Run ``coro`` on the worker's loop from a sync handler's thread and wait for it.
+
+        From the loop itself this would deadlock, so it raises, naming ``instead``.
+        """
+        loop = self._loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop is None or running is not None:
+            coro.close()
+            raise NotSupportedError(
+                f"this is the sync form, for sync handlers; in an async handler use {instead}"
+                if running is not None
+                else "this job context has no worker loop to reach the store through"
+            )
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    # -- ledger ---------------------------------------------------------------------------
+    def effect(
+        self,
+        key: str,
+        fn: Callable[..., T],
+        /,
+        *args: Any,
+        wait: float = DEFAULT_EFFECT_WAIT,
+        **kwargs: Any,
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` at most once per ``key`` and return its result; a
+        repeat of a completed key returns the stored result without calling ``fn``.
+
+        For sync handlers (``fn`` runs in the handler's thread); async handlers use
+        :meth:`effect_async`. The result must be JSON; what comes back is the JSON value
+        (a tuple comes back as a list), the same on the first run and on repeats. ``wait``:
+        seconds to wait for another live attempt running the same key. ``fn`` can read
+        the key from :func:`tokenline.current_effect` to hand it to an external API. See
+        ``tokenline/ledger.py`` for what is and is not guaranteed.
+        """
+        self.check()
+        run = EffectRun(self._store, self.job_lease, key, clock=self._clock, wait=wait)
+        begin = self.run_sync(run.claim(), "await ctx.effect_async(...)")
+        if begin.start is Start.DONE:
+            assert begin.record is not None
+            return decode_result(begin.record.result)
+        try:
+            with running_effect(run.call):
+                value = fn(*args, **kwargs)
+        except BaseException as exc:
+            self.run_sync(record_failure(run, exc), "await ctx.effect_async(...)")
+            raise
+        return self.run_sync(run.completed(value), "await ctx.effect_async(...)")
+
+    async def effect_async(
+        self,
+        key: str,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        wait: float = DEFAULT_EFFECT_WAIT,
+        **kwargs: Any,
+    ) -> Any:
+        """:meth:`effect` for async handlers: ``fn`` may be a coroutine function (awaited)
+        or a plain one (called on the event loop: keep it quick)."""
+        self.check()
+        return await run_effect(
+            self._store, self.job_lease, key, fn, *args, clock=self._clock, wait=wait, **kwargs
+        )
+
+    def _fence(self, key: str) -> Fence:
+        held = next((h for h in self._slot.resources if h.resource == key), None)
+        if held is not None:
+            return fence_for(key, held.token, held.resource, held.owner)
+        return fence_for(key, self.token, None, None)
+
+    async def fenced_async(self, key: str) -> int:
+        """Record this attempt's token as the highest that wrote ``key`` and return it, or
+        raise :class:`StaleTokenError` when a higher one already has (async handlers).
+
+        The token is the resource lease's when ``ctx.lease(key)`` is held, else the
+        job's: fence a key written by many jobs through a resource lease, since tokens
+        of different jobs cannot be compared. Carry the returned token into your own
+        rows (``WHERE last_token <= :token``).
+        """
+        self.check()
+        fence = self._fence(key)
+        if not await self._store.fence_write(lease=self.job_lease, fence=fence):
+            raise StaleTokenError(resource=f"fence {key!r}", token=fence.token, operation="fence")
+        return fence.token
+
+    def fenced(self, key: str) -> int:
+        """:meth:`fenced_async` for sync handlers."""
+        return self.run_sync(self.fenced_async(key), "await ctx.fenced_async(...)")
+
+    def resource_lease(
+        self, resource: str, *, ttl: float | None = None, wait: float = 0.0
+    ) -> LeaseScope:
+        """``ctx.lease(resource, ...)``: a lease on a business resource — one holder at a
+        time across all workers, with its own monotonic token; ``with`` in sync handlers,
+        ``async with`` in async ones.
+
+        ``ttl`` defaults to the worker's job lease TTL; the control plane renews the
+        lease while it is held. ``wait``: seconds to keep trying while someone else holds
+        it (default: one try), then :class:`~tokenline.LeaseBusyError`. See
+        ``worker/resources.py``.
+        """
+        settings = self._settings
+        default_ttl = settings.lease_ttl if settings is not None else 30.0
+        min_ttl = 3 * settings.renew_interval if settings is not None else 0.0
+        return LeaseScope(
+            self,
+            self._slot,
+            resource,
+            ttl=default_ttl if ttl is None else ttl,
+            wait=wait,
+            min_ttl=min_ttl,
+        )
+
+    def transaction(self, *, fence: str | Sequence[str] = ()) -> _ContextTransaction:
         """A store transaction that verifies this attempt's token first and completes the
         job on commit, together with your writes: the business effect happens once.
 
         ``with ctx.transaction() as conn:`` in sync handlers (SQLite), ``async with`` in
         async handlers. A stale token raises :class:`StaleTokenError` before any of your
-        writes; an exception inside the block rolls everything back.
+        writes; an exception inside the block rolls everything back. ``fence``: keys to
+        advance in the same transaction, as :meth:`fenced` does (a lower token than
+        the highest that wrote is refused before any of your writes).
         """
-        return _ContextTransaction(self, self._slot, self._store)
+        keys = [fence] if isinstance(fence, str) else list(fence)
+        fences = [self._fence(k) for k in keys]
+        return _ContextTransaction(self, self._slot, self._store, fences)
+
+
+class LeaseHandle:
+    """What ``ctx.lease`` is: the job's lease, read through attributes, and a factory of
+    resource leases when called (see :meth:`JobContext.resource_lease`)."""
+
+    __slots__ = ("_ctx",)
+
+    def __init__(self, ctx: JobContext) -> None:
+        self._ctx = ctx
+
+    def __call__(self, resource: str, *, ttl: float | None = None, wait: float = 0.0) -> LeaseScope:
+        """A lease on ``resource``: ``with``/``async with`` it."""
+        return self._ctx.resource_lease(resource, ttl=ttl, wait=wait)
+
+    @property
+    def job_id(self) -> int:
+        """The job's id."""
+        return self._ctx.job_lease.job_id
+
+    @property
+    def owner(self) -> str:
+        """The worker holding the job."""
+        return self._ctx.job_lease.owner
+
+    @property
+    def token(self) -> int:
+        """The job's fencing token for this attempt."""
+        return self._ctx.job_lease.token
+
+    @property
+    def expires_at(self) -> float:
+        """When the store lets the job's lease go unless renewed (epoch seconds)."""
+        return self._ctx.job_lease.expires_at
+
+    def __repr__(self) -> str:
+        return repr(self._ctx.job_lease)
 
 
 class _ContextTransaction:
     """Adds the worker's own checks around a store's fenced transaction."""
 
-    def __init__(self, ctx: JobContext, slot: Slot, store: Store) -> None:
+    def __init__(
+        self, ctx: JobContext, slot: Slot, store: Store, fences: Sequence[Fence] = ()
+    ) -> None:
         self._ctx = ctx
         self._slot = slot
         self._store = store
+        self._fences = fences
         self._inner: FencedTransaction | None = None
 
     def _begin(self) -> FencedTransaction:
         self._ctx.check()
         if self._slot.completed_in_transaction:
             raise FencedError(f"job {self._ctx.job_id} already completed in a transaction")
-        self._inner = self._store.fenced_transaction(lease=self._slot.lease)
+        self._inner = self._store.fenced_transaction(lease=self._slot.lease, fences=self._fences)
         return self._inner
 
     def _verdict(self, exc_type: Any) -> tuple[Any, BaseException | None]:
@@ -151,7 +368,7 @@ class _ContextTransaction:
 
 def decode_args(raw: str) -> tuple[list[Any], dict[str, Any]]:
     """Split a stored payload into positional and keyword arguments."""
-    payload = json.loads(raw)
+    payload = decode_result(raw)
     if not isinstance(payload, dict):
         raise ValueError("payload is not a JSON object")
     args, kwargs = payload.get("args", []), payload.get("kwargs", {})

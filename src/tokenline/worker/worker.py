@@ -45,6 +45,7 @@ from ..classify import Decision, ErrorClass, classify
 from ..retry import RetryPolicy
 from .completer import BatchCompleter
 from .context import JobContext, Slot, decode_args
+from .resources import renew_resource_leases
 from .state import WorkerEvent, WorkerState, next_state
 
 if TYPE_CHECKING:
@@ -337,6 +338,7 @@ class Worker:
             store=self.store,
             clock=self.clock,
             local_fencing=self.settings.local_fencing,
+            settings=self.settings,
         )
         timeout = job.timeout or task.timeout or self.settings.job_timeout
         try:
@@ -531,6 +533,8 @@ class Worker:
                 # Membership is for visibility, not ownership: nobody else can take it.
                 log.warning("worker %s: membership lease had expired; re-registering", self.id)
                 await self._register()
+            # Resource leases held through ctx.lease, each fenced by its own token.
+            await renew_resource_leases(self.store, slots, self.clock)
         except StoreError as exc:
             self._coordination_failed("lease renewal", exc)
             return

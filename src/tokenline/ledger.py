@@ -1,0 +1,262 @@
+"""Exactly-once business effects for handlers: ``ctx.effect``, fences and their helpers.
+
+``ctx.effect(key, fn, *args)`` runs ``fn`` at most once per ``key`` across every attempt
+of every job, and returns its result; a repeat returns the stored result instead::
+
+    @app.task
+    def send_receipt(ctx, order_id):                       # sync handler
+        ctx.effect(f"receipt:{order_id}", mailer.send, order_id)
+
+    @app.task
+    async def charge(ctx, order_id, cents):                # async handler
+        key = f"charge:{order_id}"
+        await ctx.effect_async(key, psp.charge, cents, idempotency_key=key)
+
+How one call goes (the store's side is in ``stores/base.py``):
+
+1. **Claim.** In one transaction the store checks this attempt's job token, then takes
+   the key as ``pending`` under ``(job, token)``: if it is new, ``failed``, or pending
+   under an attempt that lost its lease (within one job: only a newer token takes over).
+   A ``completed`` key returns its stored result without running ``fn`` and records a
+   *repeat* duplicate. A key pending under a live attempt is waited for (``wait``
+   seconds, then :class:`EffectPendingError`: the job is retried later). A refusal raises
+   :class:`StaleTokenError` and is recorded.
+2. **Run** ``fn`` — in the handler's thread (sync) or task (async). While it runs,
+   :func:`current_effect` tells it the key, job and token.
+3. **Record** ``completed`` with the JSON of the result, or ``failed`` with the error,
+   only if the key is still pending under this ``(job, token)``. The job's lease is not
+   re-checked here: the effect has happened, and refusing its record would only make it
+   happen again. If a newer attempt took the key over meanwhile, the record is refused
+   (recorded) and :class:`StaleTokenError` raised.
+
+What is guaranteed, precisely:
+
+* In the ledger, a key is ``completed`` at most once, by one ``(job, token)``; every
+  later execution of that key is recorded as a repeat and returns the stored result.
+* ``fn`` itself starts at most once per key *unless* an attempt loses its lease while
+  ``fn`` runs (a crash, a partition, a pause past its TTL): then a newer attempt runs it
+  again. tokenline cannot undo or fence a call that left the process (an email, a
+  payment API). Hand the key to the callee (``idempotency_key=key``, or
+  ``current_effect().key``) so that it deduplicates too; that, not tokenline, is what
+  makes such an effect exactly-once.
+* For writes to the store's own database, use ``ctx.transaction()``: the token check,
+  your writes and the job's completion commit in one transaction (exactly-once).
+
+**Fences** carry a token into data the ledger does not own. ``ctx.fenced(key)`` records
+the attempt's token (or, inside ``ctx.lease(key)``, the resource lease's token) as the
+highest that wrote ``key``, refusing a lower one with :class:`StaleTokenError`;
+``ctx.transaction(fence=key)`` does the same inside the transaction. Carry the same token
+into your own tables::
+
+    UPDATE accounts SET balance = :balance, last_token = :token
+    WHERE id = :id AND last_token <= :token      -- zero rows: a newer holder wrote first
+
+and pass the row count to :func:`require_fenced`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import inspect
+import json
+import logging
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._errors import (
+    EffectPendingError,
+    InvalidInputError,
+    PayloadError,
+    StaleTokenError,
+    TokenlineError,
+)
+from ._ledger import EffectBegin, Fence, Start, validate_key
+
+if TYPE_CHECKING:
+    from ._clock import Clock
+    from ._jobs import Lease
+    from .stores.base import Store
+
+__all__ = [
+    "DEFAULT_EFFECT_WAIT",
+    "EffectCall",
+    "EffectRun",
+    "current_effect",
+    "decode_result",
+    "encode_result",
+    "fence_for",
+    "record_failure",
+    "require_fenced",
+    "run_effect",
+]
+
+log = logging.getLogger("tokenline.ledger")
+
+#: How long ``ctx.effect`` waits, by default, for another live attempt to finish the
+#: same key before giving up with :class:`EffectPendingError` (seconds).
+DEFAULT_EFFECT_WAIT = 30.0
+#: Longest pause between two looks at a key pending under another attempt.
+_POLL_CAP = 1.0
+
+_CURRENT: contextvars.ContextVar[EffectCall | None] = contextvars.ContextVar(
+    "tokenline_effect", default=None
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EffectCall:
+    """The effect being run: give ``key`` to an external API so it can deduplicate."""
+
+    key: str
+    job_id: int
+    token: int
+
+
+def current_effect() -> EffectCall | None:
+    """The effect ``ctx.effect`` is running in this thread or task, else ``None``."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def running_effect(call: EffectCall) -> Iterator[None]:
+    """Make ``call`` the :func:`current_effect` for the duration of the block."""
+    reset = _CURRENT.set(call)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(reset)
+
+
+def encode_result(key: str, value: Any) -> str:
+    """The JSON text stored for an effect's result; :class:`PayloadError` if it has none."""
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(
+            f"the result of effect {key!r} cannot be stored as JSON ({exc}); return a JSON "
+            "value (dict, list, str, number, bool or None) from the effect"
+        ) from None
+
+
+def decode_result(text: str | None) -> Any:
+    """The value of a stored result (``None`` for an effect that returned nothing)."""
+    return None if text is None else json.loads(text)
+
+
+def require_fenced(rowcount: int, *, resource: str, token: int) -> None:
+    """Raise :class:`StaleTokenError` when a fenced write to your own table matched no
+    row (``… WHERE last_token <= :token``): a newer token has written there first."""
+    if rowcount < 1:
+        raise StaleTokenError(resource=resource, token=token, operation="fenced write")
+
+
+class EffectRun:
+    """One ``ctx.effect`` call against a store: claim the key, then record the outcome.
+
+    The async core of both facades: ``ctx.effect`` (sync handlers, which run ``fn`` in
+    their own thread between the two steps) and ``ctx.effect_async``.
+    """
+
+    def __init__(self, store: Store, lease: Lease, key: str, *, clock: Clock, wait: float) -> None:
+        self.key = validate_key(key, "effect key")
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
+            raise InvalidInputError(f"wait must be a number of seconds >= 0, got {wait!r}")
+        self.store = store
+        self.lease = lease
+        self.clock = clock
+        self.wait = float(wait)
+
+    @property
+    def call(self) -> EffectCall:
+        """What :func:`current_effect` shows while the callee runs."""
+        return EffectCall(self.key, self.lease.job_id, self.lease.token)
+
+    def _stale(self, operation: str) -> StaleTokenError:
+        return StaleTokenError(
+            resource=f"effect {self.key!r}", token=self.lease.token, operation=operation
+        )
+
+    async def claim(self) -> EffectBegin:
+        """``RUN`` (run the callee now) or ``DONE`` (the stored record); raises on a refusal
+        or once a live attempt has held the key for longer than ``wait``."""
+        deadline = self.clock.monotonic() + self.wait
+        pause = 0.01
+        while True:
+            begin = await self.store.effect_begin(lease=self.lease, key=self.key)
+            if begin.start in (Start.RUN, Start.DONE):
+                return begin
+            if begin.start is Start.STALE:
+                raise self._stale("effect")
+            left = deadline - self.clock.monotonic()
+            if left <= 0 or not math.isfinite(left):
+                owner = begin.record.owner if begin.record else "another attempt"
+                raise EffectPendingError(
+                    f"effect {self.key!r} is pending under {owner}, whose lease is live; "
+                    f"gave up after waiting {self.wait:g}s (the job will be retried)"
+                )
+            # Polling: the store has no event for another process's commit.
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, _POLL_CAP)
+
+    async def completed(self, value: Any) -> Any:
+        """Record ``value`` as the result; return it as a repeat would see it (decoded)."""
+        try:
+            text = encode_result(self.key, value)
+        except PayloadError as exc:
+            # A complete, truthful record: the effect ran; its result could not be kept.
+            await self.store.effect_finish(lease=self.lease, key=self.key, error=str(exc))
+            raise
+        if not await self.store.effect_finish(lease=self.lease, key=self.key, result=text):
+            raise self._stale("effect_complete")
+        return decode_result(text)
+
+    async def failed(self, exc: BaseException) -> None:
+        """Record that the callee raised ``exc``: the key may run again."""
+        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        await self.store.effect_finish(lease=self.lease, key=self.key, error=error[:2000])
+
+
+async def run_effect(
+    store: Store,
+    lease: Lease,
+    key: str,
+    fn: Callable[..., Any],
+    *args: Any,
+    clock: Clock,
+    wait: float = DEFAULT_EFFECT_WAIT,
+    **kwargs: Any,
+) -> Any:
+    """Run ``fn(*args, **kwargs)`` at most once per ``key`` for the attempt holding
+    ``lease`` (awaiting it if it returns an awaitable); the core of ``ctx.effect_async``."""
+    run = EffectRun(store, lease, key, clock=clock, wait=wait)
+    begin = await run.claim()
+    if begin.start is Start.DONE:
+        assert begin.record is not None
+        return decode_result(begin.record.result)
+    try:
+        with running_effect(run.call):
+            value = fn(*args, **kwargs)
+            if inspect.isawaitable(value):
+                value = await value
+    except BaseException as exc:
+        await record_failure(run, exc)
+        raise
+    return await run.completed(value)
+
+
+async def record_failure(run: EffectRun, exc: BaseException) -> None:
+    """Record the callee's failure; a store that fails too must not hide ``exc``."""
+    try:
+        # Shielded: a cancelled handler (the worker fencing it) still records the failure.
+        await asyncio.shield(run.failed(exc))
+    except TokenlineError as store_exc:
+        log.warning("could not record the failure of effect %r: %s", run.key, store_exc)
+
+
+def fence_for(key: str, token: int, resource: str | None, owner: str | None) -> Fence:
+    """A validated :class:`Fence` on ``key``."""
+    return Fence(validate_key(key, "fence key"), token, resource, owner)
