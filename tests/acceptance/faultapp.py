@@ -1,12 +1,59 @@
-"""Tasks driven by the acceptance tests through the real CLI."""
+"""Tasks driven by the acceptance tests through the real CLI.
+
+``FAULTAPP_LOSE_ACK=<marker file>`` makes the worker's store drop the first success
+commit it is asked for, while reporting it accepted: the ack is lost after the work
+was done, as when a network cuts the answer off. The marker records the job's id.
+"""
 
 from __future__ import annotations
 
+import os
+import sqlite3
 import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import tokenline
+from tokenline._jobs import Finish, Outcome
+from tokenline.stores import Store
+from tokenline.stores.sqlite import SQLiteStore
+from tokenline.stores.sqlite.store import path_from_url
 
-app = tokenline.App()
+
+class _LosingAckStore(SQLiteStore):
+    """A SQLite store whose first success commit never reaches the file."""
+
+    def __init__(self, url: str, *, marker: Path, **kwargs: Any) -> None:
+        super().__init__(url, **kwargs)
+        self._marker = marker
+
+    async def jobs_finish(self, *, finishes: Sequence[Finish]) -> list[bool]:
+        lost = next((f for f in finishes if f.outcome is Outcome.SUCCEEDED), None)
+        if lost is None or self._marker.exists():
+            return await super().jobs_finish(finishes=finishes)
+        self._marker.write_text(str(lost.lease.job_id))
+        rest = [f for f in finishes if f is not lost]
+        sent = iter(await super().jobs_finish(finishes=rest) if rest else [])
+        return [True if f is lost else next(sent) for f in finishes]
+
+
+class FaultApp(tokenline.App):
+    """The test app; its workers lose one ack when ``FAULTAPP_LOSE_ACK`` is set."""
+
+    def open_store(self, *, timeout: float | None = None) -> Store:
+        marker = os.environ.get("FAULTAPP_LOSE_ACK")
+        if not marker:
+            return super().open_store(timeout=timeout)
+        return _LosingAckStore(
+            self.url,
+            marker=Path(marker),
+            clock=self.clock,
+            timeout=timeout or self.settings.store_timeout,
+        )
+
+
+app = FaultApp()
 
 
 @app.task(name="slow_effect", queue="acc", max_attempts=5)
@@ -20,3 +67,27 @@ def slow_effect(
             "INSERT INTO effects (key, job_id, token, worker) VALUES (?, ?, ?, ?)",
             (key, ctx.job_id, ctx.token, ctx.lease.owner),
         )
+
+
+def _charge(key: str, job_id: int, token: int, worker: str) -> dict[str, Any]:
+    """The external side effect: a row written on a connection of its own, outside any
+    transaction of tokenline's (as a payment API or a mail server would be)."""
+    effect = tokenline.current_effect()
+    assert effect is not None
+    assert effect.key == key
+    conn = sqlite3.connect(path_from_url(app.url), timeout=30, isolation_level=None)
+    try:
+        conn.execute(
+            "INSERT INTO effects (key, job_id, token, worker) VALUES (?, ?, ?, ?)",
+            (key, job_id, token, worker),
+        )
+    finally:
+        conn.close()
+    return {"charged": key, "token": token}
+
+
+@app.task(name="charge_once", queue="acc", max_attempts=5)
+def charge_once(ctx: tokenline.JobContext, key: str) -> None:
+    """Charge once per key through ctx.effect, however often the job is delivered."""
+    receipt = ctx.effect(key, _charge, key, ctx.job_id, ctx.token, ctx.lease.owner)
+    assert receipt["charged"] == key

@@ -25,6 +25,7 @@ from ._common import (
     url_option,
     with_store,
 )
+from .audit import audit
 from .bench import bench
 from .demo import demo
 from .inspect import dlq, job, jobs, queues, status, workers
@@ -249,3 +250,4 @@ def migrate(app_spec: str | None, url: str | None, timeout: float) -> None:
 
 for command in (status, queues, workers, jobs, job, dlq, demo, bench):
     main.add_command(command)
+main.add_command(audit)

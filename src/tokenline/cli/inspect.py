@@ -168,13 +168,20 @@ def jobs(
 @url_option
 @click.argument("job_id", type=int)
 def job(app_spec: str | None, url: str | None, job_id: int) -> None:
-    """One job with its attempt history (worker, token, outcome of each attempt)."""
+    """One job: every attempt (worker, token, start, end, outcome, error class), the
+    ledger effects it wrote and the duplicates recorded against it."""
 
-    async def gather(store: Store) -> tuple[Any, Any]:
-        return await store.job_get(job_id=job_id), await store.job_attempts(job_id=job_id)
+    async def gather(store: Store) -> tuple[Any, Any, Any, Any]:
+        j = await store.job_get(job_id=job_id)
+        attempts = await store.job_attempts(job_id=job_id)
+        if not store.capabilities.ledger:
+            return j, attempts, [], []
+        effects = await store.effects_list(job_id=job_id, limit=1000)
+        dups = [d for d in await store.duplicates_list() if d.job_id == job_id]
+        return j, attempts, effects, dups
 
     with reporting_errors():
-        j, attempts = with_store(resolve_app(app_spec, url), gather)
+        j, attempts, effects, dups = with_store(resolve_app(app_spec, url), gather)
     console.print(
         f"job {j.id}  task {j.task}  queue {j.queue}  state [bold]{j.state.value}[/]\n"
         f"args {j.args}\nkey {j.idempotency_key or '-'}  priority {j.priority}  "
@@ -185,8 +192,9 @@ def job(app_spec: str | None, url: str | None, job_id: int) -> None:
         highlight=False,
     )
     table = Table(
-        "attempt", "token", "worker", "started", "finished", "outcome", "error", title="attempts"
-    )
+        "attempt", "token", "worker", "started", "finished", "outcome", "class", "error",
+        title="attempts",
+    )  # fmt: skip
     for a in attempts:
         table.add_row(
             str(a.attempt),
@@ -195,9 +203,37 @@ def job(app_spec: str | None, url: str | None, job_id: int) -> None:
             when(a.started_at),
             when(a.finished_at),
             a.outcome or "running",
+            a.error_class or "",
             (a.error or "")[:60],
         )
     console.print(table)
+    if effects:
+        console.print(_effects_table(effects))
+    for d in dups:
+        console.print(
+            f"{d.kind.value} {d.operation} on {d.key!r} by token {d.token} ({d.owner}) "
+            f"at {when(d.at)}",
+            highlight=False,
+        )
+
+
+def _effects_table(effects: list[Any]) -> Table:
+    """Ledger effects last written by the job: key, status, token, runs."""
+    table = Table(
+        "key", "status", "token", "worker", "runs", "completed", "result / error",
+        title="effects (last written by this job)",
+    )  # fmt: skip
+    for e in effects:
+        table.add_row(
+            e.key,
+            e.status.value,
+            str(e.token),
+            e.owner,
+            str(e.runs),
+            when(e.completed_at),
+            (e.result if e.result is not None else e.error or "")[:60],
+        )
+    return table
 
 
 @click.group()

@@ -1,0 +1,141 @@
+"""``tokenline audit``: what the ledger says happened more than once, or was refused.
+
+``tokenline audit duplicates [--since 1h]`` groups by key every execution of an effect
+that had already completed (``repeat``) and every write refused for a stale token
+(``stale``: ledger writes, resource-lease renewals, and job commits, keyed by the job's
+idempotency key or ``job:<id>``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import click
+from rich.table import Table
+
+from .._ledger import Duplicate, DuplicateKind
+from ._common import (
+    app_option,
+    console,
+    reporting_errors,
+    resolve_app,
+    url_option,
+    when,
+    with_store,
+)
+
+__all__ = ["audit", "parse_since"]
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(value: str, now: float) -> float:
+    """Epoch seconds for ``--since``: a duration back from ``now`` (``90s``, ``15m``,
+    ``2h``, ``7d``), an ISO 8601 time (UTC unless it says otherwise) or epoch seconds."""
+    match = _DURATION.match(value)
+    if match:
+        return now - float(match[1]) * _UNIT[match[2]]
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r}: give a duration (30m, 2h, 7d), an ISO time or epoch seconds"
+        ) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.UTC)
+    return parsed.timestamp()
+
+
+@dataclass
+class _Group:
+    key: str
+    repeats: int = 0
+    stale: int = 0
+    jobs: set[int] = field(default_factory=set)
+    workers: set[str] = field(default_factory=set)
+    operations: set[str] = field(default_factory=set)
+    first: float = float("inf")
+    last: float = 0.0
+
+    def add(self, d: Duplicate) -> None:
+        if d.kind is DuplicateKind.REPEAT:
+            self.repeats += 1
+        else:
+            self.stale += 1
+        if d.job_id is not None:
+            self.jobs.add(d.job_id)
+        self.workers.add(d.owner)
+        self.operations.add(d.operation)
+        self.first = min(self.first, d.at)
+        self.last = max(self.last, d.at)
+
+
+def group_by_key(duplicates: Sequence[Duplicate]) -> list[_Group]:
+    """One group per key, the most affected first."""
+    groups: dict[str, _Group] = {}
+    for d in duplicates:
+        groups.setdefault(d.key, _Group(d.key)).add(d)
+    return sorted(groups.values(), key=lambda g: (-(g.repeats + g.stale), g.key))
+
+
+def _short(items: set[str] | set[int], limit: int = 3) -> str:
+    shown = sorted(str(i) for i in items)
+    more = f" +{len(shown) - limit}" if len(shown) > limit else ""
+    return ", ".join(shown[:limit]) + more
+
+
+@click.group()
+def audit() -> None:
+    """Audit the ledger: duplicate executions and refused stale writes."""
+
+
+@audit.command("duplicates")
+@app_option
+@url_option
+@click.option(
+    "--since",
+    default=None,
+    help="Only since then: a duration back from now (30m, 2h, 7d), an ISO time or epoch.",
+)
+@click.option("--limit", type=click.IntRange(1, 1_000_000), default=100_000, show_default=True)
+def duplicates(app_spec: str | None, url: str | None, since: str | None, limit: int) -> None:
+    """Duplicates grouped by key: repeats of completed effects and stale-token refusals."""
+    start = parse_since(since, time.time()) if since else None
+    with reporting_errors():
+        found = with_store(
+            resolve_app(app_spec, url), lambda s: s.duplicates_list(since=start, limit=limit)
+        )
+    groups = group_by_key(found)
+    table = Table(
+        "key", "repeats", "stale", "jobs", "workers", "operations", "first", "last",
+        title="duplicates by key",
+    )  # fmt: skip
+    for g in groups:
+        table.add_row(
+            g.key,
+            str(g.repeats),
+            str(g.stale),
+            _short(g.jobs),
+            _short(g.workers, 2),
+            _short(g.operations),
+            when(g.first),
+            when(g.last),
+        )
+    console.print(table)
+    repeats = sum(g.repeats for g in groups)
+    stale = sum(g.stale for g in groups)
+    scope = f" since {when(start)}" if start is not None else ""
+    console.print(
+        f"{repeats} duplicate execution(s), {stale} stale write(s) refused, "
+        f"{len(groups)} key(s){scope}",
+        highlight=False,
+    )

@@ -1,0 +1,105 @@
+"""Upgrading a store made before the ledger: SQLite 1 -> 2, PostgreSQL migration 0001 -> 0002.
+
+The jobs already stored survive, and the ledger works on the upgraded store.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from tokenline._clock import FakeClock
+from tokenline._jobs import JobState, NewJob, Unique
+from tokenline._ledger import Start
+from tokenline.stores.sqlite import SQLiteStore
+from tokenline.stores.sqlite.store import Q, _statements
+
+
+def _v1_sqlite_file(path: Path) -> None:
+    """A file as tokenline with schema version 1 left it, with one queued job."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        for statement in _statements(Q["schema"]):
+            conn.execute(statement)
+        conn.execute(
+            "INSERT INTO tokenline_jobs (queue, task, args, idempotency_key, run_at, "
+            "max_attempts, state, created_at, updated_at) "
+            "VALUES ('default', 't', '[]', 'old:1', 0, 5, 'queued', 0, 0)"
+        )
+        conn.execute("PRAGMA user_version = 1")
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+async def test_sqlite_upgrades_a_version_1_file_in_place(tmp_path: Path, clock: FakeClock) -> None:
+    """Opening a version-1 file adds the ledger tables and sets version 2; the old job
+    is still there and the new features work on it."""
+    path = tmp_path / "old.db"
+    _v1_sqlite_file(path)
+    store = SQLiteStore(f"sqlite:///{path}", clock=clock)
+    await store.open()
+    try:
+        (job,) = await store.jobs_list()
+        assert (job.idempotency_key, job.state) == ("old:1", JobState.QUEUED)
+        ids = await store.jobs_enqueue(
+            jobs=[NewJob("default", "t", "[]", "new:1", unique=Unique.ALWAYS)] * 2
+        )
+        assert ids[0] == ids[1] != job.id
+        (claimed,) = await store.jobs_claim(owner="w", queues=["default"], limit=1, ttl=10)
+        begin = await store.effect_begin(lease=claimed.lease, key="k")
+        assert begin.start is Start.RUN
+    finally:
+        await store.close()
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    finally:
+        conn.close()
+
+
+@pytest.mark.postgres
+async def test_postgres_migrates_a_0001_schema_to_0002(
+    postgres_server: str, postgres_schema: str, postgres_url: str, clock: FakeClock
+) -> None:
+    """A schema at version 1 (with a job in it) is migrated to 2 on open."""
+    from tokenline.stores.postgres import PostgresStore
+    from tokenline.stores.postgres._migrations import MIGRATIONS, compose
+
+    schema = sql.Identifier(postgres_schema)
+    with psycopg.connect(postgres_server, autocommit=True) as conn, conn.transaction():
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(schema))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {}.schema_version (version integer PRIMARY KEY, name text "
+                "NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+            ).format(schema)
+        )
+        conn.execute(compose(MIGRATIONS[0].sql, postgres_schema).encode())
+        conn.execute(
+            sql.SQL("INSERT INTO {}.schema_version (version, name) VALUES (1, %s)").format(schema),
+            (MIGRATIONS[0].name,),
+        )
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {}.jobs (queue, task, args, run_at, max_attempts, state, "
+                "created_at, updated_at) VALUES ('default', 't', '[]', 0, 5, 'queued', 0, 0)"
+            ).format(schema)
+        )
+    store = PostgresStore(postgres_url, clock=clock)
+    await store.open()
+    try:
+        assert len(await store.jobs_list()) == 1
+        assert await store.duplicates_list() == []
+    finally:
+        await store.close()
+    with psycopg.connect(postgres_server) as conn:
+        query = sql.SQL("SELECT max(version) FROM {}.schema_version").format(schema)
+        row = conn.execute(query).fetchone()
+        assert row is not None
+        assert row[0] == 2

@@ -1,0 +1,293 @@
+"""The ledger as handlers use it: ctx.effect, ctx.fenced, ctx.lease and unique enqueue,
+through a real worker on the in-memory store (sync and async handlers alike)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from tokenline import (
+    App,
+    InvalidInputError,
+    Job,
+    JobContext,
+    JobState,
+    NotSupportedError,
+    RetryPolicy,
+    Worker,
+    WorkerSettings,
+    current_effect,
+    require_fenced,
+)
+from tokenline._errors import StaleTokenError
+from tokenline._ledger import DuplicateKind, EffectStatus
+from tokenline.stores import Store
+
+#: Deadline for anything a test waits on; a healthy run takes a small fraction of it.
+DEADLINE = 10.0
+#: Small intervals so the worker's loops turn quickly (renewal below a third of the TTL).
+FAST = WorkerSettings(
+    lease_ttl=0.6, renew_interval=0.15, poll_interval=0.02, rescue_interval=0.1, concurrency=4
+)
+
+
+@contextlib.asynccontextmanager
+async def running(worker: Worker) -> AsyncIterator[None]:
+    """Run ``worker`` in the background; stop it at once afterwards."""
+    task = asyncio.create_task(worker.run(), name="test-worker")
+    try:
+        yield
+    finally:
+        if not task.done():
+            worker.request_shutdown()
+            worker.request_shutdown()
+        await asyncio.wait_for(task, DEADLINE)
+
+
+async def job_in(store: Store, job_id: int, state: JobState) -> Job:
+    """Wait until the job reaches ``state`` and return it."""
+
+    async def poll() -> Job:
+        # Polling: the store has no event for a job's state change.
+        while (job := await store.job_get(job_id=job_id)).state is not state:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+        return job
+
+    try:
+        return await asyncio.wait_for(poll(), DEADLINE)
+    except TimeoutError:
+        job = await store.job_get(job_id=job_id)
+        pytest.fail(f"job {job_id} stayed {job.state.value} ({job.last_error}), not {state}")
+
+
+@pytest.fixture
+def app() -> App:
+    """An in-memory app on the real clock."""
+    return App("memory://")
+
+
+@pytest.fixture
+def store(app: App) -> Store:
+    """The app's (shared) in-memory store."""
+    return app.open_store()
+
+
+# -- unique enqueue ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"unique": True}, "needs an idempotency_key"),
+        ({"idempotency_key": "k", "unique_for": 5}, "unique_for needs unique"),
+        ({"idempotency_key": "k", "unique": "yes"}, "unique must be"),
+        ({"idempotency_key": "k", "unique": True, "unique_for": 0}, "unique_for must be"),
+        ({"idempotency_key": "k", "unique": True, "unique_for": float("nan")}, "unique_for"),
+        ({"idempotency_key": "", "unique": True}, "idempotency_key"),
+        ({"idempotency_key": "k" * 256, "unique": True}, "256 characters"),
+    ],
+)
+def test_bad_unique_options_are_refused_before_anything_is_stored(
+    app: App, options: dict[str, Any], message: str
+) -> None:
+    """Each invalid combination names what is wrong; no job is stored."""
+
+    @app.task(name="t")
+    def t(ctx: JobContext) -> None:
+        """No-op."""
+
+    with pytest.raises(InvalidInputError, match=message):
+        app.enqueue("t", **options)
+    assert app.run(lambda s: s.jobs_list()) == []
+
+
+def test_unique_enqueue_through_the_app_returns_the_existing_job(app: App) -> None:
+    """enqueue and enqueue_many with unique: one job per key, its id returned again."""
+
+    @app.task(name="t")
+    def t(ctx: JobContext, n: int) -> None:
+        """No-op."""
+
+    first = app.enqueue("t", 1, idempotency_key="invoice:1", unique=True)
+    assert app.enqueue("t", 2, idempotency_key="invoice:1", unique=True) == first
+    ids = app.enqueue_many("t", [(1,), (2,), (3,)], keys=["invoice:1", "b", "b"], unique="active")
+    assert ids[0] == first
+    assert ids[1] == ids[2] != first
+    assert len(app.run(lambda s: s.jobs_list())) == 2
+
+
+# -- effects ----------------------------------------------------------------------------
+async def test_sync_and_async_handlers_apply_an_effect_once_per_key(app: App, store: Store) -> None:
+    """Two jobs (one sync, one async handler) run one key: the callee runs once, sees the
+    key through current_effect(), and both jobs get the same result."""
+    calls: list[str] = []
+    results: list[Any] = []
+    lock = threading.Lock()
+
+    def send(to: str) -> dict[str, str]:
+        effect = current_effect()
+        assert effect is not None
+        with lock:
+            calls.append(effect.key)
+        return {"to": to}
+
+    @app.task(name="t.sync")
+    def sync_handler(ctx: JobContext, to: str) -> None:
+        results.append(ctx.effect(f"email:{to}", send, to))
+
+    @app.task(name="t.async")
+    async def async_handler(ctx: JobContext, to: str) -> None:
+        results.append(await ctx.effect_async(f"email:{to}", send, to))
+
+    a = await app.enqueue_async("t.sync", "ann", store=store)
+    b = await app.enqueue_async("t.async", "ann", store=store)
+    async with running(Worker(app, FAST)):
+        await job_in(store, a, JobState.SUCCEEDED)
+        await job_in(store, b, JobState.SUCCEEDED)
+    assert calls == ["email:ann"]
+    assert results == [{"to": "ann"}] * 2
+    assert current_effect() is None
+    (dup,) = await store.duplicates_list()
+    assert dup.kind is DuplicateKind.REPEAT
+
+
+async def test_a_failing_effect_is_retried_and_runs_again(app: App, store: Store) -> None:
+    """The callee's error fails the attempt (recorded failed); the retry runs it again."""
+    attempts: list[int] = []
+
+    def flaky(attempt: int) -> str:
+        attempts.append(attempt)
+        if attempt == 1:
+            raise ConnectionResetError("api down")
+        return "ok"
+
+    @app.task(name="t.flaky", retry=RetryPolicy(base=0.001, cap=0.001))
+    async def handler(ctx: JobContext) -> None:
+        await ctx.effect_async("call:1", flaky, ctx.attempt)
+
+    jid = await app.enqueue_async("t.flaky", store=store)
+    async with running(Worker(app, FAST)):
+        await job_in(store, jid, JobState.SUCCEEDED)
+    assert attempts == [1, 2]
+    (record,) = await store.effects_list(key="call:1")
+    assert (record.status, record.runs) == (EffectStatus.COMPLETED, 2)
+
+
+async def test_a_result_that_is_not_json_dead_letters_the_job(app: App, store: Store) -> None:
+    """A non-JSON result is a bug that would fail every attempt: the job goes dead at
+    once with the reason, and the key is left failed, not pending."""
+
+    @app.task(name="t.bad")
+    def handler(ctx: JobContext) -> None:
+        ctx.effect("k", lambda: object())
+
+    jid = await app.enqueue_async("t.bad", store=store)
+    async with running(Worker(app, FAST)):
+        job = await job_in(store, jid, JobState.DEAD)
+    assert job.error_class == "permanent"
+    assert "cannot be stored as JSON" in (job.last_error or "")
+    (record,) = await store.effects_list()
+    assert record.status is EffectStatus.FAILED
+
+
+async def test_the_sync_forms_refuse_to_run_on_the_event_loop(app: App, store: Store) -> None:
+    """ctx.effect / ctx.fenced / with ctx.lease in an async handler would deadlock the
+    loop: they raise NotSupportedError naming the async form instead."""
+    seen: list[str] = []
+
+    @app.task(name="t.wrong")
+    async def handler(ctx: JobContext) -> None:
+        for attempt in (
+            lambda: ctx.effect("k", lambda: 1),
+            lambda: ctx.fenced("k"),
+            lambda: ctx.lease("r").__enter__(),
+        ):
+            with pytest.raises(NotSupportedError) as info:
+                attempt()
+            seen.append(str(info.value))
+
+    jid = await app.enqueue_async("t.wrong", store=store)
+    async with running(Worker(app, FAST)):
+        await job_in(store, jid, JobState.SUCCEEDED)
+    assert ["effect_async" in seen[0], "fenced_async" in seen[1], "async with" in seen[2]] == [
+        True
+    ] * 3
+    assert await store.effects_list() == []
+
+
+# -- fences and resource leases ---------------------------------------------------------
+async def test_fenced_uses_the_resource_lease_token_inside_ctx_lease(
+    app: App, store: Store
+) -> None:
+    """Inside ctx.lease(key) the fence carries the lease's token, outside the job's; the
+    returned token is the one to write into your own rows."""
+    seen: dict[str, int] = {}
+
+    @app.task(name="t.sync")
+    def sync_handler(ctx: JobContext) -> None:
+        seen["job"] = ctx.fenced("invoice:1")
+        with ctx.lease("account:1") as held:
+            seen["lease"] = ctx.fenced("account:1")
+            seen["held"] = held.token
+
+    @app.task(name="t.async")
+    async def async_handler(ctx: JobContext) -> None:
+        async with ctx.lease("account:1") as held:
+            seen["lease2"] = await ctx.fenced_async("account:1")
+            seen["held2"] = held.token
+
+    a = await app.enqueue_async("t.sync", store=store)
+    async with running(Worker(app, FAST)):
+        await job_in(store, a, JobState.SUCCEEDED)
+        b = await app.enqueue_async("t.async", store=store)
+        await job_in(store, b, JobState.SUCCEEDED)
+    assert seen["job"] == 1
+    assert seen["lease"] == seen["held"]
+    assert seen["lease2"] == seen["held2"] > seen["held"]
+
+
+async def test_the_control_plane_renews_a_held_resource_lease(app: App, store: Store) -> None:
+    """A lease held longer than its TTL stays valid: each renewal tick extends it."""
+    held_info: list[tuple[float, float]] = []
+
+    @app.task(name="t.hold")
+    def handler(ctx: JobContext) -> None:
+        with ctx.lease("r", ttl=0.5) as held:
+            first = held.expires_at
+            time.sleep(1.2)
+            ctx.check()  # still trusted: renewed meanwhile
+            held_info.append((first, held.expires_at))
+
+    jid = await app.enqueue_async("t.hold", store=store)
+    async with running(Worker(app, FAST)):
+        await job_in(store, jid, JobState.SUCCEEDED)
+    ((first, last),) = held_info
+    assert last > first + 0.5
+    assert await store.lease_acquire(resource="r", owner="next", ttl=1) is not None
+
+
+def test_a_lease_ttl_below_three_renewal_intervals_is_refused(app: App) -> None:
+    """The control plane could not keep such a lease: a clear error at ctx.lease."""
+    from tokenline.worker.context import JobContext as Ctx
+
+    with pytest.raises(InvalidInputError, match="three renewal intervals"):
+        Ctx.resource_lease(_ctx_stub(), "r", ttl=0.3)
+
+
+def _ctx_stub() -> Any:
+    class Stub:
+        _settings = FAST
+        _slot = type("S", (), {"resources": []})()
+
+    return Stub()
+
+
+def test_require_fenced_raises_on_zero_rows() -> None:
+    """A fenced UPDATE that matched no row means a newer token wrote first."""
+    require_fenced(1, resource="accounts 42", token=3)
+    with pytest.raises(StaleTokenError, match="accounts 42"):
+        require_fenced(0, resource="accounts 42", token=3)
