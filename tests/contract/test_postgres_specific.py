@@ -159,7 +159,7 @@ async def test_enqueue_refuses_a_connection_outside_a_transaction(
     async with await psycopg.AsyncConnection.connect(postgres_server, autocommit=True) as conn:
         with pytest.raises(StoreError, match="open transaction"):
             await pg.jobs_enqueue(jobs=[new()], connection=conn)
-    with pytest.raises(StoreError, match="AsyncConnection"):
+    with pytest.raises(StoreError, match="must be a psycopg connection"):
         await pg.jobs_enqueue(jobs=[new()], connection=object())
     assert await pg.jobs_list() == []
 

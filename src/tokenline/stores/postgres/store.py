@@ -308,9 +308,7 @@ class PostgresStore(PostgresLedger, Store):
             # that caller asked for, on its own connection and thread.
             _require_transaction(connection)
             with self._translate():
-                rows = connection.cursor(row_factory=tuple_row).execute(
-                    self._q("enqueue"), params
-                )
+                rows = connection.cursor(row_factory=tuple_row).execute(self._q("enqueue"), params)
                 return [row[0] for row in rows.fetchall()]
         if not isinstance(connection, psycopg.AsyncConnection):
             raise StoreError(

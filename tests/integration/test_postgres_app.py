@@ -1,0 +1,79 @@
+"""The App on PostgreSQL: the outbox enqueue from sync and async code."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tokenline import App
+
+
+@pytest.fixture
+def pg_app(postgres_server: str) -> Iterator[App]:
+    """An app on a fresh schema, dropped afterwards."""
+    import psycopg
+
+    schema = f"tl_app_{uuid.uuid4().hex[:8]}"
+    app = App(f"{postgres_server}?schema={schema}")
+
+    @app.task(name="ship")
+    def ship(ctx: object, order: int) -> None:
+        """A task to enqueue."""
+
+    app.run(lambda s: s.queues_stats())  # creates the schema
+    try:
+        yield app
+    finally:
+        app.close()
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def _args(app: App) -> list[str]:
+    return sorted(j.args for j in app.run(lambda s: s.jobs_list()))
+
+
+def test_sync_outbox_job_exists_iff_the_transaction_commits(
+    pg_app: App, postgres_server: str
+) -> None:
+    """app.enqueue(connection=conn) with a sync psycopg connection joins its transaction."""
+    import psycopg
+
+    with psycopg.connect(postgres_server) as conn:
+        with conn.transaction():
+            pg_app.enqueue("ship", 1, connection=conn)
+            raise psycopg.Rollback  # the business transaction rolls back: no job
+        with conn.transaction():
+            pg_app.enqueue("ship", 2, connection=conn)
+    assert _args(pg_app) == ['{"args":[2],"kwargs":{}}']
+
+
+async def test_async_outbox_job_exists_iff_the_transaction_commits(
+    pg_app: App, postgres_server: str
+) -> None:
+    """enqueue_async(connection=conn) with an AsyncConnection joins its transaction."""
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(postgres_server) as conn:
+        async with conn.transaction():
+            await pg_app.enqueue_async("ship", 3, connection=conn)
+            raise psycopg.Rollback
+        async with conn.transaction():
+            await pg_app.enqueue_async("ship", 4, connection=conn)
+    assert _args(pg_app) == ['{"args":[4],"kwargs":{}}']
+
+
+def test_outbox_refuses_an_autocommit_connection(pg_app: App, postgres_server: str) -> None:
+    """A connection that would commit the job on its own is refused; nothing stored."""
+    import psycopg
+
+    from tokenline import StoreError
+
+    with (
+        psycopg.connect(postgres_server, autocommit=True) as conn,
+        pytest.raises(StoreError, match="open transaction"),
+    ):
+        pg_app.enqueue("ship", 5, connection=conn)
+    assert _args(pg_app) == []
