@@ -140,7 +140,7 @@ def test_second_sigterm_stops_at_once_and_gives_the_job_back(cluster: Cluster) -
     """A second SIGTERM stops the worker without waiting; the job is released with its
     attempt refunded, ready for another worker."""
     a = cluster.worker("a", "--drain-timeout", "60")
-    jid = enqueue(cluster, "force", 60, 0.0)
+    jid = enqueue(cluster, "force", 600, 0.0)  # far beyond DEADLINE: it must not wait
     cluster.wait_for("the job to run", lambda: running_on(cluster, jid))
     a.send_signal(signal.SIGTERM)
     cluster.wait_for("draining", lambda: "-> draining" in cluster.log(a))

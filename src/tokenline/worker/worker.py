@@ -57,6 +57,8 @@ __all__ = ["Worker", "WorkerCounters"]
 log = logging.getLogger("tokenline.worker")
 
 MAINTENANCE_LEASE = "tokenline:maintenance"
+#: Name prefix of the threads that run sync handlers.
+HANDLER_THREAD_PREFIX = "tokenline-job"
 
 
 @dataclass
@@ -108,7 +110,7 @@ class Worker:
         # Threads beyond concurrency: a cancelled sync handler keeps its thread until it
         # returns or calls ctx, and must not starve the next jobs.
         self._pool = ThreadPoolExecutor(
-            max_workers=self.settings.concurrency * 2, thread_name_prefix="tokenline-job"
+            max_workers=self.settings.concurrency * 2, thread_name_prefix=HANDLER_THREAD_PREFIX
         )
         #: Called with (old, new, reason) on every state change; for tests and metrics.
         self.on_state_change: Callable[[WorkerState, WorkerState, str], None] | None = None
