@@ -17,6 +17,7 @@ from tokenline._errors import (
     EffectPendingError,
     InvalidInputError,
     LeaseBusyError,
+    NotSupportedError,
     PayloadError,
     StaleTokenError,
 )
@@ -381,7 +382,12 @@ async def test_a_fenced_transaction_refuses_a_lower_fence_before_user_writes(
     """ctx.transaction(fence=…) on a store with transactions: a refused fence raises
     StaleTokenError on entry and leaves the job running, uncommitted."""
     if not store.capabilities.transactional_completion:
-        pytest.skip("the store has no transactions")
+        # Without transactions the store must refuse clearly rather than half-work.
+        await store.jobs_enqueue(jobs=[new()])
+        x = await claim_one(store, ttl=60)
+        with pytest.raises(NotSupportedError, match=r"ctx\.transaction"):
+            store.fenced_transaction(lease=x.lease, fences=[])
+        return
     await store.jobs_enqueue(jobs=[new()])
     x = await claim_one(store, ttl=60)
     old = await store.lease_acquire(resource="r", owner="a", ttl=5)
