@@ -4,34 +4,10 @@ from __future__ import annotations
 
 from psycopg.rows import DictRow
 
-from ..._jobs import Job, JobState, WorkerRecord
+# Jobs share one mapping across stores: every store names its columns alike.
+from ..._jobs import WorkerRecord, job_from_row
 
 __all__ = ["job_from_row", "worker_from_row"]
-
-
-def job_from_row(row: DictRow) -> Job:
-    """The :class:`Job` of a ``jobs`` row."""
-    return Job(
-        id=row["id"],
-        queue=row["queue"],
-        task=row["task"],
-        args=row["args"],
-        idempotency_key=row["idempotency_key"],
-        priority=row["priority"],
-        run_at=row["run_at"],
-        attempt=row["attempt"],
-        max_attempts=row["max_attempts"],
-        state=JobState(row["state"]),
-        lease_owner=row["lease_owner"],
-        lease_token=row["lease_token"],
-        lease_expires_at=row["lease_expires_at"],
-        last_error=row["last_error"],
-        error_class=row["error_class"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        finished_at=row["finished_at"],
-        timeout=row["timeout"],
-    )
 
 
 def worker_from_row(row: DictRow) -> WorkerRecord:

@@ -47,6 +47,7 @@ from ..._jobs import (
     RescueReport,
     StaleCommit,
     WorkerRecord,
+    attempt_from_row,
 )
 from ..._ledger import Fence
 from .._sql import load_queries
@@ -480,20 +481,7 @@ class PostgresStore(PostgresLedger, Store):
         """Attempts of the job, oldest first."""
         await self.job_get(job_id=job_id)
         rows = await self._rows(self._q("attempts_list"), {"job_id": job_id})
-        return [
-            Attempt(
-                job_id=r["job_id"],
-                attempt=r["attempt"],
-                token=r["token"],
-                owner=r["owner"],
-                started_at=r["started_at"],
-                finished_at=r["finished_at"],
-                outcome=r["outcome"],
-                error=r["error"],
-                error_class=r["error_class"],
-            )
-            for r in rows
-        ]
+        return [attempt_from_row(r) for r in rows]
 
     async def jobs_retry_dead(self, *, job_ids: Sequence[int]) -> int:
         """Requeue dead jobs with a fresh attempt budget."""

@@ -42,6 +42,8 @@ from ..._jobs import (
     RescueReport,
     StaleCommit,
     WorkerRecord,
+    attempt_from_row,
+    job_from_row,
 )
 from ..._ledger import Fence
 from .._sql import load_queries
@@ -116,30 +118,6 @@ def _statements(script: str) -> Iterator[str]:
             buf = ""
     if buf.strip() and not buf.strip().startswith("--"):
         yield buf.strip()
-
-
-def _job(row: sqlite3.Row) -> Job:
-    return Job(
-        id=row["id"],
-        queue=row["queue"],
-        task=row["task"],
-        args=row["args"],
-        idempotency_key=row["idempotency_key"],
-        priority=row["priority"],
-        run_at=row["run_at"],
-        attempt=row["attempt"],
-        max_attempts=row["max_attempts"],
-        state=JobState(row["state"]),
-        lease_owner=row["lease_owner"],
-        lease_token=row["lease_token"],
-        lease_expires_at=row["lease_expires_at"],
-        last_error=row["last_error"],
-        error_class=row["error_class"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        finished_at=row["finished_at"],
-        timeout=row["timeout"],
-    )
 
 
 def _worker(row: sqlite3.Row) -> WorkerRecord:
@@ -393,7 +371,9 @@ class SQLiteStore(SQLiteLedger, Store):
                         for r in rows
                     ],
                 )
-            jobs = sorted((_job(r) for r in rows), key=lambda j: (-j.priority, j.run_at, j.id))
+            jobs = sorted(
+                (job_from_row(r) for r in rows), key=lambda j: (-j.priority, j.run_at, j.id)
+            )
             return [
                 ClaimedJob(j, Lease(j.id, owner, j.lease_token, j.lease_expires_at or now + ttl))
                 for j in jobs
@@ -533,7 +513,7 @@ class SQLiteStore(SQLiteLedger, Store):
         row = await self._call(lambda c: c.execute(Q["job_get"], {"job_id": job_id}).fetchone())
         if row is None:
             raise JobNotFoundError(f"no job with id {job_id}")
-        return _job(row)
+        return job_from_row(row)
 
     async def jobs_list(
         self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
@@ -541,7 +521,7 @@ class SQLiteStore(SQLiteLedger, Store):
         """Jobs filtered by state and queue, newest first."""
         params = {"state": state.value if state else None, "queue": queue, "limit": limit}
         rows = await self._call(lambda c: c.execute(Q["jobs_list"], params).fetchall())
-        return [_job(r) for r in rows]
+        return [job_from_row(r) for r in rows]
 
     async def job_attempts(self, *, job_id: int) -> list[Attempt]:
         """Attempts of the job, oldest first."""
@@ -549,20 +529,7 @@ class SQLiteStore(SQLiteLedger, Store):
         rows = await self._call(
             lambda c: c.execute(Q["attempts_list"], {"job_id": job_id}).fetchall()
         )
-        return [
-            Attempt(
-                job_id=r["job_id"],
-                attempt=r["attempt"],
-                token=r["token"],
-                owner=r["owner"],
-                started_at=r["started_at"],
-                finished_at=r["finished_at"],
-                outcome=r["outcome"],
-                error=r["error"],
-                error_class=r["error_class"],
-            )
-            for r in rows
-        ]
+        return [attempt_from_row(r) for r in rows]
 
     async def jobs_retry_dead(self, *, job_ids: Sequence[int]) -> int:
         """Requeue dead jobs with a fresh attempt budget."""
