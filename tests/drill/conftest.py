@@ -1,25 +1,16 @@
-"""Fixtures for the drill's fault-injection tests: an echo server and the PostgreSQL
-test server (skipped when unreachable, except in CI where that is a failure)."""
+"""Fixtures for the drill's fault-injection tests: an echo server on loopback."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socketserver
 import threading
 from collections.abc import AsyncIterator, Iterator
-from typing import NoReturn
 
 import pytest
 
-#: In CI a missing service is a failure, never a skip (as in tests/conftest.py, which a
-#: second conftest cannot import by name).
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-POSTGRES_URL = os.environ.get(
-    "TOKENLINE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
-)
+# ``postgres_server`` (skip, or fail in CI, without a server) lives in tests/conftest.py.
 
 
 class EchoServer:
@@ -95,28 +86,3 @@ def echo_thread() -> Iterator[tuple[str, int]]:
         server.shutdown()
         server.server_close()  # joins the handler threads: their clients are gone by now
         thread.join()
-
-
-def unavailable(reason: str) -> NoReturn:
-    """Skip the test, or fail it in CI where every service must be present."""
-    if IN_CI:
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> str:
-    """The test server's URL; skips (fails in CI) when it cannot be reached."""
-    try:
-        import psycopg
-    except ModuleNotFoundError:
-        unavailable("psycopg is not installed: pip install 'tokenline[postgres]'")
-    try:
-        with psycopg.connect(POSTGRES_URL, connect_timeout=3):
-            pass
-    except psycopg.Error as exc:
-        unavailable(
-            f"PostgreSQL for tests is unreachable ({exc}); "
-            "set TOKENLINE_TEST_POSTGRES_URL to a server the tests may use"
-        )
-    return POSTGRES_URL
