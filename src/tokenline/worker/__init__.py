@@ -6,13 +6,12 @@ import asyncio
 import logging
 import os
 import sys
-import threading
 from typing import TYPE_CHECKING
 
 from .._config import WorkerSettings
 from .context import JobContext
 from .state import InvalidTransitionError, WorkerEvent, WorkerState, next_state
-from .worker import HANDLER_THREAD_PREFIX, Worker, WorkerCounters
+from .worker import Worker, WorkerCounters
 
 if TYPE_CHECKING:
     from .._app import App
@@ -39,9 +38,7 @@ def run_worker(app: App, settings: WorkerSettings | None = None) -> WorkerCounte
     """
     worker = Worker(app, settings)
     asyncio.run(worker.run(install_signal_handlers=True))
-    if any(
-        t.name.startswith(HANDLER_THREAD_PREFIX) and t.is_alive() for t in threading.enumerate()
-    ):
+    if worker.sync_handlers_running:
         logging.getLogger("tokenline.worker").warning(
             "worker %s: exiting with sync handlers still running (their jobs were released)",
             worker.id,

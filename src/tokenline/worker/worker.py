@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -109,6 +110,8 @@ class Worker:
         self._coordination_failures = 0
         # Threads beyond concurrency: a cancelled sync handler keeps its thread until it
         # returns or calls ctx, and must not starve the next jobs.
+        self._sync_lock = threading.Lock()
+        self._sync_running = 0
         self._pool = ThreadPoolExecutor(
             max_workers=self.settings.concurrency * 2, thread_name_prefix=HANDLER_THREAD_PREFIX
         )
@@ -347,7 +350,7 @@ class Worker:
             if task.is_async:
                 await asyncio.wait_for(task.fn(ctx, *args, **kwargs), timeout)
             else:
-                call = functools.partial(task.fn, ctx, *args, **kwargs)
+                call = functools.partial(self._in_thread, task.fn, ctx, *args, **kwargs)
                 fut = asyncio.get_running_loop().run_in_executor(self._pool, call)
                 await asyncio.wait_for(fut, timeout)
         except asyncio.CancelledError:
@@ -372,6 +375,22 @@ class Worker:
             self.counters.succeeded += 1
             return None
         return Finish(slot.lease, Outcome.SUCCEEDED)
+
+    def _in_thread(self, fn: Callable[..., object], *args: object, **kwargs: object) -> object:
+        """Run a sync handler on a pool thread, counted while it runs."""
+        with self._sync_lock:
+            self._sync_running += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with self._sync_lock:
+                self._sync_running -= 1
+
+    @property
+    def sync_handlers_running(self) -> int:
+        """Sync handlers still running on pool threads (cancelled ones included)."""
+        with self._sync_lock:
+            return self._sync_running
 
     def _note_fenced(self, exc: FencedError) -> None:
         if isinstance(exc, StaleTokenError):
