@@ -462,7 +462,9 @@ class _FaultyTransaction(FencedTransaction):
         self._after()
 
     def _after(self) -> None:
-        if self.committed and self._plan.fail_after:
+        # ``wrote``, not ``committed``: under the test-only split completion the COMMIT
+        # carries the user's writes but not the completion, and its answer can be lost too.
+        if (self._inner.wrote or self.committed) and self._plan.fail_after:
             raise self._store._inject("fenced_transaction", "fail_after")
 
 
