@@ -10,12 +10,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +22,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .._app import App
+from .._errors import ConfigError
 from .._jobs import JobState
+from .._scratch import ScratchStore, scratch_for
 from ._common import console
 
 LEASE_TTL = 2.0
@@ -75,110 +75,32 @@ def _spawn(
     return procs
 
 
-class _Backend:
-    """Where the demo's tables live, and how to read its figures back."""
-
-    url: str
-    task: str
-    #: Table names: jobs, attempts, stale, invoices.
-    tables: dict[str, str]
-
-    def prepare(self) -> None:
-        raise NotImplementedError
-
-    def scalar(self, sql: str) -> int:
-        raise NotImplementedError
-
-    def cleanup(self) -> None:
-        """Nothing to clean by default: the SQLite file is kept for inspection."""
-
-
-class _SQLiteBackend(_Backend):
-    def __init__(self, db: Path) -> None:
-        self.db = db
-        self.url = f"sqlite:///{db}"
-        self.task = "demo.invoice"
-        self.tables = {
-            "jobs": "tokenline_jobs",
-            "attempts": "tokenline_attempts",
-            "stale": "tokenline_stale_commits",
-            "invoices": "demo_invoices",
-        }
-
-    def prepare(self) -> None:
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{self.db}{suffix}").unlink(missing_ok=True)
-        with contextlib.closing(sqlite3.connect(self.db)) as conn:
-            conn.execute(f"CREATE TABLE demo_invoices ({_INVOICE_COLUMNS})")
-
-    def scalar(self, sql: str) -> int:
-        with contextlib.closing(sqlite3.connect(self.db)) as conn:
-            return int(conn.execute(sql).fetchone()[0])
-
-
-class _PostgresBackend(_Backend):
-    def __init__(self, base_url: str, keep: bool) -> None:
-        import psycopg  # the postgres extra; its absence is reported by App/store_from_url
-
-        self._psycopg = psycopg
-        self.schema = f"tokenline_demo_{uuid.uuid4().hex[:8]}"
-        sep = "&" if "?" in base_url else "?"
-        self.conninfo = base_url
-        self.url = f"{base_url}{sep}schema={self.schema}"
-        self.keep = keep
-        self.task = "demo.invoice_async"
-        self.tables = {
-            "jobs": f"{self.schema}.jobs",
-            "attempts": f"{self.schema}.attempts",
-            "stale": f"{self.schema}.stale_commits",
-            "invoices": f"{self.schema}.demo_invoices",
-        }
-
-    def prepare(self) -> None:
-        with self._psycopg.connect(self.conninfo, autocommit=True) as conn:
-            conn.execute(f"CREATE SCHEMA {self.schema}")
-            conn.execute(f"CREATE TABLE {self.tables['invoices']} ({_INVOICE_COLUMNS})")
-
-    def scalar(self, sql: str) -> int:
-        with self._psycopg.connect(self.conninfo, autocommit=True) as conn:
-            row = conn.execute(sql).fetchone()
-            return int(row[0]) if row else 0
-
-    def cleanup(self) -> None:
-        if not self.keep:
-            with self._psycopg.connect(self.conninfo, autocommit=True) as conn:
-                conn.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
-
-
 _INVOICE_COLUMNS = (
     "order_id BIGINT NOT NULL, amount_cents BIGINT NOT NULL, job_id BIGINT NOT NULL, "
     "token BIGINT NOT NULL, worker TEXT NOT NULL"
 )
 
 
-def backend_for(url: str, *, keep: bool = False) -> _Backend:
-    """The demo backend for a ``sqlite:///file`` or ``postgresql://…`` URL."""
-    if url.startswith("sqlite:///"):
-        return _SQLiteBackend(Path(url[len("sqlite:///") :]))
-    if url.startswith(("postgresql://", "postgres://")):
-        if "schema=" in url:
-            raise click.BadParameter("the demo picks its own schema: leave ?schema= out")
-        return _PostgresBackend(url, keep)
-    raise click.BadParameter(f"the demo runs on sqlite:///… or postgresql://…, not {url!r}")
+def backend_for(url: str, *, keep: bool = False) -> ScratchStore:
+    """The demo's scratch store for a ``sqlite:///file`` or ``postgresql://…`` URL."""
+    try:
+        return scratch_for(url, keep=keep, prefix="tokenline_demo")
+    except ConfigError as exc:
+        raise click.BadParameter(exc.reason) from None
 
 
 def run_demo(
-    backend: _Backend, jobs: int, workers: int, *, show_progress: bool = True
+    backend: ScratchStore, jobs: int, workers: int, *, show_progress: bool = True
 ) -> DemoResult:
     """Run the demo on a fresh store and return its figures, read back from the store."""
-    backend.prepare()
+    backend.prepare({"demo_invoices": _INVOICE_COLUMNS})
     try:
         return _run(backend, jobs, workers, show_progress)
     finally:
         backend.cleanup()
 
 
-def _run(backend: _Backend, jobs: int, workers: int, show_progress: bool) -> DemoResult:
+def _run(backend: ScratchStore, jobs: int, workers: int, show_progress: bool) -> DemoResult:
     from .. import demo as demo_module
 
     app = App(backend.url)
@@ -188,13 +110,13 @@ def _run(backend: _Backend, jobs: int, workers: int, show_progress: bool) -> Dem
     for first in range(1, jobs + 1, 10_000):
         orders = range(first, min(jobs, first + 9_999) + 1)
         app.enqueue_many(
-            backend.task,
+            "demo.invoice_async" if backend.async_handlers else "demo.invoice",
             [(order, 1000 + order % 500) for order in orders],
             keys=[f"invoice:{order}" for order in orders],
         )
     enqueue_seconds = time.monotonic() - started
     log_dir = Path(tempfile.mkdtemp(prefix="tokenline-demo-"))
-    procs = _spawn(backend.url, workers, log_dir, backend.tables["invoices"])
+    procs = _spawn(backend.url, workers, log_dir, backend.tables["demo_invoices"])
     killed = stopped = False
     resume_at: float | None = None
     t0 = time.monotonic()
@@ -243,7 +165,7 @@ def _run(backend: _Backend, jobs: int, workers: int, show_progress: bool) -> Dem
 
 
 def _collect(
-    backend: _Backend, jobs: int, enqueue_seconds: float, elapsed: float, fencings: int
+    backend: ScratchStore, jobs: int, enqueue_seconds: float, elapsed: float, fencings: int
 ) -> DemoResult:
     t = backend.tables
     one = backend.scalar
@@ -256,8 +178,8 @@ def _collect(
         rescues=one(f"SELECT count(*) FROM {t['attempts']} WHERE outcome = 'lease_expired'"),
         stale_refused=one(f"SELECT count(*) FROM {t['stale']}"),
         fencings=fencings,
-        invoices=one(f"SELECT count(*) FROM {t['invoices']}"),
-        duplicates=one(f"SELECT count(*) - count(DISTINCT order_id) FROM {t['invoices']}"),
+        invoices=one(f"SELECT count(*) FROM {t['demo_invoices']}"),
+        duplicates=one(f"SELECT count(*) - count(DISTINCT order_id) FROM {t['demo_invoices']}"),
         enqueue_seconds=enqueue_seconds,
         elapsed=elapsed,
     )

@@ -1,0 +1,169 @@
+"""A throw-away store for runners that drive real worker processes (demo, drill).
+
+A :class:`ScratchStore` is a fresh SQLite file or a fresh PostgreSQL schema with extra
+business tables beside tokenline's; runners read their figures back from it with plain
+SQL, never through the workers. The PostgreSQL schema is dropped afterwards (unless
+kept); the SQLite file stays for inspection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import urllib.parse
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ._errors import ConfigError
+
+__all__ = ["ScratchStore", "scratch_for", "through", "upstream_of"]
+
+#: tokenline's own tables by logical name, per dialect (see the stores' schemas).
+_SQLITE_TABLES = {
+    "jobs": "tokenline_jobs",
+    "attempts": "tokenline_attempts",
+    "stale": "tokenline_stale_commits",
+    "duplicates": "tokenline_duplicates",
+}
+_POSTGRES_TABLES = {
+    "jobs": "jobs",
+    "attempts": "attempts",
+    "stale": "stale_commits",
+    "duplicates": "duplicates",
+}
+
+
+class ScratchStore:
+    """Where a runner's tables live, and how to read them back."""
+
+    url: str
+    #: Table names by logical name: jobs, attempts, stale, duplicates, and the extras.
+    tables: dict[str, str]
+    #: The placeholder of the dialect's DB-API driver.
+    placeholder: str = "?"
+    #: Whether handlers must be async (the store's transactions are).
+    async_handlers: bool = False
+
+    def prepare(self, extra: Mapping[str, str]) -> None:
+        """Create the store afresh with ``extra`` tables ``{name: column definitions}``."""
+        raise NotImplementedError
+
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """The rows of one query."""
+        raise NotImplementedError
+
+    def scalar(self, sql: str) -> int:
+        """The first column of the first row of ``sql``, as an int (0 without a row)."""
+        found = self.rows(sql)
+        return int(found[0][0]) if found and found[0][0] is not None else 0
+
+    def lock_held(self) -> bool:
+        """Whether some session holds a write lock and sits idle in its transaction (a
+        paused process inside a transaction); a runner pausing workers avoids that."""
+        return False
+
+    def cleanup(self) -> None:
+        """Nothing to clean by default: the SQLite file is kept for inspection."""
+
+
+class _SQLiteScratch(ScratchStore):
+    def __init__(self, db: Path) -> None:
+        self.db = db
+        self.url = f"sqlite:///{db}"
+        self.tables = dict(_SQLITE_TABLES)
+
+    def prepare(self, extra: Mapping[str, str]) -> None:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{self.db}{suffix}").unlink(missing_ok=True)
+        with contextlib.closing(sqlite3.connect(self.db)) as conn:
+            for name, columns in extra.items():
+                conn.execute(f"CREATE TABLE {name} ({columns})")
+                self.tables[name] = name
+
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with contextlib.closing(sqlite3.connect(self.db, timeout=30)) as conn:
+            return [tuple(r) for r in conn.execute(sql, tuple(params)).fetchall()]
+
+    def lock_held(self) -> bool:
+        # A writer paused inside BEGIN IMMEDIATE holds the whole file: probe for it.
+        conn = sqlite3.connect(self.db, timeout=0.5, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+        except sqlite3.OperationalError:
+            return True
+        finally:
+            conn.close()
+        return False
+
+
+class _PostgresScratch(ScratchStore):
+    placeholder = "%s"
+    async_handlers = True
+
+    def __init__(self, base_url: str, keep: bool, prefix: str) -> None:
+        import psycopg  # the postgres extra; its absence is reported by store_from_url
+
+        self._psycopg = psycopg
+        self.schema = f"{prefix}_{uuid.uuid4().hex[:8]}"
+        sep = "&" if "?" in base_url else "?"
+        self.conninfo = base_url
+        self.url = f"{base_url}{sep}schema={self.schema}"
+        self.keep = keep
+        self.tables = {k: f"{self.schema}.{v}" for k, v in _POSTGRES_TABLES.items()}
+        self._created = False
+
+    def prepare(self, extra: Mapping[str, str]) -> None:
+        with self._psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f"CREATE SCHEMA {self.schema}")
+            self._created = True
+            for name, columns in extra.items():
+                self.tables[name] = f"{self.schema}.{name}"
+                conn.execute(f"CREATE TABLE {self.tables[name]} ({columns})")
+
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._psycopg.connect(self.conninfo, autocommit=True) as conn:
+            return [tuple(r) for r in conn.execute(sql, tuple(params)).fetchall()]
+
+    def lock_held(self) -> bool:
+        # A row lock held by a paused worker blocks the rescue of that row (and the
+        # statement rescuing it): sessions idle inside a transaction are that worker.
+        sql = (
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state LIKE 'idle in transaction%%' "
+            "AND now() - state_change > interval '200 milliseconds'"
+        )
+        return self.scalar(sql) > 0
+
+    def cleanup(self) -> None:
+        if self.keep or not self._created:
+            return
+        with self._psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
+
+
+def through(url: str, host: str, port: int) -> str:
+    """``url`` with its network location replaced by ``host:port`` (a proxy's)."""
+    parts = urllib.parse.urlsplit(url)
+    auth = parts.netloc.rpartition("@")[0]
+    netloc = f"{auth}@{host}:{port}" if auth else f"{host}:{port}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def upstream_of(url: str) -> tuple[str, int]:
+    """The ``(host, port)`` a PostgreSQL URL connects to (defaults: localhost, 5432)."""
+    parts = urllib.parse.urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or 5432
+
+
+def scratch_for(url: str, *, keep: bool = False, prefix: str = "tokenline_scratch") -> ScratchStore:
+    """The scratch store for a ``sqlite:///file`` or ``postgresql://…`` URL."""
+    if url.startswith("sqlite:///"):
+        return _SQLiteScratch(Path(url[len("sqlite:///") :]))
+    if url.startswith(("postgresql://", "postgres://")):
+        if "schema=" in url:
+            raise ConfigError("url", "a fresh schema is picked for each run: leave ?schema= out")
+        return _PostgresScratch(url, keep, prefix)
+    raise ConfigError("url", f"runs on sqlite:///… or postgresql://…, not {url!r}")
