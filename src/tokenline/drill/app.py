@@ -1,0 +1,64 @@
+"""The drill's application: each job writes one business row through ``ctx.transaction``.
+
+Worker processes import ``tokenline.drill.app:app``; the drill runner sets
+``TOKENLINE_URL`` and names the business table in ``TOKENLINE_DRILL_TABLE``. The row
+carries the job's key and the token of the attempt that wrote it, so the invariant
+checker can count duplicate effects by key and spot a write by a stale token.
+
+Work time is part of the job's arguments (the runner draws it from the seed); a re-run
+(attempt > 1) works ``rerun_extra`` seconds longer, so a zombie that wakes up while the
+new owner is still working finds the job *running* under a newer token — the moment
+only a token check, not a state check, can refuse its commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+
+from .._app import App
+from .._errors import ConfigError
+from ..worker.context import JobContext
+
+__all__ = ["COLUMNS", "QUEUE", "TABLE_ENV", "app", "business_table", "work", "work_async"]
+
+app = App()
+
+QUEUE = "drill"
+TABLE_ENV = "TOKENLINE_DRILL_TABLE"
+#: No unique constraint on purpose: a duplicate effect must show up as a second row.
+COLUMNS = "job_key TEXT NOT NULL, job_id BIGINT NOT NULL, token BIGINT NOT NULL, worker TEXT"
+
+_TABLE_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}(\.[a-z_][a-z0-9_]{0,62})?$")
+
+
+def business_table() -> str:
+    """The business table's name, checked: it is put into SQL text."""
+    name = os.environ.get(TABLE_ENV, "drill_effects")
+    if not _TABLE_RE.match(name):
+        raise ConfigError(TABLE_ENV, f"not a plain table name: {name!r}")
+    return name
+
+
+def _seconds(ctx: JobContext, work_ms: float, rerun_extra: float) -> float:
+    return work_ms / 1000 + (rerun_extra if ctx.attempt > 1 else 0.0)
+
+
+@app.task(name="drill.work", queue=QUEUE, max_attempts=25)
+def work(ctx: JobContext, key: str, work_ms: float, rerun_extra: float = 0.0) -> None:
+    """Work for a while, then write the job's business row in its fenced transaction."""
+    time.sleep(_seconds(ctx, work_ms, rerun_extra))
+    insert = f"INSERT INTO {business_table()} VALUES (?, ?, ?, ?)"
+    with ctx.transaction() as conn:
+        conn.execute(insert, (key, ctx.job_id, ctx.token, ctx.lease.owner))
+
+
+@app.task(name="drill.work_async", queue=QUEUE, max_attempts=25)
+async def work_async(ctx: JobContext, key: str, work_ms: float, rerun_extra: float = 0.0) -> None:
+    """The same work for stores whose transactions are async (PostgreSQL)."""
+    await asyncio.sleep(_seconds(ctx, work_ms, rerun_extra))
+    insert = f"INSERT INTO {business_table()} VALUES (%s, %s, %s, %s)"
+    async with ctx.transaction() as conn:
+        await conn.execute(insert, (key, ctx.job_id, ctx.token, ctx.lease.owner))

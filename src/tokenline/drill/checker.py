@@ -1,0 +1,279 @@
+"""The drill's invariant checker: DESIGN.md section 3, read back from the store alone.
+
+After a run, :func:`read_snapshot` reads the jobs, their attempts, the stale commits the
+store refused, the ledger's duplicates and the drill's business rows (one per effect,
+with the key and the writing token); :func:`check` then verifies, without trusting
+anything the workers said:
+
+1. **no lost job**: every enqueued key has a job that is ``succeeded``, ``dead`` with a
+   reason, ``cancelled`` or still visibly pending; a ``succeeded`` job has its effect.
+2. **once per key**: at most one business row per key (extras are duplicate effects).
+3. **fenced commits**: the business row was written by the job's newest token, which is
+   the token of its one succeeded attempt; no job has two succeeded attempts.
+4. **monotonic states**: attempt tokens increase with their start times, and no attempt
+   starts after the job's success.
+5. **ownership expires**: every attempt whose lease expired was rescued within lease TTL
+   + rescue period + :data:`SLACK` of the moment its owner stopped renewing (its start
+   or the fault, whichever is later; the fault's end when it hit every worker, since no
+   one can rescue during it).
+
+It also measures the **recovery time** (fault injection → the affected jobs running
+again, from attempt timestamps) and counts **duplicate executions**, which are allowed:
+re-runs, stale commits the store refused, duplicates the ledger recorded.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .._scratch import ScratchStore
+
+__all__ = ["SLACK", "Attempt", "FaultWindow", "Report", "Snapshot", "check", "read_snapshot"]
+
+#: Seconds allowed on top of TTL + rescue period: the leadership lease may sit with the
+#: faulted worker and expire first (one more TTL is added for that), polling periods,
+#: store timeouts and scheduling on a busy machine.
+SLACK = 2.0
+
+_FINAL = frozenset({"succeeded", "dead", "cancelled"})
+_PENDING = frozenset({"scheduled", "queued", "running"})
+#: How many violations a report keeps verbatim (the counts are always complete).
+_KEEP = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One attempt row: who ran the job with which token, when, and how it ended."""
+
+    job_id: int
+    token: int
+    started_at: float
+    finished_at: float | None
+    outcome: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What the store says after a run; the checker's only input."""
+
+    #: job id → (idempotency key, state, newest token, last error)
+    jobs: dict[int, tuple[str | None, str, int, str | None]]
+    attempts: list[Attempt]
+    #: (key, job id, token) of every business row
+    effects: list[tuple[str, int, int]]
+    stale_refused: int
+    ledger_duplicates: int
+
+
+@dataclass(frozen=True, slots=True)
+class FaultWindow:
+    """When the fault of a run was on (epoch seconds), and whether it hit every worker."""
+
+    start: float
+    end: float
+    all_workers: bool = False
+
+
+@dataclass
+class Report:
+    """The verdict on one run, with the figures behind it."""
+
+    jobs: int
+    lost: int = 0
+    duplicate_effects: int = 0
+    stale_writes: int = 0
+    backwards: int = 0
+    late_recoveries: int = 0
+    pending: int = 0
+    stale_refused: int = 0
+    ledger_duplicates: int = 0
+    reexecutions: int = 0
+    #: Jobs whose attempt the fault cut short.
+    affected: int = 0
+    #: Longest fault → running-again delay over the affected jobs (``None``: none).
+    recovery: float | None = None
+    #: The bound expired leases were held to.
+    recovery_bound: float = 0.0
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """No invariant broken and every job finished."""
+        return not (
+            self.lost
+            or self.duplicate_effects
+            or self.stale_writes
+            or self.backwards
+            or self.late_recoveries
+            or self.pending
+        )
+
+    @property
+    def duplicate_executions(self) -> int:
+        """Executions that did not count: re-runs, refused stale commits, ledger repeats."""
+        return self.reexecutions + self.stale_refused + self.ledger_duplicates
+
+    def note(self, text: str) -> None:
+        """Keep the first few violations verbatim."""
+        if len(self.violations) < _KEEP:
+            self.violations.append(text)
+
+
+def read_snapshot(scratch: ScratchStore) -> Snapshot:
+    """Read what the checker needs from the store and the business table, nothing else."""
+    t = scratch.tables
+    jobs = {
+        int(r[0]): (r[1], str(r[2]), int(r[3]), r[4])
+        for r in scratch.rows(
+            f"SELECT id, idempotency_key, state, lease_token, last_error FROM {t['jobs']}"
+        )
+    }
+    attempts = [
+        Attempt(int(r[0]), int(r[1]), float(r[2]), None if r[3] is None else float(r[3]), r[4])
+        for r in scratch.rows(
+            f"SELECT job_id, token, started_at, finished_at, outcome FROM {t['attempts']}"
+        )
+    ]
+    effects = [
+        (str(r[0]), int(r[1]), int(r[2]))
+        for r in scratch.rows(f"SELECT job_key, job_id, token FROM {t['drill_effects']}")
+    ]
+    return Snapshot(
+        jobs=jobs,
+        attempts=attempts,
+        effects=effects,
+        stale_refused=scratch.scalar(f"SELECT count(*) FROM {t['stale']}"),
+        ledger_duplicates=scratch.scalar(f"SELECT count(*) FROM {t['duplicates']}"),
+    )
+
+
+def check(
+    snap: Snapshot,
+    *,
+    keys: Sequence[str],
+    lease_ttl: float,
+    rescue_interval: float,
+    fault: FaultWindow | None = None,
+) -> Report:
+    """Verify the invariants over ``snap`` for the jobs enqueued with ``keys``."""
+    report = Report(
+        jobs=len(keys),
+        stale_refused=snap.stale_refused,
+        ledger_duplicates=snap.ledger_duplicates,
+        recovery_bound=2 * lease_ttl + rescue_interval + SLACK,
+    )
+    by_job: dict[int, list[Attempt]] = collections.defaultdict(list)
+    for a in snap.attempts:
+        by_job[a.job_id].append(a)
+    effects_by_key: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
+    for key, job_id, token in snap.effects:
+        effects_by_key[key].append((job_id, token))
+    _check_lost(snap, keys, effects_by_key, report)
+    _check_effects(snap, effects_by_key, by_job, report)
+    _check_attempts(snap, by_job, report)
+    _check_recovery(by_job, fault, report)
+    return report
+
+
+def _check_lost(
+    snap: Snapshot,
+    keys: Sequence[str],
+    effects_by_key: dict[str, list[tuple[int, int]]],
+    report: Report,
+) -> None:
+    by_key = {key: (job_id, state, err) for job_id, (key, state, _, err) in snap.jobs.items()}
+    for key in keys:
+        if key not in by_key:
+            report.lost += 1
+            report.note(f"lost: no job for key {key!r}")
+            continue
+        job_id, state, error = by_key[key]
+        if state in _PENDING:
+            report.pending += 1
+            report.note(f"unfinished: job {job_id} ({key}) still {state}")
+        elif state == "dead" and not error:
+            report.lost += 1
+            report.note(f"lost: job {job_id} ({key}) dead without a reason")
+        elif state == "succeeded" and not effects_by_key.get(key):
+            report.lost += 1
+            report.note(f"lost: job {job_id} ({key}) succeeded without its effect")
+        elif state not in _FINAL | _PENDING:
+            report.lost += 1
+            report.note(f"lost: job {job_id} ({key}) in unknown state {state!r}")
+
+
+def _check_effects(
+    snap: Snapshot,
+    effects_by_key: dict[str, list[tuple[int, int]]],
+    by_job: dict[int, list[Attempt]],
+    report: Report,
+) -> None:
+    for key, rows in effects_by_key.items():
+        if len(rows) > 1:
+            report.duplicate_effects += len(rows) - 1
+            tokens = sorted(token for _, token in rows)
+            report.note(f"duplicate effect: {key} written {len(rows)} times (tokens {tokens})")
+        for job_id, token in rows:
+            job = snap.jobs.get(job_id)
+            newest = job[2] if job else None
+            won = [a.token for a in by_job.get(job_id, ()) if a.outcome == "succeeded"]
+            if token != newest or (won and token not in won):
+                report.stale_writes += 1
+                report.note(
+                    f"stale write accepted: {key} written by token {token}, "
+                    f"job {job_id}'s newest token is {newest}, succeeded attempt(s) {won}"
+                )
+
+
+def _check_attempts(snap: Snapshot, by_job: dict[int, list[Attempt]], report: Report) -> None:
+    for job_id, attempts in by_job.items():
+        attempts.sort(key=lambda a: (a.started_at, a.token))
+        report.reexecutions += max(0, len(attempts) - 1)
+        tokens = [a.token for a in attempts]
+        won = [a for a in attempts if a.outcome == "succeeded"]
+        problem = None
+        if any(b <= a for a, b in itertools.pairwise(tokens)):
+            problem = f"tokens not increasing with start time: {tokens}"
+        elif len(won) > 1:
+            problem = f"{len(won)} succeeded attempts (tokens {[a.token for a in won]})"
+        elif won and any(
+            a.started_at > (won[0].finished_at or won[0].started_at) for a in attempts
+        ):
+            problem = f"an attempt started after its success (token {won[0].token})"
+        elif won and snap.jobs.get(job_id, (None, "succeeded"))[1] != "succeeded":
+            problem = f"succeeded attempt but state {snap.jobs[job_id][1]}"
+        if problem:
+            report.backwards += 1
+            report.note(f"state moved backwards: job {job_id}: {problem}")
+
+
+def _check_recovery(
+    by_job: dict[int, list[Attempt]], fault: FaultWindow | None, report: Report
+) -> None:
+    for job_id, attempts in by_job.items():
+        for prev, nxt in zip(attempts, [*attempts[1:], None], strict=True):
+            if prev.outcome == "lease_expired" and prev.finished_at is not None:
+                origin = prev.started_at
+                if fault is not None and fault.start <= prev.finished_at:
+                    origin = max(origin, fault.end if fault.all_workers else fault.start)
+                lag = prev.finished_at - origin
+                if lag > report.recovery_bound:
+                    report.late_recoveries += 1
+                    report.note(
+                        f"late recovery: job {job_id} token {prev.token} rescued {lag:.1f}s "
+                        f"after its owner stopped renewing (bound {report.recovery_bound:.1f}s)"
+                    )
+            if fault is None or nxt is None or prev.outcome == "succeeded":
+                continue
+            # Cut short by the fault: it was running when the fault began, or started
+            # during it, and ended without success.
+            ended = prev.finished_at if prev.finished_at is not None else nxt.started_at
+            if ended >= fault.start and prev.started_at <= fault.end:
+                report.affected += 1
+                delay = max(0.0, nxt.started_at - fault.start)
+                report.recovery = max(report.recovery or 0.0, delay)

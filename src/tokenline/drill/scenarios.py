@@ -1,0 +1,236 @@
+"""The drill's scenarios: what runs, what is injected when, for how long, on whom.
+
+Each :class:`Scenario` is a value: one :class:`Injection` at a share of the jobs done,
+lasting some seconds (or lease TTLs), on one worker or all of them. How a fault reaches
+a worker depends on the store:
+
+* **PostgreSQL**: every worker process connects through its own
+  :class:`~tokenline.drill.proxy.ThreadedFaultProxy`, so a network fault can hit one
+  worker; faults that must pick a *role* (the lease store but not the broker) go through
+  :class:`~tokenline.drill.faultstore.FaultStore`, since one connection pool serves all
+  three roles and a proxy cannot tell them apart.
+* **SQLite**: there is no network; every worker gets its own fault file, read by the
+  FaultStore wrapping its store.
+
+``pg_restart`` is *simulated at the proxy*: every connection is reset and new ones are
+refused for a while, which is what clients see of a restart. The server itself keeps
+running (the drill must not stop a server it does not own); a real restart also loses
+prepared statements and in-memory state, which this does not exercise.
+
+``partition_oneway`` on SQLite is approximated with ``fail_after`` on every role: each
+call reaches the file and is applied, and its answer is lost — what a server→client drop
+does to requests already sent.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .proxy import Faults
+from .storefaults import RoleFaults, StoreFaults
+
+__all__ = [
+    "DRILL_SCENARIOS",
+    "Action",
+    "Injection",
+    "Scenario",
+    "Schedule",
+    "Target",
+    "scenarios_for",
+]
+
+
+class Target(enum.StrEnum):
+    """Whom an injection hits."""
+
+    ONE = "one"
+    ALL = "all"
+
+
+class Action(enum.StrEnum):
+    """What an injection does."""
+
+    #: SIGKILL the worker process.
+    KILL = "kill"
+    #: SIGSTOP it until its jobs were taken over (or ``duration``), then SIGCONT.
+    STOP = "stop"
+    #: Switch faults on (FaultStore and/or proxy) for ``duration`` seconds.
+    FAULT = "fault"
+
+
+@dataclass(frozen=True, slots=True)
+class Injection:
+    """One fault: when (``at_done``: share of the jobs finished), how long, on whom."""
+
+    action: Action
+    target: Target = Target.ONE
+    at_done: float = 0.25
+    #: Seconds the fault lasts, in lease TTLs (``0``: instantaneous).
+    ttls: float = 0.0
+    #: FaultStore faults: always on SQLite; on PostgreSQL when ``proxy`` is ``None``.
+    store: StoreFaults | None = None
+    #: Proxy faults (PostgreSQL only).
+    proxy: Faults | None = None
+    #: Reset the proxy's connections when the fault starts (PostgreSQL only).
+    reset: bool = False
+    #: Toggle the fault on and off every this many seconds while it lasts.
+    flap: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.at_done < 1:
+            raise ValueError(f"at_done must be in [0, 1), got {self.at_done}")
+        if self.action is Action.FAULT and self.store is None and self.proxy is None:
+            raise ValueError("a fault injection needs store or proxy faults")
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A named drill scenario (see the module docstring)."""
+
+    name: str
+    description: str
+    injection: Injection
+    #: Store schemes it applies to.
+    stores: frozenset[str] = frozenset({"sqlite", "postgresql"})
+
+    def applies_to(self, scheme: str) -> bool:
+        """Whether the scenario runs on a store of this scheme."""
+        return scheme in self.stores
+
+    def faults_for(self, scheme: str) -> tuple[StoreFaults | None, Faults | None]:
+        """(FaultStore faults, proxy faults) to switch on, for a store of ``scheme``."""
+        inj = self.injection
+        if scheme == "postgresql" and inj.proxy is not None:
+            return None, inj.proxy
+        return inj.store, None
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A scenario's fault schedule for one run, fixed by the seed."""
+
+    #: Jobs finished when the fault starts.
+    at_jobs: int
+    #: The worker hit when the target is one worker.
+    victim: int
+    #: Seed handed to the FaultStores and proxies (probability and jitter draws).
+    seed: int
+
+    @classmethod
+    def draw(cls, scenario: Scenario, *, jobs: int, workers: int, seed: int) -> Schedule:
+        """The schedule of ``scenario`` for ``seed``: the same seed, the same schedule."""
+        rng = random.Random(f"{seed}:{scenario.name}")
+        share = scenario.injection.at_done + rng.uniform(-0.05, 0.05)
+        at_jobs = max(1, min(jobs - 1, round(jobs * share)))
+        return cls(at_jobs=at_jobs, victim=rng.randrange(workers), seed=rng.randrange(2**31))
+
+
+_ALL_ERROR = StoreFaults(
+    broker=RoleFaults(error=True), leases=RoleFaults(error=True), ledger=RoleFaults(error=True)
+)
+_ALL_LOST = StoreFaults(
+    broker=RoleFaults(fail_after=True),
+    leases=RoleFaults(fail_after=True),
+    ledger=RoleFaults(fail_after=True),
+)
+
+_SCENARIOS = (
+    Scenario(
+        "kill9",
+        "kill -9 a worker mid-job; its jobs come back after the lease TTL",
+        Injection(Action.KILL, at_done=0.3),
+    ),
+    Scenario(
+        "sigstop",
+        "SIGSTOP a worker past its lease; SIGCONT once its jobs were re-leased",
+        Injection(Action.STOP, at_done=0.3, ttls=4.0),
+    ),
+    Scenario(
+        "lost_ack",
+        "one worker's completion commits are applied but their answer is lost",
+        Injection(
+            Action.FAULT,
+            at_done=0.2,
+            ttls=1.5,
+            # The drill's handler completes its job inside ctx.transaction, so the
+            # completion commit is the fenced transaction (ledger role); jobs_finish
+            # (broker) carries the retries and releases.
+            store=StoreFaults(
+                broker=RoleFaults(
+                    fail_after=True, probability=0.3, methods=frozenset({"jobs_finish"})
+                ),
+                ledger=RoleFaults(fail_after=True, probability=0.3),
+            ),
+        ),
+    ),
+    Scenario(
+        "partition_leases",
+        "one worker can read the queue and write the ledger but not renew (zombie)",
+        Injection(
+            Action.FAULT, at_done=0.2, ttls=2.5, store=StoreFaults(leases=RoleFaults(error=True))
+        ),
+    ),
+    Scenario(
+        "partition_total",
+        "one worker loses the store entirely (proxy blackhole / every role fails)",
+        Injection(
+            Action.FAULT, at_done=0.2, ttls=2.0, store=_ALL_ERROR, proxy=Faults(blackhole=True)
+        ),
+    ),
+    Scenario(
+        "partition_oneway",
+        "one worker's requests arrive, the answers do not (server→client loss)",
+        Injection(
+            Action.FAULT, at_done=0.2, ttls=2.0, store=_ALL_LOST, proxy=Faults(drop_to_client=True)
+        ),
+    ),
+    Scenario(
+        "slow_store",
+        "every call of every worker is slower than the store timeout",
+        Injection(
+            Action.FAULT,
+            Target.ALL,
+            at_done=0.2,
+            ttls=1.5,
+            store=StoreFaults(
+                broker=RoleFaults(delay=1.0),
+                leases=RoleFaults(delay=1.0),
+                ledger=RoleFaults(delay=1.0),
+            ),
+            proxy=Faults(latency=0.5, jitter=0.1),
+        ),
+    ),
+    Scenario(
+        "flapping",
+        "every worker's connection goes down and up every 300 ms",
+        Injection(
+            Action.FAULT,
+            Target.ALL,
+            at_done=0.2,
+            ttls=1.5,
+            store=_ALL_ERROR,
+            proxy=Faults(refuse=True),
+            reset=True,
+            flap=0.3,
+        ),
+    ),
+    Scenario(
+        "pg_restart",
+        "PostgreSQL restarts under load (simulated at the proxy: reset, refuse ~2 s)",
+        Injection(
+            Action.FAULT, Target.ALL, at_done=0.3, ttls=1.0, proxy=Faults(refuse=True), reset=True
+        ),
+        stores=frozenset({"postgresql"}),
+    ),
+)
+
+#: Every scenario by name, in the order the drill runs them.
+DRILL_SCENARIOS: Mapping[str, Scenario] = {s.name: s for s in _SCENARIOS}
+
+
+def scenarios_for(scheme: str) -> list[Scenario]:
+    """The scenarios that apply to a store of ``scheme`` (``sqlite``, ``postgresql``)."""
+    return [s for s in _SCENARIOS if s.applies_to(scheme)]

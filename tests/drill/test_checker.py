@@ -1,0 +1,94 @@
+"""The invariant checker on hand-made snapshots: each invariant, broken on purpose."""
+
+from __future__ import annotations
+
+from tokenline.drill.checker import Attempt, FaultWindow, Snapshot, check
+
+TTL = 2.0
+KEYS = ["k:0", "k:1"]
+
+
+def _clean() -> Snapshot:
+    return Snapshot(
+        jobs={1: ("k:0", "succeeded", 1, None), 2: ("k:1", "succeeded", 2, None)},
+        attempts=[
+            Attempt(1, 1, 100.0, 100.1, "succeeded"),
+            Attempt(2, 1, 100.0, 103.0, "lease_expired"),
+            Attempt(2, 2, 103.5, 104.0, "succeeded"),
+        ],
+        effects=[("k:0", 1, 1), ("k:1", 2, 2)],
+        stale_refused=1,
+        ledger_duplicates=0,
+    )
+
+
+def _check(snap: Snapshot, fault: FaultWindow | None = None) -> object:
+    return check(snap, keys=KEYS, lease_ttl=TTL, rescue_interval=0.5, fault=fault)
+
+
+def test_a_clean_run_passes_and_counts_what_is_allowed() -> None:
+    """A rescued and re-run job is no violation; its re-run and the refused stale commit
+    are counted as duplicate executions, and the recovery time is measured from the fault."""
+    report = check(
+        _clean(), keys=KEYS, lease_ttl=TTL, rescue_interval=0.5, fault=FaultWindow(101.0, 101.0)
+    )
+    assert report.ok, report.violations
+    assert report.duplicate_executions == 2
+    assert report.affected == 1
+    assert report.recovery == 2.5
+
+
+def test_a_missing_job_or_a_success_without_its_effect_is_lost() -> None:
+    """No lost job: a key without a job, and a succeeded job without its effect, count."""
+    snap = _clean()
+    del snap.jobs[1]
+    report = check(snap, keys=[*KEYS, "k:2"], lease_ttl=TTL, rescue_interval=0.5)
+    assert report.lost == 2
+    assert not report.ok
+
+
+def test_a_second_row_for_a_key_is_a_duplicate_effect() -> None:
+    """Once per key: two business rows for one key break the invariant."""
+    snap = _clean()
+    snap.effects.append(("k:1", 2, 1))
+    report = check(snap, keys=KEYS, lease_ttl=TTL, rescue_interval=0.5)
+    assert report.duplicate_effects == 1
+    assert report.stale_writes == 1  # and token 1 was not the newest
+    assert not report.ok
+
+
+def test_an_effect_by_an_old_token_is_a_stale_write() -> None:
+    """Fenced commits: the row must carry the job's newest, succeeded token."""
+    snap = _clean()
+    snap.effects[1] = ("k:1", 2, 1)
+    report = check(snap, keys=KEYS, lease_ttl=TTL, rescue_interval=0.5)
+    assert report.stale_writes == 1
+    assert report.duplicate_effects == 0
+
+
+def test_two_successes_or_an_attempt_after_success_move_state_backwards() -> None:
+    """Monotonic states: a second success, or a run after the success, are refused."""
+    snap = _clean()
+    snap.attempts.append(Attempt(1, 2, 200.0, 200.1, "succeeded"))
+    report = check(snap, keys=KEYS, lease_ttl=TTL, rescue_interval=0.5)
+    assert report.backwards == 1
+
+
+def test_a_rescue_later_than_ttl_plus_period_plus_slack_is_reported() -> None:
+    """Ownership expires: an expired lease rescued too late is a violation."""
+    snap = _clean()
+    snap.attempts[1] = Attempt(2, 1, 100.0, 120.0, "lease_expired")
+    assert check(snap, keys=KEYS, lease_ttl=TTL, rescue_interval=0.5).late_recoveries == 1
+    # During a fault on every worker nobody can rescue: the clock starts at its end.
+    fault = FaultWindow(100.0, 115.0, all_workers=True)
+    report = check(snap, keys=KEYS, lease_ttl=TTL, rescue_interval=0.5, fault=fault)
+    assert report.late_recoveries == 0
+
+
+def test_a_job_still_pending_fails_the_run_without_being_lost() -> None:
+    """A job still queued when the run ends is visible, not lost, but the run fails."""
+    snap = _clean()
+    snap.jobs[2] = ("k:1", "queued", 2, None)
+    snap.effects.pop()
+    report = check(snap, keys=KEYS, lease_ttl=TTL, rescue_interval=0.5)
+    assert (report.lost, report.pending, report.ok) == (0, 1, False)

@@ -1,0 +1,43 @@
+"""Scenario descriptions: which apply where, and a seed that fixes the schedule."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenline.drill.scenarios import (
+    DRILL_SCENARIOS,
+    Action,
+    Injection,
+    Schedule,
+    scenarios_for,
+)
+
+
+def test_pg_restart_applies_to_postgresql_only() -> None:
+    """A server restart has no meaning for a file: SQLite runs every other scenario."""
+    assert "pg_restart" not in {s.name for s in scenarios_for("sqlite")}
+    assert [s.name for s in scenarios_for("postgresql")] == list(DRILL_SCENARIOS)
+
+
+def test_the_seed_fixes_the_schedule() -> None:
+    """The same seed gives the same moment and victim; the schedule stays in range."""
+    s = DRILL_SCENARIOS["kill9"]
+    a = Schedule.draw(s, jobs=2000, workers=4, seed=7)
+    assert a == Schedule.draw(s, jobs=2000, workers=4, seed=7)
+    draws = {Schedule.draw(s, jobs=2000, workers=4, seed=n) for n in range(20)}
+    assert len(draws) > 1
+    assert all(0 < d.at_jobs < 2000 and 0 <= d.victim < 4 for d in draws)
+
+
+def test_every_network_fault_has_a_sqlite_equivalent() -> None:
+    """Each scenario that runs on SQLite has FaultStore faults (or is a signal)."""
+    for s in scenarios_for("sqlite"):
+        store, proxy = s.faults_for("sqlite")
+        assert proxy is None
+        assert store is not None or s.injection.action is not Action.FAULT, s.name
+
+
+def test_a_fault_injection_without_faults_is_refused() -> None:
+    """A scenario that would inject nothing is a drill that proves nothing."""
+    with pytest.raises(ValueError, match="needs store or proxy faults"):
+        Injection(Action.FAULT)
