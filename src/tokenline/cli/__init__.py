@@ -28,6 +28,7 @@ from ._common import (
 from .audit import audit
 from .bench import bench
 from .demo import demo
+from .drill import drill
 from .inspect import dlq, job, jobs, queues, status, workers
 
 __all__ = ["main"]
@@ -248,6 +249,6 @@ def migrate(app_spec: str | None, url: str | None, timeout: float) -> None:
     console.print(f"{app.url}: schema up to date{suffix}", highlight=False)
 
 
-for command in (status, queues, workers, jobs, job, dlq, demo, bench):
+for command in (status, queues, workers, jobs, job, dlq, demo, bench, drill):
     main.add_command(command)
 main.add_command(audit)

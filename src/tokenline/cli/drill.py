@@ -1,0 +1,132 @@
+"""``tokenline drill``: inject partial failures into real workers and check the invariants.
+
+See :mod:`tokenline.drill.runner` for how a scenario runs and
+:mod:`tokenline.drill.checker` for what is checked. Exit status: 0 when every invariant
+held in every scenario, 1 when one broke, 2 for bad input (nothing was started).
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.table import Table
+
+from ..drill.runner import Drill, DrillError, ScenarioResult
+from ..drill.scenarios import DRILL_SCENARIOS
+from ._common import console, err_console
+
+__all__ = ["drill", "results_table"]
+
+
+def _count(n: int, bad: bool = True) -> str:
+    return f"[bold red]{n}[/]" if n and bad else str(n)
+
+
+def results_table(results: list[ScenarioResult], *, title: str) -> Table:
+    """The drill's report: one row per scenario."""
+    table = Table(title=title)
+    for name in ("scenario", "jobs", "lost", "dup. effects", "stale writes"):
+        table.add_column(name, justify="right" if name != "scenario" else "left")
+    for name in ("stale refused", "dup. executions", "recovery", "verdict"):
+        table.add_column(name, justify="right" if name != "verdict" else "left")
+    for res in results:
+        r = res.report
+        recovery = "—" if r.recovery is None else f"{r.recovery:.1f}s ({r.affected} jobs)"
+        verdict = "[green]PASS[/]" if r.ok else "[bold red]FAIL[/]"
+        if r.pending:
+            verdict += f" ({r.pending} unfinished)"
+        if r.backwards or r.late_recoveries:
+            verdict += f" ({r.backwards} backwards, {r.late_recoveries} late)"
+        table.add_row(
+            res.scenario,
+            str(r.jobs),
+            _count(r.lost),
+            _count(r.duplicate_effects),
+            _count(r.stale_writes),
+            str(r.stale_refused),
+            str(r.duplicate_executions),
+            recovery,
+            verdict,
+        )
+    return table
+
+
+@click.command()
+@click.option(
+    "--url",
+    envvar="TOKENLINE_URL",
+    default=None,
+    help="postgresql://… (a fresh schema per scenario, dropped after) or sqlite:///file "
+    "(files beside it, one per scenario). Default: SQLite in a temporary directory.",
+)
+@click.option(
+    "--scenario",
+    "scenarios",
+    multiple=True,
+    metavar="NAME",
+    help=f"Scenario to run (repeatable; default: all that apply). One of: "
+    f"{', '.join(DRILL_SCENARIOS)}.",
+)
+@click.option("--jobs", type=click.IntRange(10, 1_000_000), default=2000, show_default=True)
+@click.option("--workers", type=click.IntRange(2, 32), default=3, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Fixes the fault schedule.")
+@click.option(
+    "--proxy-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    help="First port of the per-worker fault proxies (PostgreSQL); 0: any free port.",
+)
+@click.option("--keep", is_flag=True, help="Keep the stores (schemas, files) for inspection.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+def drill(
+    url: str | None,
+    scenarios: tuple[str, ...],
+    jobs: int,
+    workers: int,
+    seed: int,
+    proxy_port: int,
+    keep: bool,
+    as_json: bool,
+) -> None:
+    """Kill, pause, partition and slow real workers; check no job is lost or done twice."""
+    runner = Drill(url=url, jobs=jobs, workers=workers, seed=seed, proxy_port=proxy_port, keep=keep)
+    try:
+        chosen = runner.select(scenarios)
+        runner.preflight()
+    except DrillError as exc:
+        err_console.print(f"[red]error:[/] {exc}", highlight=False)
+        raise SystemExit(2) from None
+    ttl = runner.settings.lease_ttl
+    if not as_json:
+        console.print(
+            f"{len(chosen)} scenario(s) on {runner.scheme}, {jobs} jobs each, {workers} "
+            f"workers, lease TTL {ttl:g}s, rescue every {runner.settings.rescue_interval:g}s, "
+            f"seed {seed}",
+            highlight=False,
+        )
+
+    def progress(result: ScenarioResult) -> None:
+        if not as_json:
+            verdict = "pass" if result.report.ok else "FAIL"
+            console.print(
+                f"  {result.scenario}: {verdict} in {result.elapsed:.1f}s", highlight=False
+            )
+
+    try:
+        results = runner.run(chosen, progress)
+    except DrillError as exc:
+        err_console.print(f"[red]error:[/] {exc}", highlight=False)
+        raise SystemExit(2) from None
+    failed = [r for r in results if not r.report.ok]
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in results], indent=2))
+    else:
+        title = f"tokenline drill — {runner.scheme}, lease TTL {ttl:g}s, seed {seed}"
+        console.print(results_table(results, title=title))
+        for res in failed:
+            console.print(f"[bold red]{res.scenario}[/]:", highlight=False)
+            for line in res.report.violations:
+                console.print(f"  {line}", highlight=False, markup=False)
+    if failed:
+        raise SystemExit(1)

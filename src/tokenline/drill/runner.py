@@ -1,0 +1,417 @@
+"""Run drill scenarios against real worker processes and check the invariants.
+
+For each scenario, :class:`Drill` creates a fresh store (a new SQLite file, or a new
+PostgreSQL schema dropped afterwards), enqueues ``jobs`` jobs of
+:mod:`tokenline.drill.app`, starts the worker :class:`~._fleet.Fleet`, injects the
+scenario's fault on the seed's schedule, waits until every job is finished and the
+fault is over, stops every process, and hands what the store says to
+:func:`~.checker.check`.
+
+Everything that can be refused is refused before a worker starts
+(:meth:`Drill.preflight`): unknown scenarios, a store that cannot be reached, a proxy
+port in use. Processes and proxies are stopped in ``finally`` blocks, so an exception or
+a Ctrl-C (``KeyboardInterrupt``) leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._errors import TokenlineError
+from .._scratch import ScratchStore, scratch_for, upstream_of
+from . import app as drill_app
+from ._fleet import Fleet, WorkerSettings
+from .checker import FaultWindow, Report, check, read_snapshot
+from .proxy import ThreadedFaultProxy
+from .scenarios import DRILL_SCENARIOS, Action, Scenario, Schedule, Target, scenarios_for
+
+__all__ = ["Drill", "DrillError", "ScenarioResult", "scheme_of"]
+
+_FINISHED = "state IN ('succeeded', 'dead', 'cancelled')"
+#: How often the controller looks at the store.
+_TICK = 0.05
+
+
+class DrillError(TokenlineError):
+    """The drill cannot run as asked (bad input, unreachable store, port in use)."""
+
+
+@dataclass
+class ScenarioResult:
+    """One scenario's run: its verdict and when its fault was on."""
+
+    scenario: str
+    store: str
+    report: Report
+    lease_ttl: float
+    elapsed: float
+    fault: FaultWindow | None = None
+    log_tail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready summary (``tokenline drill --json``)."""
+        r = self.report
+        return {
+            "scenario": self.scenario,
+            "store": self.store,
+            "ok": r.ok,
+            "jobs": r.jobs,
+            "lost": r.lost,
+            "pending": r.pending,
+            "duplicate_effects": r.duplicate_effects,
+            "stale_writes_accepted": r.stale_writes,
+            "states_backwards": r.backwards,
+            "late_recoveries": r.late_recoveries,
+            "stale_commits_refused": r.stale_refused,
+            "ledger_duplicates": r.ledger_duplicates,
+            "reexecutions": r.reexecutions,
+            "duplicate_executions": r.duplicate_executions,
+            "affected_jobs": r.affected,
+            "recovery_seconds": r.recovery,
+            "recovery_bound_seconds": r.recovery_bound,
+            "lease_ttl_seconds": self.lease_ttl,
+            "elapsed_seconds": round(self.elapsed, 2),
+            "violations": r.violations,
+        }
+
+
+def scheme_of(url: str) -> str:
+    """``sqlite`` or ``postgresql`` for a store URL; :class:`DrillError` otherwise."""
+    if url.startswith("sqlite:///"):
+        return "sqlite"
+    if url.startswith(("postgresql://", "postgres://")):
+        return "postgresql"
+    raise DrillError(f"the drill runs on sqlite:///… or postgresql://…, not {url!r}")
+
+
+@dataclass
+class Drill:
+    """The drill's settings; :meth:`run` runs scenarios one after the other."""
+
+    #: ``None``: SQLite files in a temporary directory.
+    url: str | None = None
+    jobs: int = 2000
+    workers: int = 3
+    seed: int = 0
+    settings: WorkerSettings = field(default_factory=WorkerSettings)
+    #: First port of the per-worker proxies (PostgreSQL); 0: any free port.
+    proxy_port: int = 0
+    #: Extra environment for the workers (tests use it to switch fencing off).
+    worker_env: Mapping[str, str] = field(default_factory=dict)
+    #: Longest a scenario may take once its workers run (seconds).
+    deadline: float = 300.0
+    keep: bool = False
+
+    @property
+    def scheme(self) -> str:
+        """The store's scheme."""
+        return "sqlite" if self.url is None else scheme_of(self.url)
+
+    def select(self, names: Sequence[str]) -> list[Scenario]:
+        """The scenarios named (all that apply when none is); unknown names refused."""
+        if not names:
+            return scenarios_for(self.scheme)
+        unknown = [n for n in names if n not in DRILL_SCENARIOS]
+        if unknown:
+            raise DrillError(
+                f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(DRILL_SCENARIOS)}"
+            )
+        chosen = [DRILL_SCENARIOS[n] for n in dict.fromkeys(names)]
+        wrong = [s.name for s in chosen if not s.applies_to(self.scheme)]
+        if wrong:
+            raise DrillError(f"scenario(s) {', '.join(wrong)} do not apply to {self.scheme}")
+        return chosen
+
+    def preflight(self) -> None:
+        """Refuse, before any worker starts, a store or proxy port that cannot work."""
+        if self.workers < 2:
+            raise DrillError("the drill needs at least 2 workers: one is the victim")
+        if self.jobs < 10:
+            raise DrillError("the drill needs at least 10 jobs")
+        if self.url is None:
+            return
+        if self.scheme == "sqlite":
+            parent = Path(self.url[len("sqlite:///") :]).parent
+            if not parent.is_dir():
+                raise DrillError(
+                    f"cannot create SQLite files in {str(parent)!r}: no such directory"
+                )
+            return
+        if "schema=" in self.url:
+            raise DrillError("the drill picks a fresh schema per scenario: leave ?schema= out")
+        try:
+            import psycopg
+        except ModuleNotFoundError:
+            raise DrillError(
+                "the PostgreSQL drill needs psycopg: pip install 'tokenline[postgres]'"
+            ) from None
+        try:
+            with psycopg.connect(self.url, connect_timeout=5):
+                pass
+        except psycopg.Error as exc:
+            raise DrillError(f"cannot reach PostgreSQL at {self.url}: {exc}".strip()) from None
+        # The proxies' ports: a trial listen on each, released at once.
+        if self.proxy_port:
+            for i in range(self.workers):
+                port = self.proxy_port + i
+                try:
+                    with ThreadedFaultProxy(upstream_of(self.url), port=port):
+                        pass
+                except OSError as exc:
+                    raise DrillError(str(exc)) from None
+
+    def run(
+        self,
+        scenarios: Sequence[Scenario],
+        on_result: Callable[[ScenarioResult], None] | None = None,
+    ) -> list[ScenarioResult]:
+        """Run ``scenarios`` in order; ``on_result`` hears each as it finishes."""
+        results = []
+        tmp = Path(tempfile.mkdtemp(prefix="tokenline-drill-"))
+        try:
+            for scenario in scenarios:
+                result = self.run_one(scenario, tmp)
+                results.append(result)
+                if on_result is not None:
+                    on_result(result)
+        finally:
+            if not self.keep:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return results
+
+    def _scratch(self, scenario: Scenario, tmp: Path) -> ScratchStore:
+        if self.url is None:
+            return scratch_for(f"sqlite:///{tmp / f'drill-{scenario.name}.db'}")
+        if self.scheme == "sqlite":
+            base = Path(self.url[len("sqlite:///") :])
+            db = base.with_name(f"{base.stem}-{scenario.name}{base.suffix or '.db'}")
+            return scratch_for(f"sqlite:///{db}")
+        return scratch_for(self.url, keep=self.keep, prefix="tokenline_drill")
+
+    def run_one(self, scenario: Scenario, tmp: Path) -> ScenarioResult:
+        """Run one scenario on a fresh store."""
+        scratch = self._scratch(scenario, tmp)
+        work_dir = tmp / scenario.name
+        work_dir.mkdir(exist_ok=True)
+        schedule = Schedule.draw(scenario, jobs=self.jobs, workers=self.workers, seed=self.seed)
+        try:
+            scratch.prepare({"drill_effects": drill_app.COLUMNS})
+            keys = self._enqueue(scratch, scenario, schedule)
+            fleet = Fleet(
+                url=scratch.url,
+                workers=self.workers,
+                settings=self.settings,
+                work_dir=work_dir,
+                env={**self.worker_env, drill_app.TABLE_ENV: scratch.tables["drill_effects"]},
+                upstream=upstream_of(scratch.url) if self.scheme == "postgresql" else None,
+                proxy_port=self.proxy_port,
+                seed=schedule.seed,
+                run_id=f"{uuid.uuid4().hex}",
+            )
+            started = time.monotonic()
+            with fleet:
+                fleet.spawn("tokenline.drill.app:app", drill_app.QUEUE)
+                window = _Controller(self, scenario, schedule, scratch, fleet).run()
+                tail = fleet.log_tail()
+            elapsed = time.monotonic() - started
+            report = check(
+                read_snapshot(scratch),
+                keys=keys,
+                lease_ttl=self.settings.lease_ttl,
+                rescue_interval=self.settings.rescue_interval,
+                fault=window,
+            )
+        finally:
+            scratch.cleanup()
+        return ScenarioResult(
+            scenario.name,
+            self.scheme,
+            report,
+            self.settings.lease_ttl,
+            elapsed,
+            window,
+            "" if report.ok else tail,
+        )
+
+    def _enqueue(self, scratch: ScratchStore, scenario: Scenario, schedule: Schedule) -> list[str]:
+        """Enqueue the jobs; those around the fault's moment outlive a lease TTL, so the
+        fault catches some job mid-flight however fast the others are."""
+        from .._app import App
+
+        ttl = self.settings.lease_ttl
+        slots = self.workers * self.settings.concurrency
+        first_long = max(0, schedule.at_jobs - slots)
+        long_jobs = set(range(first_long, first_long + 3 * slots, 3))
+        rng = random.Random(schedule.seed)
+        task = "drill.work_async" if scratch.async_handlers else "drill.work"
+        keys = [f"drill:{scenario.name}:{i}" for i in range(self.jobs)]
+        items = [
+            (key, ttl * 1500 if i in long_jobs else rng.uniform(2, 12), ttl / 2)
+            for i, key in enumerate(keys)
+        ]
+        app = App(scratch.url)
+        for t in drill_app.app.tasks.values():
+            app.task(name=t.name, queue=t.queue, max_attempts=t.max_attempts)(t.fn)
+        try:
+            for first in range(0, len(items), 5000):
+                app.enqueue_many(task, items[first : first + 5000], keys=keys[first : first + 5000])
+        finally:
+            app.close()
+        return keys
+
+
+class _Controller:
+    """Watches the store and injects one scenario's fault on its schedule."""
+
+    def __init__(
+        self,
+        drill: Drill,
+        scenario: Scenario,
+        schedule: Schedule,
+        scratch: ScratchStore,
+        fleet: Fleet,
+    ) -> None:
+        self.drill = drill
+        self.scenario = scenario
+        self.inj = scenario.injection
+        self.schedule = schedule
+        self.scratch = scratch
+        self.fleet = fleet
+        self.duration = self.inj.ttls * drill.settings.lease_ttl
+        self.targets = (
+            list(range(drill.workers)) if self.inj.target is Target.ALL else [schedule.victim]
+        )
+        self.store_faults, self.proxy_faults = scenario.faults_for(drill.scheme)
+        self.started: float | None = None
+        self.ended: float | None = None
+        self._on = False
+        self._held: list[tuple[int, int]] = []
+        self.stop_tries = 0
+
+    def done(self) -> int:
+        return self.scratch.scalar(
+            f"SELECT count(*) FROM {self.scratch.tables['jobs']} WHERE {_FINISHED}"
+        )
+
+    def run(self) -> FaultWindow | None:
+        """Drive the run to its end; the fault's window, or ``None`` if it never began."""
+        deadline = time.monotonic() + self.drill.deadline
+        try:
+            while time.monotonic() < deadline:
+                done = self.done()
+                if self.started is None and done >= self.schedule.at_jobs:
+                    self._start()
+                elif self.started is not None and self.ended is None:
+                    self._tick()
+                if done >= self.drill.jobs and (self.started is None or self.ended is not None):
+                    break
+                time.sleep(_TICK)
+        finally:
+            if self.started is not None and self.ended is None:
+                self._end()
+        if self.started is None:
+            return None
+        assert self.ended is not None
+        return FaultWindow(self.started, self.ended, self.inj.target is Target.ALL)
+
+    def _start(self) -> None:
+        action = self.inj.action
+        victim = self.schedule.victim
+        if action is Action.KILL:
+            self.fleet.signal(victim, signal.SIGKILL)
+            self.started = self.ended = time.time()
+        elif action is Action.STOP:
+            self._stop(victim)
+        else:
+            self._switch(on=True)
+            self.started = time.time()
+
+    def _stop(self, victim: int) -> None:
+        # A worker paused inside a transaction would hold a lock the rescue needs (the
+        # whole file on SQLite): resume it and try again a moment later.
+        for _ in range(20):
+            self.fleet.signal(victim, signal.SIGSTOP)
+            time.sleep(0.05)
+            if not self.scratch.lock_held():
+                break
+            self.fleet.signal(victim, signal.SIGCONT)
+            time.sleep(random.uniform(0.005, 0.03))
+        else:
+            # Never caught outside a transaction: pause it anyway (the rescue waits).
+            self.fleet.signal(victim, signal.SIGSTOP)
+        self.stop_tries = _ + 1
+        self.started = time.time()
+        pid = self.fleet.pid(victim)
+        ph = self.scratch.placeholder
+        self._held = [
+            (int(r[0]), int(r[1]))
+            for r in self.scratch.rows(
+                f"SELECT id, lease_token FROM {self.scratch.tables['jobs']} "
+                f"WHERE state = 'running' AND lease_owner LIKE {ph}",
+                (f"%-{pid}-%",),
+            )
+        ]
+
+    def _released(self) -> bool:
+        """Whether every job the paused worker held runs again under a newer token (or
+        is already finished): requeued is not enough, the new owner must be at work."""
+        if not self._held:
+            return True
+        rows = self.scratch.rows(
+            f"SELECT id, lease_token, state FROM {self.scratch.tables['jobs']} "
+            f"WHERE id IN ({', '.join(str(j) for j, _ in self._held)})"
+        )
+        now = {int(r[0]): (int(r[1]), str(r[2])) for r in rows}
+        return all(
+            j in now
+            and (
+                now[j][1] in ("succeeded", "dead", "cancelled")
+                or (now[j][1] == "running" and now[j][0] > t)
+            )
+            for j, t in self._held
+        )
+
+    def _tick(self) -> None:
+        assert self.started is not None
+        since = time.time() - self.started
+        if self.inj.action is Action.STOP:
+            ttl = self.drill.settings.lease_ttl
+            # Resume as soon as the jobs were taken over, while their new owners still
+            # work: the moment a zombie's commit is most dangerous.
+            if (since >= ttl and self._released()) or since >= self.duration:
+                self._end()
+            return
+        if since >= self.duration:
+            self._end()
+            return
+        if self.inj.flap:
+            want = int(since / self.inj.flap) % 2 == 0
+            if want != self._on:
+                self._switch(on=want)
+
+    def _switch(self, *, on: bool) -> None:
+        if on:
+            self.fleet.set_faults(
+                self.targets, self.store_faults, self.proxy_faults, reset=self.inj.reset
+            )
+        else:
+            self.fleet.clear_faults(self.targets)
+        self._on = on
+
+    def _end(self) -> None:
+        if self.inj.action is Action.STOP:
+            self.fleet.signal(self.schedule.victim, signal.SIGCONT)
+        elif self.inj.action is Action.FAULT:
+            with contextlib.suppress(RuntimeError):  # proxies already stopped
+                self._switch(on=False)
+        self.ended = time.time()

@@ -1,0 +1,139 @@
+"""``tokenline drill`` as users run it: bad input refused before any worker starts,
+machine-readable output, and nothing left running after Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tokenline.cli import main
+from tokenline.drill._fleet import RUN_ENV
+
+pytestmark = pytest.mark.acceptance
+
+
+def _drill(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tokenline", "drill", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def _drill_processes() -> list[int]:
+    """Pids of processes started by a drill (marked in their environment)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if f"{RUN_ENV}=".encode() in env:
+            found.append(int(entry.name))
+    return found
+
+
+def test_an_unknown_scenario_is_refused_with_the_known_names() -> None:
+    """A misspelt scenario stops the drill before anything starts, naming the valid ones."""
+    result = CliRunner().invoke(main, ["drill", "--scenario", "kill-9"])
+    assert result.exit_code == 2
+    assert "unknown scenario(s) kill-9" in result.output
+    assert "kill9" in result.output
+
+
+def test_a_postgres_only_scenario_is_refused_on_sqlite() -> None:
+    """pg_restart on SQLite is an error, not a silent pass."""
+    result = CliRunner().invoke(main, ["drill", "--scenario", "pg_restart"])
+    assert result.exit_code == 2
+    assert "do not apply to sqlite" in result.output
+
+
+def test_an_unreachable_store_is_refused_before_any_worker_starts() -> None:
+    """A URL nobody answers on: a clear error and exit 2, quickly, no worker started."""
+    with socket.socket() as sock:  # a port that was just free: nothing listens on it
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    started = time.monotonic()
+    result = _drill("--url", f"postgresql://postgres@127.0.0.1:{port}/test", "--jobs", "10")
+    assert result.returncode == 2, result.stderr
+    assert "cannot reach PostgreSQL" in result.stderr
+    assert time.monotonic() - started < 30
+    assert "workers" not in result.stdout
+
+
+@pytest.mark.postgres
+def test_a_proxy_port_in_use_is_refused_before_any_worker_starts(postgres_server: str) -> None:
+    """The per-worker proxies' ports are tried first: one in use is a clear error."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = _drill("--url", postgres_server, "--proxy-port", str(port), "--jobs", "10")
+    assert result.returncode == 2, result.stderr
+    assert "port already in use" in result.stderr
+
+
+def test_json_output_and_exit_status(tmp_path: Path) -> None:
+    """--json prints one object per scenario with its verdict; exit 0 when all held."""
+    result = _drill(
+        "--scenario", "kill9", "--jobs", "60", "--json", "--url", f"sqlite:///{tmp_path / 'd.db'}"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    (row,) = json.loads(result.stdout)
+    assert row["scenario"] == "kill9"
+    assert row["ok"] is True
+    assert row["lost"] == row["duplicate_effects"] == row["stale_writes_accepted"] == 0
+    assert row["lease_ttl_seconds"] == 2.0
+
+
+@pytest.fixture
+def no_leftovers() -> Iterator[None]:
+    before = set(_drill_processes())
+    yield
+    left = set(_drill_processes()) - before
+    for pid in left:  # clean up for the next tests, then fail
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"drill processes survived: {sorted(left)}"
+
+
+def test_ctrl_c_leaves_no_worker_or_proxy_running(no_leftovers: None, tmp_path: Path) -> None:
+    """SIGINT while workers run (and one is paused): the drill stops every process group
+    and exits, leaving no worker behind."""
+    out = (tmp_path / "drill.out").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tokenline", "drill", "--scenario", "sigstop", "--jobs", "3000",
+         "--url", f"sqlite:///{tmp_path / 'c.db'}"],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(_drill_processes()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(_drill_processes()) >= 3, "the workers never started"
+        time.sleep(3)  # into the run, likely past the SIGSTOP
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        out.close()
+    assert proc.returncode != 0, (tmp_path / "drill.out").read_text()
+    assert _drill_processes() == []
