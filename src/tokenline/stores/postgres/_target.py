@@ -98,7 +98,13 @@ def parse_url(url: str, *, timeout: float) -> Target:
     params.setdefault("application_name", "tokenline")
     # Ours first: a statement_timeout the user put in the URL's options comes later and wins.
     statement_ms = max(1, round(timeout * 1000))
-    params["options"] = f"-c statement_timeout={statement_ms} {params.get('options', '')}".strip()
+    # A client cut off inside a fenced transaction (a partition) leaves its session idle
+    # in the transaction, holding the job's row lock: nobody can rescue that job until
+    # the server drops the session, which its TCP keepalives take hours to do. Bound it
+    # like the store's own deadline (2 x timeout + 1 s), found by the drill.
+    idle_ms = max(1, round((2 * timeout + 1) * 1000))
+    ours = f"-c statement_timeout={statement_ms} -c idle_in_transaction_session_timeout={idle_ms}"
+    params["options"] = f"{ours} {params.get('options', '')}".strip()
     # Keepalives notice a peer that vanished without closing the socket (a partition).
     params.setdefault("keepalives", "1")
     params.setdefault("keepalives_idle", str(max(1, math.ceil(timeout))))
