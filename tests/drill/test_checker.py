@@ -36,6 +36,7 @@ def test_a_clean_run_passes_and_counts_what_is_allowed() -> None:
     assert report.duplicate_executions == 2
     assert report.affected == 1
     assert report.recovery == 2.5
+    assert report.rescue_lag == 2.0  # from the fault, not from the start of the attempt
 
 
 def test_a_missing_job_or_a_success_without_its_effect_is_lost() -> None:

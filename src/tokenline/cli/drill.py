@@ -24,15 +24,24 @@ def _count(n: int, bad: bool = True) -> str:
 
 
 def results_table(results: list[ScenarioResult], *, title: str) -> Table:
-    """The drill's report: one row per scenario."""
+    """The drill's report: one row per scenario.
+
+    "rescued": the longest time from a lease owner's last chance to renew (the fault, or
+    the attempt's start) to the rescue of its lease, against the bound the checker holds
+    it to; "running again": from the fault to the last affected job running again, which
+    also includes waiting behind the queue's backlog."""
     table = Table(title=title)
     for name in ("scenario", "jobs", "lost", "dup. effects", "stale writes"):
         table.add_column(name, justify="right" if name != "scenario" else "left")
-    for name in ("stale refused", "dup. executions", "recovery", "verdict"):
+    for name in ("stale refused", "dup. executions", "rescued (bound)", "running again"):
+        table.add_column(name, justify="right")
+    for name in ("verdict",):
         table.add_column(name, justify="right" if name != "verdict" else "left")
     for res in results:
         r = res.report
         recovery = "—" if r.recovery is None else f"{r.recovery:.1f}s ({r.affected} jobs)"
+        rescued = "—" if r.rescue_lag is None else f"{r.rescue_lag:.1f}s"
+        rescued += f" ({r.recovery_bound:.1f}s)"
         verdict = "[green]PASS[/]" if r.ok else "[bold red]FAIL[/]"
         if r.pending:
             verdict += f" ({r.pending} unfinished)"
@@ -46,6 +55,7 @@ def results_table(results: list[ScenarioResult], *, title: str) -> Table:
             _count(r.stale_writes),
             str(r.stale_refused),
             str(r.duplicate_executions),
+            rescued,
             recovery,
             verdict,
         )

@@ -8,6 +8,11 @@
   a network (SQLite); worker processes pick it up from the environment
   (:func:`wrap_from_env`), so a controller can switch faults while they run
   (:func:`write_fault_file`).
+
+On top of them, ``tokenline drill``: :mod:`.scenarios` (what is injected when, on whom),
+:mod:`.runner` (real worker processes on a fresh store, faults on a seeded schedule),
+:mod:`.checker` (DESIGN.md section 3, read back from the store alone) and :mod:`.app`
+(the jobs: one fenced business row each).
 """
 
 from __future__ import annotations

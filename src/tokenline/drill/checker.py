@@ -99,6 +99,8 @@ class Report:
     recovery: float | None = None
     #: The bound expired leases were held to.
     recovery_bound: float = 0.0
+    #: Longest delay from an owner's last chance to renew to the rescue of its lease.
+    rescue_lag: float | None = None
     violations: list[str] = field(default_factory=list)
 
     @property
@@ -261,7 +263,8 @@ def _check_recovery(
                 origin = prev.started_at
                 if fault is not None and fault.start <= prev.finished_at:
                     origin = max(origin, fault.end if fault.all_workers else fault.start)
-                lag = prev.finished_at - origin
+                lag = max(0.0, prev.finished_at - origin)
+                report.rescue_lag = max(report.rescue_lag or 0.0, lag)
                 if lag > report.recovery_bound:
                     report.late_recoveries += 1
                     report.note(

@@ -78,6 +78,7 @@ class ScenarioResult:
             "duplicate_executions": r.duplicate_executions,
             "affected_jobs": r.affected,
             "recovery_seconds": r.recovery,
+            "rescue_lag_seconds": r.rescue_lag,
             "recovery_bound_seconds": r.recovery_bound,
             "lease_ttl_seconds": self.lease_ttl,
             "elapsed_seconds": round(self.elapsed, 2),
