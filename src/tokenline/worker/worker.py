@@ -513,10 +513,17 @@ class Worker:
                 self.counters.released += sum(results)
             except (StoreError, TimeoutError) as exc:
                 log.warning("worker %s could not release %d jobs: %s", self.id, len(keep), exc)
+        waiting = {s.task for s in slots if s.task is not None and s.task is not current}
+        if waiting:
+            # Bounded: a task that ignores its cancellation must not keep the worker
+            # from fencing or stopping.
+            done, stuck = await asyncio.wait(waiting, timeout=self.settings.call_timeout)
+            for task in done:
+                if not task.cancelled():
+                    task.exception()  # retrieved: it ended with the worker's cancellation
+            if stuck:
+                log.warning("worker %s: %d job tasks did not stop in time", self.id, len(stuck))
         for slot in slots:
-            if slot.task is not None and slot.task is not current:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await slot.task
             self._free(slot)
 
     def _coordination_failed(self, what: str, exc: Exception) -> None:
