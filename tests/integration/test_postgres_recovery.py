@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -30,13 +30,13 @@ def _states(app: App) -> set[str]:
     return {j.state.value for j in app.run(lambda s: s.jobs_list())}
 
 
-async def _until(what: str, check: object) -> None:
+async def _until(what: str, check: Callable[[], object], context: Callable[[], str]) -> None:
     deadline = asyncio.get_running_loop().time() + DEADLINE
     while asyncio.get_running_loop().time() < deadline:
-        if check():  # type: ignore[operator]
+        if await asyncio.to_thread(check):
             return
         await asyncio.sleep(0.05)
-    pytest.fail(f"timed out waiting for {what}")
+    pytest.fail(f"timed out waiting for {what}; {context()}")
 
 
 @pytest.mark.parametrize("fault", ["blackhole", "refuse"])
@@ -70,24 +70,29 @@ async def test_worker_drains_on_outage_and_recovers(
         states: list[WorkerState] = []
         worker.on_state_change = lambda old, new, why: states.append(new)
         run = asyncio.create_task(worker.run())
+
+        def why() -> str:
+            return f"worker {worker.state.value}, states {[s.value for s in states]}, ran {ran}"
+
         try:
-            await _until("the first job to commit", lambda: _states(direct) == {"succeeded"})
+            await _until("the first job to commit", lambda: _states(direct) == {"succeeded"}, why)
             proxy.set_faults(**{fault: True})
             proxy.reset()  # cut what is open; what comes next meets the fault
-            await _until("draining", lambda: WorkerState.DRAINING in states)
+            await _until("draining", lambda: WorkerState.DRAINING in states, why)
             await asyncio.to_thread(direct.enqueue, "mark", 2)
             await asyncio.sleep(1.5)  # the outage lasts a few renewal periods
             assert 2 not in ran
             proxy.clear()
             proxy.reset()  # blackholed connections are out of step: start afresh
-            await _until("the job enqueued during the outage", lambda: 2 in ran)
+            await _until("the job enqueued during the outage", lambda: 2 in ran, why)
             assert worker.state in (WorkerState.READY, WorkerState.PROCESSING)
             after = states[states.index(WorkerState.DRAINING) :]
             assert WorkerState.READY in after
-            await _until("both jobs to commit", lambda: _states(direct) == {"succeeded"})
+            await _until("both jobs to commit", lambda: _states(direct) == {"succeeded"}, why)
             assert ran.count(1) == 1
         finally:
             worker.request_shutdown()
             worker.request_shutdown()
             await asyncio.wait_for(run, DEADLINE)
             await asyncio.to_thread(direct.close)
+            proxy.clear()  # nothing held back while the proxy closes
