@@ -27,6 +27,9 @@ from .stores import MemoryStore, Store, store_from_url
 __all__ = ["App"]
 
 T = TypeVar("T")
+
+#: One encoder for every payload: json.dumps with options builds a new one per call.
+_JSON = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: How unique an enqueue is: ``True`` (for good), ``"active"`` (while the job is not
@@ -198,22 +201,7 @@ class App:
     ) -> NewJob:
         """Validate one job's input and encode it; raises before anything is stored."""
         t = self._resolve(task)
-        if kwargs is not None and not isinstance(kwargs, Mapping):
-            raise PayloadError(f"kwargs for task {t.name!r} must be a mapping, got {kwargs!r}")
-        try:
-            payload = json.dumps(
-                {"args": list(args), "kwargs": dict(kwargs or {})},
-                allow_nan=False,
-                separators=(",", ":"),
-            )
-        except (TypeError, ValueError) as exc:
-            raise PayloadError(f"arguments of task {t.name!r} are not JSON: {exc}") from None
-        size = len(payload.encode("utf-8"))
-        if size > self.settings.max_payload_bytes:
-            raise PayloadError(
-                f"arguments of task {t.name!r} are {size} bytes, over the limit of "
-                f"{self.settings.max_payload_bytes} (setting max_payload_bytes)"
-            )
+        payload = self._encode(t, args, kwargs)
         if idempotency_key is not None:
             validate_key(idempotency_key, "idempotency_key")
         uniqueness = _uniqueness(unique, unique_for, idempotency_key)
@@ -247,6 +235,24 @@ class App:
             unique=uniqueness,
             unique_for=unique_for,
         )
+
+    def _encode(self, t: Task, args: Sequence[Any], kwargs: Mapping[str, Any] | None) -> str:
+        """The JSON payload of one job, checked against the size limit."""
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise PayloadError(f"kwargs for task {t.name!r} must be a mapping, got {kwargs!r}")
+        try:
+            payload = _JSON.encode({"args": list(args), "kwargs": dict(kwargs or {})})
+        except (TypeError, ValueError) as exc:
+            raise PayloadError(f"arguments of task {t.name!r} are not JSON: {exc}") from None
+        # Characters bound bytes from below (at most 4 bytes each): encode only when needed.
+        if len(payload) * 4 > self.settings.max_payload_bytes:
+            size = len(payload.encode("utf-8"))
+            if size > self.settings.max_payload_bytes:
+                raise PayloadError(
+                    f"arguments of task {t.name!r} are {size} bytes, over the limit of "
+                    f"{self.settings.max_payload_bytes} (setting max_payload_bytes)"
+                )
+        return payload
 
     # -- stores ---------------------------------------------------------------------------
     def open_store(self, *, timeout: float | None = None) -> Store:
@@ -400,20 +406,41 @@ class App:
         key_list = list(keys) if keys is not None else [None] * len(rows)
         if len(key_list) != len(rows):
             raise InvalidInputError(f"{len(key_list)} keys given for {len(rows)} jobs")
-        return [
-            self.build_job(
-                task,
-                row,
-                None,
-                idempotency_key=k,
-                priority=priority,
-                delay=delay,
-                queue=queue,
-                unique=unique,
-                unique_for=unique_for,
+        if not rows:
+            return []
+        # The options are the same for every job: validate them once, with the first
+        # job, then check and encode only what differs (arguments and key).
+        first = self.build_job(
+            task,
+            rows[0],
+            None,
+            idempotency_key=key_list[0],
+            priority=priority,
+            delay=delay,
+            queue=queue,
+            unique=unique,
+            unique_for=unique_for,
+        )
+        t = self._resolve(task)
+        jobs = [first]
+        for row, key in zip(rows[1:], key_list[1:], strict=True):
+            if key is not None:
+                validate_key(key, "idempotency_key")
+            jobs.append(
+                NewJob(  # not dataclasses.replace: it costs more than all the rest here
+                    queue=first.queue,
+                    task=first.task,
+                    args=self._encode(t, row, None),
+                    idempotency_key=key,
+                    priority=first.priority,
+                    run_at=first.run_at,
+                    max_attempts=first.max_attempts,
+                    timeout=first.timeout,
+                    unique=_uniqueness(unique, unique_for, key),
+                    unique_for=first.unique_for,
+                )
             )
-            for row, k in zip(rows, key_list, strict=True)
-        ]
+        return jobs
 
     def enqueue_many(
         self,
