@@ -78,7 +78,11 @@ class _Portal:
 class App:
     """A tokenline application: where jobs are stored and which tasks exist.
 
-    ``url`` defaults to ``TOKENLINE_URL``, then ``sqlite:///tokenline.db``.
+    ``url`` defaults to ``TOKENLINE_URL``, then ``sqlite:///tokenline.db``. ``clock`` is
+    this process's clock: its monotonic reading decides when a worker stops trusting
+    its leases, its wall reading is only compared with the store's to report skew.
+    Every time a store compares or stores comes from the store's own clock (the
+    in-memory store, living in this process, uses this one).
     """
 
     def __init__(
@@ -99,7 +103,8 @@ class App:
         self._tasks: dict[str, Task] = {}
         self._portal = _Portal()
         self._facade_store: Store | None = None
-        # One in-memory store is shared by everything in the process: it *is* the data.
+        # One in-memory store is shared by everything in the process: it *is* the data,
+        # and this process's clock is its store clock.
         self._memory = MemoryStore(clock=self.clock) if base.url.startswith("memory:") else None
 
     @property
@@ -210,7 +215,6 @@ class App:
         if delay is not None:
             if not _finite(delay) or delay < 0:
                 raise InvalidInputError(f"delay must be a finite number >= 0, got {delay!r}")
-            run_at = self.clock.now() + delay
         elif run_at is not None and not _finite(run_at):
             raise InvalidInputError(
                 f"run_at must be a finite UTC timestamp in seconds, got {run_at!r}"
@@ -230,6 +234,7 @@ class App:
             idempotency_key=idempotency_key,
             priority=prio,
             run_at=run_at,
+            delay=delay,
             max_attempts=attempts,
             timeout=t.timeout,
             unique=uniqueness,
@@ -259,9 +264,9 @@ class App:
         """A new, unopened store handle for this app's URL (one per event loop)."""
         if self._memory is not None:
             return self._memory
+        # Never the app's clock: every time a store compares or stores is its own.
         return store_from_url(
             self.url,
-            clock=self.clock,
             timeout=timeout or self.settings.store_timeout,
             migrate=self.settings.migrate,
         )
@@ -434,6 +439,7 @@ class App:
                     idempotency_key=key,
                     priority=first.priority,
                     run_at=first.run_at,
+                    delay=first.delay,
                     max_attempts=first.max_attempts,
                     timeout=first.timeout,
                     unique=_uniqueness(unique, unique_for, key),

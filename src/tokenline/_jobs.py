@@ -37,10 +37,12 @@ __all__ = [
     "QueueStats",
     "RescueReport",
     "StaleCommit",
+    "Transition",
     "Unique",
     "WorkerRecord",
     "attempt_from_row",
     "can_transition",
+    "finish_transition",
     "job_from_row",
 ]
 
@@ -119,7 +121,11 @@ class NewJob:
     args: str  # JSON text: the core validates and encodes, stores only copy it
     idempotency_key: str | None = None
     priority: int = 0
-    run_at: float | None = None  # None: now
+    #: An absolute time the user asked for (epoch seconds, compared with the store's
+    #: clock); ``None``: ``delay`` seconds after the store's now.
+    run_at: float | None = None
+    #: Seconds after the store's now; a duration, so the enqueuer's clock never matters.
+    delay: float | None = None
     max_attempts: int = 5
     timeout: float | None = None
     #: Enqueue as a unique job: its idempotency key keeps a second job out (see Unique).
@@ -182,13 +188,46 @@ class Outcome(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Finish:
-    """One finalising write, conditional on the lease's token inside the store."""
+    """One finalising write, conditional on the lease's token inside the store.
+
+    ``delay`` (retry and release) is a duration: the store runs the job again that many
+    seconds after its own now, so a worker's wall clock never decides when.
+    """
 
     lease: Lease
     outcome: Outcome
-    run_at: float | None = None
+    delay: float | None = None
     error: str | None = None
     error_class: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """What a store does to a job row when it accepts a :class:`Finish`.
+
+    Decided here, once, for every store; the store only applies it under the token
+    check (``run_at`` = its now + ``delay`` when ``delay`` is not ``None``).
+    """
+
+    state: JobState
+    #: Seconds after the store's now to run again; ``None`` keeps ``run_at``.
+    delay: float | None
+    #: Attempts given back: 1 when the job was put aside rather than failed.
+    refund: int
+    #: Whether ``finished_at`` is set (a final state).
+    finished: bool
+
+
+def finish_transition(fin: Finish) -> Transition:
+    """The one rule mapping an attempt's outcome to the job's next state."""
+    if fin.outcome is Outcome.SUCCEEDED:
+        return Transition(JobState.SUCCEEDED, None, 0, True)
+    if fin.outcome is Outcome.DEAD:
+        return Transition(JobState.DEAD, None, 0, True)
+    delay = max(0.0, fin.delay or 0.0)
+    state = JobState.SCHEDULED if delay > 0 else JobState.QUEUED
+    # A release gives the attempt back: the job did not fail, it was put aside.
+    return Transition(state, delay, 1 if fin.outcome is Outcome.RELEASE else 0, False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -130,7 +130,7 @@ async def test_every_finalising_write_refuses_a_stale_token(
     await store.jobs_rescue()
     new_claim = await claim_one(store, "w2", ttl=5)
     assert new_claim.lease.token > old.lease.token
-    ok = await store.jobs_finish(finishes=[Finish(old.lease, outcome, clock.now(), "e", "x")])
+    ok = await store.jobs_finish(finishes=[Finish(old.lease, outcome, 0.0, "e", "x")])
     assert ok == [False]
     job = await store.job_get(job_id=jid)
     assert job.state is JobState.RUNNING
@@ -167,13 +167,31 @@ async def test_a_finished_job_never_runs_again(store: Any) -> None:
     assert (await store.job_get(job_id=jid)).state is JobState.SUCCEEDED
 
 
+async def test_delays_are_durations_from_the_store_clock(store: Any, clock: FakeClock) -> None:
+    """An enqueue delay and a retry delay are added to the store's own now: the job
+    becomes ready exactly that long later by the store's clock, whoever sent it."""
+    (jid,) = await store.jobs_enqueue(jobs=[new(delay=20)])
+    job = await store.job_get(job_id=jid)
+    assert (job.state, job.run_at) == (JobState.SCHEDULED, pytest.approx(clock.now() + 20))
+    clock.advance(19.5)
+    assert await store.jobs_claim(owner="w", queues=Q, limit=1, ttl=5) == []
+    clock.advance(0.5)
+    c = await claim_one(store)
+    await store.job_retry(lease=c.lease, delay=7, error="later")
+    assert (await store.job_get(job_id=jid)).run_at == pytest.approx(clock.now() + 7)
+    clock.advance(6.9)
+    assert await store.jobs_claim(owner="w", queues=Q, limit=1, ttl=5) == []
+    clock.advance(0.1)
+    assert (await claim_one(store)).job.id == jid
+
+
 async def test_retry_burns_an_attempt_and_release_gives_it_back(
     store: Any, clock: FakeClock
 ) -> None:
     """RETRY keeps the attempt count; RELEASE refunds it; both requeue the job."""
     (jid,) = await store.jobs_enqueue(jobs=[new()])
     c = await claim_one(store)
-    await store.job_retry(lease=c.lease, run_at=clock.now() + 10, error="boom")
+    await store.job_retry(lease=c.lease, delay=10, error="boom")
     job = await store.job_get(job_id=jid)
     assert job.state is JobState.SCHEDULED
     assert job.attempt == 1
@@ -181,7 +199,7 @@ async def test_retry_burns_an_attempt_and_release_gives_it_back(
     clock.advance(10)
     c2 = await claim_one(store)
     assert c2.job.attempt == 2
-    await store.job_snooze(lease=c2.lease, run_at=clock.now())
+    await store.job_snooze(lease=c2.lease, delay=0)
     job = await store.job_get(job_id=jid)
     assert job.state is JobState.QUEUED
     assert job.attempt == 1
@@ -242,7 +260,7 @@ async def test_attempt_history_keeps_tokens_and_outcomes(store: Any, clock: Fake
     """Every attempt is recorded with its token, owner and outcome."""
     (jid,) = await store.jobs_enqueue(jobs=[new()])
     c1 = await claim_one(store, "w1")
-    await store.job_retry(lease=c1.lease, run_at=clock.now(), error="flaky")
+    await store.job_retry(lease=c1.lease, delay=0, error="flaky")
     c2 = await claim_one(store, "w2")
     await store.job_complete(lease=c2.lease)
     attempts = await store.job_attempts(job_id=jid)

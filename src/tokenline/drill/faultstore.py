@@ -305,13 +305,13 @@ class FaultStore(Store):
         await self._run("job_complete", lambda: self.inner.job_complete(lease=lease))
 
     async def job_retry(
-        self, *, lease: Lease, run_at: float, error: str, error_class: str = "transient"
+        self, *, lease: Lease, delay: float, error: str, error_class: str = "transient"
     ) -> None:
         """The inner store's, with the broker role's faults."""
         await self._run(
             "job_retry",
             lambda: self.inner.job_retry(
-                lease=lease, run_at=run_at, error=error, error_class=error_class
+                lease=lease, delay=delay, error=error, error_class=error_class
             ),
         )
 
@@ -322,10 +322,10 @@ class FaultStore(Store):
             lambda: self.inner.job_dead(lease=lease, error=error, error_class=error_class),
         )
 
-    async def job_snooze(self, *, lease: Lease, run_at: float, reason: str = "snoozed") -> None:
+    async def job_snooze(self, *, lease: Lease, delay: float, reason: str = "snoozed") -> None:
         """The inner store's, with the broker role's faults."""
         await self._run(
-            "job_snooze", lambda: self.inner.job_snooze(lease=lease, run_at=run_at, reason=reason)
+            "job_snooze", lambda: self.inner.job_snooze(lease=lease, delay=delay, reason=reason)
         )
 
     async def jobs_rescue(self, *, limit: int = 1000) -> RescueReport:

@@ -325,19 +325,20 @@ class Store(abc.ABC):
         await self._finish_one(Finish(lease, Outcome.SUCCEEDED), "complete")
 
     async def job_retry(
-        self, *, lease: Lease, run_at: float, error: str, error_class: str = "transient"
+        self, *, lease: Lease, delay: float, error: str, error_class: str = "transient"
     ) -> None:
-        """Schedule another attempt at ``run_at``; the attempt is burned."""
-        await self._finish_one(Finish(lease, Outcome.RETRY, run_at, error, error_class), "retry")
+        """Schedule another attempt ``delay`` seconds from the store's now; the attempt
+        is burned."""
+        await self._finish_one(Finish(lease, Outcome.RETRY, delay, error, error_class), "retry")
 
     async def job_dead(self, *, lease: Lease, error: str, error_class: str = "permanent") -> None:
         """Dead-letter the job with ``error`` as its reason."""
         await self._finish_one(Finish(lease, Outcome.DEAD, None, error, error_class), "dead")
 
-    async def job_snooze(self, *, lease: Lease, run_at: float, reason: str = "snoozed") -> None:
-        """Put the job back until ``run_at`` without burning an attempt."""
+    async def job_snooze(self, *, lease: Lease, delay: float, reason: str = "snoozed") -> None:
+        """Put the job back for ``delay`` seconds without burning an attempt."""
         await self._finish_one(
-            Finish(lease, Outcome.RELEASE, run_at, reason, "coordination"), "snooze"
+            Finish(lease, Outcome.RELEASE, delay, reason, "coordination"), "snooze"
         )
 
     async def _finish_one(self, finish: Finish, operation: str) -> None:

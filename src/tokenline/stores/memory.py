@@ -21,11 +21,11 @@ from .._jobs import (
     JobState,
     Lease,
     NewJob,
-    Outcome,
     QueueStats,
     RescueReport,
     StaleCommit,
     WorkerRecord,
+    finish_transition,
 )
 from ._memory_ledger import MemoryLedger
 from .base import Capabilities, ResourceLease, Store
@@ -76,7 +76,7 @@ class MemoryStore(MemoryLedger, Store):
                     if holder is not None:
                         ids.append(holder)
                         continue
-                run_at = now if new.run_at is None else new.run_at
+                run_at = new.run_at if new.run_at is not None else now + (new.delay or 0.0)
                 job = Job(
                     id=self._next_id,
                     queue=new.queue,
@@ -418,20 +418,17 @@ class MemoryStore(MemoryLedger, Store):
 
 
 def _finished(job: Job, fin: Finish, now: float) -> Job:
-    """The job after ``fin`` was accepted."""
-    base = dataclasses.replace(
+    """The job after ``fin`` was accepted, by the core's :func:`finish_transition`."""
+    move = finish_transition(fin)
+    return dataclasses.replace(
         job,
+        state=move.state,
+        run_at=job.run_at if move.delay is None else now + move.delay,
+        attempt=job.attempt - move.refund,
         lease_owner=None,
         lease_expires_at=None,
         updated_at=now,
         last_error=fin.error,
         error_class=fin.error_class,
+        finished_at=now if move.finished else None,
     )
-    if fin.outcome is Outcome.SUCCEEDED:
-        return dataclasses.replace(base, state=JobState.SUCCEEDED, finished_at=now)
-    if fin.outcome is Outcome.DEAD:
-        return dataclasses.replace(base, state=JobState.DEAD, finished_at=now)
-    run_at = now if fin.run_at is None else fin.run_at
-    state = JobState.SCHEDULED if run_at > now else JobState.QUEUED
-    refund = 1 if fin.outcome is Outcome.RELEASE else 0
-    return dataclasses.replace(base, state=state, run_at=run_at, attempt=job.attempt - refund)

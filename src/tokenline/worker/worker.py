@@ -285,13 +285,7 @@ class Worker:
 
     async def _release_unstarted(self, claimed: list[ClaimedJob]) -> None:
         finishes = [
-            Finish(
-                c.lease,
-                Outcome.RELEASE,
-                self.clock.now(),
-                "worker stopped fetching",
-                "coordination",
-            )
+            Finish(c.lease, Outcome.RELEASE, 0.0, "worker stopped fetching", "coordination")
             for c in claimed
         ]
         try:
@@ -409,9 +403,7 @@ class Worker:
             return self._dead(slot, decision.reason, ErrorClass.PERMANENT)
         if decision.error_class is ErrorClass.COORDINATION:
             # Not the job's fault: give the attempt back and let it run again.
-            return Finish(
-                slot.lease, Outcome.RELEASE, self.clock.now(), decision.reason, "coordination"
-            )
+            return Finish(slot.lease, Outcome.RELEASE, 0.0, decision.reason, "coordination")
         if job.attempt >= job.max_attempts:
             return self._dead(
                 slot,
@@ -420,9 +412,7 @@ class Worker:
             )
         retry = policy or self.app.retry
         delay = decision.delay if decision.delay is not None else retry.delay(job.attempt)
-        return Finish(
-            slot.lease, Outcome.RETRY, self.clock.now() + delay, decision.reason, "transient"
-        )
+        return Finish(slot.lease, Outcome.RETRY, delay, decision.reason, "transient")
 
     async def _commit(self, slot: Slot, finish: Finish) -> None:
         """Self-fence, then commit through the batch completer; a refusal fences us."""
@@ -502,10 +492,7 @@ class Worker:
         # expire and the rescuer takes them.
         keep = [s for s in slots if now_mono < s.valid_until] if release else []
         if keep:
-            finishes = [
-                Finish(s.lease, Outcome.RELEASE, self.clock.now(), reason, "coordination")
-                for s in keep
-            ]
+            finishes = [Finish(s.lease, Outcome.RELEASE, 0.0, reason, "coordination") for s in keep]
             try:
                 results = await asyncio.wait_for(
                     self.store.jobs_finish(finishes=finishes), self.settings.call_timeout

@@ -45,11 +45,11 @@ WITH input AS (
     SELECT *
     FROM unnest(%(queue)s::text[], %(task)s::text[], %(args)s::text[],
                 %(idempotency_key)s::text[], %(priority)s::integer[],
-                %(run_at)s::double precision[], %(max_attempts)s::integer[],
-                %(timeout)s::double precision[], %(unique)s::text[],
-                %(unique_for)s::double precision[])
-         WITH ORDINALITY AS i (queue, task, args, idempotency_key, priority, run_at,
-                               max_attempts, timeout, uniq, unique_for, ord)
+                %(run_at)s::double precision[], %(delay)s::double precision[],
+                %(max_attempts)s::integer[], %(timeout)s::double precision[],
+                %(unique)s::text[], %(unique_for)s::double precision[])
+         WITH ORDINALITY AS i (queue, task, args, idempotency_key, priority, given_run_at,
+                               delay, max_attempts, timeout, uniq, unique_for, ord)
 ),
 -- Ids are drawn first and handed out in ascending input order, so the caller gets
 -- them back in the order it sent the jobs, whatever order the rows are inserted in.
@@ -58,6 +58,11 @@ drawn AS (
     FROM (SELECT nextval({job_ids}) AS id FROM input) AS n
 ),
 clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
+-- A delay is a duration from the database's now; an explicit run_at stays absolute.
+timed AS (
+    SELECT i.*, COALESCE(i.given_run_at, c.now + COALESCE(i.delay, 0)) AS run_at
+    FROM input AS i, clock AS c
+),
 -- Unique jobs take their key first (the first of a batch per key). The primary key makes
 -- concurrent enqueuers of one key wait for each other; ON CONFLICT then locks the held
 -- row and keeps its holder unless unique_key_released says it let go. The update always
@@ -89,10 +94,10 @@ inserted AS (
     INSERT INTO {schema}.jobs (id, queue, task, args, idempotency_key, priority, run_at,
                                max_attempts, state, created_at, updated_at, timeout)
     SELECT d.ids[i.ord::integer], i.queue, i.task, i.args, i.idempotency_key, i.priority,
-           COALESCE(i.run_at, c.now), i.max_attempts,
-           CASE WHEN COALESCE(i.run_at, c.now) > c.now THEN 'scheduled' ELSE 'queued' END,
+           i.run_at, i.max_attempts,
+           CASE WHEN i.run_at > c.now THEN 'scheduled' ELSE 'queued' END,
            c.now, c.now, i.timeout
-    FROM input AS i, drawn AS d, clock AS c
+    FROM timed AS i, drawn AS d, clock AS c
     WHERE i.uniq IS NULL OR d.ids[i.ord::integer] IN (SELECT job_id FROM keys)
     RETURNING id, queue, state
 ),
@@ -200,14 +205,17 @@ SELECT ord, lease_expires_at FROM renewed;
 
 -- name: finish
 -- One statement for the whole batch; each row applies only if its own token, owner and
--- the running state still match. Refused rows are recorded as stale commits.
+-- the running state still match. Refused rows are recorded as stale commits. What each
+-- outcome does to the row (state, delay, refund, final) is decided by the core
+-- (tokenline._jobs.finish_transition) and arrives here as data.
 WITH input AS (
     SELECT *
     FROM unnest(%(job_id)s::bigint[], %(token)s::bigint[], %(lease_owner)s::text[],
-                %(outcome)s::text[], %(run_at)s::double precision[], %(error)s::text[],
+                %(outcome)s::text[], %(state)s::text[], %(delay)s::double precision[],
+                %(refund)s::integer[], %(final)s::boolean[], %(error)s::text[],
                 %(error_class)s::text[])
-         WITH ORDINALITY AS f (job_id, token, owner, outcome, run_at, error, error_class,
-                               ord)
+         WITH ORDINALITY AS f (job_id, token, owner, outcome, state, delay, refund, final,
+                               error, error_class, ord)
 ),
 clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
 locked AS MATERIALIZED (
@@ -218,20 +226,14 @@ locked AS MATERIALIZED (
 ),
 done AS (
     UPDATE {schema}.jobs AS j
-    SET state = CASE
-            WHEN f.outcome IN ('succeeded', 'dead') THEN f.outcome
-            WHEN COALESCE(f.run_at, c.now) > c.now THEN 'scheduled'
-            ELSE 'queued'
-        END,
-        run_at = CASE WHEN f.outcome IN ('retry', 'release')
-                      THEN COALESCE(f.run_at, c.now) ELSE j.run_at END,
-        -- A release gives the attempt back: the job did not fail, it was put aside.
-        attempt = j.attempt - CASE WHEN f.outcome = 'release' THEN 1 ELSE 0 END,
+    SET state = f.state,
+        run_at = CASE WHEN f.delay IS NULL THEN j.run_at ELSE c.now + f.delay END,
+        attempt = j.attempt - f.refund,
         lease_owner = NULL,
         lease_expires_at = NULL,
         last_error = f.error,
         error_class = f.error_class,
-        finished_at = CASE WHEN f.outcome IN ('succeeded', 'dead') THEN c.now END,
+        finished_at = CASE WHEN f.final THEN c.now END,
         updated_at = c.now
     FROM input AS f, locked AS k, clock AS c
     WHERE j.id = f.job_id AND k.id = j.id

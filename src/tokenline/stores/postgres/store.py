@@ -48,6 +48,7 @@ from ..._jobs import (
     StaleCommit,
     WorkerRecord,
     attempt_from_row,
+    finish_transition,
 )
 from ..._ledger import Fence
 from .._sql import load_queries
@@ -284,6 +285,7 @@ class PostgresStore(PostgresLedger, Store):
             "idempotency_key": [j.idempotency_key for j in jobs],
             "priority": [j.priority for j in jobs],
             "run_at": [j.run_at for j in jobs],
+            "delay": [j.delay for j in jobs],
             "max_attempts": [j.max_attempts for j in jobs],
             "timeout": [j.timeout for j in jobs],
             "unique": [None if j.unique is None else j.unique.value for j in jobs],
@@ -378,12 +380,16 @@ class PostgresStore(PostgresLedger, Store):
         self, conn: AsyncConnection[Any], finishes: Sequence[Finish]
     ) -> list[bool]:
         """Run the fenced batch finish on ``conn``; whether each row was accepted."""
+        moves = [finish_transition(f) for f in finishes]
         params = {
             "job_id": [f.lease.job_id for f in finishes],
             "token": [f.lease.token for f in finishes],
             "lease_owner": [f.lease.owner for f in finishes],
             "outcome": [f.outcome.value for f in finishes],
-            "run_at": [f.run_at for f in finishes],
+            "state": [m.state.value for m in moves],
+            "delay": [m.delay for m in moves],
+            "refund": [m.refund for m in moves],
+            "final": [m.finished for m in moves],
             "error": [f.error for f in finishes],
             "error_class": [f.error_class for f in finishes],
             "now": self._now(),

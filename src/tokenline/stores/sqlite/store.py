@@ -37,12 +37,12 @@ from ..._jobs import (
     JobState,
     Lease,
     NewJob,
-    Outcome,
     QueueStats,
     RescueReport,
     StaleCommit,
     WorkerRecord,
     attempt_from_row,
+    finish_transition,
     job_from_row,
 )
 from ..._ledger import Fence
@@ -147,21 +147,14 @@ def _taken_over(holder: tuple[int, str | None] | None, token: int, owner: str) -
 
 def finish_params(fin: Finish, now: float) -> dict[str, Any]:
     """Named parameters of the ``finish`` query for one :class:`Finish`."""
-    if fin.outcome is Outcome.SUCCEEDED:
-        state, finished_at = JobState.SUCCEEDED, now
-    elif fin.outcome is Outcome.DEAD:
-        state, finished_at = JobState.DEAD, now
-    else:
-        run_at = now if fin.run_at is None else fin.run_at
-        state = JobState.SCHEDULED if run_at > now else JobState.QUEUED
-        finished_at = None
+    move = finish_transition(fin)
     return {
-        "state": state.value,
-        "run_at": fin.run_at,
-        "refund": 1 if fin.outcome is Outcome.RELEASE else 0,
+        "state": move.state.value,
+        "run_at": None if move.delay is None else now + move.delay,
+        "refund": move.refund,
         "error": fin.error,
         "error_class": fin.error_class,
-        "finished_at": finished_at,
+        "finished_at": now if move.finished else None,
         "now": now,
         "job_id": fin.lease.job_id,
         "token": fin.lease.token,
@@ -295,7 +288,7 @@ class SQLiteStore(SQLiteLedger, Store):
         def rows_for(now: float) -> list[dict[str, Any]]:
             rows = []
             for j in jobs:
-                run_at = now if j.run_at is None else j.run_at
+                run_at = j.run_at if j.run_at is not None else now + (j.delay or 0.0)
                 rows.append(
                     {
                         "queue": j.queue,
