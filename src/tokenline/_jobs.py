@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
+    "LEASE_EXPIRED",
     "Attempt",
     "ClaimedJob",
     "Finish",
@@ -35,6 +36,7 @@ __all__ = [
     "NewJob",
     "Outcome",
     "QueueStats",
+    "RescueCandidate",
     "RescueReport",
     "StaleCommit",
     "Transition",
@@ -44,6 +46,7 @@ __all__ = [
     "can_transition",
     "finish_transition",
     "job_from_row",
+    "rescue_transition",
 ]
 
 
@@ -228,6 +231,29 @@ def finish_transition(fin: Finish) -> Transition:
     state = JobState.SCHEDULED if delay > 0 else JobState.QUEUED
     # A release gives the attempt back: the job did not fail, it was put aside.
     return Transition(state, delay, 1 if fin.outcome is Outcome.RELEASE else 0, False)
+
+
+#: The reason a rescued attempt ends with.
+LEASE_EXPIRED = "lease expired: the worker stopped renewing it"
+
+
+@dataclass(frozen=True, slots=True)
+class RescueCandidate:
+    """A running job whose lease has expired by the store's clock."""
+
+    job_id: int
+    token: int
+    owner: str | None
+    attempt: int
+    max_attempts: int
+
+
+def rescue_transition(c: RescueCandidate) -> Transition:
+    """The one rule for a job whose worker lost its lease: back to the queue at once,
+    or dead when it was on its last attempt."""
+    if c.attempt >= c.max_attempts:
+        return Transition(JobState.DEAD, 0.0, 0, True)
+    return Transition(JobState.QUEUED, 0.0, 0, False)
 
 
 @dataclass(frozen=True, slots=True)

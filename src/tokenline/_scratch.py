@@ -75,7 +75,7 @@ class _SQLiteScratch(ScratchStore):
         self.tables = dict(_SQLITE_TABLES)
 
     def prepare(self, extra: Mapping[str, str]) -> None:
-        for suffix in ("", "-wal", "-shm"):
+        for suffix in ("", "-wal", "-shm", "-coord", "-coord-wal", "-coord-shm"):
             Path(f"{self.db}{suffix}").unlink(missing_ok=True)
         with contextlib.closing(sqlite3.connect(self.db)) as conn:
             for name, columns in extra.items():

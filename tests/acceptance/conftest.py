@@ -73,8 +73,10 @@ class Cluster:
 
     @contextlib.contextmanager
     def sql(self) -> Iterator[sqlite3.Connection]:
+        """The store file, with its coordination file (leases, workers) as ``coord``."""
         conn = sqlite3.connect(self.db, timeout=30, isolation_level=None)
         conn.row_factory = sqlite3.Row
+        conn.execute("ATTACH DATABASE ? AS coord", (f"{self.db}-coord",))
         try:
             yield conn
         finally:
@@ -97,7 +99,13 @@ class Cluster:
         pytest.fail(f"timed out waiting for {what}\n{logs}")
 
     def job(self, job_id: int) -> sqlite3.Row:
-        (row,) = self.query("SELECT * FROM tokenline_jobs WHERE id = ?", job_id)
+        """The job's row, with its lease's current expiry as ``live_expires_at``."""
+        (row,) = self.query(
+            "SELECT j.*, l.expires_at AS live_expires_at FROM tokenline_jobs AS j "
+            "LEFT JOIN coord.job_leases AS l ON l.job_id = j.id AND l.token = j.lease_token "
+            "WHERE j.id = ?",
+            job_id,
+        )
         return row
 
     def stop_all(self) -> None:

@@ -29,7 +29,7 @@ def running_on(cluster: Cluster, job_id: int, owner_hint: str | None = None) -> 
 
 def registered(cluster: Cluster, pid: int) -> bool:
     return bool(
-        cluster.query("SELECT 1 FROM tokenline_workers WHERE pid = ? AND state != 'stopped'", pid)
+        cluster.query("SELECT 1 FROM coord.workers WHERE pid = ? AND state != 'stopped'", pid)
     )
 
 
@@ -43,7 +43,7 @@ def test_sigkilled_workers_job_is_rerun_by_another_within_ttl_plus_rescue(
     owner_a = cluster.wait_for("worker a to run the job", lambda: running_on(cluster, jid))
     b = cluster.worker("b")
     cluster.wait_for("worker b to register", lambda: registered(cluster, b.pid))
-    expires_at = cluster.job(jid)["lease_expires_at"]
+    expires_at = cluster.job(jid)["live_expires_at"]
     a.send_signal(signal.SIGKILL)
     a.wait(timeout=DEADLINE)
     cluster.wait_for("the job to succeed", lambda: cluster.job(jid)["state"] == "succeeded")
@@ -133,7 +133,7 @@ def test_sigterm_drains_in_flight_job_then_stops(cluster: Cluster) -> None:
     assert a.wait(timeout=DEADLINE) == 0
     assert cluster.job(jid)["state"] == "succeeded"
     assert "-> draining" in cluster.log(a)
-    assert [r["state"] for r in cluster.query("SELECT state FROM tokenline_workers")] == ["stopped"]
+    assert [r["state"] for r in cluster.query("SELECT state FROM coord.workers")] == ["stopped"]
 
 
 def test_second_sigterm_stops_at_once_and_gives_the_job_back(cluster: Cluster) -> None:

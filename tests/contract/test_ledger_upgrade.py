@@ -16,7 +16,9 @@ from tokenline._clock import FakeClock
 from tokenline._jobs import JobState, NewJob, Unique
 from tokenline._ledger import Start
 from tokenline.stores.sqlite import SQLiteStore
-from tokenline.stores.sqlite.store import Q, _statements
+from tokenline.stores.sqlite._connection import statements
+from tokenline.stores.sqlite.ledger import LQ
+from tokenline.stores.sqlite.store import SCHEMA_VERSION, Q
 
 
 def _v1_sqlite_file(path: Path) -> None:
@@ -24,7 +26,7 @@ def _v1_sqlite_file(path: Path) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("BEGIN IMMEDIATE")
-        for statement in _statements(Q["schema"]):
+        for statement in statements(Q["schema"]):
             conn.execute(statement)
         conn.execute(
             "INSERT INTO tokenline_jobs (queue, task, args, idempotency_key, run_at, "
@@ -58,9 +60,55 @@ async def test_sqlite_upgrades_a_version_1_file_in_place(tmp_path: Path, clock: 
         await store.close()
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     finally:
         conn.close()
+
+
+def _v2_sqlite_file(path: Path) -> None:
+    """A version-2 file: leases and workers in the main file, a job running under a
+    lease, and a resource lease at token 7."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        for script in (Q["schema"], LQ["schema_v2"]):
+            for statement in statements(script):
+                conn.execute(statement)
+        conn.execute(
+            "INSERT INTO tokenline_jobs (queue, task, args, run_at, max_attempts, state, "
+            "attempt, lease_owner, lease_token, lease_expires_at, created_at, updated_at) "
+            "VALUES ('default', 't', '[]', 0, 5, 'running', 1, 'old-worker', 3, 9e12, 0, 0)"
+        )
+        conn.execute(
+            "INSERT INTO tokenline_leases (resource, owner, token, expires_at) "
+            "VALUES ('account:1', 'old-worker', 7, 9e12)"
+        )
+        conn.execute("PRAGMA user_version = 2")
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+async def test_sqlite_upgrade_to_the_coordination_file_keeps_tokens_rising(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """A version-2 file gains its coordination file: a resource lease's next token is
+    above every token issued before the upgrade, and a job left running by a worker of
+    the old version has no live lease any more, so it is rescued with a higher token."""
+    path = tmp_path / "v2.db"
+    _v2_sqlite_file(path)
+    store = SQLiteStore(f"sqlite:///{path}", clock=clock)
+    await store.open()
+    try:
+        lease = await store.lease_acquire(resource="account:1", owner="new", ttl=10)
+        assert lease is not None
+        assert lease.token == 8
+        report = await store.jobs_rescue()
+        (job,) = await store.jobs_list()
+        assert list(report.requeued) == [job.id]
+        assert (job.state, job.lease_token) == (JobState.QUEUED, 4)
+    finally:
+        await store.close()
 
 
 @pytest.mark.postgres

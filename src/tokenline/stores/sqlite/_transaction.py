@@ -1,20 +1,28 @@
 """``ctx.transaction()`` on SQLite: the user's writes, fences and the completion, atomically.
 
 Why a stale worker cannot commit through it: the transaction opens with ``BEGIN
-IMMEDIATE`` (the database's write lock, across processes) and its first statement proves
+IMMEDIATE`` (the main file's write lock, across processes) and its first statement proves
 the job's token (``fence_check``); each requested fence is then advanced, refusing a lower
-token. Until ``COMMIT`` nobody else can write to the file, so neither a rescue nor a newer
-attempt can come between those checks and the user's writes; the job is finished with the
-same fenced statement as ``jobs_finish``, and one ``COMMIT`` makes everything durable
-together. A refusal rolls back before the user wrote anything and is recorded on its own.
+token. Until ``COMMIT`` nobody else can write to the main file, so neither a rescue nor a
+newer attempt can come between those checks and the user's writes; the job is finished
+with the same fenced statement as ``jobs_finish``, and one ``COMMIT`` makes everything
+durable together. A refusal rolls back before the user wrote anything and is recorded on
+its own.
+
+Why it may stay open for longer than the lease TTL: the leases live in the coordination
+file, which this connection reads but never locks, so the worker's control plane keeps
+renewing this job's lease and every other (``store.py``). Other writers of the main file
+— this worker's other completions and claims included — wait for the ``COMMIT``: SQLite
+has one writer at a time. While the transaction holds the lock, this process's own calls
+wait for it rather than report the store unavailable.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
-import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +30,7 @@ from ..._errors import StaleTokenError
 from ..._jobs import Finish, Lease, Outcome
 from ..._ledger import DuplicateKind, Fence, by_attempt
 from ..base import SPLIT_ENV, FencedTransaction
-from .store import _connect, map_sqlite_errors
+from ._errors import map_sqlite_errors
 
 if TYPE_CHECKING:
     from .store import SQLiteStore
@@ -38,14 +46,16 @@ class SQLiteFencedTransaction(FencedTransaction):
         self._lease = lease
         self._fences = tuple(fences)
         self._conn: sqlite3.Connection | None = None
-        self._owner_thread = threading.get_ident()
+        self._holding: contextlib.AbstractContextManager[Any] | None = None
 
     def __enter__(self) -> sqlite3.Connection:
         store, lease = self._store, self._lease
         with map_sqlite_errors(store.path):
-            conn = _connect(store.path, busy_timeout=store.timeout, same_thread=False)
+            conn = store.transaction_connection()
             try:
                 conn.execute("BEGIN IMMEDIATE")
+                self._holding = store.holding_write_lock()
+                self._holding.__enter__()
                 now = store.clock.now()
                 params = {
                     "job_id": lease.job_id,
@@ -57,7 +67,7 @@ class SQLiteFencedTransaction(FencedTransaction):
                     conn.execute("ROLLBACK")
                     with store._write(conn):
                         store._record_stale(conn, [lease], "transaction", store.clock.now())
-                    conn.close()
+                    self._close(conn)
                     raise StaleTokenError(
                         resource=f"job {lease.job_id}", token=lease.token, operation="transaction"
                     )
@@ -69,17 +79,25 @@ class SQLiteFencedTransaction(FencedTransaction):
                             refused.key, DuplicateKind.STALE, "fence", lease, store.clock.now()
                         )
                         store.record_duplicate(conn, stale)
-                    conn.close()
+                    self._close(conn)
                     raise StaleTokenError(
                         resource=f"fence {refused.key!r}",
                         token=refused.token,
                         operation="transaction",
                     )
             except sqlite3.Error:
-                conn.close()
+                self._close(conn)
                 raise
         self._conn = conn
         return conn
+
+    def _close(self, conn: sqlite3.Connection) -> None:
+        try:
+            conn.close()
+        finally:
+            holding, self._holding = self._holding, None
+            if holding is not None:
+                holding.__exit__(None, None, None)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         conn = self._conn
@@ -109,7 +127,7 @@ class SQLiteFencedTransaction(FencedTransaction):
                 self.wrote = True
                 self.committed = not split
         finally:
-            conn.close()
+            self._close(conn)
 
     async def __aenter__(self) -> sqlite3.Connection:
         return await asyncio.to_thread(self.__enter__)

@@ -9,9 +9,8 @@ rescue or other writer can come between the check and the write it guards.
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..._jobs import Lease, NewJob, Unique
@@ -28,26 +27,16 @@ from ..._ledger import (
 )
 from .._sql import load_queries
 from ..base import ResourceLease
+from ._connection import immediate
 
 if TYPE_CHECKING:
     from ..._clock import Clock
 
-__all__ = ["LQ", "SQLiteLedger", "immediate", "insert_job", "stale_lease"]
+__all__ = ["LQ", "SQLiteLedger", "insert_job", "stale_lease"]
 
 LQ = load_queries(__name__.rpartition(".")[0], "ledger.sql")
+CQ = load_queries(__name__.rpartition(".")[0], "coord.sql")
 T = TypeVar("T")
-
-
-@contextlib.contextmanager
-def immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """A write transaction that takes the database's write lock up front."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield conn
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
 
 
 def insert_job(conn: sqlite3.Connection, enqueue_sql: str, row: dict[str, Any], new: NewJob) -> int:
@@ -89,6 +78,12 @@ class SQLiteLedger:
 
         async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
 
+        async def _coord_call(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+
+        def _later(self, fn: Callable[[sqlite3.Connection], object]) -> None: ...
+
+        async def _flush(self) -> None: ...
+
         def _q(self, name: str) -> str: ...
 
     # -- building blocks, run inside a write transaction ----------------------------------
@@ -124,7 +119,7 @@ class SQLiteLedger:
                     "token": fence.token,
                     "now": now,
                 }
-                if conn.execute(LQ["lease_held"], held).fetchone() is None:
+                if conn.execute(CQ["resource_lease_held"], held).fetchone() is None:
                     return fence
             params = {
                 "key": fence.key,
@@ -228,32 +223,40 @@ class SQLiteLedger:
 
     # -- resource leases and the audit ----------------------------------------------------
     async def lease_renew(self, *, lease: ResourceLease, ttl: float) -> ResourceLease | None:
-        """Extend the named lease if ``(owner, token)`` still holds it unexpired."""
+        """Extend the named lease if ``(owner, token)`` still holds it unexpired (on the
+        coordination file: never behind a main-file transaction)."""
+        params: dict[str, Any] = {
+            "resource": lease.resource,
+            "owner": lease.owner,
+            "token": lease.token,
+            "ttl": ttl,
+        }
 
-        def run(conn: sqlite3.Connection) -> ResourceLease | None:
+        def run(coord: sqlite3.Connection) -> tuple[ResourceLease | None, bool, float]:
             now = self.clock.now()
-            params = {
-                "resource": lease.resource,
-                "owner": lease.owner,
-                "token": lease.token,
-                "ttl": ttl,
-                "now": now,
-            }
-            with immediate(conn):
-                row = conn.execute(LQ["lease_renew"], params).fetchone()
-                if row is not None:
-                    return ResourceLease(*tuple(row))
-                current = conn.execute(LQ["lease_token"], params).fetchone()
-                if current is not None and current[0] != lease.token:
-                    self.record_duplicate(conn, stale_lease(lease, now))
-                return None
+            with immediate(coord):
+                row = coord.execute(CQ["resource_lease_extend"], {**params, "now": now})
+                got = row.fetchone()
+                if got is not None:
+                    return ResourceLease(*tuple(got)), False, now
+                current = coord.execute(CQ["resource_lease_get"], params).fetchone()
+            return None, current is not None and current["token"] != lease.token, now
 
-        return await self._call(run)
+        renewed, stale, now = await self._coord_call(run)
+        if stale:
+            dup = stale_lease(lease, now)
+            self._later(lambda conn: self._record_duplicate_tx(conn, dup))
+        return renewed
+
+    def _record_duplicate_tx(self, conn: sqlite3.Connection, dup: Duplicate) -> None:
+        with immediate(conn):
+            self.record_duplicate(conn, dup)
 
     async def duplicates_list(
         self, *, since: float | None = None, limit: int = 10_000
     ) -> list[Duplicate]:
         """Ledger duplicates and refused job commits, newest first."""
+        await self._flush()
         params = {"since": since, "limit": limit}
         rows = await self._call(lambda c: c.execute(LQ["duplicates_list"], params).fetchall())
         return [

@@ -87,10 +87,11 @@ WHERE tokenline_effects.status <> 'completed' AND (
             tokenline_effects.status = 'failed'
          OR NOT EXISTS (
                 SELECT 1 FROM tokenline_jobs AS j
+                JOIN coord.job_leases AS l ON l.job_id = j.id AND l.token = j.lease_token
                 WHERE j.id = tokenline_effects.job_id
                   AND j.state = 'running'
                   AND j.lease_token = tokenline_effects.token
-                  AND j.lease_expires_at > excluded.updated_at))))
+                  AND l.expires_at > excluded.updated_at))))
 RETURNING *;
 
 -- name: effect_get
@@ -108,10 +109,6 @@ SELECT * FROM tokenline_effects
 WHERE (:job_id IS NULL OR job_id = :job_id) AND (:key IS NULL OR key = :key)
 ORDER BY updated_at DESC LIMIT :limit;
 
--- name: lease_held
-SELECT 1 FROM tokenline_leases
-WHERE resource = :resource AND owner = :owner AND token = :token AND expires_at > :now;
-
 -- name: fence_advance
 -- Per (key, issuer) the highest token that wrote: an equal token (the same holder
 -- writing again) passes, a lower one matches nothing.
@@ -126,14 +123,6 @@ RETURNING token;
 -- name: duplicate_insert
 INSERT INTO tokenline_duplicates (key, kind, operation, job_id, token, owner, at)
 VALUES (:key, :kind, :operation, :job_id, :token, :owner, :now);
-
--- name: lease_renew
-UPDATE tokenline_leases SET expires_at = :now + :ttl
-WHERE resource = :resource AND owner = :owner AND token = :token AND expires_at > :now
-RETURNING resource, owner, token, expires_at;
-
--- name: lease_token
-SELECT token FROM tokenline_leases WHERE resource = :resource;
 
 -- name: duplicates_list
 SELECT key, kind, operation, job_id, token, owner, at FROM (

@@ -100,7 +100,7 @@ SELECT seq FROM sqlite_sequence WHERE name = 'tokenline_jobs';
 -- One queue at a time, so the scan follows tokenline_jobs_ready in order and stops at
 -- the limit (an IN over several queues would sort the whole backlog). The caller merges
 -- the queues' candidates and claims the best, in the same write transaction.
-SELECT id, priority, run_at FROM tokenline_jobs
+SELECT id, priority, run_at, lease_token FROM tokenline_jobs
 WHERE queue = :queue
   AND state IN ('queued', 'scheduled')
   AND run_at <= :now
@@ -123,30 +123,6 @@ RETURNING *;
 -- name: attempt_start
 INSERT INTO tokenline_attempts (job_id, token, attempt, owner, started_at)
 VALUES (:job_id, :token, :attempt, :owner, :now);
-
--- name: renew
-UPDATE tokenline_jobs
-SET lease_expires_at = :now + :ttl
-FROM (SELECT json_extract(value, '$[0]') AS jid, json_extract(value, '$[1]') AS tok
-      FROM json_each(:leases)) AS held
-WHERE tokenline_jobs.id = held.jid
-  AND tokenline_jobs.lease_token = held.tok
-  AND tokenline_jobs.lease_owner = :owner
-  AND tokenline_jobs.state = 'running'
-  AND tokenline_jobs.lease_expires_at > :now
-RETURNING tokenline_jobs.id, tokenline_jobs.lease_expires_at;
-
--- name: lease_holders
-SELECT id, lease_token, lease_owner FROM tokenline_jobs
-WHERE id IN (SELECT value FROM json_each(:ids));
-
--- name: renew_unfenced
--- Test-only: a renewal that ignores token and owner. Never used unless fencing is disabled.
-UPDATE tokenline_jobs
-SET lease_expires_at = :now + :ttl
-FROM (SELECT json_extract(value, '$[0]') AS jid FROM json_each(:leases)) AS held
-WHERE tokenline_jobs.id = held.jid AND tokenline_jobs.state = 'running'
-RETURNING tokenline_jobs.id, tokenline_jobs.lease_expires_at;
 
 -- name: finish
 UPDATE tokenline_jobs
@@ -192,32 +168,40 @@ WHERE id = :job_id AND lease_token = :token AND lease_owner = :owner AND state =
 -- name: fence_check_unfenced
 UPDATE tokenline_jobs SET updated_at = :now WHERE id = :job_id AND state = 'running';
 
--- name: rescue_attempts
+-- name: rescue_candidates
+-- Running jobs without a live lease in the coordination file (attached read-only: its
+-- snapshot is taken after this transaction took the main file's write lock, so every
+-- committed claim's lease row is in it). An expired lease cannot come back to life, so
+-- the snapshot never makes a live lease look expired.
+SELECT j.id, j.lease_token, j.lease_owner, j.attempt, j.max_attempts
+FROM tokenline_jobs AS j
+WHERE j.state = 'running'
+  AND NOT EXISTS (
+      SELECT 1 FROM coord.job_leases AS l
+      WHERE l.job_id = j.id AND l.token = j.lease_token AND l.expires_at > :now)
+ORDER BY j.lease_expires_at, j.id
+LIMIT :limit;
+
+-- name: rescue_attempt
 UPDATE tokenline_attempts
-SET finished_at = :now, outcome = 'lease_expired',
-    error = 'lease expired: the worker stopped renewing it', error_class = 'coordination'
-WHERE finished_at IS NULL
-  AND (job_id, token) IN (
-      SELECT id, lease_token FROM tokenline_jobs
-      WHERE state = 'running' AND lease_expires_at <= :now
-      ORDER BY lease_expires_at LIMIT :limit);
+SET finished_at = :now, outcome = 'lease_expired', error = :error,
+    error_class = 'coordination'
+WHERE job_id = :job_id AND token = :token AND finished_at IS NULL;
 
 -- name: rescue
+-- Under the same write lock as rescue_candidates; the token is checked again anyway.
 UPDATE tokenline_jobs
-SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'queued' END,
-    finished_at = CASE WHEN attempt >= max_attempts THEN :now ELSE NULL END,
+SET state = :state,
+    finished_at = CASE WHEN :final THEN :now END,
+    attempt = attempt - :refund,
     lease_token = lease_token + 1,
     lease_owner = NULL,
     lease_expires_at = NULL,
     run_at = :now,
-    last_error = 'lease expired: the worker stopped renewing it',
+    last_error = :error,
     error_class = 'coordination',
     updated_at = :now
-WHERE id IN (
-    SELECT id FROM tokenline_jobs
-    WHERE state = 'running' AND lease_expires_at <= :now
-    ORDER BY lease_expires_at LIMIT :limit)
-RETURNING id, state;
+WHERE id = :job_id AND lease_token = :token AND state = 'running';
 
 -- name: pause
 INSERT INTO tokenline_paused_queues (queue, paused_at) VALUES (:queue, :now)
@@ -238,12 +222,20 @@ GROUP BY queue;
 SELECT queue FROM tokenline_paused_queues;
 
 -- name: job_get
-SELECT * FROM tokenline_jobs WHERE id = :job_id;
+-- A running job's lease expiry lives in the coordination file (renewals go there).
+SELECT j.*, l.expires_at AS live_expires_at
+FROM tokenline_jobs AS j
+LEFT JOIN coord.job_leases AS l
+       ON l.job_id = j.id AND l.token = j.lease_token AND j.state = 'running'
+WHERE j.id = :job_id;
 
 -- name: jobs_list
-SELECT * FROM tokenline_jobs
-WHERE (:state IS NULL OR state = :state) AND (:queue IS NULL OR queue = :queue)
-ORDER BY id DESC LIMIT :limit;
+SELECT j.*, l.expires_at AS live_expires_at
+FROM tokenline_jobs AS j
+LEFT JOIN coord.job_leases AS l
+       ON l.job_id = j.id AND l.token = j.lease_token AND j.state = 'running'
+WHERE (:state IS NULL OR j.state = :state) AND (:queue IS NULL OR j.queue = :queue)
+ORDER BY j.id DESC LIMIT :limit;
 
 -- name: attempts_list
 SELECT * FROM tokenline_attempts WHERE job_id = :job_id ORDER BY token;
@@ -267,42 +259,25 @@ SELECT count(*) FROM tokenline_stale_commits;
 SELECT job_id, token, owner, operation, at FROM tokenline_stale_commits
 ORDER BY id DESC LIMIT :limit;
 
--- name: worker_register
-INSERT INTO tokenline_workers (id, host, pid, queues, concurrency, state, token,
-                               started_at, heartbeat_at, expires_at, in_flight)
-VALUES (:id, :host, :pid, :queues, :concurrency, :state, 1, :now, :now, :now + :ttl, 0)
-ON CONFLICT (id) DO UPDATE
-SET token = tokenline_workers.token + 1, state = excluded.state,
-    heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at, in_flight = 0
-RETURNING *;
+-- name: lease_token_get
+SELECT token FROM tokenline_lease_tokens WHERE resource = :resource;
 
--- name: worker_heartbeat
-UPDATE tokenline_workers
-SET state = :state, in_flight = :in_flight, heartbeat_at = :now, expires_at = :now + :ttl
-WHERE id = :id AND token = :token AND expires_at > :now
-RETURNING *;
-
--- name: worker_deregister
-UPDATE tokenline_workers
-SET state = 'stopped', in_flight = 0, heartbeat_at = :now, expires_at = :now
-WHERE id = :id AND token = :token;
-
--- name: workers_list
-SELECT * FROM tokenline_workers ORDER BY started_at DESC;
-
--- name: lease_acquire
-INSERT INTO tokenline_leases (resource, owner, token, expires_at)
-VALUES (:resource, :owner, 1, :now + :ttl)
+-- name: lease_token_raise
+INSERT INTO tokenline_lease_tokens (resource, token) VALUES (:resource, :token)
 ON CONFLICT (resource) DO UPDATE
-SET token = CASE WHEN tokenline_leases.owner = excluded.owner
-                      AND tokenline_leases.expires_at > :now
-                 THEN tokenline_leases.token ELSE tokenline_leases.token + 1 END,
-    owner = excluded.owner,
-    expires_at = excluded.expires_at
-WHERE tokenline_leases.expires_at <= :now OR tokenline_leases.owner = excluded.owner
-RETURNING resource, owner, token, expires_at;
+SET token = max(tokenline_lease_tokens.token, excluded.token);
 
--- name: lease_release
--- Expire rather than delete: the token counter must survive the release.
-UPDATE tokenline_leases SET expires_at = :now
-WHERE resource = :resource AND owner = :owner AND token = :token AND expires_at > :now;
+-- name: schema_v3
+-- Leases move to the coordination file (coord.sql). The main file keeps, per resource,
+-- the highest token ever issued, so that a token never repeats, even if the
+-- coordination file is lost.
+CREATE TABLE IF NOT EXISTS tokenline_lease_tokens (
+    resource TEXT    PRIMARY KEY,
+    token    INTEGER NOT NULL
+);
+INSERT INTO tokenline_lease_tokens (resource, token)
+SELECT resource, token FROM tokenline_leases WHERE true
+ON CONFLICT (resource) DO UPDATE
+SET token = max(tokenline_lease_tokens.token, excluded.token);
+DROP TABLE IF EXISTS tokenline_leases;
+DROP TABLE IF EXISTS tokenline_workers;

@@ -1,35 +1,63 @@
-"""SQLite store: WAL mode, one file, safe for several processes on one machine.
+"""SQLite store: WAL mode, two files, safe for several processes on one machine.
 
-Every call runs on one dedicated thread that owns this process's connection, so the
-event loop never blocks on SQLite. Writes use ``BEGIN IMMEDIATE``: the write lock is
-taken up front, so two processes never deadlock upgrading a read lock, and the token
-checks in ``queries.sql`` run under that lock. ``synchronous=NORMAL`` in WAL mode
-survives a crash of any process (kill -9); only an operating system crash or power loss
-can drop the last commits.
+**Two files.** ``tokenline.db`` holds the jobs, their attempts and the ledger — and the
+user's own tables written through ``ctx.transaction()``. ``tokenline.db-coord`` holds
+what every renewal tick rewrites: job lease expiries, worker membership, resource
+lease holders, and the clock anchor (``coord.sql``). SQLite lets one writer at a time
+hold a file; with leases in their own file, a handler's transaction that keeps the main
+file locked for a long time cannot hold up any renewal, of its own worker or any other.
+
+**Why a stale worker still cannot commit.** Ownership of a job is its token, in the
+main file. A claim bumps it, a rescue bumps it, and every completion, retry and ledger
+write is ``… WHERE lease_token = ? AND lease_owner = ? AND state = 'running'`` under the
+main file's write lock. The coordination file only says whether a lease is still alive:
+
+* a claim writes (and commits) the new lease rows *before* committing the claim in the
+  main file, while it holds the main file's write lock; so whoever sees a job running
+  sees its lease row, and a row never gives way to a lower token;
+* a renewal extends a row only while its token and owner match and it has not expired:
+  an expired lease stays expired, so a rescuer that saw it expired was right;
+* the rescue runs under the main file's write lock, reads the leases from a snapshot
+  taken after that lock (every committed claim's row is in it), and bumps the token of
+  each running job without a live row — conditional on that token, as ever.
+
+A lease row that is lost, or never written (a process killed between the two commits),
+reads as expired: the job is rescued, which is what its dead claimer needs.
+
+**One clock.** Every time this store compares or stores is its own clock
+(``_clock.py``): one clock for all processes of the machine, anchored once per boot in
+the coordination file, immune to steps of the wall clock and to a process's faked time.
+
+**Threads.** Calls on the main file run on one thread per process, calls on the
+coordination file on another, so a renewal never queues behind a claim or a finish
+that waits for the main file's lock. While one of this process's own fenced
+transactions holds that lock, main-file calls wait for it instead of reporting the
+store unavailable: the lock holder is alive, and it is us. ``synchronous=NORMAL`` in
+WAL mode survives a crash of any process (kill -9); only an operating system crash or
+power loss can drop the last commits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
+import math
 import os
 import sqlite3
-from collections.abc import Callable, Iterator, Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..._clock import Clock, SystemClock
-from ..._errors import (
-    JobNotFoundError,
-    SchemaVersionError,
-    StoreCorruptError,
-    StoreError,
-    StoreUnavailableError,
-)
+from ..._clock import Clock
+from ..._errors import JobNotFoundError, SchemaVersionError, StoreError, StoreUnavailableError
 from ..._jobs import (
+    LEASE_EXPIRED,
     Attempt,
     ClaimedJob,
     Finish,
@@ -38,28 +66,46 @@ from ..._jobs import (
     Lease,
     NewJob,
     QueueStats,
+    RescueCandidate,
     RescueReport,
     StaleCommit,
     WorkerRecord,
     attempt_from_row,
     finish_transition,
     job_from_row,
+    rescue_transition,
 )
 from ..._ledger import Fence
 from .._sql import load_queries
 from ..base import Capabilities, FencedTransaction, ResourceLease, Store
-from .ledger import LQ, SQLiteLedger, immediate, insert_job
+from ._clock import Anchor, MachineClock, Uptime, WallClock, boot_id
+from ._connection import (
+    attach_coord,
+    connect_coord,
+    connect_main,
+    coord_path,
+    immediate,
+    statements,
+)
+from ._errors import SQLiteBusyError, map_sqlite_errors
+from .ledger import LQ, SQLiteLedger, insert_job
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
 log = logging.getLogger("tokenline.store.sqlite")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 Q = load_queries(__name__.rpartition(".")[0])
+CQ = load_queries(__name__.rpartition(".")[0], "coord.sql")
+#: Version of the coordination file's schema (its own ``user_version``).
+COORD_VERSION = 1
 T = TypeVar("T")
 
 #: Environment switch for tests and drills only: check job state but not the token.
 UNSAFE_ENV = "TOKENLINE_TEST_UNSAFE_DISABLE_FENCING"
+
+#: Lease rows expired longer than this are pruned by the rescue.
+_PRUNE_AFTER = 60.0
 
 
 def path_from_url(url: str) -> Path:
@@ -73,51 +119,6 @@ def path_from_url(url: str) -> Path:
             "(use memory:// for a single-process store)"
         )
     return Path(raw)
-
-
-@contextlib.contextmanager
-def map_sqlite_errors(path: Path) -> Iterator[None]:
-    """Translate ``sqlite3`` errors into tokenline's exception tree."""
-    try:
-        yield
-    except sqlite3.OperationalError as exc:
-        text = str(exc)
-        if "locked" in text or "busy" in text:
-            raise StoreUnavailableError(f"SQLite store {str(path)!r} is busy: {text}") from exc
-        if "unable to open" in text or "readonly" in text or "disk I/O" in text:
-            raise StoreUnavailableError(
-                f"cannot use SQLite store {str(path)!r}: {text} "
-                "(check that the directory exists and is writable)"
-            ) from exc
-        raise StoreError(f"SQLite store {str(path)!r}: {text}") from exc
-    except sqlite3.DatabaseError as exc:
-        if isinstance(exc, sqlite3.IntegrityError):
-            raise StoreError(f"SQLite store {str(path)!r} refused a write: {exc}") from exc
-        raise StoreCorruptError(
-            f"{str(path)!r} is not a usable tokenline store ({exc}); nothing was changed"
-        ) from exc
-
-
-def _connect(path: Path, *, busy_timeout: float, same_thread: bool = True) -> sqlite3.Connection:
-    conn = sqlite3.connect(
-        path, isolation_level=None, timeout=busy_timeout, check_same_thread=same_thread
-    )
-    conn.row_factory = sqlite3.Row
-    conn.execute("PRAGMA synchronous = NORMAL")
-    conn.execute("PRAGMA foreign_keys = ON")
-    return conn
-
-
-def _statements(script: str) -> Iterator[str]:
-    """Split a script into complete statements (a trigger body holds semicolons)."""
-    buf = ""
-    for line in script.splitlines(keepends=True):
-        buf += line
-        if sqlite3.complete_statement(buf):
-            yield buf.strip()
-            buf = ""
-    if buf.strip() and not buf.strip().startswith("--"):
-        yield buf.strip()
 
 
 def _worker(row: sqlite3.Row) -> WorkerRecord:
@@ -136,13 +137,22 @@ def _worker(row: sqlite3.Row) -> WorkerRecord:
     )
 
 
-def _taken_over(holder: tuple[int, str | None] | None, token: int, owner: str) -> bool:
-    """Whether a refused renewal was stale (someone else's token or owner), rather than
-    of a job this owner finished itself or whose lease merely expired."""
+def _job(row: sqlite3.Row) -> Job:
+    """A job row joined with its live lease expiry from the coordination file."""
+    job = job_from_row(row)
+    live = row["live_expires_at"]
+    if job.state is JobState.RUNNING and live is not None and live != job.lease_expires_at:
+        return dataclasses.replace(job, lease_expires_at=live)
+    return job
+
+
+def _taken_over(holder: tuple[int, str] | None, token: int, owner: str) -> bool:
+    """Whether a refused renewal was stale (someone else's token or owner holds the
+    lease row now), rather than of a lease that merely expired or was pruned."""
     if holder is None:
-        return True
+        return False
     current_token, current_owner = holder
-    return current_token != token or (current_owner is not None and current_owner != owner)
+    return current_token != token or current_owner != owner
 
 
 def finish_params(fin: Finish, now: float) -> dict[str, Any]:
@@ -163,8 +173,56 @@ def finish_params(fin: Finish, now: float) -> dict[str, Any]:
     }
 
 
+class _Writers:
+    """This process's fenced transactions that hold the main file's write lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open = 0
+        self._last_closed = -math.inf
+
+    def opened(self) -> None:
+        with self._lock:
+            self._open += 1
+
+    def closed(self) -> None:
+        with self._lock:
+            self._open -= 1
+            self._last_closed = time.monotonic()
+
+    def held_since(self, since: float) -> bool:
+        """Whether one of them held the lock at any time since ``since`` (monotonic)."""
+        with self._lock:
+            return self._open > 0 or self._last_closed >= since
+
+
+class _Lane:
+    """One thread and the connections it owns; calls run there one at a time."""
+
+    def __init__(self, name: str) -> None:
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self.conns: tuple[sqlite3.Connection, ...] = ()
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+
+    def close(self) -> None:
+        conns, self.conns = self.conns, ()
+
+        def close_all() -> None:
+            for conn in conns:
+                conn.close()
+
+        self.executor.submit(close_all).result()
+        self.executor.shutdown(wait=True)
+
+
 class SQLiteStore(SQLiteLedger, Store):
-    """A store in one SQLite file (``sqlite:///path.db``)."""
+    """A store in one SQLite file and its coordination file (``sqlite:///path.db``).
+
+    ``clock`` replaces the store's own clock (tests); by default it is the machine's
+    clock anchored in the coordination file (see ``_clock.py``).
+    """
 
     capabilities = Capabilities(multi_process=True, transactional_completion=True, ledger=True)
 
@@ -176,43 +234,112 @@ class SQLiteStore(SQLiteLedger, Store):
         timeout: float = 10.0,
     ) -> None:
         self.path = path_from_url(url)
-        self.clock: Clock = clock or SystemClock()
+        self.coord_path = coord_path(self.path)
+        self._given_clock = clock
+        #: The store's clock; the machine's, anchored at :meth:`open`, unless given.
+        self.clock: Any = clock or WallClock()
         self.timeout = timeout
         self.unsafe_disable_fencing = os.environ.get(UNSAFE_ENV) == "1"
-        self._executor: ThreadPoolExecutor | None = None
-        self._conn: sqlite3.Connection | None = None
+        self._main: _Lane | None = None
+        self._coord: _Lane | None = None
+        self._uptime: Uptime | None = None
+        self._writers = _Writers()
+        self._pending: set[asyncio.Task[None]] = set()
 
     # -- plumbing -------------------------------------------------------------------------
-    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        if self._executor is None or self._conn is None:
+    def _lane(self, lane: _Lane | None) -> _Lane:
+        if lane is None or not lane.conns:
             raise StoreError("the SQLite store is not open; call open() first")
-        conn = self._conn
+        return lane
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on the main connection (main file, leases read-only)."""
+        lane = self._lane(self._main)
+        return await self._on_main(lambda: fn(lane.conns[0]))
+
+    async def _call_both(self, fn: Callable[[sqlite3.Connection, sqlite3.Connection], T]) -> T:
+        """Run ``fn`` with the main connection and the main thread's coordination
+        connection (to write leases inside a main-file transaction)."""
+        lane = self._lane(self._main)
+        return await self._on_main(lambda: fn(lane.conns[0], lane.conns[1]))
+
+    async def _on_main(self, call: Callable[[], T]) -> T:
+        lane = self._lane(self._main)
 
         def run() -> T:
-            with map_sqlite_errors(self.path):
-                return fn(conn)
+            while True:
+                began = time.monotonic()
+                try:
+                    with map_sqlite_errors(self.path):
+                        return call()
+                except SQLiteBusyError:
+                    # Busy because one of our own transactions holds the lock: it is
+                    # alive (it is us), so wait for it rather than fail.
+                    if not self._writers.held_since(began):
+                        raise
 
-        loop = asyncio.get_running_loop()
+        future = asyncio.ensure_future(lane.run(run))
         try:
-            return await asyncio.wait_for(
-                loop.run_in_executor(self._executor, run), timeout=self.timeout
-            )
+            while True:
+                began = time.monotonic()
+                done, _ = await asyncio.wait({future}, timeout=self.timeout)
+                if done:
+                    return future.result()
+                if not self._writers.held_since(began):
+                    raise StoreUnavailableError(
+                        f"SQLite store {str(self.path)!r} did not answer within {self.timeout:g}s"
+                    )
+        except BaseException:
+            future.cancel()
+            raise
+
+    async def _coord_call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on the coordination thread (never behind a main-file call)."""
+        lane = self._lane(self._coord)
+
+        def run() -> T:
+            with map_sqlite_errors(self.coord_path):
+                return fn(lane.conns[0])
+
+        try:
+            return await asyncio.wait_for(lane.run(run), timeout=self.timeout)
         except TimeoutError:
             raise StoreUnavailableError(
-                f"SQLite store {str(self.path)!r} did not answer within {self.timeout:g}s"
+                f"SQLite store {str(self.coord_path)!r} did not answer within {self.timeout:g}s"
             ) from None
+
+    def _later(self, fn: Callable[[sqlite3.Connection], object]) -> None:
+        """Record something in the main file without making the caller wait for its
+        lock (a refused renewal's audit row); :meth:`_flush` waits for them."""
+
+        async def record() -> None:
+            try:
+                await self._call(fn)
+            except StoreError as exc:
+                log.warning("could not record a refused write: %s", exc)
+
+        task = asyncio.ensure_future(record())
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _flush(self) -> None:
+        if self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)
 
     _write = staticmethod(immediate)
 
     def _q(self, name: str) -> str:
-        if self.unsafe_disable_fencing and name in ("finish", "fence_check", "renew"):
+        if self.unsafe_disable_fencing and name in ("finish", "fence_check"):
             return Q[f"{name}_unfenced"]
-        return Q[name]
+        if self.unsafe_disable_fencing and name == "job_leases_renew":
+            return CQ["job_leases_renew_unfenced"]
+        return Q[name] if name in Q else CQ[name]
 
     # -- life cycle -----------------------------------------------------------------------
     async def open(self) -> None:
-        """Open the file (creating it and the schema if new) and check its version."""
-        if self._executor is not None:
+        """Open both files (creating them and their schemas if new), check the schema
+        version and anchor the clock."""
+        if self._main is not None:
             return
         parent = self.path.parent
         if not parent.is_dir():
@@ -220,20 +347,24 @@ class SQLiteStore(SQLiteLedger, Store):
                 f"cannot open SQLite store {str(self.path)!r}: "
                 f"directory {str(parent)!r} does not exist"
             )
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenline-sqlite")
-        loop = asyncio.get_running_loop()
+        main, coord = _Lane("tokenline-sqlite"), _Lane("tokenline-sqlite-coord")
         try:
-            self._conn = await loop.run_in_executor(self._executor, self._open_sync)
+            main.conns = await main.run(self._open_main)
+            coord.conns = await coord.run(self._open_coord)
         except BaseException:
-            self._executor.shutdown(wait=False)
-            self._executor = None
+            for lane in (main, coord):
+                lane.close()
+            if self._uptime is not None:
+                self._uptime.close()
+                self._uptime = None
             raise
+        self._main, self._coord = main, coord
         if self.unsafe_disable_fencing:
             log.warning("fencing token checks are DISABLED (%s=1): tests only", UNSAFE_ENV)
 
-    def _open_sync(self) -> sqlite3.Connection:
+    def _open_main(self) -> tuple[sqlite3.Connection, sqlite3.Connection]:
         with map_sqlite_errors(self.path):
-            conn = _connect(self.path, busy_timeout=self.timeout)
+            conn = connect_main(self.path, busy_timeout=self.timeout)
             try:
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if str(mode).lower() != "wal":
@@ -242,7 +373,28 @@ class SQLiteStore(SQLiteLedger, Store):
             except BaseException:
                 conn.close()
                 raise
-            return conn
+        with map_sqlite_errors(self.coord_path):
+            try:
+                coord = connect_coord(self.coord_path, busy_timeout=self.timeout)
+            except BaseException:
+                conn.close()
+                raise
+            try:
+                mode = coord.execute("PRAGMA coord.journal_mode = WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    raise StoreError(f"cannot switch {str(self.coord_path)!r} to WAL")
+                self._migrate_coord(coord)
+                self.clock = self._anchor(coord)
+                attach_coord(conn, self.coord_path, readonly=True)
+            except BaseException:
+                conn.close()
+                coord.close()
+                raise
+        return conn, coord
+
+    def _open_coord(self) -> tuple[sqlite3.Connection]:
+        with map_sqlite_errors(self.coord_path):
+            return (connect_coord(self.coord_path, busy_timeout=self.timeout),)
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -259,23 +411,85 @@ class SQLiteStore(SQLiteLedger, Store):
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version >= SCHEMA_VERSION:
                 return
-            if version == 0:
-                for statement in _statements(Q["schema"]):
-                    conn.execute(statement)
-            # 1 -> 2: the ledger (unique keys, effects, fences, duplicates).
-            for statement in _statements(LQ["schema_v2"]):
-                conn.execute(statement)
+            steps = [(0, Q["schema"]), (1, LQ["schema_v2"]), (2, Q["schema_v3"])]
+            for since, script in steps:
+                if version <= since:
+                    for statement in statements(script):
+                        conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION:d}")
 
-    async def close(self) -> None:
-        """Close the connection and its thread."""
-        if self._executor is None:
+    def _migrate_coord(self, coord: sqlite3.Connection) -> None:
+        version = coord.execute("PRAGMA coord.user_version").fetchone()[0]
+        if version > COORD_VERSION:
+            raise SchemaVersionError(
+                f"{str(self.coord_path)!r} has schema version {version}, newer than this "
+                f"tokenline's {COORD_VERSION}: upgrade tokenline"
+            )
+        if version == COORD_VERSION:
             return
-        conn, executor = self._conn, self._executor
-        self._conn, self._executor = None, None
-        if conn is not None:
-            executor.submit(conn.close).result()
-        executor.shutdown(wait=True)
+        with immediate(coord):
+            if coord.execute("PRAGMA coord.user_version").fetchone()[0] < COORD_VERSION:
+                for statement in statements(CQ["schema"]):
+                    coord.execute(statement)
+                coord.execute(f"PRAGMA coord.user_version = {COORD_VERSION:d}")
+
+    def _anchor(self, coord: sqlite3.Connection) -> Any:
+        """The store's clock for this boot, anchoring it first if this boot is new."""
+        if self._given_clock is not None:
+            return self._given_clock
+        this_boot = boot_id()
+        if this_boot is None or not Uptime.available():
+            log.info("no boot-time counter on this platform: the store's clock is the wall clock")
+            return WallClock()
+        uptime = self._uptime = Uptime()
+        row = coord.execute(CQ["clock_get"]).fetchone()
+        if row is None or row["boot_id"] != this_boot:
+            with immediate(coord):
+                row = coord.execute(CQ["clock_get"]).fetchone()
+                if row is None or row["boot_id"] != this_boot:
+                    # A new boot: the holders of every lease of the last one are gone.
+                    for name in ("reboot_job_leases", "reboot_workers", "reboot_resource_leases"):
+                        coord.execute(CQ[name])
+                    anchor = {"boot_id": this_boot, "wall": time.time(), "uptime": uptime()}
+                    coord.execute(CQ["clock_set"], anchor)
+                    row = coord.execute(CQ["clock_get"]).fetchone()
+        return MachineClock(Anchor(row["boot_id"], row["wall"], row["uptime"]), uptime)
+
+    def _peek_now(self) -> float:
+        """The store's time as anchored for this boot, read without opening the store
+        (the wall clock if this boot has not anchored it yet)."""
+        if self._given_clock is not None:
+            return float(self._given_clock.now())
+        this_boot = boot_id()
+        if this_boot is None or not self.coord_path.exists() or not Uptime.available():
+            return WallClock().now()
+        coord = connect_coord(self.coord_path, busy_timeout=self.timeout)
+        try:
+            row = coord.execute(CQ["clock_get"]).fetchone()
+        except sqlite3.OperationalError:
+            row = None
+        finally:
+            coord.close()
+        if row is None or row["boot_id"] != this_boot:
+            return WallClock().now()
+        uptime = Uptime()
+        try:
+            return MachineClock(Anchor(row["boot_id"], row["wall"], row["uptime"]), uptime).now()
+        finally:
+            uptime.close()
+
+    async def close(self) -> None:
+        """Close both files and their threads."""
+        if self._main is None:
+            return
+        await self._flush()
+        lanes = [lane for lane in (self._main, self._coord) if lane is not None]
+        self._main = self._coord = None
+        for lane in lanes:
+            lane.close()
+        if self._uptime is not None:
+            self._uptime.close()
+            self._uptime = None
 
     # -- broker ---------------------------------------------------------------------------
     async def jobs_enqueue(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[int]:
@@ -329,7 +543,9 @@ class SQLiteStore(SQLiteLedger, Store):
                     "connection= must be a sqlite3.Connection inside an open transaction"
                 )
             with map_sqlite_errors(self.path):
-                rows = rows_for(self.clock.now())
+                # An unopened store (app.enqueue(connection=...)) reads the anchor only.
+                now = self.clock.now() if self._main is not None else self._peek_now()
+                rows = rows_for(now)
                 pairs = zip(rows, jobs, strict=True)
                 return [insert_job(connection, Q["enqueue"], *rj) for rj in pairs]
         return await self._call(run)
@@ -337,9 +553,10 @@ class SQLiteStore(SQLiteLedger, Store):
     async def jobs_claim(
         self, *, owner: str, queues: Sequence[str], limit: int, ttl: float
     ) -> list[ClaimedJob]:
-        """Lease up to ``limit`` ready jobs to ``owner`` in one statement."""
+        """Lease up to ``limit`` ready jobs to ``owner``: the lease rows first, then the
+        claim, both under the main file's write lock."""
 
-        def run(conn: sqlite3.Connection) -> list[ClaimedJob]:
+        def run(conn: sqlite3.Connection, coord: sqlite3.Connection) -> list[ClaimedJob]:
             now = self.clock.now()
             with self._write(conn):
                 candidates = []
@@ -347,10 +564,22 @@ class SQLiteStore(SQLiteLedger, Store):
                     candidates += conn.execute(
                         Q["claim_candidates"], {"queue": queue, "now": now, "limit": limit}
                     ).fetchall()
+                if not candidates:
+                    return []
                 candidates.sort(key=lambda r: (-r[1], r[2], r[0]))
-                ids = json.dumps([r[0] for r in candidates[:limit]])
+                picked = candidates[:limit]
+                grants = json.dumps([[r[0], r[3] + 1] for r in picked])
+                with immediate(coord):
+                    coord.execute(
+                        CQ["job_leases_grant"],
+                        {"leases": grants, "owner": owner, "ttl": ttl, "now": now},
+                    )
+                ids = json.dumps([r[0] for r in picked])
                 params = {"owner": owner, "ids": ids, "ttl": ttl, "now": now}
-                rows = conn.execute(Q["claim"], params).fetchall() if candidates else []
+                rows = conn.execute(Q["claim"], params).fetchall()
+                granted = {r[0]: r[3] + 1 for r in picked}
+                if any(granted[r["id"]] != r["lease_token"] for r in rows):
+                    raise StoreError("a claim's token differs from its lease row; this is a bug")
                 conn.executemany(
                     Q["attempt_start"],
                     [
@@ -372,39 +601,43 @@ class SQLiteStore(SQLiteLedger, Store):
                 for j in jobs
             ]
 
-        return await self._call(run)
+        return await self._call_both(run)
 
     async def leases_renew(
         self, *, owner: str, leases: Sequence[Lease], ttl: float
     ) -> list[Lease | None]:
-        """Extend every held lease in one statement; report the lost ones."""
+        """Extend every held lease in one statement on the coordination file."""
 
-        def run(conn: sqlite3.Connection) -> list[Lease | None]:
+        def run(coord: sqlite3.Connection) -> tuple[dict[int, float], list[Lease], float]:
             now = self.clock.now()
             held = json.dumps([[lease.job_id, lease.token] for lease in leases])
-            with self._write(conn):
-                rows = conn.execute(
-                    self._q("renew"), {"leases": held, "owner": owner, "ttl": ttl, "now": now}
+            stale: list[Lease] = []
+            with immediate(coord):
+                rows = coord.execute(
+                    self._q("job_leases_renew"),
+                    {"leases": held, "owner": owner, "ttl": ttl, "now": now},
                 ).fetchall()
                 renewed = {r[0]: r[1] for r in rows}
                 lost = [lease for lease in leases if lease.job_id not in renewed]
                 if lost:
-                    current = conn.execute(
-                        Q["lease_holders"], {"ids": json.dumps([x.job_id for x in lost])}
+                    current = coord.execute(
+                        CQ["job_lease_holders"], {"ids": json.dumps([x.job_id for x in lost])}
                     ).fetchall()
                     holders = {r[0]: (r[1], r[2]) for r in current}
                     stale = [x for x in lost if _taken_over(holders.get(x.job_id), x.token, owner)]
-                    self._record_stale(conn, stale, "renew", now)
-            return [
-                Lease(lease.job_id, owner, lease.token, renewed[lease.job_id])
-                if lease.job_id in renewed
-                else None
-                for lease in leases
-            ]
+            return renewed, stale, now
 
         if not leases:
             return []
-        return await self._call(run)
+        renewed, stale, now = await self._coord_call(run)
+        if stale:
+            self._later(lambda conn: self._record_stale_tx(conn, stale, "renew", now))
+        return [
+            Lease(lease.job_id, owner, lease.token, renewed[lease.job_id])
+            if lease.job_id in renewed
+            else None
+            for lease in leases
+        ]
 
     @staticmethod
     def _record_stale(
@@ -423,6 +656,12 @@ class SQLiteStore(SQLiteLedger, Store):
                 for lease in leases
             ],
         )
+
+    def _record_stale_tx(
+        self, conn: sqlite3.Connection, leases: Sequence[Lease], operation: str, now: float
+    ) -> None:
+        with self._write(conn):
+            self._record_stale(conn, leases, operation, now)
 
     def finish_in(self, conn: sqlite3.Connection, finishes: Sequence[Finish]) -> list[bool]:
         """Apply ``finishes`` on ``conn`` inside the caller's write transaction."""
@@ -454,20 +693,34 @@ class SQLiteStore(SQLiteLedger, Store):
         return await self._call(run)
 
     async def jobs_rescue(self, *, limit: int = 1000) -> RescueReport:
-        """Requeue or dead-letter running jobs whose lease expired by the store's clock."""
+        """Requeue or dead-letter running jobs without a live lease, by the store's clock."""
 
-        def run(conn: sqlite3.Connection) -> RescueReport:
+        def run(conn: sqlite3.Connection, coord: sqlite3.Connection) -> RescueReport:
             now = self.clock.now()
-            params = {"now": now, "limit": limit}
+            requeued: list[int] = []
+            dead: list[int] = []
             with self._write(conn):
-                conn.execute(Q["rescue_attempts"], params)
-                rows = conn.execute(Q["rescue"], params).fetchall()
-            return RescueReport(
-                requeued=sorted(r[0] for r in rows if r[1] == "queued"),
-                dead=sorted(r[0] for r in rows if r[1] == "dead"),
-            )
+                rows = conn.execute(Q["rescue_candidates"], {"now": now, "limit": limit})
+                for row in rows.fetchall():
+                    cand = RescueCandidate(*tuple(row))
+                    move = rescue_transition(cand)
+                    params = {
+                        "job_id": cand.job_id,
+                        "token": cand.token,
+                        "now": now,
+                        "state": move.state.value,
+                        "final": move.finished,
+                        "refund": move.refund,
+                        "error": LEASE_EXPIRED,
+                    }
+                    conn.execute(Q["rescue_attempt"], params)
+                    if conn.execute(Q["rescue"], params).rowcount == 1:
+                        (dead if move.state is JobState.DEAD else requeued).append(cand.job_id)
+            with immediate(coord):
+                coord.execute(CQ["job_leases_prune"], {"before": now - _PRUNE_AFTER})
+            return RescueReport(requeued=sorted(requeued), dead=sorted(dead))
 
-        return await self._call(run)
+        return await self._call_both(run)
 
     # -- queues ---------------------------------------------------------------------------
     async def queue_pause(self, *, queue: str) -> None:
@@ -506,7 +759,7 @@ class SQLiteStore(SQLiteLedger, Store):
         row = await self._call(lambda c: c.execute(Q["job_get"], {"job_id": job_id}).fetchone())
         if row is None:
             raise JobNotFoundError(f"no job with id {job_id}")
-        return job_from_row(row)
+        return _job(row)
 
     async def jobs_list(
         self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
@@ -514,7 +767,7 @@ class SQLiteStore(SQLiteLedger, Store):
         """Jobs filtered by state and queue, newest first."""
         params = {"state": state.value if state else None, "queue": queue, "limit": limit}
         rows = await self._call(lambda c: c.execute(Q["jobs_list"], params).fetchall())
-        return [job_from_row(r) for r in rows]
+        return [_job(r) for r in rows]
 
     async def job_attempts(self, *, job_id: int) -> list[Attempt]:
         """Attempts of the job, oldest first."""
@@ -542,6 +795,7 @@ class SQLiteStore(SQLiteLedger, Store):
             rows = conn.execute(Q["stale_list"], {"limit": limit}).fetchall()
             return total, [StaleCommit(*tuple(r)) for r in rows]
 
+        await self._flush()
         return await self._call(run)
 
     # -- workers and leases ---------------------------------------------------------------
@@ -554,11 +808,16 @@ class SQLiteStore(SQLiteLedger, Store):
             "queues": json.dumps(list(record.queues)),
             "concurrency": record.concurrency,
             "state": record.state,
-            "now": self.clock.now(),
             "ttl": ttl,
         }
-        row = await self._call(lambda c: c.execute(Q["worker_register"], params).fetchone())
-        return _worker(row)
+
+        def run(coord: sqlite3.Connection) -> sqlite3.Row:
+            row: sqlite3.Row = coord.execute(
+                CQ["worker_register"], {**params, "now": self.clock.now()}
+            ).fetchone()
+            return row
+
+        return _worker(await self._coord_call(run))
 
     async def worker_heartbeat(
         self, *, worker_id: str, token: int, state: str, in_flight: int, ttl: float
@@ -569,37 +828,93 @@ class SQLiteStore(SQLiteLedger, Store):
             "token": token,
             "state": state,
             "in_flight": in_flight,
-            "now": self.clock.now(),
             "ttl": ttl,
+            "skew": None,
         }
-        row = await self._call(lambda c: c.execute(Q["worker_heartbeat"], params).fetchone())
+
+        def run(coord: sqlite3.Connection) -> sqlite3.Row | None:
+            now = self.clock.now()
+            row: sqlite3.Row | None = coord.execute(
+                CQ["worker_heartbeat"], {**params, "now": now}
+            ).fetchone()
+            return row
+
+        row = await self._coord_call(run)
         return None if row is None else _worker(row)
 
     async def worker_deregister(self, *, worker_id: str, token: int) -> None:
         """Mark the worker stopped."""
-        params = {"id": worker_id, "token": token, "now": self.clock.now()}
-        await self._call(lambda c: c.execute(Q["worker_deregister"], params))
+
+        def run(coord: sqlite3.Connection) -> None:
+            params = {"id": worker_id, "token": token, "now": self.clock.now()}
+            coord.execute(CQ["worker_deregister"], params)
+
+        await self._coord_call(run)
 
     async def workers_list(self) -> list[WorkerRecord]:
         """All workers, newest first."""
-        rows = await self._call(lambda c: c.execute(Q["workers_list"]).fetchall())
+        rows = await self._coord_call(lambda c: c.execute(CQ["workers_list"]).fetchall())
         return [_worker(r) for r in rows]
 
     async def lease_acquire(self, *, resource: str, owner: str, ttl: float) -> ResourceLease | None:
-        """Take, or renew, the named lease."""
-        params = {"resource": resource, "owner": owner, "ttl": ttl, "now": self.clock.now()}
-        row = await self._call(lambda c: c.execute(Q["lease_acquire"], params).fetchone())
-        return None if row is None else ResourceLease(*tuple(row))
+        """Take, or renew, the named lease.
+
+        Renewing, or finding it held by someone else, touches only the coordination
+        file. Taking a free lease issues a token one higher than both the main file's
+        record of the highest ever issued and the coordination file's last holder, and
+        raises that record: a token never repeats, even if either file lost its write.
+        """
+        key = {"resource": resource, "owner": owner, "ttl": ttl, "token": None}
+
+        def held(coord: sqlite3.Connection) -> tuple[bool, ResourceLease | None]:
+            """(decided, lease): the lease is ours (renewed) or someone else's."""
+            now = self.clock.now()
+            with immediate(coord):
+                row = coord.execute(CQ["resource_lease_extend"], {**key, "now": now}).fetchone()
+                if row is not None:
+                    return True, ResourceLease(*tuple(row))
+                cur = coord.execute(CQ["resource_lease_get"], key).fetchone()
+                return cur is not None and cur["expires_at"] > now, None
+
+        decided, lease = await self._coord_call(held)
+        if decided:
+            return lease
+
+        def take(conn: sqlite3.Connection, coord: sqlite3.Connection) -> ResourceLease | None:
+            now = self.clock.now()
+            with self._write(conn):
+                issued = conn.execute(Q["lease_token_get"], key).fetchone()
+                with immediate(coord):
+                    cur = coord.execute(CQ["resource_lease_get"], key).fetchone()
+                    if cur is not None and cur["expires_at"] > now:
+                        if cur["owner"] != owner:
+                            return None
+                        row = coord.execute(
+                            CQ["resource_lease_extend"], {**key, "now": now}
+                        ).fetchone()
+                        return ResourceLease(*tuple(row))
+                    token = 1 + max(issued[0] if issued else 0, cur["token"] if cur else 0)
+                    row = coord.execute(
+                        CQ["resource_lease_take"], {**key, "token": token, "now": now}
+                    ).fetchone()
+                conn.execute(Q["lease_token_raise"], {"resource": resource, "token": token})
+            return ResourceLease(*tuple(row))
+
+        return await self._call_both(take)
 
     async def lease_release(self, *, lease: ResourceLease) -> bool:
         """Release the named lease if ``(owner, token)`` still holds it."""
-        params = {
-            "resource": lease.resource,
-            "owner": lease.owner,
-            "token": lease.token,
-            "now": self.clock.now(),
-        }
-        return bool(await self._call(lambda c: c.execute(Q["lease_release"], params).rowcount))
+
+        def run(coord: sqlite3.Connection) -> bool:
+            params = {
+                "resource": lease.resource,
+                "owner": lease.owner,
+                "token": lease.token,
+                "now": self.clock.now(),
+            }
+            return bool(coord.execute(CQ["resource_lease_release"], params).rowcount)
+
+        return await self._coord_call(run)
 
     # -- transactions ---------------------------------------------------------------------
     def fenced_transaction(
@@ -610,3 +925,19 @@ class SQLiteStore(SQLiteLedger, Store):
         from ._transaction import SQLiteFencedTransaction  # it builds on this module
 
         return SQLiteFencedTransaction(self, lease, fences)
+
+    def transaction_connection(self) -> sqlite3.Connection:
+        """A new connection for a fenced transaction (main file, leases read-only),
+        usable from any thread."""
+        return connect_main(
+            self.path, busy_timeout=self.timeout, same_thread=False, coord=self.coord_path
+        )
+
+    @contextlib.contextmanager
+    def holding_write_lock(self) -> Any:
+        """Marks a fenced transaction of this process holding the main file's lock."""
+        self._writers.opened()
+        try:
+            yield
+        finally:
+            self._writers.closed()

@@ -1,0 +1,108 @@
+"""Connections to the SQLite store's two files, and the write transaction they share.
+
+Every connection sees the coordination file as the schema ``coord`` (see ``coord.sql``),
+so one set of queries serves them all:
+
+* the **main** connection (jobs, attempts, ledger) attaches it read-only: its write
+  transactions take only the main file's write lock, and read a snapshot of the leases;
+* a **coordination** connection (renewals, membership, resource leases, the clock
+  anchor) opens an in-memory main database and attaches the file read-write, so its
+  write transactions lock only the coordination file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = [
+    "attach_coord",
+    "connect_coord",
+    "connect_main",
+    "coord_path",
+    "immediate",
+    "statements",
+]
+
+
+def coord_path(main: Path) -> Path:
+    """The coordination file beside the store file ``main`` (``<name>-coord``)."""
+    return main.with_name(main.name + "-coord")
+
+
+def _uri(path: Path, *, readonly: bool = False) -> str:
+    uri = path.resolve().as_uri()
+    return f"{uri}?mode=ro" if readonly else uri
+
+
+def _tune(conn: sqlite3.Connection) -> sqlite3.Connection:
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute("PRAGMA foreign_keys = ON")
+    return conn
+
+
+def connect_main(
+    path: Path, *, busy_timeout: float, same_thread: bool = True, coord: Path | None = None
+) -> sqlite3.Connection:
+    """A connection to the store file; with ``coord``, that file attached read-only."""
+    conn = sqlite3.connect(
+        _uri(path),
+        uri=True,
+        isolation_level=None,
+        timeout=busy_timeout,
+        check_same_thread=same_thread,
+    )
+    try:
+        _tune(conn)
+        if coord is not None:
+            attach_coord(conn, coord, readonly=True)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def attach_coord(conn: sqlite3.Connection, path: Path, *, readonly: bool) -> None:
+    """Attach the coordination file ``path`` to ``conn`` as the schema ``coord``."""
+    conn.execute("ATTACH DATABASE ? AS coord", (_uri(path, readonly=readonly),))
+
+
+def connect_coord(path: Path, *, busy_timeout: float) -> sqlite3.Connection:
+    """A connection whose writes lock only the coordination file ``path``."""
+    conn = sqlite3.connect(":memory:", uri=True, isolation_level=None, timeout=busy_timeout)
+    try:
+        _tune(conn)
+        attach_coord(conn, path, readonly=False)
+        conn.execute("PRAGMA coord.synchronous = NORMAL")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+@contextlib.contextmanager
+def immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """A write transaction that takes the write lock up front (of every file the
+    connection may write; a read-only attachment only gets a read snapshot)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def statements(script: str) -> Iterator[str]:
+    """Split a script into complete statements (a trigger body holds semicolons)."""
+    buf = ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            yield buf.strip()
+            buf = ""
+    if buf.strip() and not buf.strip().startswith("--"):
+        yield buf.strip()
