@@ -26,6 +26,7 @@ from tokenline._errors import (
     JobNotFoundError,
     NotSupportedError,
     SchemaVersionError,
+    StaleTokenError,
     StoreError,
     StoreUnavailableError,
 )
@@ -263,23 +264,101 @@ async def test_busy_pool_raises_instead_of_hanging(postgres_url: str) -> None:
         await store.close()
 
 
-async def test_statement_timeout_bounds_a_blocked_write(postgres_url: str) -> None:
-    """A finish stuck behind another transaction's row lock is cancelled by the server
+async def test_statement_timeout_bounds_a_blocked_write(
+    postgres_url: str, admin: psycopg.AsyncConnection[Any], postgres_schema: str
+) -> None:
+    """A finish stuck behind another session's row lock is cancelled by the server
     after the store timeout and reported as the store being unavailable."""
-    holder = PostgresStore(postgres_url, timeout=5)
     blocked = PostgresStore(postgres_url, timeout=1)
-    await holder.open()
     await blocked.open()
+    try:
+        await blocked.jobs_enqueue(jobs=[new()])
+        (claimed,) = await blocked.jobs_claim(owner="w", queues=["default"], limit=1, ttl=30)
+        jobs = sql.SQL("{}.jobs").format(sql.Identifier(postgres_schema))
+        async with admin.transaction():
+            await admin.execute(
+                sql.SQL("SELECT id FROM {} WHERE id = %s FOR UPDATE").format(jobs),
+                (claimed.job.id,),
+            )
+            with pytest.raises(StoreUnavailableError, match="statement_timeout"):
+                await blocked.jobs_finish(finishes=[Finish(claimed.lease, Outcome.RETRY)])
+        assert (await blocked.job_get(job_id=claimed.job.id)).state is JobState.RUNNING
+    finally:
+        await blocked.close()
+
+
+async def test_open_fenced_transaction_blocks_no_renewal_and_refuses_a_lost_job(
+    postgres_url: str,
+) -> None:
+    """While a fenced transaction is open, a renewal of its job and a finish sent on
+    another connection do not wait for it; once the job is no longer this attempt's
+    (here, retried meanwhile), its commit is refused and the user's writes roll back."""
+    holder = PostgresStore(postgres_url, timeout=5)
+    other = PostgresStore(postgres_url, timeout=1)
+    await holder.open()
+    await other.open()
     try:
         await holder.jobs_enqueue(jobs=[new()])
         (claimed,) = await holder.jobs_claim(owner="w", queues=["default"], limit=1, ttl=30)
-        async with holder.fenced_transaction(lease=claimed.lease):
-            with pytest.raises(StoreUnavailableError, match="statement_timeout"):
-                await blocked.jobs_finish(finishes=[Finish(claimed.lease, Outcome.RETRY)])
-        assert (await holder.job_get(job_id=claimed.job.id)).state is JobState.SUCCEEDED
+        transaction = holder.fenced_transaction(lease=claimed.lease)
+        conn = await transaction.__aenter__()
+        await conn.execute("CREATE TABLE marks (n int)")
+        renewed = await other.leases_renew(owner="w", leases=[claimed.lease], ttl=30)
+        assert renewed[0] is not None
+        retry = Finish(claimed.lease, Outcome.RETRY, 60.0)
+        assert await other.jobs_finish(finishes=[retry]) == [True]
+        with pytest.raises(StaleTokenError):
+            await transaction.__aexit__(None, None, None)
+        job = await holder.job_get(job_id=claimed.job.id)
+        assert job.state is JobState.SCHEDULED
+        async with holder._pool.connection() as conn:  # type: ignore[union-attr]
+            cur = await conn.execute("SELECT to_regclass('marks')")
+            assert (await cur.fetchone()) == (None,)
     finally:
-        await blocked.close()
+        await other.close()
         await holder.close()
+
+
+async def test_rescue_ends_the_open_transaction_of_the_attempt_it_rescues(
+    postgres_url: str, admin: psycopg.AsyncConnection[Any], clock: FakeClock
+) -> None:
+    """A fenced transaction left open by an attempt whose lease expired (its worker
+    paused or cut off) neither keeps the job from being rescued nor outlives the
+    rescue: the rescuer ends that session, so its locks on user rows go at once."""
+    zombie = PostgresStore(postgres_url, clock=clock, timeout=5)
+    rescuer = PostgresStore(postgres_url, clock=clock, timeout=5)
+    await zombie.open()
+    await rescuer.open()
+    try:
+        await zombie.jobs_enqueue(jobs=[new()])
+        (claimed,) = await zombie.jobs_claim(owner="w", queues=["default"], limit=1, ttl=5)
+        session = zombie.session_name(claimed.lease)
+        transaction = zombie.fenced_transaction(lease=claimed.lease)
+        await transaction.__aenter__()
+
+        async def open_sessions() -> int:
+            cur = await admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (session,)
+            )
+            row = await cur.fetchone()
+            return int(row[0]) if row else 0
+
+        assert await open_sessions() == 1
+        clock.advance(6)
+        report = await rescuer.jobs_rescue()
+        assert list(report.requeued) == [claimed.job.id]
+        for _ in range(100):
+            if await open_sessions() == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert await open_sessions() == 0
+        with pytest.raises(StoreError):
+            await transaction.__aexit__(None, None, None)
+        job = await rescuer.job_get(job_id=claimed.job.id)
+        assert (job.state, job.lease_token) == (JobState.QUEUED, claimed.lease.token + 1)
+    finally:
+        await rescuer.close()
+        await zombie.close()
 
 
 async def test_database_refuses_backwards_state_moves(

@@ -64,6 +64,9 @@ class Capabilities:
     notifications: bool = False
     #: Effects, fences, fenced resource-lease renewal and duplicate accounting.
     ledger: bool = False
+    #: One writer at a time (SQLite): a ledger write from inside the job's own open
+    #: fenced transaction would wait for that transaction, forever.
+    single_writer: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,10 +313,14 @@ class Store(abc.ABC):
 
     # -- transactions ---------------------------------------------------------------------
     def fenced_transaction(
-        self, *, lease: Lease, fences: Sequence[Fence] = ()
+        self, *, lease: Lease, fences: Sequence[Fence] = (), timeout: float | None = None
     ) -> FencedTransaction:
         """A transaction that checks ``lease`` first, then advances each of ``fences``
-        (refusing a lower token), and completes the job on commit."""
+        (refusing a lower token), and completes the job on commit.
+
+        ``timeout``: how long the caller may keep it open (the attempt's remaining
+        time); a store that bounds its sessions' idle time uses it instead of its own.
+        """
         raise NotSupportedError(
             f"{type(self).__name__} cannot complete a job inside a business transaction; "
             "use the SQLite or PostgreSQL store for ctx.transaction()"

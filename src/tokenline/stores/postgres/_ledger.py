@@ -1,9 +1,9 @@
 """The PostgreSQL store's ledger (queries in ``ledger.sql``).
 
 Why a stale attempt cannot write: a ledger write that needs the job's token runs in one
-transaction that starts with ``fence_check`` (``SELECT … FOR UPDATE`` of the job row with
-its token). From then until commit no rescue (``SKIP LOCKED``) or finish can change the
-job's token, so the check still holds when the ledger row is written. Recording the
+transaction that starts with ``fence_check`` (``SELECT … FOR NO KEY UPDATE`` of the job row
+with its token). From then until commit no rescue (``SKIP LOCKED``) or finish can change
+the job's token, so the check still holds when the ledger row is written. Recording the
 outcome of a running effect is fenced by the key's own ``(job, token)`` instead, in one
 statement that also records a refusal.
 """

@@ -2,21 +2,30 @@
 
 Why a stale worker cannot commit through it:
 
-1. The transaction's first statement is ``SELECT … FOR UPDATE`` on the job row with the
-   lease's token, owner and ``state = 'running'``. No row: the token is stale, the
-   transaction is rolled back before the user wrote anything, the refusal is recorded
-   in its own transaction and :class:`StaleTokenError` is raised.
-2. From then on the row is locked: a rescue skips it (``SKIP LOCKED``) and a stale
-   finish waits, so the token cannot change under the user's writes.
-   Each requested fence is then advanced in the same transaction (a lower token than
-   the highest that wrote is refused the same way, before any user write).
-3. On a clean exit the job is finished with the same fenced statement as
-   ``jobs_finish``, and one ``COMMIT`` makes the user's writes and the completion
-   durable together. An exception rolls both back.
+1. The transaction's first statement (``transaction_begin``) checks the job row's
+   token, owner and ``state = 'running'``. No row: the token is stale, the transaction
+   is rolled back before the user wrote anything, the refusal is recorded in its own
+   transaction and :class:`StaleTokenError` is raised. Each requested fence is then
+   advanced in the same transaction (a lower token than the highest that wrote is
+   refused the same way, before any user write).
+2. On a clean exit the job is finished with the same fenced statement as
+   ``jobs_finish`` — ``UPDATE … WHERE lease_token = ? AND lease_owner = ? AND state =
+   'running'`` — and one ``COMMIT`` makes the user's writes and the completion durable
+   together. If the job was rescued meanwhile (its token bumped), that update matches
+   no row: everything is rolled back and :class:`StaleTokenError` raised. An exception
+   in the block rolls both back.
 
-The connection comes from the store's pool and is returned afterwards. Its
-``statement_timeout`` (the store timeout) also applies to the user's statements, and
-renewals of this one job wait for the commit: keep these transactions short.
+Why it may stay open longer than the lease TTL: the check takes only a ``KEY SHARE``
+lock on the job row. The control plane's renewals (and the rescue, and other jobs'
+finishes) update no key column, so none of them waits for the transaction: the job
+keeps its lease while its worker is healthy, whatever the transaction does. The token,
+not the lock, is what keeps a stale commit out (step 2), so a transaction left open by
+a paused or cut-off worker cannot keep its job from being rescued either; the rescue
+then ends that session (it is named after the attempt), releasing the locks it holds on
+the user's rows. Its ``statement_timeout`` and idle limit are the attempt's remaining
+time when the worker gives one, else the store timeout.
+
+The connection comes from the store's pool and is returned afterwards.
 """
 
 from __future__ import annotations
@@ -58,10 +67,17 @@ class PostgresFencedTransaction(FencedTransaction):
     transaction. Do not commit or roll back on it: leaving the block does.
     """
 
-    def __init__(self, store: PostgresStore, lease: Lease, fences: Sequence[Fence] = ()) -> None:
+    def __init__(
+        self,
+        store: PostgresStore,
+        lease: Lease,
+        fences: Sequence[Fence] = (),
+        timeout: float | None = None,
+    ) -> None:
         self._store = store
         self._lease = lease
         self._fences = tuple(fences)
+        self._timeout = timeout
         self._cm: contextlib.AbstractAsyncContextManager[AsyncConnection[Any]] | None = None
 
     def __enter__(self) -> Any:
@@ -98,7 +114,7 @@ class PostgresFencedTransaction(FencedTransaction):
             tx = conn.transaction()
             with store._translate():
                 await tx.__aenter__()
-                fenced = await store._fence_check_on(conn, lease)
+                fenced = await store._transaction_begin_on(conn, lease, self._timeout)
                 refused = await store.fences_on(conn, lease, self._fences) if fenced else None
             if refused is not None:
                 with store._translate():
@@ -143,7 +159,7 @@ class PostgresFencedTransaction(FencedTransaction):
                     if split
                     else await store._finish_on(conn, [Finish(lease, Outcome.SUCCEEDED)])
                 )
-                if not ok:  # impossible under the row lock, unless fencing is off
+                if not ok:  # rescued while the transaction was open: roll it all back
                     raise self._stale()
             except BaseException as exc:
                 await _rollback_quietly(tx, exc)

@@ -65,11 +65,14 @@ ORDER BY updated_at DESC
 LIMIT %(limit)s;
 
 -- name: lease_held
--- Locks the lease row until commit: it cannot be released or taken meanwhile.
+-- KEY SHARE: a fenced transaction must not hold up the control plane's renewal of the
+-- lease it checked. Safety does not need more: a newer holder's token is higher, and the
+-- fence row (locked by fence_advance until commit) refuses whichever comes second with
+-- a lower token.
 SELECT 1 FROM {schema}.leases
 WHERE resource = %(resource)s AND owner = %(owner)s AND token = %(token)s
   AND expires_at > {schema}.now_epoch(%(now)s)
-FOR SHARE;
+FOR KEY SHARE;
 
 -- name: fence_advance
 -- Per (key, issuer) the highest token that wrote: an equal token (the same holder

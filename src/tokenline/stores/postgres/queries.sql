@@ -137,7 +137,9 @@ picked AS MATERIALIZED (
           AND j.run_at <= c.now
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT %(limit)s
-        FOR UPDATE OF j SKIP LOCKED
+        -- NO KEY UPDATE, not UPDATE: the KEY SHARE lock of a fenced transaction left
+        -- open by a rescued attempt's paused or cut-off owner must not hide the job.
+        FOR NO KEY UPDATE OF j SKIP LOCKED
     ) AS cand
     ORDER BY cand.priority DESC, cand.run_at, cand.id
     LIMIT %(limit)s
@@ -257,56 +259,97 @@ stale AS (
 SELECT ord FROM done;
 
 -- name: fence_check
--- First statement of a fenced transaction: proves the token and locks the job row until
--- commit, so no rescue or stale finish can slip in between the check and the commit.
+-- First statement of a ledger write's transaction: proves the token and locks the job
+-- row until commit, so no rescue or stale finish can slip in between the check and the
+-- write. NO KEY UPDATE: it waits for a rescue, not for a fenced transaction's KEY SHARE.
 SELECT id FROM {schema}.jobs
 WHERE id = %(job_id)s
   AND lease_token = %(token)s AND lease_owner = %(owner)s  -- fence
   AND state = 'running'
-FOR UPDATE;
+FOR NO KEY UPDATE;
+
+-- name: transaction_begin
+-- First statement of a fenced transaction (see _transaction.py): proves the token and
+-- takes only a KEY SHARE lock on the job row. Renewals, other jobs' finishes and the
+-- rescue update no key column, so none of them waits for a transaction left open: the
+-- job keeps its lease however long the transaction lasts, and a rescued attempt's
+-- transaction cannot keep its job from being rescued. The session is named after the
+-- attempt, so that a rescue can end it, and may stay open (or run a statement) for the
+-- attempt's remaining time instead of the store timeout.
+SELECT id,
+       set_config('application_name', %(session)s, true),
+       set_config('statement_timeout',
+                  COALESCE(%(timeout_ms)s, current_setting('statement_timeout')), true),
+       set_config('idle_in_transaction_session_timeout',
+                  COALESCE(%(timeout_ms)s,
+                           current_setting('idle_in_transaction_session_timeout')), true)
+FROM {schema}.jobs
+WHERE id = %(job_id)s
+  AND lease_token = %(token)s AND lease_owner = %(owner)s  -- fence
+  AND state = 'running'
+FOR KEY SHARE;
 
 -- name: stale_insert
 INSERT INTO {schema}.stale_commits (job_id, token, owner, operation, at)
 VALUES (%(job_id)s, %(token)s, %(owner)s, %(operation)s, {schema}.now_epoch(%(now)s));
 
+-- name: rescue_candidates
+-- SKIP LOCKED: a job whose owner is committing right now is left to that commit. NO KEY
+-- UPDATE, not UPDATE: a fenced transaction's KEY SHARE lock (left open by a paused or
+-- cut-off owner) must not keep its job from being rescued.
+SELECT j.id, j.lease_token, j.lease_owner, j.attempt, j.max_attempts
+FROM {schema}.jobs AS j
+WHERE j.state = 'running' AND j.lease_expires_at <= {schema}.now_epoch(%(now)s)
+ORDER BY j.lease_expires_at, j.id
+LIMIT %(limit)s
+FOR NO KEY UPDATE OF j SKIP LOCKED;
+
 -- name: rescue
--- SKIP LOCKED: a job whose owner is committing right now is left to that commit.
-WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
-expired AS MATERIALIZED (
-    SELECT j.id, j.lease_token
-    FROM {schema}.jobs AS j, clock AS c
-    WHERE j.state = 'running' AND j.lease_expires_at <= c.now
-    ORDER BY j.lease_expires_at, j.id
-    LIMIT %(limit)s
-    FOR UPDATE OF j SKIP LOCKED
+-- Applies the core's decision for each candidate (tokenline._jobs.rescue_transition),
+-- in the transaction that locked them; the token is checked again anyway.
+WITH input AS (
+    SELECT *
+    FROM unnest(%(job_id)s::bigint[], %(token)s::bigint[], %(state)s::text[],
+                %(refund)s::integer[], %(final)s::boolean[])
+         AS r (job_id, token, state, refund, final)
 ),
+clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
 closed AS (
     UPDATE {schema}.attempts AS a
-    SET finished_at = c.now, outcome = 'lease_expired',
-        error = 'lease expired: the worker stopped renewing it', error_class = 'coordination'
-    FROM expired AS e, clock AS c
-    WHERE a.job_id = e.id AND a.token = e.lease_token AND a.finished_at IS NULL
+    SET finished_at = c.now, outcome = 'lease_expired', error = %(error)s,
+        error_class = 'coordination'
+    FROM input AS r, clock AS c
+    WHERE a.job_id = r.job_id AND a.token = r.token AND a.finished_at IS NULL
 ),
 rescued AS (
     UPDATE {schema}.jobs AS j
-    SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'queued' END,
-        finished_at = CASE WHEN j.attempt >= j.max_attempts THEN c.now END,
+    SET state = r.state,
+        finished_at = CASE WHEN r.final THEN c.now END,
+        attempt = j.attempt - r.refund,
         lease_token = j.lease_token + 1,
         lease_owner = NULL,
         lease_expires_at = NULL,
         run_at = c.now,
-        last_error = 'lease expired: the worker stopped renewing it',
+        last_error = %(error)s,
         error_class = 'coordination',
         updated_at = c.now
-    FROM expired AS e, clock AS c
-    WHERE j.id = e.id
-    RETURNING j.id, j.state, j.queue
+    FROM input AS r, clock AS c
+    WHERE j.id = r.job_id AND j.lease_token = r.token AND j.state = 'running'
+    RETURNING j.id, j.state, j.queue, r.token
 ),
 notified AS (
     SELECT count(pg_notify(%(channel)s, q.queue)) AS n
     FROM (SELECT DISTINCT queue FROM rescued WHERE state = 'queued') AS q
 )
-SELECT rescued.id, rescued.state FROM rescued, notified ORDER BY rescued.id;
+SELECT rescued.id, rescued.state, rescued.token FROM rescued, notified ORDER BY rescued.id;
+
+-- name: sessions_terminate
+-- Fenced transactions of rescued attempts still open (their owner paused or cut off):
+-- their commit would be refused anyway; ending them releases the locks they hold on
+-- the user's own rows at once instead of when the server notices the client is gone.
+SELECT count(*) FILTER (WHERE pg_terminate_backend(a.pid))
+FROM pg_stat_activity AS a
+WHERE a.application_name = ANY(%(sessions)s::text[]) AND a.pid <> pg_backend_pid();
 
 -- name: pause
 INSERT INTO {schema}.paused_queues (queue, paused_at)

@@ -4,8 +4,8 @@ Every operation is one statement (or one short transaction) from ``queries.sql``
 connection of a psycopg async pool. The guarantees of ``stores/base.py`` come from the
 database, not from this process:
 
-* Claims take rows with ``FOR UPDATE SKIP LOCKED``: concurrent claimers on any machine
-  never wait for each other and never share a job; the token bump and the attempt row
+* Claims take rows with ``FOR NO KEY UPDATE SKIP LOCKED``: concurrent claimers on any
+  machine never wait for each other and never share a job; the token bump and the attempt row
   happen in the same statement.
 * ``jobs_finish`` and ``leases_renew`` are one statement per batch, each row conditional
   on its own ``(id, lease_token, lease_owner, state = 'running')``; refused rows are
@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -36,6 +37,7 @@ from psycopg_pool import AsyncConnectionPool
 from ..._clock import Clock, SystemClock
 from ..._errors import JobNotFoundError, StoreError
 from ..._jobs import (
+    LEASE_EXPIRED,
     Attempt,
     ClaimedJob,
     Finish,
@@ -44,11 +46,13 @@ from ..._jobs import (
     Lease,
     NewJob,
     QueueStats,
+    RescueCandidate,
     RescueReport,
     StaleCommit,
     WorkerRecord,
     attempt_from_row,
     finish_transition,
+    rescue_transition,
 )
 from ..._ledger import Fence
 from .._sql import load_queries
@@ -83,7 +87,7 @@ _Q = {
     **load_queries(__name__.rpartition(".")[0], "ledger.sql"),
 }
 #: Queries with a test-only unfenced variant (lines ending in ``-- fence`` removed).
-_FENCED = ("finish", "fence_check")
+_FENCED = ("finish", "fence_check", "transaction_begin")
 
 
 def _unfenced(text: str) -> str:
@@ -130,6 +134,7 @@ class PostgresStore(PostgresLedger, Store):
         #: keeps a zombie out.
         self.unsafe_disable_fencing = os.environ.get(UNSAFE_ENV) == "1"
         self._queries = {name: compose(text, self.schema) for name, text in _Q.items()}
+        self._schema_tag = f"{zlib.crc32(self.schema.encode()):08x}"
         for name in _FENCED:
             self._queries[f"{name}_unfenced"] = _unfenced(self._queries[name])
         self._pool: AsyncConnectionPool[AsyncConnection[TupleRow]] | None = None
@@ -424,14 +429,72 @@ class PostgresStore(PostgresLedger, Store):
         }
         await conn.execute(self._q("stale_insert"), params)
 
+    async def _transaction_begin_on(
+        self, conn: AsyncConnection[Any], lease: Lease, open_for: float | None
+    ) -> bool:
+        """The first statement of a fenced transaction: whether ``lease`` holds the job
+        (see ``transaction_begin`` in queries.sql)."""
+        params = {
+            "job_id": lease.job_id,
+            "token": lease.token,
+            "owner": lease.owner,
+            "session": self.session_name(lease),
+            "timeout_ms": None if open_for is None else str(max(1, round(open_for * 1000))),
+        }
+        cur = conn.cursor(row_factory=tuple_row)
+        await cur.execute(self._q("transaction_begin"), params)
+        return await cur.fetchone() is not None
+
+    def session_name(self, lease: Lease) -> str:
+        """The ``application_name`` of a fenced transaction of the attempt holding
+        ``lease``: unique per schema, job and token, under PostgreSQL's 63 bytes."""
+        return f"tokenline {self._schema_tag} {lease.job_id}.{lease.token}"
+
     async def jobs_rescue(self, *, limit: int = 1000) -> RescueReport:
-        """Requeue or dead-letter running jobs whose lease expired by the store's clock."""
-        params = {"limit": limit, "now": self._now(), "channel": self.target.channel}
-        rows = await self._tuples(self._q("rescue"), params)
+        """Requeue or dead-letter running jobs whose lease expired by the store's clock,
+        as the core decides, then end the fenced transactions those attempts left open."""
+
+        async def run(conn: AsyncConnection[Any]) -> list[TupleRow]:
+            cur = conn.cursor(row_factory=tuple_row)
+            async with conn.transaction():
+                await cur.execute(
+                    self._q("rescue_candidates"), {"limit": limit, "now": self._now()}
+                )
+                candidates = [RescueCandidate(*row) for row in await cur.fetchall()]
+                if not candidates:
+                    return []
+                moves = [rescue_transition(c) for c in candidates]
+                params = {
+                    "job_id": [c.job_id for c in candidates],
+                    "token": [c.token for c in candidates],
+                    "state": [m.state.value for m in moves],
+                    "refund": [m.refund for m in moves],
+                    "final": [m.finished for m in moves],
+                    "error": LEASE_EXPIRED,
+                    "now": self._now(),
+                    "channel": self.target.channel,
+                }
+                await cur.execute(self._q("rescue"), params)
+                return await cur.fetchall()
+
+        rows = await self._call(run)
+        if rows:
+            await self._end_sessions([self.session_name(Lease(r[0], "", r[2], 0.0)) for r in rows])
         return RescueReport(
             requeued=[r[0] for r in rows if r[1] == JobState.QUEUED],
             dead=[r[0] for r in rows if r[1] == JobState.DEAD],
         )
+
+    async def _end_sessions(self, sessions: list[str]) -> None:
+        """Terminate the named sessions, best effort: without the right to (another
+        role's sessions), they end at their own timeout, and nothing is unsafe."""
+        try:
+            rows = await self._tuples(self._q("sessions_terminate"), {"sessions": sessions})
+        except StoreError as exc:
+            log.warning("could not end the open transactions of rescued attempts: %s", exc)
+            return
+        if rows and rows[0][0]:
+            log.warning("ended %d open transactions of rescued attempts", rows[0][0])
 
     # -- queues ---------------------------------------------------------------------------
     async def queue_pause(self, *, queue: str) -> None:
@@ -571,12 +634,13 @@ class PostgresStore(PostgresLedger, Store):
 
     # -- transactions ---------------------------------------------------------------------
     def fenced_transaction(
-        self, *, lease: Lease, fences: Sequence[Fence] = ()
+        self, *, lease: Lease, fences: Sequence[Fence] = (), timeout: float | None = None
     ) -> FencedTransaction:
         """An ``async with`` transaction that checks ``lease`` first, advances ``fences``
         and completes the job on commit; see
-        :class:`~tokenline.stores.postgres.PostgresFencedTransaction`."""
-        return PostgresFencedTransaction(self, lease, fences)
+        :class:`~tokenline.stores.postgres.PostgresFencedTransaction`. ``timeout``: how
+        long it may stay open (the attempt's remaining time), instead of the store's."""
+        return PostgresFencedTransaction(self, lease, fences, timeout)
 
 
 def _require_transaction(connection: psycopg.Connection[Any] | AsyncConnection[Any]) -> None:

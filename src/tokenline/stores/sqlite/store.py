@@ -224,7 +224,9 @@ class SQLiteStore(SQLiteLedger, Store):
     clock anchored in the coordination file (see ``_clock.py``).
     """
 
-    capabilities = Capabilities(multi_process=True, transactional_completion=True, ledger=True)
+    capabilities = Capabilities(
+        multi_process=True, transactional_completion=True, ledger=True, single_writer=True
+    )
 
     def __init__(
         self,
@@ -918,10 +920,11 @@ class SQLiteStore(SQLiteLedger, Store):
 
     # -- transactions ---------------------------------------------------------------------
     def fenced_transaction(
-        self, *, lease: Lease, fences: Sequence[Fence] = ()
+        self, *, lease: Lease, fences: Sequence[Fence] = (), timeout: float | None = None
     ) -> FencedTransaction:
         """A transaction on this file that checks ``lease`` first, then advances
-        ``fences``, and completes the job on commit."""
+        ``fences``, and completes the job on commit (``timeout`` is not needed: the
+        transaction's connection lives in this process)."""
         from ._transaction import SQLiteFencedTransaction  # it builds on this module
 
         return SQLiteFencedTransaction(self, lease, fences)
