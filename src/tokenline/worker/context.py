@@ -5,6 +5,7 @@ the ledger (``effect``, ``fenced``, ``lease``; see ``tokenline/ledger.py`` and
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,10 @@ class Slot:
     finishing: bool = False
     #: Resource leases held through ``ctx.lease``; the control plane renews them.
     resources: list[HeldLease] = field(default_factory=list)
+    #: Monotonic time of the attempt's hard timeout.
+    deadline: float = math.inf
+    #: A ``ctx.transaction()`` of this attempt is open.
+    in_transaction: bool = False
 
 
 class JobContext:
@@ -142,6 +147,16 @@ class JobContext:
         for held in self._slot.resources:
             held.check()
 
+    def refuse_inside_transaction(self, what: str) -> None:
+        """Raise if ``what`` (a ledger write) would wait for this job's own open
+        transaction: on a single-writer store it holds the only write lock."""
+        if self._slot.in_transaction and self._store.capabilities.single_writer:
+            raise NotSupportedError(
+                f"{what} inside ctx.transaction() on {type(self._store).__name__} would wait "
+                "for the transaction's own write lock: call it before or after the "
+                "transaction, or use ctx.transaction(fence=...) for fences"
+            )
+
     def run_sync(self, coro: Coroutine[Any, Any, T], instead: str) -> T:
         """Run ``coro`` on the worker's loop from a sync handler's thread and wait for it.
 
@@ -182,6 +197,7 @@ class JobContext:
         ``tokenline/ledger.py`` for what is and is not guaranteed.
         """
         self.check()
+        self.refuse_inside_transaction("ctx.effect")
         run = EffectRun(self._store, self.job_lease, key, clock=self._clock, wait=wait)
         begin = self.run_sync(run.claim(), "await ctx.effect_async(...)")
         if begin.start is Start.DONE:
@@ -207,6 +223,7 @@ class JobContext:
         """:meth:`effect` for async handlers: ``fn`` may be a coroutine function (awaited)
         or a plain one (called on the event loop: keep it quick)."""
         self.check()
+        self.refuse_inside_transaction("ctx.effect_async")
         return await run_effect(
             self._store, self.job_lease, key, fn, *args, clock=self._clock, wait=wait, **kwargs
         )
@@ -227,6 +244,7 @@ class JobContext:
         rows (``WHERE last_token <= :token``).
         """
         self.check()
+        self.refuse_inside_transaction("ctx.fenced")
         fence = self._fence(key)
         if not await self._store.fence_write(lease=self.job_lease, fence=fence):
             raise StaleTokenError(resource=f"fence {key!r}", token=fence.token, operation="fence")
@@ -328,7 +346,18 @@ class _ContextTransaction:
         self._ctx.check()
         if self._slot.completed_in_transaction:
             raise FencedError(f"job {self._ctx.job_id} already completed in a transaction")
-        self._inner = self._store.fenced_transaction(lease=self._slot.lease, fences=self._fences)
+        if self._slot.in_transaction:
+            raise NotSupportedError(
+                f"job {self._ctx.job_id} already has a ctx.transaction() open: "
+                "do all the job's writes in one transaction"
+            )
+        # The store may keep the transaction open as long as the attempt may run.
+        remaining = self._slot.deadline - self._ctx.clock.monotonic()
+        open_for = None if math.isinf(remaining) else max(0.0, remaining) + 1.0
+        self._inner = self._store.fenced_transaction(
+            lease=self._slot.lease, fences=self._fences, timeout=open_for
+        )
+        self._slot.in_transaction = True
         return self._inner
 
     def _verdict(self, exc_type: Any) -> tuple[Any, BaseException | None]:
@@ -342,25 +371,41 @@ class _ContextTransaction:
         return None, None
 
     def __enter__(self) -> Any:
-        return self._begin().__enter__()
+        inner = self._begin()
+        try:
+            return inner.__enter__()
+        except BaseException:
+            self._slot.in_transaction = False
+            raise
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         inner = self._inner
         assert inner is not None
         kind, err = self._verdict(exc_type)
-        inner.__exit__(kind, err or exc, tb)
+        try:
+            inner.__exit__(kind, err or exc, tb)
+        finally:
+            self._slot.in_transaction = False
         self._slot.completed_in_transaction = inner.committed
         if err is not None:
             raise err
 
     async def __aenter__(self) -> Any:
-        return await self._begin().__aenter__()
+        inner = self._begin()
+        try:
+            return await inner.__aenter__()
+        except BaseException:
+            self._slot.in_transaction = False
+            raise
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         inner = self._inner
         assert inner is not None
         kind, err = self._verdict(exc_type)
-        await inner.__aexit__(kind, err or exc, tb)
+        try:
+            await inner.__aexit__(kind, err or exc, tb)
+        finally:
+            self._slot.in_transaction = False
         self._slot.completed_in_transaction = inner.committed
         if err is not None:
             raise err

@@ -340,6 +340,7 @@ class Worker:
             settings=self.settings,
         )
         timeout = job.timeout or task.timeout or self.settings.job_timeout
+        slot.deadline = self.clock.monotonic() + timeout
         try:
             if task.is_async:
                 await asyncio.wait_for(task.fn(ctx, *args, **kwargs), timeout)
@@ -530,7 +531,9 @@ class Worker:
 
     async def _renew_once(self) -> None:
         settings = self.settings
-        slots = [s for s in self._slots.values() if not s.finishing]
+        # Finishing slots too: a commit can wait (for a store lock, say) and its job must
+        # keep its lease meanwhile; only a refusal of theirs means nothing (below).
+        slots = list(self._slots.values())
         sent_at = self.clock.monotonic()
         try:
             # Job leases first: they carry ownership, and their refusal is what fences.
@@ -556,9 +559,11 @@ class Worker:
         lost = []
         for slot, lease in zip(slots, renewed, strict=True):
             key = (slot.claimed.job.id, slot.claimed.lease.token)
-            if self._slots.get(key) is not slot or slot.finishing:
+            if self._slots.get(key) is not slot:
                 continue  # it finished while the renewal was in flight: nothing was lost
             if lease is None:
+                if slot.finishing:
+                    continue  # its commit may have landed first; the commit's answer decides
                 lost.append(slot.claimed.job.id)
             else:
                 slot.lease = lease

@@ -1,0 +1,127 @@
+"""A job inside an open ``ctx.transaction()`` keeps its lease, and holds up no renewal.
+
+One worker, lease TTL 1.5 s: one job keeps its fenced transaction open for three TTLs
+while a second job, outside any transaction, runs for two. Before the leases moved out
+of the locked rows (PostgreSQL: the job row's lock; SQLite: the file's write lock),
+the worker's batched renewal waited on its own handler's transaction, failed, and both
+jobs went dead after their attempts. Here both succeed on their first attempt and the
+worker never leaves READY/PROCESSING.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tokenline import App, JobContext, Worker, WorkerSettings, WorkerState
+from tokenline._jobs import JobState
+
+#: Generous: these tests must pass on a slow, noisy machine.
+DEADLINE = 60.0
+
+TTL = 1.5
+SETTINGS = WorkerSettings(
+    lease_ttl=TTL,
+    renew_interval=0.3,
+    poll_interval=0.05,
+    rescue_interval=0.3,
+    concurrency=2,
+)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh store of each backend that has transactions."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'long.db'}"
+        return
+    import psycopg
+
+    server: str = request.getfixturevalue("postgres_server")
+    schema = f"tl_long_{uuid.uuid4().hex[:8]}"
+    yield f"{server}?schema={schema}&options=-c%20search_path%3D{schema}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+async def _insert(conn: Any, job_id: int) -> None:
+    """One business row, in the connection's own parameter style."""
+    if isinstance(conn, sqlite3.Connection):
+        conn.execute("INSERT INTO marks (job) VALUES (?)", (job_id,))
+    else:
+        await conn.execute("INSERT INTO marks (job) VALUES (%s)", (job_id,))
+
+
+def long_app(url: str) -> App:
+    """Two tasks: one holds a transaction open, the other just takes its time."""
+    app = App(url)
+
+    @app.task(name="long_tx", max_attempts=1)
+    async def long_tx(ctx: JobContext, seconds: float) -> None:
+        async with ctx.transaction() as conn:
+            await _insert(conn, ctx.job_id)
+            await asyncio.sleep(seconds)
+
+    @app.task(name="slow", max_attempts=1)
+    async def slow(ctx: JobContext, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    return app
+
+
+def create_marks(url: str) -> None:
+    """The business table, in the store's own database (and schema)."""
+    if url.startswith("sqlite:///"):
+        with sqlite3.connect(url[len("sqlite:///") :]) as conn:
+            conn.execute("CREATE TABLE marks (job integer)")
+        return
+    import psycopg
+
+    with psycopg.connect(url.split("?")[0], autocommit=True) as conn:
+        schema = url.split("schema=")[1].split("&")[0]
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+        conn.execute(f"CREATE TABLE {schema}.marks (job integer)")
+
+
+async def test_transaction_open_for_three_ttls_keeps_every_lease(url: str) -> None:
+    """A fenced transaction open for 3 x TTL commits; meanwhile another job of the same
+    worker renews its lease and completes; both succeed on attempt 1, nothing is fenced,
+    refused or retried, and the worker never leaves READY/PROCESSING."""
+    create_marks(url)
+    app = long_app(url)
+    worker = Worker(app, SETTINGS)
+    states: list[WorkerState] = []
+    worker.on_state_change = lambda old, new, reason: states.append(new)
+    run = asyncio.create_task(worker.run())
+    try:
+        long_id = await app.enqueue_async("long_tx", 3 * TTL)
+        slow_id = await app.enqueue_async("slow", 2 * TTL)
+
+        async def both_done() -> None:
+            while True:
+                jobs = [await worker.store.job_get(job_id=j) for j in (long_id, slow_id)]
+                if all(j.state.finished for j in jobs):
+                    return
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(both_done(), DEADLINE)
+        store = worker.store
+        for job_id in (long_id, slow_id):
+            job = await store.job_get(job_id=job_id)
+            assert (job.state, job.attempt) == (JobState.SUCCEEDED, 1), job
+            attempts = await store.job_attempts(job_id=job_id)
+            assert [a.outcome for a in attempts] == ["succeeded"]
+        assert (await store.stale_commits())[0] == 0
+        counters = worker.counters
+        assert (counters.fenced, counters.coordination_errors, counters.stale_refused) == (0, 0, 0)
+        assert set(states) <= {WorkerState.READY, WorkerState.PROCESSING}, states
+    finally:
+        worker.request_shutdown()
+        await asyncio.wait_for(run, DEADLINE)
+        app.close()
