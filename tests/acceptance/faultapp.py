@@ -7,6 +7,7 @@ was done, as when a network cuts the answer off. The marker records the job's id
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import time
@@ -91,3 +92,27 @@ def charge_once(ctx: tokenline.JobContext, key: str) -> None:
     """Charge once per key through ctx.effect, however often the job is delivered."""
     receipt = ctx.effect(key, _charge, key, ctx.job_id, ctx.token, ctx.lease.owner)
     assert receipt["charged"] == key
+
+
+def _mark(what: str, ctx: tokenline.JobContext) -> None:
+    """A plain INSERT on a connection of its own, fenced by nothing: the kind of write
+    that must never run once the attempt's lease is gone."""
+    conn = sqlite3.connect(path_from_url(app.url), timeout=30, isolation_level=None)
+    try:
+        conn.execute(
+            "INSERT INTO effects (key, job_id, token, worker) VALUES (?, ?, ?, ?)",
+            (what, ctx.job_id, ctx.token, ctx.lease.owner),
+        )
+    finally:
+        conn.close()
+
+
+@app.task(name="paused_write", queue="acc", max_attempts=5)
+async def paused_write(ctx: tokenline.JobContext, sleep: float, hold: float) -> None:
+    """Mark "started", then on the first attempt hold the loop for ``hold`` seconds and
+    await ``sleep`` seconds (later attempts run straight through), then mark "after"."""
+    _mark("started", ctx)
+    if ctx.attempt == 1 and hold:
+        time.sleep(hold)  # noqa: ASYNC251 - a step that holds the loop, as CPU-bound work does
+    await asyncio.sleep(sleep if ctx.attempt == 1 else 0)
+    _mark("after", ctx)

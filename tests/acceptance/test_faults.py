@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -14,8 +15,8 @@ from .conftest import DEADLINE, Cluster
 pytestmark = pytest.mark.acceptance
 
 
-def enqueue(cluster: Cluster, *args: object) -> int:
-    out = cluster.cli("enqueue", "--app", "faultapp:app", "slow_effect", json.dumps(list(args)))
+def enqueue(cluster: Cluster, *args: object, task: str = "slow_effect") -> int:
+    out = cluster.cli("enqueue", "--app", "faultapp:app", task, json.dumps(list(args)))
     assert out.returncode == 0, out.stderr
     return int(out.stdout.strip())
 
@@ -122,6 +123,44 @@ def test_with_the_token_check_disabled_the_zombie_commit_gets_through(cluster: C
     effects = cluster.query("SELECT token, worker FROM effects WHERE key = 'zombie'")
     assert owner_a in {r["worker"] for r in effects}
     assert min(r["token"] for r in effects) < cluster.job(jid)["lease_token"]
+
+
+def markers(cluster: Cluster, job_id: int, what: str) -> list[int]:
+    """The tokens of the attempts that wrote marker ``what`` (see faultapp.paused_write)."""
+    rows = cluster.query(
+        "SELECT token FROM effects WHERE key = ? AND job_id = ? ORDER BY token", what, job_id
+    )
+    return [r["token"] for r in rows]
+
+
+# In the sleep, the watchdog's timer falls due before the handler's: it cancels the handler
+# in the same pass, which works only when the handler runs in the job's own task. Holding
+# the loop (past the lease even if the stop comes late), the handler is resumed before the
+# watchdog looks: only the guard's check at resumption stops it.
+@pytest.mark.parametrize(
+    ("sleep", "hold"),
+    [(5.0, 0.0), (0.0, 3.0)],
+    ids=["stopped-in-await-sleep", "stopped-in-a-step-holding-the-loop"],
+)
+def test_sigstopped_async_handler_takes_no_step_after_its_lease(
+    cluster: Cluster, sleep: float, hold: float
+) -> None:
+    """An async handler stopped past its lease, in ``await asyncio.sleep(5)`` or in a step
+    that holds the loop for longer than the lease, never runs the write after that await:
+    the worker fences and the job runs again, whole, under a higher token."""
+    a = cluster.worker("a")
+    jid = enqueue(cluster, sleep, hold, task="paused_write")
+    (first,) = cluster.wait_for("the handler to start", lambda: markers(cluster, jid, "started"))
+    a.send_signal(signal.SIGSTOP)
+    time.sleep(8)  # longer than what is left of the sleep or hold, plus the 2 s lease
+    a.send_signal(signal.SIGCONT)
+    cluster.wait_for("the job to succeed", lambda: cluster.job(jid)["state"] == "succeeded")
+    cluster.wait_for("worker a to fence and recover", lambda: "fenced -> ready" in cluster.log(a))
+    last = cluster.job(jid)["lease_token"]
+    assert last > first
+    assert markers(cluster, jid, "started") == [first, last]
+    assert markers(cluster, jid, "after") == [last], "a step ran after the lease was gone"
+    assert "processing -> fenced" in cluster.log(a)
 
 
 def test_sigterm_drains_in_flight_job_then_stops(cluster: Cluster) -> None:

@@ -578,6 +578,56 @@ async def test_watchdog_fences_and_cancels_async_handler(clock: FakeClock) -> No
     assert await outcomes(store, jid) == ["lease_expired", "succeeded"]
 
 
+@pytest.mark.parametrize("guard", ["on", "bypassed"])
+async def test_async_handler_takes_no_step_once_its_lease_is_untrusted(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch, guard: str
+) -> None:
+    """An async handler suspended while the worker's clock passes its lease never runs the
+    statement after its await, and the worker fences; bypassed, the guard lets it run."""
+    if guard == "bypassed":  # the control: the handler's coroutine is awaited as it is
+        monkeypatch.setattr("tokenline.worker.worker.Guarded", lambda coro, check: coro)
+    app = App("memory://", clock=clock)
+    store = app.open_store()
+    suspended = asyncio.Event()
+    after: list[int] = []
+    stopped: list[bool] = []
+
+    @app.task(name="t.step")
+    async def step(ctx: JobContext) -> None:
+        if ctx.attempt > 1:
+            return  # the rescued job runs again normally
+        suspended.set()
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            stopped.append(ctx.cancelled)
+            raise
+        after.append(ctx.token)
+
+    jid = await app.enqueue_async("t.step", store=store)
+    worker = Worker(app, WATCHED)
+    async with running(worker) as states:
+        async with asyncio.timeout(DEADLINE):  # no inner task: woken before the handler
+            await suspended.wait()
+        # The handler is suspended in its sleep, due to resume next, with no turn of the
+        # watchdog in between: the same pass of the loop after a pause.
+        assert (after, stopped) == ([], [])
+        clock.advance(WATCHED.lease_ttl + 0.5)
+        await eventually(lambda: bool(after or stopped), "the handler resumes or stops")
+        await eventually(lambda: worker.state is WorkerState.READY, "the worker re-registers")
+        assert await worker.maintenance_once()
+        await job_in(store, jid, JobState.SUCCEEDED)
+    first, second = await store.job_attempts(job_id=jid)
+    if guard == "on":
+        assert (after, stopped) == ([], [True])
+    else:  # the step ran on a lease its worker no longer trusted
+        assert (after, stopped) == ([first.token], [])
+    assert WorkerState.FENCED in states
+    assert (worker.counters.self_fenced, worker.counters.fenced) == (1, 1)
+    assert worker.counters.succeeded == 1  # the second attempt only
+    assert (first.outcome, second.outcome) == ("lease_expired", "succeeded")
+
+
 async def test_sync_handler_ctx_refuses_once_lease_is_untrusted(clock: FakeClock) -> None:
     """A sync handler's ctx.check() raises LeaseExpiredError once its lease is past the TTL."""
     app = App("memory://", clock=clock)

@@ -13,8 +13,8 @@ sync ones in a thread pool), classify failures and commit each outcome through t
 Why a stale worker cannot commit: every commit carries ``(job id, owner, token)`` and
 the store applies it only if that token is still the newest for a running job. A claim
 or rescue bumps the token, so once anyone else may hold the job, the old holder's
-commit matches nothing. The local checks (watchdog, ``ctx.check``) only stop pointless
-work earlier.
+commit matches nothing. The local checks (watchdog, the guard around async handlers in
+``guard.py``, ``ctx.check``) only stop pointless work earlier.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ import signal
 import socket
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._config import WorkerSettings
 from .._errors import (
@@ -46,6 +46,7 @@ from ..classify import Decision, ErrorClass, classify
 from ..retry import RetryPolicy
 from .completer import BatchCompleter
 from .context import JobContext, Slot, decode_args
+from .guard import UNTRUSTED, Guarded, LeaseCheck
 from .resources import renew_resource_leases
 from .state import WorkerEvent, WorkerState, next_state
 
@@ -343,7 +344,7 @@ class Worker:
         slot.deadline = self.clock.monotonic() + timeout
         try:
             if task.is_async:
-                await asyncio.wait_for(task.fn(ctx, *args, **kwargs), timeout)
+                await self._run_async(slot, task.fn(ctx, *args, **kwargs), timeout)
             else:
                 call = functools.partial(self._in_thread, task.fn, ctx, *args, **kwargs)
                 fut = asyncio.get_running_loop().run_in_executor(self._pool, call)
@@ -370,6 +371,23 @@ class Worker:
             self.counters.succeeded += 1
             return None
         return Finish(slot.lease, Outcome.SUCCEEDED)
+
+    async def _run_async(self, slot: Slot, coro: Coroutine[Any, Any, object], limit: float) -> None:
+        """Run an async handler in this task under its hard timeout, taking no step of it
+        once its lease is no longer trusted (see ``guard.py``)."""
+        check = LeaseCheck(slot, self.clock, self.settings.local_fencing)
+        try:
+            async with asyncio.timeout(limit):
+                await Guarded(coro, check)
+        finally:
+            # The guard saw the lease expire before the watchdog did, and the slot is
+            # about to be freed, out of the watchdog's sight: fence as it would have.
+            fencing = self._fencing or self.state in (WorkerState.FENCED, WorkerState.STOPPED)
+            if check.expired and not fencing:
+                self.counters.self_fenced += 1
+                await self._lease_lost(
+                    f"job {slot.claimed.job.id}: {UNTRUSTED}; handler stopped before its next step"
+                )
 
     def _in_thread(self, fn: Callable[..., object], *args: object, **kwargs: object) -> object:
         """Run a sync handler on a pool thread, counted while it runs."""
