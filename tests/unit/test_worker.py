@@ -706,3 +706,43 @@ async def test_reclaimed_job_does_not_orphan_its_earlier_attempt(clock: FakeCloc
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(first_cancelled.wait(), 3.0)
         assert cancelled == [1], "attempt 1 is still running, untracked by the worker"
+
+
+# -- time -----------------------------------------------------------------------------------
+
+
+class _SlowClaims(MemoryStore):
+    """An in-memory store whose claims wait ``delay`` seconds before the store takes
+    them, as a claim waiting for a lock does: the store's lease is fresh, but the worker
+    has been waiting since it sent the request."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    async def jobs_claim(self, **kwargs: Any) -> list[ClaimedJob]:
+        await asyncio.sleep(self.delay)
+        return await super().jobs_claim(**kwargs)
+
+
+async def test_slow_claim_starts_its_jobs_with_a_fresh_lease() -> None:
+    """A claim that answers after its lease's trust window has passed (it waited for a
+    lock) renews the leases before starting the jobs, instead of starting them with a
+    lease the worker no longer trusts (which would fence it at once)."""
+    store = _SlowClaims(delay=FAST.lease_ttl + 0.2)
+    app = App("memory://")
+    ran: list[int] = []
+
+    @app.task(name="t.slow_claim")
+    async def handler(ctx: JobContext) -> None:
+        await asyncio.sleep(0)
+        ran.append(ctx.token)
+
+    jid = await app.enqueue_async("t.slow_claim", store=store)
+    worker = Worker(app, FAST, store=store)
+    async with running(worker) as states:
+        await job_in(store, jid, JobState.SUCCEEDED)
+        store.delay = 0.0
+    assert ran == [1]
+    assert WorkerState.FENCED not in states
+    assert worker.counters.fenced == 0

@@ -277,12 +277,32 @@ class Worker:
                 # The worker fenced or began draining while the claim was in flight.
                 await self._release_unstarted(claimed)
                 continue
+            if claimed and self.clock.monotonic() - sent_at > settings.renew_interval:
+                claimed, sent_at = await self._refreshed(claimed)
             for c in claimed:
                 self._start(c, sent_at)
             if not claimed:
                 await self.store.wait_for_jobs(
                     queues=settings.queues, timeout=settings.poll_interval
                 )
+
+    async def _refreshed(self, claimed: list[ClaimedJob]) -> tuple[list[ClaimedJob], float]:
+        """Renew the leases of a claim that took long to answer (it waited for a store
+        lock, say): the worker trusts a lease from when its request was sent, so without
+        this they would start with little or none of their trust window left."""
+        sent_at = self.clock.monotonic()
+        try:
+            renewed = await self.store.leases_renew(
+                owner=self.id, leases=[c.lease for c in claimed], ttl=self.settings.lease_ttl
+            )
+        except StoreError as exc:
+            self._coordination_failed("renewal of a slow claim", exc)
+            await self._release_unstarted(claimed)
+            return [], sent_at
+        kept = [
+            ClaimedJob(c.job, lease) for c, lease in zip(claimed, renewed, strict=True) if lease
+        ]
+        return kept, sent_at
 
     async def _release_unstarted(self, claimed: list[ClaimedJob]) -> None:
         finishes = [

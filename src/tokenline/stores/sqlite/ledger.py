@@ -138,8 +138,8 @@ class SQLiteLedger:
         """Take ``key`` for this attempt if allowed; see :meth:`Store.effect_begin`."""
 
         def run(conn: sqlite3.Connection) -> EffectBegin:
-            now = self.clock.now()
             with immediate(conn):
+                now = self.clock.now()
                 if not self.job_fenced(conn, lease, now):
                     self.record_duplicate(
                         conn, by_attempt(key, DuplicateKind.STALE, "effect_begin", lease, now)
@@ -171,15 +171,15 @@ class SQLiteLedger:
         done = error is None
 
         def run(conn: sqlite3.Connection) -> bool:
-            now = self.clock.now()
-            params = {
-                "key": key,
-                "status": (EffectStatus.COMPLETED if done else EffectStatus.FAILED).value,
-                "result": result if done else None,
-                "error": error,
-                **_lease_params(lease, now),
-            }
             with immediate(conn):
+                now = self.clock.now()
+                params = {
+                    "key": key,
+                    "status": (EffectStatus.COMPLETED if done else EffectStatus.FAILED).value,
+                    "result": result if done else None,
+                    "error": error,
+                    **_lease_params(lease, now),
+                }
                 if conn.execute(LQ["effect_finish"], params).rowcount == 1:
                     return True
                 operation = "effect_complete" if done else "effect_fail"
@@ -203,9 +203,9 @@ class SQLiteLedger:
         """Advance one fence after checking the job's token, in one transaction."""
 
         def run(conn: sqlite3.Connection) -> bool:
-            now = self.clock.now()
             refused = False
             with immediate(conn):
+                now = self.clock.now()
                 refused = (
                     not self.job_fenced(conn, lease, now)
                     or self.fences_in(conn, lease, [fence], now) is not None
@@ -233,8 +233,8 @@ class SQLiteLedger:
         }
 
         def run(coord: sqlite3.Connection) -> tuple[ResourceLease | None, bool, float]:
-            now = self.clock.now()
             with immediate(coord):
+                now = self.clock.now()
                 row = coord.execute(CQ["resource_lease_extend"], {**params, "now": now})
                 got = row.fetchone()
                 if got is not None:

@@ -27,6 +27,8 @@ reads as expired: the job is rescued, which is what its dead claimer needs.
 **One clock.** Every time this store compares or stores is its own clock
 (``_clock.py``): one clock for all processes of the machine, anchored once per boot in
 the coordination file, immune to steps of the wall clock and to a process's faked time.
+It is read once the transaction holds its write lock, never before: a call that waited
+for the lock must not hand out a lease that the wait has already aged.
 
 **Threads.** Calls on the main file run on one thread per process, calls on the
 coordination file on another, so a renewal never queues behind a claim or a finish
@@ -522,12 +524,12 @@ class SQLiteStore(SQLiteLedger, Store):
             return rows
 
         def run(conn: sqlite3.Connection) -> list[int]:
-            rows = rows_for(self.clock.now())
             if any(j.unique is not None for j in jobs):
-                pairs = zip(rows, jobs, strict=True)
                 with self._write(conn):
+                    pairs = zip(rows_for(self.clock.now()), jobs, strict=True)
                     return [insert_job(conn, Q["enqueue"], *rj) for rj in pairs]
             with self._write(conn):
+                rows = rows_for(self.clock.now())
                 first = conn.execute(Q["last_job_id"]).fetchone()
                 conn.executemany(Q["enqueue"], rows)
                 last = conn.execute(Q["last_job_id"]).fetchone()[0]
@@ -559,8 +561,8 @@ class SQLiteStore(SQLiteLedger, Store):
         claim, both under the main file's write lock."""
 
         def run(conn: sqlite3.Connection, coord: sqlite3.Connection) -> list[ClaimedJob]:
-            now = self.clock.now()
             with self._write(conn):
+                now = self.clock.now()  # after the lock (see the docstring)
                 candidates = []
                 for queue in dict.fromkeys(queues):
                     candidates += conn.execute(
@@ -611,10 +613,10 @@ class SQLiteStore(SQLiteLedger, Store):
         """Extend every held lease in one statement on the coordination file."""
 
         def run(coord: sqlite3.Connection) -> tuple[dict[int, float], list[Lease], float]:
-            now = self.clock.now()
             held = json.dumps([[lease.job_id, lease.token] for lease in leases])
             stale: list[Lease] = []
             with immediate(coord):
+                now = self.clock.now()
                 rows = coord.execute(
                     self._q("job_leases_renew"),
                     {"leases": held, "owner": owner, "ttl": ttl, "now": now},
@@ -698,10 +700,10 @@ class SQLiteStore(SQLiteLedger, Store):
         """Requeue or dead-letter running jobs without a live lease, by the store's clock."""
 
         def run(conn: sqlite3.Connection, coord: sqlite3.Connection) -> RescueReport:
-            now = self.clock.now()
             requeued: list[int] = []
             dead: list[int] = []
             with self._write(conn):
+                now = self.clock.now()
                 rows = conn.execute(Q["rescue_candidates"], {"now": now, "limit": limit})
                 for row in rows.fetchall():
                     cand = RescueCandidate(*tuple(row))
@@ -870,8 +872,8 @@ class SQLiteStore(SQLiteLedger, Store):
 
         def held(coord: sqlite3.Connection) -> tuple[bool, ResourceLease | None]:
             """(decided, lease): the lease is ours (renewed) or someone else's."""
-            now = self.clock.now()
             with immediate(coord):
+                now = self.clock.now()
                 row = coord.execute(CQ["resource_lease_extend"], {**key, "now": now}).fetchone()
                 if row is not None:
                     return True, ResourceLease(*tuple(row))
@@ -883,8 +885,8 @@ class SQLiteStore(SQLiteLedger, Store):
             return lease
 
         def take(conn: sqlite3.Connection, coord: sqlite3.Connection) -> ResourceLease | None:
-            now = self.clock.now()
             with self._write(conn):
+                now = self.clock.now()
                 issued = conn.execute(Q["lease_token_get"], key).fetchone()
                 with immediate(coord):
                     cur = coord.execute(CQ["resource_lease_get"], key).fetchone()
