@@ -122,6 +122,9 @@ class WorkerSettings:
     store_timeout: float | None = None
     #: Jobs claimed in one round trip; ``None``: up to the free concurrency.
     claim_batch: int | None = None
+    #: Log a warning when the worker's wall clock and the store's differ by more than
+    #: this (seconds). Nothing the store decides depends on the worker's wall clock.
+    clock_skew_warning: float = 1.0
     #: Check lease validity on the worker's own clock before every commit. Turning it
     #: off leaves only the store's token check; it exists for drills and tests.
     local_fencing: bool = True
@@ -144,6 +147,7 @@ class WorkerSettings:
             "job_timeout",
             "drain_timeout",
             "rescue_interval",
+            "clock_skew_warning",
         ):
             _positive(name, getattr(self, name))
         third = self.lease_ttl / 3

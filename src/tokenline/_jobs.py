@@ -320,3 +320,5 @@ class WorkerRecord:
     expires_at: float
     in_flight: int = 0
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: The worker's wall clock minus the store's, in seconds, as the worker measured it.
+    clock_skew: float | None = None

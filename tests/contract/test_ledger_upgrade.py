@@ -116,6 +116,7 @@ async def test_postgres_migrates_a_0001_schema_to_0002(
     postgres_server: str, postgres_schema: str, postgres_url: str, clock: FakeClock
 ) -> None:
     """A schema at version 1 (with a job in it) is migrated to 2 on open."""
+    from tokenline.stores.postgres import SCHEMA_VERSION as PG_SCHEMA_VERSION
     from tokenline.stores.postgres import PostgresStore
     from tokenline.stores.postgres._migrations import MIGRATIONS, compose
 
@@ -150,4 +151,4 @@ async def test_postgres_migrates_a_0001_schema_to_0002(
         query = sql.SQL("SELECT max(version) FROM {}.schema_version").format(schema)
         row = conn.execute(query).fetchone()
         assert row is not None
-        assert row[0] == 2
+        assert row[0] == PG_SCHEMA_VERSION

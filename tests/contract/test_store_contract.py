@@ -340,6 +340,24 @@ async def test_worker_membership_lease(store: Any, clock: FakeClock) -> None:
     assert listed.state == "stopped"
 
 
+async def test_store_time_is_the_store_clock_and_heartbeats_carry_the_skew(
+    store: Any, clock: FakeClock
+) -> None:
+    """store_time() reads the clock every lease and timestamp is measured by; the
+    heartbeat stamps it and keeps the skew the worker reports (None keeps the last)."""
+    assert await store.store_time() == pytest.approx(clock.now())
+    clock.advance(5)
+    assert await store.store_time() == pytest.approx(clock.now())
+    rec = await store.worker_register(record=_record(), ttl=10)
+    assert rec.heartbeat_at == pytest.approx(clock.now())
+    assert rec.clock_skew is None
+    beat = {"worker_id": rec.id, "token": rec.token, "state": "ready", "in_flight": 0, "ttl": 10}
+    assert (await store.worker_heartbeat(**beat, skew=-3600.25)).clock_skew == -3600.25
+    assert (await store.worker_heartbeat(**beat)).clock_skew == -3600.25
+    (listed,) = await store.workers_list()
+    assert listed.clock_skew == -3600.25
+
+
 async def test_named_lease_is_exclusive_and_fenced(store: Any, clock: FakeClock) -> None:
     """One holder at a time; a new holder after expiry gets a higher token; release
     needs owner and token."""

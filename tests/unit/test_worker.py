@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -88,6 +88,20 @@ async def eventually(predicate: Callable[[], bool], what: str) -> None:
         # Polling: the worker exposes no event for these conditions.
         while not predicate():  # noqa: ASYNC110
             await asyncio.sleep(0.005)
+
+    try:
+        await asyncio.wait_for(poll(), DEADLINE)
+    except TimeoutError:
+        pytest.fail(f"timed out waiting until {what}")
+
+
+async def eventually_async(predicate: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Wait until ``await predicate()`` holds, failing with ``what`` after the deadline."""
+
+    async def poll() -> None:
+        # Polling: the store exposes no event for these conditions.
+        while not await predicate():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
 
     try:
         await asyncio.wait_for(poll(), DEADLINE)
@@ -746,3 +760,50 @@ async def test_slow_claim_starts_its_jobs_with_a_fresh_lease() -> None:
     assert ran == [1]
     assert WorkerState.FENCED not in states
     assert worker.counters.fenced == 0
+
+
+class _SkewedClock:
+    """The real clocks, the wall clock shifted by ``offset`` seconds."""
+
+    def __init__(self, offset: float) -> None:
+        self.offset = offset
+
+    def now(self) -> float:
+        return time.time() + self.offset
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+@pytest.mark.parametrize("offset", [3600.0, -3600.0])
+async def test_worker_measures_and_reports_its_clock_skew(
+    offset: float, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker whose wall clock is an hour off the store's runs its jobs normally (the
+    delay of a retry and its lease are the store's), reports the skew with its heartbeat
+    and warns about it in its log."""
+    store = MemoryStore()
+    app = App("memory://", clock=_SkewedClock(offset))
+    attempts: list[int] = []
+
+    @app.task(name="t.skewed", retry=NO_BACKOFF)
+    async def handler(ctx: JobContext) -> None:
+        attempts.append(ctx.attempt)
+        if ctx.attempt == 1:
+            raise Retry(0.05)
+
+    jid = await app.enqueue_async("t.skewed", store=store)
+    worker = Worker(app, FAST, store=store)
+    with caplog.at_level("WARNING", logger="tokenline.worker"):
+        async with running(worker):
+            await job_in(store, jid, JobState.SUCCEEDED)
+
+            async def reported() -> bool:
+                (rec,) = await store.workers_list()
+                return rec.clock_skew is not None
+
+            await eventually_async(reported, "the skew to be reported")
+            (rec,) = await store.workers_list()
+    assert attempts == [1, 2]
+    assert rec.clock_skew == pytest.approx(offset, abs=5)
+    assert "off the store's" in caplog.text

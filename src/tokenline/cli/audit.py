@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import click
 from rich.table import Table
 
 from .._ledger import Duplicate, DuplicateKind
+from ..stores import Store
 from ._common import (
     app_option,
     console,
@@ -109,11 +110,16 @@ def audit() -> None:
 @click.option("--limit", type=click.IntRange(1, 1_000_000), default=100_000, show_default=True)
 def duplicates(app_spec: str | None, url: str | None, since: str | None, limit: int) -> None:
     """Duplicates grouped by key: repeats of completed effects and stale-token refusals."""
-    start = parse_since(since, time.time()) if since else None
+    if since:
+        parse_since(since, 0.0)  # bad input is refused before the store is opened
+
+    async def gather(store: Store) -> tuple[float | None, list[Any]]:
+        # "2h" means two hours back by the store's clock, which stamped the records.
+        begin = parse_since(since, await store.store_time()) if since else None
+        return begin, await store.duplicates_list(since=begin, limit=limit)
+
     with reporting_errors():
-        found = with_store(
-            resolve_app(app_spec, url), lambda s: s.duplicates_list(since=start, limit=limit)
-        )
+        start, found = with_store(resolve_app(app_spec, url), gather)
     groups = group_by_key(found)
     table = Table(
         "key", "repeats", "stale", "jobs", "workers", "operations", "first", "last",

@@ -37,11 +37,20 @@ def _queues_table(stats: list[Any]) -> Table:
     return table
 
 
-def _workers_table(records: list[Any]) -> Table:
+def _skew(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:+.3f}s"
+
+
+def _live(records: list[Any], now: float) -> list[Any]:
+    return [w for w in records if w.expires_at > now and w.state != "stopped"]
+
+
+def _workers_table(records: list[Any], now: float) -> Table:
+    """Workers, their membership leases judged by ``now`` (the store's clock)."""
     table = Table(
-        "worker", "state", "in flight", "queues", "heartbeat", "lease", "token", title="workers"
-    )
-    now = time.time()
+        "worker", "state", "in flight", "queues", "heartbeat", "lease", "token", "clock skew",
+        title="workers",
+    )  # fmt: skip
     for w in records:
         alive = w.expires_at > now and w.state != "stopped"
         lease = f"expires in {ago(w.expires_at - now)}" if alive else "expired"
@@ -53,6 +62,7 @@ def _workers_table(records: list[Any]) -> Table:
             f"{ago(now - w.heartbeat_at)} ago",
             lease,
             str(w.token),
+            _skew(w.clock_skew),
         )
     return table
 
@@ -68,10 +78,11 @@ def status(app_spec: str | None, url: str | None) -> None:
         started = time.monotonic()
         stats = await store.queues_stats()
         latency = time.monotonic() - started
-        return latency, stats, await store.workers_list(), await store.stale_commits(limit=5)
+        records = await store.workers_list()
+        return latency, stats, records, await store.stale_commits(limit=5), await store.store_time()
 
     try:
-        latency, stats, records, (stale_total, recent) = with_store(app, gather)
+        latency, stats, records, (stale_total, recent), now = with_store(app, gather)
     except StoreError as exc:
         console.print(f"store  [bold red]UNREACHABLE[/]  {app.url}\n  {exc}", highlight=False)
         raise SystemExit(1) from None
@@ -80,9 +91,7 @@ def status(app_spec: str | None, url: str | None) -> None:
         raise SystemExit(1) from None
     console.print(f"store  [green]ok[/]  {app.url}  ({latency * 1000:.1f} ms)", highlight=False)
     console.print(_queues_table(stats))
-    now = time.time()
-    live = [w for w in records if w.expires_at > now and w.state != "stopped"]
-    console.print(_workers_table(live))
+    console.print(_workers_table(_live(records, now), now))
     console.print(f"stale commits refused by the store: {stale_total}", highlight=False)
     for r in recent:
         console.print(
@@ -106,13 +115,15 @@ def queues(app_spec: str | None, url: str | None) -> None:
 @url_option
 @click.option("--all", "show_all", is_flag=True, help="Include stopped and expired workers.")
 def workers(app_spec: str | None, url: str | None, show_all: bool) -> None:
-    """Workers with their state, in-flight jobs and membership lease."""
+    """Workers with their state, in-flight jobs, membership lease and clock skew (the
+    worker's wall clock minus the store's; leases follow the store's clock)."""
+
+    async def gather(store: Store) -> tuple[list[Any], float]:
+        return await store.workers_list(), await store.store_time()
+
     with reporting_errors():
-        records = with_store(resolve_app(app_spec, url), lambda s: s.workers_list())
-    now = time.time()
-    if not show_all:
-        records = [w for w in records if w.expires_at > now and w.state != "stopped"]
-    console.print(_workers_table(records))
+        records, now = with_store(resolve_app(app_spec, url), gather)
+    console.print(_workers_table(records if show_all else _live(records, now), now))
 
 
 def _jobs_table(items: list[Any], title: str) -> Table:

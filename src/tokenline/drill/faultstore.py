@@ -392,15 +392,31 @@ class FaultStore(Store):
         )
 
     async def worker_heartbeat(
-        self, *, worker_id: str, token: int, state: str, in_flight: int, ttl: float
+        self,
+        *,
+        worker_id: str,
+        token: int,
+        state: str,
+        in_flight: int,
+        ttl: float,
+        skew: float | None = None,
     ) -> WorkerRecord | None:
         """The inner store's, with the leases role's faults."""
         return await self._run(
             "worker_heartbeat",
             lambda: self.inner.worker_heartbeat(
-                worker_id=worker_id, token=token, state=state, in_flight=in_flight, ttl=ttl
+                worker_id=worker_id,
+                token=token,
+                state=state,
+                in_flight=in_flight,
+                ttl=ttl,
+                skew=skew,
             ),
         )
+
+    async def store_time(self) -> float:
+        """The inner store's, with the leases role's faults."""
+        return await self._run("store_time", self.inner.store_time)
 
     async def worker_deregister(self, *, worker_id: str, token: int) -> None:
         """The inner store's, with the leases role's faults."""

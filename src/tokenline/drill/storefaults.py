@@ -54,7 +54,7 @@ _METHODS: Mapping[Role | None, str] = {
     ),
     Role.LEASES: (
         "leases_renew worker_register worker_heartbeat worker_deregister workers_list "
-        "lease_acquire lease_renew lease_release"
+        "lease_acquire lease_renew lease_release store_time"
     ),
     Role.LEDGER: (
         "fenced_transaction effect_begin effect_finish effects_list fence_write duplicates_list"

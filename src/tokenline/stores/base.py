@@ -232,9 +232,25 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def worker_heartbeat(
-        self, *, worker_id: str, token: int, state: str, in_flight: int, ttl: float
+        self,
+        *,
+        worker_id: str,
+        token: int,
+        state: str,
+        in_flight: int,
+        ttl: float,
+        skew: float | None = None,
     ) -> WorkerRecord | None:
-        """Extend the membership lease if still held; ``None`` when it was lost."""
+        """Extend the membership lease if still held; ``None`` when it was lost.
+
+        ``skew``: the worker's wall clock minus the store's, as it last measured it
+        (kept with the row for operators; ``None`` keeps the previous value).
+        """
+
+    @abc.abstractmethod
+    async def store_time(self) -> float:
+        """The store's clock now (epoch seconds): what every lease, schedule and
+        timestamp of this store is measured by, whatever the caller's clock says."""
 
     @abc.abstractmethod
     async def worker_deregister(self, *, worker_id: str, token: int) -> None:

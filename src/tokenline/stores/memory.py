@@ -363,7 +363,14 @@ class MemoryStore(MemoryLedger, Store):
             return rec
 
     async def worker_heartbeat(
-        self, *, worker_id: str, token: int, state: str, in_flight: int, ttl: float
+        self,
+        *,
+        worker_id: str,
+        token: int,
+        state: str,
+        in_flight: int,
+        ttl: float,
+        skew: float | None = None,
     ) -> WorkerRecord | None:
         """Extend the membership lease if it is still held and unexpired."""
         with self._lock:
@@ -372,10 +379,19 @@ class MemoryStore(MemoryLedger, Store):
             if rec is None or rec.token != token or rec.expires_at <= now:
                 return None
             rec = dataclasses.replace(
-                rec, state=state, in_flight=in_flight, heartbeat_at=now, expires_at=now + ttl
+                rec,
+                state=state,
+                in_flight=in_flight,
+                heartbeat_at=now,
+                expires_at=now + ttl,
+                clock_skew=rec.clock_skew if skew is None else skew,
             )
             self._workers[worker_id] = rec
             return rec
+
+    async def store_time(self) -> float:
+        """This process's clock: the in-memory store lives in it."""
+        return self.clock.now()
 
     async def worker_deregister(self, *, worker_id: str, token: int) -> None:
         """Mark the worker stopped."""

@@ -48,6 +48,7 @@ from .completer import BatchCompleter
 from .context import JobContext, Slot, decode_args
 from .guard import UNTRUSTED, Guarded, LeaseCheck
 from .resources import renew_resource_leases
+from .skew import ClockSkew
 from .state import WorkerEvent, WorkerState, next_state
 
 if TYPE_CHECKING:
@@ -116,6 +117,8 @@ class Worker:
         self._pool = ThreadPoolExecutor(
             max_workers=self.settings.concurrency * 2, thread_name_prefix=HANDLER_THREAD_PREFIX
         )
+        #: This worker's wall clock against the store's, measured at each heartbeat.
+        self.skew = ClockSkew(self.clock, self.id, self.settings.clock_skew_warning)
         #: Called with (old, new, reason) on every state change; for tests and metrics.
         self.on_state_change: Callable[[WorkerState, WorkerState, str], None] | None = None
 
@@ -246,7 +249,9 @@ class Worker:
             heartbeat_at=0.0,
             expires_at=0.0,
         )
+        sent = self.skew.sent()
         rec = await self.store.worker_register(record=record, ttl=self.settings.lease_ttl)
+        self.skew.answered(sent, rec.heartbeat_at)
         self._membership_token = rec.token
 
     # -- data plane -----------------------------------------------------------------------
@@ -578,13 +583,17 @@ class Worker:
             renewed = await self.store.leases_renew(
                 owner=self.id, leases=[s.lease for s in slots], ttl=settings.lease_ttl
             )
+            beat_sent = self.skew.sent()
             rec = await self.store.worker_heartbeat(
                 worker_id=self.id,
                 token=self._membership_token,
                 state=self.state.value,
                 in_flight=len(self._slots),
                 ttl=settings.lease_ttl,
+                skew=self.skew.value,
             )
+            if rec is not None:
+                self.skew.answered(beat_sent, rec.heartbeat_at)
             if rec is None:
                 # Membership is for visibility, not ownership: nobody else can take it.
                 log.warning("worker %s: membership lease had expired; re-registering", self.id)

@@ -24,4 +24,5 @@ def worker_from_row(row: DictRow) -> WorkerRecord:
         heartbeat_at=row["heartbeat_at"],
         expires_at=row["expires_at"],
         in_flight=row["in_flight"],
+        clock_skew=row["clock_skew"],
     )

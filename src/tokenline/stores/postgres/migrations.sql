@@ -178,3 +178,7 @@ CREATE TABLE {schema}.duplicates (
     at        double precision NOT NULL
 );
 CREATE INDEX duplicates_at ON {schema}.duplicates (at);
+
+-- name: migration_0003_clock_skew
+-- Each worker's wall clock against the database's, as the worker last measured it.
+ALTER TABLE {schema}.workers ADD COLUMN clock_skew double precision;

@@ -441,10 +441,13 @@ RETURNING *;
 WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now)
 UPDATE {schema}.workers AS w
 SET state = %(state)s, in_flight = %(in_flight)s, heartbeat_at = c.now,
-    expires_at = c.now + %(ttl)s
+    expires_at = c.now + %(ttl)s, clock_skew = COALESCE(%(skew)s, w.clock_skew)
 FROM clock AS c
 WHERE w.id = %(id)s AND w.token = %(token)s AND w.expires_at > c.now
 RETURNING w.*;
+
+-- name: store_time
+SELECT {schema}.now_epoch(%(now)s);
 
 -- name: worker_deregister
 WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now)

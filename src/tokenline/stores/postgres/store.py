@@ -593,7 +593,14 @@ class PostgresStore(PostgresLedger, Store):
         return worker_from_row(row)
 
     async def worker_heartbeat(
-        self, *, worker_id: str, token: int, state: str, in_flight: int, ttl: float
+        self,
+        *,
+        worker_id: str,
+        token: int,
+        state: str,
+        in_flight: int,
+        ttl: float,
+        skew: float | None = None,
     ) -> WorkerRecord | None:
         """Extend the membership lease; ``None`` if it was lost."""
         params = {
@@ -602,10 +609,16 @@ class PostgresStore(PostgresLedger, Store):
             "state": state,
             "in_flight": in_flight,
             "ttl": ttl,
+            "skew": skew,
             "now": self._now(),
         }
         rows = await self._rows(self._q("worker_heartbeat"), params)
         return worker_from_row(rows[0]) if rows else None
+
+    async def store_time(self) -> float:
+        """The database's clock (``statement_timestamp()``), or the injected one."""
+        rows = await self._tuples(self._q("store_time"), {"now": self._now()})
+        return float(rows[0][0])
 
     async def worker_deregister(self, *, worker_id: str, token: int) -> None:
         """Mark the worker stopped."""

@@ -136,6 +136,7 @@ def _worker(row: sqlite3.Row) -> WorkerRecord:
         heartbeat_at=row["heartbeat_at"],
         expires_at=row["expires_at"],
         in_flight=row["in_flight"],
+        clock_skew=row["clock_skew"],
     )
 
 
@@ -816,15 +817,23 @@ class SQLiteStore(SQLiteLedger, Store):
         }
 
         def run(coord: sqlite3.Connection) -> sqlite3.Row:
-            row: sqlite3.Row = coord.execute(
-                CQ["worker_register"], {**params, "now": self.clock.now()}
-            ).fetchone()
+            with immediate(coord):
+                row: sqlite3.Row = coord.execute(
+                    CQ["worker_register"], {**params, "now": self.clock.now()}
+                ).fetchone()
             return row
 
         return _worker(await self._coord_call(run))
 
     async def worker_heartbeat(
-        self, *, worker_id: str, token: int, state: str, in_flight: int, ttl: float
+        self,
+        *,
+        worker_id: str,
+        token: int,
+        state: str,
+        in_flight: int,
+        ttl: float,
+        skew: float | None = None,
     ) -> WorkerRecord | None:
         """Extend the membership lease; ``None`` if it was lost."""
         params = {
@@ -833,18 +842,23 @@ class SQLiteStore(SQLiteLedger, Store):
             "state": state,
             "in_flight": in_flight,
             "ttl": ttl,
-            "skew": None,
+            "skew": skew,
         }
 
         def run(coord: sqlite3.Connection) -> sqlite3.Row | None:
-            now = self.clock.now()
-            row: sqlite3.Row | None = coord.execute(
-                CQ["worker_heartbeat"], {**params, "now": now}
-            ).fetchone()
+            with immediate(coord):
+                row: sqlite3.Row | None = coord.execute(
+                    CQ["worker_heartbeat"], {**params, "now": self.clock.now()}
+                ).fetchone()
             return row
 
         row = await self._coord_call(run)
         return None if row is None else _worker(row)
+
+    async def store_time(self) -> float:
+        """The store's clock (the machine's, anchored for this boot; see ``_clock.py``)."""
+        self._lane(self._main)
+        return float(self.clock.now())
 
     async def worker_deregister(self, *, worker_id: str, token: int) -> None:
         """Mark the worker stopped."""
