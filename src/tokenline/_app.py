@@ -131,6 +131,7 @@ class App:
         priority: int = 0,
         retry: RetryPolicy | None = None,
         classifier: Classifier | None = None,
+        max_lease_expiries: int | None = None,
     ) -> Callable[[F], F]: ...
 
     def task(
@@ -144,8 +145,13 @@ class App:
         priority: int = 0,
         retry: RetryPolicy | None = None,
         classifier: Classifier | None = None,
+        max_lease_expiries: int | None = None,
     ) -> F | Callable[[F], F]:
-        """Register a handler. Used bare (``@app.task``) or with options."""
+        """Register a handler. Used bare (``@app.task``) or with options.
+
+        ``max_attempts`` bounds the attempts that fail; ``max_lease_expiries`` the times
+        a worker running the job may lose its lease (default: the app's, 3).
+        """
 
         def register(func: F) -> F:
             task = Task(
@@ -157,6 +163,7 @@ class App:
                 priority=priority,
                 retry=retry,
                 classifier=classifier,
+                max_lease_expiries=max_lease_expiries,
             )
             if task.name in self._tasks and self._tasks[task.name].fn is not func:
                 raise InvalidInputError(f"a task named {task.name!r} is already registered")
@@ -225,6 +232,9 @@ class App:
         attempts = next(
             a for a in (max_attempts, t.max_attempts, self.settings.max_attempts) if a is not None
         )
+        expiries = next(
+            e for e in (t.max_lease_expiries, self.settings.max_lease_expiries) if e is not None
+        )
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
             raise InvalidInputError(f"max_attempts must be >= 1, got {attempts!r}")
         return NewJob(
@@ -237,6 +247,7 @@ class App:
             delay=delay,
             max_attempts=attempts,
             timeout=t.timeout,
+            max_lease_expiries=expiries,
             unique=uniqueness,
             unique_for=unique_for,
         )
@@ -442,6 +453,7 @@ class App:
                     delay=first.delay,
                     max_attempts=first.max_attempts,
                     timeout=first.timeout,
+                    max_lease_expiries=first.max_lease_expiries,
                     unique=_uniqueness(unique, unique_for, key),
                     unique_for=first.unique_for,
                 )

@@ -72,6 +72,9 @@ class Settings:
     max_payload_bytes: int = 1_048_576
     #: Attempts before a job that keeps failing transiently goes dead.
     max_attempts: int = 5
+    #: Times a job's worker may lose its lease (crash, kill, pause or partition past
+    #: the TTL) before the job goes dead; these do not count as attempts.
+    max_lease_expiries: int = 3
     #: First retry delay bound (seconds); doubles per attempt, with full jitter.
     retry_base: float = 1.0
     #: Largest retry delay bound (seconds).
@@ -87,6 +90,7 @@ class Settings:
             raise ConfigError("url", f"must be a non-empty store URL, got {self.url!r}")
         _positive_int("max_payload_bytes", self.max_payload_bytes)
         _positive_int("max_attempts", self.max_attempts)
+        _positive_int("max_lease_expiries", self.max_lease_expiries)
         _positive("retry_base", self.retry_base)
         _positive("retry_cap", self.retry_cap)
         if self.retry_cap < self.retry_base:

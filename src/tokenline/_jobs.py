@@ -36,6 +36,7 @@ __all__ = [
     "NewJob",
     "Outcome",
     "QueueStats",
+    "Rescue",
     "RescueCandidate",
     "RescueReport",
     "StaleCommit",
@@ -131,6 +132,8 @@ class NewJob:
     delay: float | None = None
     max_attempts: int = 5
     timeout: float | None = None
+    #: Lease expiries (lost workers) before the job goes dead; not attempts.
+    max_lease_expiries: int = 3
     #: Enqueue as a unique job: its idempotency key keeps a second job out (see Unique).
     unique: Unique | None = None
     #: With ``unique``: the hold ends this many seconds after the job was enqueued.
@@ -170,6 +173,10 @@ class Job:
     updated_at: float
     finished_at: float | None
     timeout: float | None
+    #: Times a worker lost this job's lease (it crashed, was killed, paused or cut off).
+    lease_expiries: int = 0
+    #: Lease expiries after which the job goes dead.
+    max_lease_expiries: int = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,14 +253,39 @@ class RescueCandidate:
     owner: str | None
     attempt: int
     max_attempts: int
+    lease_expiries: int = 0
+    max_lease_expiries: int = 3
 
 
-def rescue_transition(c: RescueCandidate) -> Transition:
-    """The one rule for a job whose worker lost its lease: back to the queue at once,
-    or dead when it was on its last attempt."""
-    if c.attempt >= c.max_attempts:
-        return Transition(JobState.DEAD, 0.0, 0, True)
-    return Transition(JobState.QUEUED, 0.0, 0, False)
+@dataclass(frozen=True, slots=True)
+class Rescue:
+    """What a rescue does to one job: the transition, and the reason it records."""
+
+    transition: Transition
+    reason: str
+
+
+def rescue_transition(c: RescueCandidate) -> Rescue:
+    """The one rule for a job whose worker lost its lease.
+
+    A lost lease is not the job's failure, so the attempt is given back; it counts
+    toward ``max_lease_expiries`` instead. Below that limit the job goes back to the
+    queue at once; at the limit it goes dead — a job that kills every worker that runs
+    it (a poison job) must not loop forever.
+    """
+    expiries = c.lease_expiries + 1
+    if expiries >= c.max_lease_expiries:
+        reason = (
+            f"the worker lost its lease {expiries} times (max_lease_expiries "
+            f"{c.max_lease_expiries}; last holder {c.owner or 'unknown'}): a job that "
+            "crashes, stalls or partitions its worker every time"
+        )
+        return Rescue(Transition(JobState.DEAD, 0.0, 1, True), reason)
+    reason = (
+        f"{LEASE_EXPIRED} (lease expiry {expiries} of {c.max_lease_expiries}; "
+        "the attempt is given back)"
+    )
+    return Rescue(Transition(JobState.QUEUED, 0.0, 1, False), reason)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,9 @@ class Task:
     fn: Callable[..., Any]
     queue: str = "default"
     max_attempts: int | None = None
+    #: Times the job's worker may lose its lease before the job goes dead; ``None``:
+    #: the app's setting.
+    max_lease_expiries: int | None = None
     timeout: float | None = None
     priority: int = 0
     retry: RetryPolicy | None = None
@@ -52,6 +55,14 @@ class Task:
             or self.max_attempts < 1
         ):
             raise ConfigError("max_attempts", f"must be >= 1, got {self.max_attempts!r}")
+        if self.max_lease_expiries is not None and (
+            isinstance(self.max_lease_expiries, bool)
+            or not isinstance(self.max_lease_expiries, int)
+            or self.max_lease_expiries < 1
+        ):
+            raise ConfigError(
+                "max_lease_expiries", f"must be >= 1, got {self.max_lease_expiries!r}"
+            )
         if self.timeout is not None and (
             isinstance(self.timeout, bool)
             or not isinstance(self.timeout, int | float)

@@ -244,16 +244,32 @@ async def test_rescue_requeues_expired_leases_and_bumps_token(store: Any, clock:
     assert [(x.token, x.outcome) for x in attempts] == [(a.lease.token, "lease_expired")]
 
 
-async def test_rescue_on_last_attempt_dead_letters(store: Any, clock: FakeClock) -> None:
-    """A crash counts as an attempt: the last one expiring sends the job to dead."""
-    (jid,) = await store.jobs_enqueue(jobs=[new(max_attempts=1)])
-    await claim_one(store, ttl=1)
-    clock.advance(2)
-    report = await store.jobs_rescue()
+async def test_lost_lease_gives_the_attempt_back_and_counts_toward_its_own_limit(
+    store: Any, clock: FakeClock
+) -> None:
+    """A lease that expires does not burn an attempt (a job with max_attempts=1 runs
+    again) but counts toward max_lease_expiries; at that limit the job goes dead with
+    the reason, so a job that kills every worker running it cannot loop forever."""
+    (jid,) = await store.jobs_enqueue(jobs=[new(max_attempts=1, max_lease_expiries=2)])
+    for expiry in (1, 2):
+        claimed = await claim_one(store, owner=f"w{expiry}", ttl=1)
+        assert claimed.job.attempt == 1
+        clock.advance(2)
+        report = await store.jobs_rescue()
+        job = await store.job_get(job_id=jid)
+        assert (job.attempt, job.lease_expiries) == (0, expiry)
     assert list(report.dead) == [jid]
-    job = await store.job_get(job_id=jid)
     assert job.state is JobState.DEAD
     assert job.error_class == "coordination"
+    assert job.last_error is not None
+    assert "lost its lease 2 times" in job.last_error
+    assert "w2" in job.last_error
+    attempts = await store.job_attempts(job_id=jid)
+    assert [a.outcome for a in attempts] == ["lease_expired", "lease_expired"]
+    assert attempts[0].error is not None
+    assert "lease expiry 1 of 2" in attempts[0].error
+    assert await store.jobs_retry_dead(job_ids=[jid]) == 1
+    assert (await store.job_get(job_id=jid)).lease_expiries == 0
 
 
 async def test_attempt_history_keeps_tokens_and_outcomes(store: Any, clock: FakeClock) -> None:

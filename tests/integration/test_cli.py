@@ -147,3 +147,35 @@ def test_migrate_on_postgres_then_a_non_migrating_app_opens(postgres_server: str
     finally:
         with psycopg.connect(postgres_server, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def test_job_says_what_each_attempt_counted_toward(tmp_path: Path) -> None:
+    """job ID shows the lease expiries beside the attempts, and for each attempt which
+    limit it counted toward: a lost lease is a lease expiry, a release is given back."""
+    u = f"sqlite:///{tmp_path / 'counted.db'}"
+
+    async def seed() -> int:
+        from tokenline._clock import FakeClock
+
+        clock = FakeClock()
+        store = store_from_url(u, clock=clock)
+        await store.open()
+        app = App(u)
+        app.task(name="t")(lambda ctx: None)
+        (jid,) = await store.jobs_enqueue(jobs=[app.build_job("t")])
+        await store.jobs_claim(owner="w-lost", queues=["default"], limit=1, ttl=5)
+        clock.advance(6)
+        await store.jobs_rescue()
+        (second,) = await store.jobs_claim(owner="w-kind", queues=["default"], limit=1, ttl=5)
+        await store.job_snooze(lease=second.lease, delay=0)
+        await store.close()
+        return jid
+
+    jid = asyncio.run(seed())
+    code, out = run("job", "--url", u, str(jid))
+    assert code == 0
+    assert "lease expiries 1/3" in out
+    lost = next(line for line in out.splitlines() if "w-lost" in line)
+    kind = next(line for line in out.splitlines() if "w-kind" in line)
+    assert "lease expiry" in lost
+    assert "given back" in kind

@@ -564,7 +564,7 @@ async def test_watchdog_fences_and_cancels_async_handler(clock: FakeClock) -> No
 
     @app.task(name="t.paused")
     async def paused(ctx: JobContext) -> None:
-        if ctx.attempt > 1:
+        if ctx.token > 1:
             return  # the rescued job runs again normally
         started.set()
         try:
@@ -588,7 +588,8 @@ async def test_watchdog_fences_and_cancels_async_handler(clock: FakeClock) -> No
     assert observed == [(1, True)]
     assert WorkerState.FENCED in states
     assert WorkerState.READY in states[states.index(WorkerState.FENCED) + 1 :]
-    assert job.attempt == 2
+    # The lost lease gave the attempt back and counted as a lease expiry instead.
+    assert (job.attempt, job.lease_expiries, job.lease_token) == (1, 1, 3)
     assert await outcomes(store, jid) == ["lease_expired", "succeeded"]
 
 
@@ -608,7 +609,7 @@ async def test_async_handler_takes_no_step_once_its_lease_is_untrusted(
 
     @app.task(name="t.step")
     async def step(ctx: JobContext) -> None:
-        if ctx.attempt > 1:
+        if ctx.token > 1:
             return  # the rescued job runs again normally
         suspended.set()
         try:
@@ -649,7 +650,7 @@ async def test_sync_handler_ctx_refuses_once_lease_is_untrusted(clock: FakeClock
     started = threading.Event()
     raised: list[BaseException] = []
 
-    @app.task(name="t.sync_paused", max_attempts=1)
+    @app.task(name="t.sync_paused", max_lease_expiries=1)
     def sync_paused(ctx: JobContext) -> None:
         started.set()
         try:
@@ -668,7 +669,7 @@ async def test_sync_handler_ctx_refuses_once_lease_is_untrusted(clock: FakeClock
         await eventually(lambda: bool(raised), "ctx.check() refuses")
         await eventually(lambda: WorkerState.FENCED in states, "the worker is fenced")
         await eventually(lambda: worker.state is WorkerState.READY, "the worker re-registers")
-        # Nothing was committed; out of attempts, the rescue dead-letters the job.
+        # Nothing was committed; at its lease-expiry limit, the rescue dead-letters it.
         assert (await store.job_get(job_id=jid)).state is JobState.RUNNING
         assert await worker.maintenance_once()
         job = await store.job_get(job_id=jid)
@@ -694,7 +695,7 @@ async def test_reclaimed_job_does_not_orphan_its_earlier_attempt(clock: FakeCloc
 
     @app.task(name="t.resumed")
     async def resumed(ctx: JobContext) -> None:
-        if ctx.attempt > 1:
+        if ctx.token > 1:
             second_done.set()
             return
         started.set()

@@ -24,6 +24,14 @@ from ._common import (
 
 STATES = [s.value for s in JobState]
 
+#: Which limit an attempt's outcome counts toward (see tokenline._jobs).
+_COUNTED = {
+    "retry": "attempt",
+    "dead": "attempt",
+    "lease_expired": "lease expiry",
+    "release": "nothing (given back)",
+}
+
 
 def _queues_table(stats: list[Any]) -> Table:
     table = Table("queue", *STATES, "oldest ready", "paused", title="queues")
@@ -196,15 +204,16 @@ def job(app_spec: str | None, url: str | None, job_id: int) -> None:
     console.print(
         f"job {j.id}  task {j.task}  queue {j.queue}  state [bold]{j.state.value}[/]\n"
         f"args {j.args}\nkey {j.idempotency_key or '-'}  priority {j.priority}  "
-        f"attempt {j.attempt}/{j.max_attempts}  token {j.lease_token}\n"
+        f"attempt {j.attempt}/{j.max_attempts}  "
+        f"lease expiries {j.lease_expiries}/{j.max_lease_expiries}  token {j.lease_token}\n"
         f"lease owner {j.lease_owner or '-'}  expires {when(j.lease_expires_at)}\n"
         f"created {when(j.created_at)}  finished {when(j.finished_at)}\n"
         f"last error {j.last_error or '-'} ({j.error_class or '-'})",
         highlight=False,
     )
     table = Table(
-        "attempt", "token", "worker", "started", "finished", "outcome", "class", "error",
-        title="attempts",
+        "attempt", "token", "worker", "started", "finished", "outcome", "counted as",
+        "class", "error", title="attempts",
     )  # fmt: skip
     for a in attempts:
         table.add_row(
@@ -214,6 +223,7 @@ def job(app_spec: str | None, url: str | None, job_id: int) -> None:
             when(a.started_at),
             when(a.finished_at),
             a.outcome or "running",
+            _COUNTED.get(a.outcome or "", ""),
             a.error_class or "",
             (a.error or "")[:60],
         )

@@ -22,10 +22,12 @@ from .._jobs import (
     Lease,
     NewJob,
     QueueStats,
+    RescueCandidate,
     RescueReport,
     StaleCommit,
     WorkerRecord,
     finish_transition,
+    rescue_transition,
 )
 from ._memory_ledger import MemoryLedger
 from .base import Capabilities, ResourceLease, Store
@@ -87,6 +89,7 @@ class MemoryStore(MemoryLedger, Store):
                     run_at=run_at,
                     attempt=0,
                     max_attempts=new.max_attempts,
+                    max_lease_expiries=new.max_lease_expiries,
                     state=JobState.SCHEDULED if run_at > now else JobState.QUEUED,
                     lease_owner=None,
                     lease_token=0,
@@ -201,7 +204,13 @@ class MemoryStore(MemoryLedger, Store):
             return out
 
     def _close_attempt(
-        self, job_id: int, token: int, outcome: str, fin: Finish | None, now: float
+        self,
+        job_id: int,
+        token: int,
+        outcome: str,
+        fin: Finish | None,
+        now: float,
+        reason: str = "lease expired",
     ) -> None:
         attempts = self._attempts[job_id]
         for i, att in enumerate(attempts):
@@ -210,7 +219,7 @@ class MemoryStore(MemoryLedger, Store):
                     att,
                     finished_at=now,
                     outcome=outcome,
-                    error=fin.error if fin else "lease expired",
+                    error=fin.error if fin else reason,
                     error_class=fin.error_class if fin else "coordination",
                 )
 
@@ -226,21 +235,36 @@ class MemoryStore(MemoryLedger, Store):
                 if j.state is JobState.RUNNING and (j.lease_expires_at or 0) <= now
             ][:limit]
             for job in expired:
-                self._close_attempt(job.id, job.lease_token, "lease_expired", None, now)
-                last = job.attempt >= job.max_attempts
+                rescue = rescue_transition(
+                    RescueCandidate(
+                        job.id,
+                        job.lease_token,
+                        job.lease_owner,
+                        job.attempt,
+                        job.max_attempts,
+                        job.lease_expiries,
+                        job.max_lease_expiries,
+                    )
+                )
+                move = rescue.transition
+                self._close_attempt(
+                    job.id, job.lease_token, "lease_expired", None, now, rescue.reason
+                )
                 self._jobs[job.id] = dataclasses.replace(
                     job,
-                    state=JobState.DEAD if last else JobState.QUEUED,
+                    state=move.state,
+                    attempt=job.attempt - move.refund,
+                    lease_expiries=job.lease_expiries + 1,
                     lease_token=job.lease_token + 1,
                     lease_owner=None,
                     lease_expires_at=None,
                     run_at=now,
-                    last_error="lease expired: the worker stopped renewing it",
+                    last_error=rescue.reason,
                     error_class="coordination",
                     updated_at=now,
-                    finished_at=now if last else None,
+                    finished_at=now if move.finished else None,
                 )
-                (dead if last else requeued).append(job.id)
+                (dead if move.state is JobState.DEAD else requeued).append(job.id)
             return RescueReport(requeued=requeued, dead=dead)
 
     # -- queues ---------------------------------------------------------------------------
@@ -316,6 +340,7 @@ class MemoryStore(MemoryLedger, Store):
                         job,
                         state=JobState.QUEUED,
                         max_attempts=job.attempt + job.max_attempts,
+                        lease_expiries=0,
                         run_at=now,
                         finished_at=None,
                         updated_at=now,

@@ -182,3 +182,9 @@ CREATE INDEX duplicates_at ON {schema}.duplicates (at);
 -- name: migration_0003_clock_skew
 -- Each worker's wall clock against the database's, as the worker last measured it.
 ALTER TABLE {schema}.workers ADD COLUMN clock_skew double precision;
+
+-- name: migration_0004_lease_expiries
+-- A lost lease counts toward its own limit, not toward the job's attempts.
+ALTER TABLE {schema}.jobs
+    ADD COLUMN lease_expiries     integer NOT NULL DEFAULT 0,
+    ADD COLUMN max_lease_expiries integer NOT NULL DEFAULT 3;

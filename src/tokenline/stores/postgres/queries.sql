@@ -47,9 +47,11 @@ WITH input AS (
                 %(idempotency_key)s::text[], %(priority)s::integer[],
                 %(run_at)s::double precision[], %(delay)s::double precision[],
                 %(max_attempts)s::integer[], %(timeout)s::double precision[],
-                %(unique)s::text[], %(unique_for)s::double precision[])
+                %(unique)s::text[], %(unique_for)s::double precision[],
+                %(max_lease_expiries)s::integer[])
          WITH ORDINALITY AS i (queue, task, args, idempotency_key, priority, given_run_at,
-                               delay, max_attempts, timeout, uniq, unique_for, ord)
+                               delay, max_attempts, timeout, uniq, unique_for,
+                               max_lease_expiries, ord)
 ),
 -- Ids are drawn first and handed out in ascending input order, so the caller gets
 -- them back in the order it sent the jobs, whatever order the rows are inserted in.
@@ -92,11 +94,12 @@ keys AS (
 ),
 inserted AS (
     INSERT INTO {schema}.jobs (id, queue, task, args, idempotency_key, priority, run_at,
-                               max_attempts, state, created_at, updated_at, timeout)
+                               max_attempts, state, created_at, updated_at, timeout,
+                               max_lease_expiries)
     SELECT d.ids[i.ord::integer], i.queue, i.task, i.args, i.idempotency_key, i.priority,
            i.run_at, i.max_attempts,
            CASE WHEN i.run_at > c.now THEN 'scheduled' ELSE 'queued' END,
-           c.now, c.now, i.timeout
+           c.now, c.now, i.timeout, i.max_lease_expiries
     FROM timed AS i, drawn AS d, clock AS c
     WHERE i.uniq IS NULL OR d.ids[i.ord::integer] IN (SELECT job_id FROM keys)
     RETURNING id, queue, state
@@ -297,7 +300,8 @@ VALUES (%(job_id)s, %(token)s, %(owner)s, %(operation)s, {schema}.now_epoch(%(no
 -- SKIP LOCKED: a job whose owner is committing right now is left to that commit. NO KEY
 -- UPDATE, not UPDATE: a fenced transaction's KEY SHARE lock (left open by a paused or
 -- cut-off owner) must not keep its job from being rescued.
-SELECT j.id, j.lease_token, j.lease_owner, j.attempt, j.max_attempts
+SELECT j.id, j.lease_token, j.lease_owner, j.attempt, j.max_attempts, j.lease_expiries,
+       j.max_lease_expiries
 FROM {schema}.jobs AS j
 WHERE j.state = 'running' AND j.lease_expires_at <= {schema}.now_epoch(%(now)s)
 ORDER BY j.lease_expires_at, j.id
@@ -310,13 +314,13 @@ FOR NO KEY UPDATE OF j SKIP LOCKED;
 WITH input AS (
     SELECT *
     FROM unnest(%(job_id)s::bigint[], %(token)s::bigint[], %(state)s::text[],
-                %(refund)s::integer[], %(final)s::boolean[])
-         AS r (job_id, token, state, refund, final)
+                %(refund)s::integer[], %(final)s::boolean[], %(error)s::text[])
+         AS r (job_id, token, state, refund, final, error)
 ),
 clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
 closed AS (
     UPDATE {schema}.attempts AS a
-    SET finished_at = c.now, outcome = 'lease_expired', error = %(error)s,
+    SET finished_at = c.now, outcome = 'lease_expired', error = r.error,
         error_class = 'coordination'
     FROM input AS r, clock AS c
     WHERE a.job_id = r.job_id AND a.token = r.token AND a.finished_at IS NULL
@@ -326,11 +330,12 @@ rescued AS (
     SET state = r.state,
         finished_at = CASE WHEN r.final THEN c.now END,
         attempt = j.attempt - r.refund,
+        lease_expiries = j.lease_expiries + 1,
         lease_token = j.lease_token + 1,
         lease_owner = NULL,
         lease_expires_at = NULL,
         run_at = c.now,
-        last_error = %(error)s,
+        last_error = r.error,
         error_class = 'coordination',
         updated_at = c.now
     FROM input AS r, clock AS c
@@ -392,7 +397,8 @@ SELECT * FROM {schema}.attempts WHERE job_id = %(job_id)s ORDER BY token;
 WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
 revived AS (
     UPDATE {schema}.jobs AS j
-    SET state = 'queued', max_attempts = j.attempt + j.max_attempts, run_at = c.now,
+    SET state = 'queued', max_attempts = j.attempt + j.max_attempts, lease_expiries = 0,
+        run_at = c.now,
         finished_at = NULL, updated_at = c.now
     FROM clock AS c
     WHERE j.id = ANY (%(ids)s::bigint[]) AND j.state = 'dead'

@@ -37,7 +37,6 @@ from psycopg_pool import AsyncConnectionPool
 from ..._clock import Clock, SystemClock
 from ..._errors import JobNotFoundError, StoreError
 from ..._jobs import (
-    LEASE_EXPIRED,
     Attempt,
     ClaimedJob,
     Finish,
@@ -292,6 +291,7 @@ class PostgresStore(PostgresLedger, Store):
             "run_at": [j.run_at for j in jobs],
             "delay": [j.delay for j in jobs],
             "max_attempts": [j.max_attempts for j in jobs],
+            "max_lease_expiries": [j.max_lease_expiries for j in jobs],
             "timeout": [j.timeout for j in jobs],
             "unique": [None if j.unique is None else j.unique.value for j in jobs],
             "unique_for": [j.unique_for for j in jobs],
@@ -463,14 +463,15 @@ class PostgresStore(PostgresLedger, Store):
                 candidates = [RescueCandidate(*row) for row in await cur.fetchall()]
                 if not candidates:
                     return []
-                moves = [rescue_transition(c) for c in candidates]
+                rescues = [rescue_transition(c) for c in candidates]
+                moves = [r.transition for r in rescues]
                 params = {
                     "job_id": [c.job_id for c in candidates],
                     "token": [c.token for c in candidates],
                     "state": [m.state.value for m in moves],
                     "refund": [m.refund for m in moves],
                     "final": [m.finished for m in moves],
-                    "error": LEASE_EXPIRED,
+                    "error": [r.reason for r in rescues],
                     "now": self._now(),
                     "channel": self.target.channel,
                 }

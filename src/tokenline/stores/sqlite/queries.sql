@@ -89,9 +89,10 @@ CREATE TABLE IF NOT EXISTS tokenline_leases (
 
 -- name: enqueue
 INSERT INTO tokenline_jobs (queue, task, args, idempotency_key, priority, run_at,
-                            max_attempts, state, created_at, updated_at, timeout)
+                            max_attempts, state, created_at, updated_at, timeout,
+                            max_lease_expiries)
 VALUES (:queue, :task, :args, :idempotency_key, :priority, :run_at,
-        :max_attempts, :state, :now, :now, :timeout);
+        :max_attempts, :state, :now, :now, :timeout, :max_lease_expiries);
 
 -- name: last_job_id
 SELECT seq FROM sqlite_sequence WHERE name = 'tokenline_jobs';
@@ -173,7 +174,8 @@ UPDATE tokenline_jobs SET updated_at = :now WHERE id = :job_id AND state = 'runn
 -- snapshot is taken after this transaction took the main file's write lock, so every
 -- committed claim's lease row is in it). An expired lease cannot come back to life, so
 -- the snapshot never makes a live lease look expired.
-SELECT j.id, j.lease_token, j.lease_owner, j.attempt, j.max_attempts
+SELECT j.id, j.lease_token, j.lease_owner, j.attempt, j.max_attempts, j.lease_expiries,
+       j.max_lease_expiries
 FROM tokenline_jobs AS j
 WHERE j.state = 'running'
   AND NOT EXISTS (
@@ -194,6 +196,7 @@ UPDATE tokenline_jobs
 SET state = :state,
     finished_at = CASE WHEN :final THEN :now END,
     attempt = attempt - :refund,
+    lease_expiries = lease_expiries + 1,
     lease_token = lease_token + 1,
     lease_owner = NULL,
     lease_expires_at = NULL,
@@ -242,7 +245,7 @@ SELECT * FROM tokenline_attempts WHERE job_id = :job_id ORDER BY token;
 
 -- name: retry_dead
 UPDATE tokenline_jobs
-SET state = 'queued', max_attempts = attempt + max_attempts, run_at = :now,
+SET state = 'queued', max_attempts = attempt + max_attempts, lease_expiries = 0, run_at = :now,
     finished_at = NULL, updated_at = :now
 WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'dead';
 
@@ -281,3 +284,8 @@ ON CONFLICT (resource) DO UPDATE
 SET token = max(tokenline_lease_tokens.token, excluded.token);
 DROP TABLE IF EXISTS tokenline_leases;
 DROP TABLE IF EXISTS tokenline_workers;
+
+-- name: schema_v4
+-- A lost lease counts toward its own limit, not toward the job's attempts.
+ALTER TABLE tokenline_jobs ADD COLUMN lease_expiries INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tokenline_jobs ADD COLUMN max_lease_expiries INTEGER NOT NULL DEFAULT 3;

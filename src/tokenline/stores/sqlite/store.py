@@ -59,7 +59,6 @@ from typing import Any, TypeVar
 from ..._clock import Clock
 from ..._errors import JobNotFoundError, SchemaVersionError, StoreError, StoreUnavailableError
 from ..._jobs import (
-    LEASE_EXPIRED,
     Attempt,
     ClaimedJob,
     Finish,
@@ -96,7 +95,7 @@ __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
 log = logging.getLogger("tokenline.store.sqlite")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 Q = load_queries(__name__.rpartition(".")[0])
 CQ = load_queries(__name__.rpartition(".")[0], "coord.sql")
 #: Version of the coordination file's schema (its own ``user_version``).
@@ -416,7 +415,12 @@ class SQLiteStore(SQLiteLedger, Store):
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version >= SCHEMA_VERSION:
                 return
-            steps = [(0, Q["schema"]), (1, LQ["schema_v2"]), (2, Q["schema_v3"])]
+            steps = [
+                (0, Q["schema"]),
+                (1, LQ["schema_v2"]),
+                (2, Q["schema_v3"]),
+                (3, Q["schema_v4"]),
+            ]
             for since, script in steps:
                 if version <= since:
                     for statement in statements(script):
@@ -517,6 +521,7 @@ class SQLiteStore(SQLiteLedger, Store):
                         "priority": j.priority,
                         "run_at": run_at,
                         "max_attempts": j.max_attempts,
+                        "max_lease_expiries": j.max_lease_expiries,
                         "state": "scheduled" if run_at > now else "queued",
                         "now": now,
                         "timeout": j.timeout,
@@ -708,7 +713,8 @@ class SQLiteStore(SQLiteLedger, Store):
                 rows = conn.execute(Q["rescue_candidates"], {"now": now, "limit": limit})
                 for row in rows.fetchall():
                     cand = RescueCandidate(*tuple(row))
-                    move = rescue_transition(cand)
+                    rescue = rescue_transition(cand)
+                    move = rescue.transition
                     params = {
                         "job_id": cand.job_id,
                         "token": cand.token,
@@ -716,7 +722,7 @@ class SQLiteStore(SQLiteLedger, Store):
                         "state": move.state.value,
                         "final": move.finished,
                         "refund": move.refund,
-                        "error": LEASE_EXPIRED,
+                        "error": rescue.reason,
                     }
                     conn.execute(Q["rescue_attempt"], params)
                     if conn.execute(Q["rescue"], params).rowcount == 1:
