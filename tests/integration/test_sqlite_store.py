@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -119,3 +121,102 @@ def test_outbox_needs_an_open_transaction(tmp_path: Path) -> None:
     conn.close()
     assert app.run(lambda s: s.jobs_list()) == []
     app.close()
+
+
+async def test_a_call_given_up_on_before_it_starts_never_runs() -> None:
+    """A store call whose caller stopped waiting while it queued behind a slow one is
+    skipped, never run late: a claim must not land for a worker that gave up on it."""
+    from tokenline.stores.sqlite.store import _Lane
+
+    lane = _Lane("test-lane")
+    ran: list[str] = []
+    started, release = threading.Event(), threading.Event()
+    try:
+
+        def slow(abandoned: object) -> None:
+            started.set()
+            release.wait(10)
+            ran.append("slow")
+
+        def late(abandoned: object) -> None:
+            ran.append("late")
+
+        first = asyncio.ensure_future(lane.call(slow, deadline=30, path=Path("x.db")))
+        await asyncio.to_thread(started.wait, 10)
+        with pytest.raises(StoreUnavailableError, match="did not answer"):
+            await lane.call(late, deadline=0.2, path=Path("x.db"))
+        release.set()
+        await first
+        await lane.run(lambda: None)  # everything queued has been taken off the queue
+        assert ran == ["slow"]
+    finally:
+        release.set()
+        lane.close()
+
+
+async def test_transaction_waits_for_another_processes_lock_instead_of_failing(
+    tmp_path: Path,
+) -> None:
+    """A fenced transaction that finds the file locked by another process waits for the
+    attempt's remaining time rather than the store timeout, so a neighbour's long
+    transaction does not make the job give its attempt back and start over."""
+    url = f"sqlite:///{tmp_path / 'wait.db'}"
+    store = SQLiteStore(url, timeout=0.3)
+    await store.open()
+    try:
+        await store.jobs_enqueue(jobs=[job()])
+        (claimed,) = await store.jobs_claim(owner="w", queues=["default"], limit=1, ttl=30)
+        holder = sqlite3.connect(
+            tmp_path / "wait.db", isolation_level=None, check_same_thread=False
+        )
+        holder.execute("BEGIN IMMEDIATE")
+        threading.Timer(1.0, lambda: holder.execute("ROLLBACK")).start()
+
+        def in_transaction() -> None:
+            with store.fenced_transaction(lease=claimed.lease, timeout=10) as conn:
+                conn.execute("CREATE TABLE marks (n)")
+
+        await asyncio.to_thread(in_transaction)
+        holder.close()
+        assert (await store.job_get(job_id=claimed.job.id)).state is JobState.SUCCEEDED
+    finally:
+        await store.close()
+
+
+async def test_a_claim_its_caller_gave_up_on_claims_nothing(tmp_path: Path) -> None:
+    """A claim that queued behind a slow call, then waited for another process's lock,
+    is still waiting when its caller's deadline passes: it is interrupted, and when the
+    lock frees it has claimed nothing — a claim landing for a worker that gave up on it
+    would leave jobs running that nobody runs until their lease ran out."""
+    import time
+
+    url = f"sqlite:///{tmp_path / 'late.db'}"
+    store = SQLiteStore(url, timeout=1.0)  # the caller's deadline: 2 x 1 + 1 = 3 s
+    await store.open()
+    holder = sqlite3.connect(tmp_path / "late.db", isolation_level=None, check_same_thread=False)
+    try:
+        await store.jobs_enqueue(jobs=[job()])
+        began = time.monotonic()
+        # Occupies the main thread for 2.6 s: the claim starts then, 0.4 s before its
+        # caller's deadline, and finds the file locked until 3.6 s.
+        occupied = threading.Event()
+
+        def occupy(conn: sqlite3.Connection) -> None:
+            occupied.set()
+            time.sleep(2.6)
+
+        busy = asyncio.ensure_future(store._call(occupy))
+        await asyncio.to_thread(occupied.wait, 10)
+        holder.execute("BEGIN IMMEDIATE")
+        timer = threading.Timer(3.6, holder.rollback)
+        timer.start()
+        with pytest.raises(StoreUnavailableError):
+            await store.jobs_claim(owner="w", queues=["default"], limit=1, ttl=30)
+        assert time.monotonic() - began < 3.6  # it gave up before the lock freed
+        await busy
+        await asyncio.to_thread(timer.join)
+        await asyncio.sleep(1.5)  # past the claim's own busy timeout
+        assert await store.jobs_list(state=JobState.RUNNING) == []
+    finally:
+        holder.close()
+        await store.close()

@@ -41,17 +41,26 @@ __all__ = ["SQLiteFencedTransaction"]
 class SQLiteFencedTransaction(FencedTransaction):
     """See :class:`FencedTransaction`. Opens its own connection to the same file."""
 
-    def __init__(self, store: SQLiteStore, lease: Lease, fences: Sequence[Fence] = ()) -> None:
+    def __init__(
+        self,
+        store: SQLiteStore,
+        lease: Lease,
+        fences: Sequence[Fence] = (),
+        wait: float | None = None,
+    ) -> None:
         self._store = store
         self._lease = lease
         self._fences = tuple(fences)
+        # Another process's transaction may hold the lock for a while: waiting for it
+        # (as long as the attempt may run) beats giving the job back and starting over.
+        self._wait = wait
         self._conn: sqlite3.Connection | None = None
         self._holding: contextlib.AbstractContextManager[Any] | None = None
 
     def __enter__(self) -> sqlite3.Connection:
         store, lease = self._store, self._lease
         with map_sqlite_errors(store.path):
-            conn = store.transaction_connection()
+            conn = store.transaction_connection(self._wait)
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 self._holding = store.holding_write_lock()

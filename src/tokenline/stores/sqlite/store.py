@@ -107,6 +107,8 @@ UNSAFE_ENV = "TOKENLINE_TEST_UNSAFE_DISABLE_FENCING"
 
 #: Lease rows expired longer than this are pruned by the rescue.
 _PRUNE_AFTER = 60.0
+#: The main connection's own busy wait, per try (see SQLiteStore._on_main).
+_POLL = 0.05
 
 
 def path_from_url(url: str) -> Path:
@@ -198,8 +200,29 @@ class _Writers:
             return self._open > 0 or self._last_closed >= since
 
 
+class _Call:
+    """One call's progress on its lane, shared by the waiting task and the thread."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.started = self.finished = self.abandoned = False
+
+
+class _Abandoned(StoreUnavailableError):
+    """The caller stopped waiting before the call could start: it never ran."""
+
+
 class _Lane:
-    """One thread and the connections it owns; calls run there one at a time."""
+    """One thread and the connections it owns; calls run there one at a time.
+
+    A call is bounded twice. Its own wait for another connection's lock ends after the
+    store timeout, cleanly, having changed nothing. The caller's deadline, longer, is
+    the last resort against a thread that stops answering (a hung disk) or a queue of
+    calls that wait in turn: past it the call is abandoned — skipped if it has not
+    started, and, if it has, it stops waiting for the lock at its next try — so that no
+    claim lands for a caller that has given up on it, leaving jobs running that nobody
+    runs. ``fn`` gets a function that says whether it has been abandoned.
+    """
 
     def __init__(self, name: str) -> None:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
@@ -207,6 +230,50 @@ class _Lane:
 
     async def run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+
+    async def call(
+        self,
+        fn: Callable[[Callable[[], bool]], T],
+        *,
+        deadline: float,
+        path: Path,
+        keep_waiting: Callable[[float], bool] | None = None,
+    ) -> T:
+        """Run ``fn`` on the lane's thread, abandoning it past ``deadline`` seconds
+        (while ``keep_waiting(since)`` holds, the wait goes on)."""
+        state = _Call()
+
+        def run() -> T:
+            with state.lock:
+                if state.abandoned:
+                    raise _Abandoned(f"SQLite store {str(path)!r}: call abandoned")
+                state.started = True
+            try:
+                return fn(lambda: state.abandoned)
+            finally:
+                with state.lock:
+                    state.finished = True
+
+        future = asyncio.ensure_future(self.run(run))
+        try:
+            while True:
+                began = time.monotonic()
+                done, _ = await asyncio.wait({future}, timeout=deadline)
+                if done:
+                    return future.result()
+                if keep_waiting is None or not keep_waiting(began):
+                    raise StoreUnavailableError(
+                        f"SQLite store {str(path)!r} did not answer within {deadline:g}s"
+                    )
+        except BaseException:
+            self._abandon(state)
+            future.cancel()
+            raise
+
+    @staticmethod
+    def _abandon(state: _Call) -> None:
+        with state.lock:
+            state.abandoned = True
 
     def close(self) -> None:
         conns, self.conns = self.conns, ()
@@ -249,6 +316,9 @@ class SQLiteStore(SQLiteLedger, Store):
         self._uptime: Uptime | None = None
         self._writers = _Writers()
         self._pending: set[asyncio.Task[None]] = set()
+        # SQLite's busy timeout (``timeout``) ends a wait for a lock first; this is the
+        # last resort against a thread that stops answering (see _Lane).
+        self._deadline = 2 * timeout + 1
 
     # -- plumbing -------------------------------------------------------------------------
     def _lane(self, lane: _Lane | None) -> _Lane:
@@ -270,47 +340,40 @@ class SQLiteStore(SQLiteLedger, Store):
     async def _on_main(self, call: Callable[[], T]) -> T:
         lane = self._lane(self._main)
 
-        def run() -> T:
+        def run(abandoned: Callable[[], bool]) -> T:
+            # The connection's own busy wait is short (_POLL): the wait for another
+            # connection's lock is this loop, so that it can end as soon as its caller
+            # gives up. A busy error leaves nothing done: the write lock is taken first.
+            began = time.monotonic()
             while True:
-                began = time.monotonic()
+                tried = time.monotonic()
                 try:
                     with map_sqlite_errors(self.path):
                         return call()
                 except SQLiteBusyError:
-                    # Busy because one of our own transactions holds the lock: it is
-                    # alive (it is us), so wait for it rather than fail.
-                    if not self._writers.held_since(began):
+                    if abandoned():
                         raise
+                    # One of our own transactions holds the lock: it is alive (it is
+                    # us), so wait for it rather than fail.
+                    if self._writers.held_since(tried):
+                        continue
+                    if time.monotonic() - began < self.timeout:
+                        continue
+                    raise
 
-        future = asyncio.ensure_future(lane.run(run))
-        try:
-            while True:
-                began = time.monotonic()
-                done, _ = await asyncio.wait({future}, timeout=self.timeout)
-                if done:
-                    return future.result()
-                if not self._writers.held_since(began):
-                    raise StoreUnavailableError(
-                        f"SQLite store {str(self.path)!r} did not answer within {self.timeout:g}s"
-                    )
-        except BaseException:
-            future.cancel()
-            raise
+        return await lane.call(
+            run, deadline=self._deadline, keep_waiting=self._writers.held_since, path=self.path
+        )
 
     async def _coord_call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` on the coordination thread (never behind a main-file call)."""
         lane = self._lane(self._coord)
 
-        def run() -> T:
+        def run(abandoned: Callable[[], bool]) -> T:
             with map_sqlite_errors(self.coord_path):
                 return fn(lane.conns[0])
 
-        try:
-            return await asyncio.wait_for(lane.run(run), timeout=self.timeout)
-        except TimeoutError:
-            raise StoreUnavailableError(
-                f"SQLite store {str(self.coord_path)!r} did not answer within {self.timeout:g}s"
-            ) from None
+        return await lane.call(run, deadline=self._deadline, path=self.coord_path)
 
     def _later(self, fn: Callable[[sqlite3.Connection], object]) -> None:
         """Record something in the main file without making the caller wait for its
@@ -390,6 +453,9 @@ class SQLiteStore(SQLiteLedger, Store):
                 self._migrate_coord(coord)
                 self.clock = self._anchor(coord)
                 attach_coord(conn, self.coord_path, readonly=True)
+                # Migrations waited the whole store timeout for the lock; from now on
+                # _on_main waits in short turns, so that a wait can be given up.
+                conn.execute(f"PRAGMA busy_timeout = {round(_POLL * 1000):d}")
             except BaseException:
                 conn.close()
                 coord.close()
@@ -945,17 +1011,20 @@ class SQLiteStore(SQLiteLedger, Store):
         self, *, lease: Lease, fences: Sequence[Fence] = (), timeout: float | None = None
     ) -> FencedTransaction:
         """A transaction on this file that checks ``lease`` first, then advances
-        ``fences``, and completes the job on commit (``timeout`` is not needed: the
-        transaction's connection lives in this process)."""
+        ``fences``, and completes the job on commit. ``timeout`` (the attempt's
+        remaining time) is how long it may wait for another writer's lock to begin."""
         from ._transaction import SQLiteFencedTransaction  # it builds on this module
 
-        return SQLiteFencedTransaction(self, lease, fences)
+        return SQLiteFencedTransaction(self, lease, fences, timeout)
 
-    def transaction_connection(self) -> sqlite3.Connection:
+    def transaction_connection(self, wait: float | None = None) -> sqlite3.Connection:
         """A new connection for a fenced transaction (main file, leases read-only),
-        usable from any thread."""
+        usable from any thread; it waits up to ``wait`` seconds for the write lock."""
         return connect_main(
-            self.path, busy_timeout=self.timeout, same_thread=False, coord=self.coord_path
+            self.path,
+            busy_timeout=self.timeout if wait is None else max(wait, self.timeout),
+            same_thread=False,
+            coord=self.coord_path,
         )
 
     @contextlib.contextmanager
