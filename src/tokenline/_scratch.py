@@ -87,15 +87,19 @@ class _SQLiteScratch(ScratchStore):
             return [tuple(r) for r in conn.execute(sql, tuple(params)).fetchall()]
 
     def lock_held(self) -> bool:
-        # A writer paused inside BEGIN IMMEDIATE holds the whole file: probe for it.
-        conn = sqlite3.connect(self.db, timeout=0.5, isolation_level=None)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("ROLLBACK")
-        except sqlite3.OperationalError:
-            return True
-        finally:
-            conn.close()
+        # A writer paused inside BEGIN IMMEDIATE holds a whole file — the store's, or the
+        # coordination file every renewal writes: probe both.
+        for path in (self.db, Path(f"{self.db}-coord")):
+            if not path.exists():
+                continue
+            conn = sqlite3.connect(path, timeout=0.5, isolation_level=None)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("ROLLBACK")
+            except sqlite3.OperationalError:
+                return True
+            finally:
+                conn.close()
         return False
 
 

@@ -31,7 +31,7 @@ def results_table(results: list[ScenarioResult], *, title: str) -> Table:
     it to; "running again": from the fault to the last affected job running again, which
     also includes waiting behind the queue's backlog."""
     table = Table(title=title)
-    for name in ("scenario", "jobs", "lost", "dup. effects", "stale writes"):
+    for name in ("scenario", "jobs", "lost", "dup. effects", "stale writes", "early rescues"):
         table.add_column(name, justify="right" if name != "scenario" else "left")
     for name in ("stale refused", "dup. executions", "rescued (bound)", "running again"):
         table.add_column(name, justify="right")
@@ -47,12 +47,15 @@ def results_table(results: list[ScenarioResult], *, title: str) -> Table:
             verdict += f" ({r.pending} unfinished)"
         if r.backwards or r.late_recoveries:
             verdict += f" ({r.backwards} backwards, {r.late_recoveries} late)"
+        if r.idle_workers:
+            verdict += f" ({r.idle_workers} idle workers)"
         table.add_row(
             res.scenario,
             str(r.jobs),
             _count(r.lost),
             _count(r.duplicate_effects),
             _count(r.stale_writes),
+            _count(r.early_rescues),
             str(r.stale_refused),
             str(r.duplicate_executions),
             rescued,

@@ -118,13 +118,16 @@ class Fleet:
 
         return through(self.url, *self.proxies[i].address)
 
-    def spawn(self, app: str, queue: str) -> None:
-        """Start every worker process."""
+    def spawn(
+        self, app: str, queue: str, per_worker: Mapping[int, Mapping[str, str]] | None = None
+    ) -> None:
+        """Start every worker process; ``per_worker`` adds environment to some."""
         argv = self.settings.argv(app, queue)
         for i in range(self.count):
             env = {
                 **os.environ,
                 **self.env,
+                **(per_worker or {}).get(i, {}),
                 "TOKENLINE_URL": self.worker_url(i),
                 FAULT_FILE_ENV: str(self.fault_files[i]),
                 SEED_ENV: str(self.seed + i),

@@ -6,25 +6,69 @@ carries the job's key and the token of the attempt that wrote it, so the invaria
 checker can count duplicate effects by key and spot a write by a stale token.
 
 Work time is part of the job's arguments (the runner draws it from the seed); a re-run
-(attempt > 1) works ``rerun_extra`` seconds longer, so a zombie that wakes up while the
+(token > 1) works ``rerun_extra`` seconds longer, so a zombie that wakes up while the
 new owner is still working finds the job *running* under a newer token — the moment
-only a token check, not a state check, can refuse its commit.
+only a token check, not a state check, can refuse its commit. ``hold_ms`` keeps the
+transaction open that long after the write (the ``long_transaction`` scenario).
+
+``TOKENLINE_DRILL_CLOCK_OFFSET`` (seconds) shifts this worker's wall clock, as a worker
+on a machine whose clock is wrong (the ``clock_skew`` scenario). Nothing the store
+decides reads it, which is what the scenario checks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import re
 import time
 
 from .._app import App
+from .._clock import SystemClock
 from .._errors import ConfigError
 from ..worker.context import JobContext
 
-__all__ = ["COLUMNS", "QUEUE", "TABLE_ENV", "app", "business_table", "work", "work_async"]
+__all__ = [
+    "CLOCK_OFFSET_ENV",
+    "COLUMNS",
+    "QUEUE",
+    "TABLE_ENV",
+    "ShiftedClock",
+    "app",
+    "business_table",
+    "work",
+    "work_async",
+]
 
-app = App()
+CLOCK_OFFSET_ENV = "TOKENLINE_DRILL_CLOCK_OFFSET"
+
+
+class ShiftedClock(SystemClock):
+    """This machine's clocks, the wall clock shifted by ``offset`` seconds."""
+
+    def __init__(self, offset: float) -> None:
+        self.offset = offset
+
+    def now(self) -> float:
+        """The wall clock, wrong by ``offset``."""
+        return super().now() + self.offset
+
+
+def _clock() -> SystemClock:
+    raw = os.environ.get(CLOCK_OFFSET_ENV)
+    if not raw:
+        return SystemClock()
+    try:
+        offset = float(raw)
+    except ValueError:
+        offset = math.nan
+    if not math.isfinite(offset):
+        raise ConfigError(CLOCK_OFFSET_ENV, f"must be a number of seconds, got {raw!r}")
+    return ShiftedClock(offset)
+
+
+app = App(clock=_clock())
 
 QUEUE = "drill"
 TABLE_ENV = "TOKENLINE_DRILL_TABLE"
@@ -43,22 +87,28 @@ def business_table() -> str:
 
 
 def _seconds(ctx: JobContext, work_ms: float, rerun_extra: float) -> float:
-    return work_ms / 1000 + (rerun_extra if ctx.attempt > 1 else 0.0)
+    return work_ms / 1000 + (rerun_extra if ctx.token > 1 else 0.0)
 
 
 @app.task(name="drill.work", queue=QUEUE, max_attempts=25)
-def work(ctx: JobContext, key: str, work_ms: float, rerun_extra: float = 0.0) -> None:
+def work(
+    ctx: JobContext, key: str, work_ms: float, rerun_extra: float = 0.0, hold_ms: float = 0.0
+) -> None:
     """Work for a while, then write the job's business row in its fenced transaction."""
     time.sleep(_seconds(ctx, work_ms, rerun_extra))
     insert = f"INSERT INTO {business_table()} VALUES (?, ?, ?, ?)"
     with ctx.transaction() as conn:
         conn.execute(insert, (key, ctx.job_id, ctx.token, ctx.lease.owner))
+        time.sleep(hold_ms / 1000)
 
 
 @app.task(name="drill.work_async", queue=QUEUE, max_attempts=25)
-async def work_async(ctx: JobContext, key: str, work_ms: float, rerun_extra: float = 0.0) -> None:
+async def work_async(
+    ctx: JobContext, key: str, work_ms: float, rerun_extra: float = 0.0, hold_ms: float = 0.0
+) -> None:
     """The same work for stores whose transactions are async (PostgreSQL)."""
     await asyncio.sleep(_seconds(ctx, work_ms, rerun_extra))
     insert = f"INSERT INTO {business_table()} VALUES (%s, %s, %s, %s)"
     async with ctx.transaction() as conn:
         await conn.execute(insert, (key, ctx.job_id, ctx.token, ctx.lease.owner))
+        await asyncio.sleep(hold_ms / 1000)

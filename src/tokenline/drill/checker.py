@@ -16,6 +16,11 @@ anything the workers said:
    + rescue period + :data:`SLACK` of the moment its owner stopped renewing (its start
    or the fault, whichever is later; the fault's end when it hit every worker, since no
    one can rescue during it).
+6. **no early rescue**: only a worker the fault hit may lose a lease. A lease rescued
+   from any other worker was taken from a live owner — by a rescuer whose clock ran
+   ahead, say — and is a violation (checked when the runner names the workers hit).
+7. In scenarios that ask for it (``clock_skew``), **every worker works**: a worker that
+   never started an attempt (one whose clock ran behind, say) is a violation.
 
 It also measures the **recovery time** (fault injection → the affected jobs running
 again, from attempt timestamps) and counts **duplicate executions**, which are allowed:
@@ -55,6 +60,13 @@ class Attempt:
     started_at: float
     finished_at: float | None
     outcome: str | None
+    owner: str = ""
+
+    @property
+    def pid(self) -> int | None:
+        """The process id in the owner's name (``host-pid-suffix``), if it has one."""
+        parts = self.owner.rsplit("-", 2)
+        return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +101,10 @@ class Report:
     stale_writes: int = 0
     backwards: int = 0
     late_recoveries: int = 0
+    #: Leases rescued from workers the fault did not hit.
+    early_rescues: int = 0
+    #: Workers (that had to work) which never started an attempt.
+    idle_workers: int = 0
     pending: int = 0
     stale_refused: int = 0
     ledger_duplicates: int = 0
@@ -112,6 +128,8 @@ class Report:
             or self.stale_writes
             or self.backwards
             or self.late_recoveries
+            or self.early_rescues
+            or self.idle_workers
             or self.pending
         )
 
@@ -136,9 +154,16 @@ def read_snapshot(scratch: ScratchStore) -> Snapshot:
         )
     }
     attempts = [
-        Attempt(int(r[0]), int(r[1]), float(r[2]), None if r[3] is None else float(r[3]), r[4])
+        Attempt(
+            int(r[0]),
+            int(r[1]),
+            float(r[2]),
+            None if r[3] is None else float(r[3]),
+            r[4],
+            str(r[5]),
+        )
         for r in scratch.rows(
-            f"SELECT job_id, token, started_at, finished_at, outcome FROM {t['attempts']}"
+            f"SELECT job_id, token, started_at, finished_at, outcome, owner FROM {t['attempts']}"
         )
     ]
     effects = [
@@ -161,8 +186,14 @@ def check(
     lease_ttl: float,
     rescue_interval: float,
     fault: FaultWindow | None = None,
+    hit: frozenset[int] | None = None,
+    workers: Sequence[int] | None = None,
 ) -> Report:
-    """Verify the invariants over ``snap`` for the jobs enqueued with ``keys``."""
+    """Verify the invariants over ``snap`` for the jobs enqueued with ``keys``.
+
+    ``hit``: process ids of the workers the fault hit (``None``: any may have been);
+    ``workers``: process ids that must each have started an attempt.
+    """
     report = Report(
         jobs=len(keys),
         stale_refused=snap.stale_refused,
@@ -179,7 +210,35 @@ def check(
     _check_effects(snap, effects_by_key, by_job, report)
     _check_attempts(snap, by_job, report)
     _check_recovery(by_job, fault, report)
+    _check_rescued_owners(snap.attempts, hit, report)
+    _check_every_worker_works(snap.attempts, workers, report)
     return report
+
+
+def _check_rescued_owners(
+    attempts: Sequence[Attempt], hit: frozenset[int] | None, report: Report
+) -> None:
+    if hit is None:
+        return
+    for a in attempts:
+        if a.outcome == "lease_expired" and a.pid not in hit:
+            report.early_rescues += 1
+            report.note(
+                f"early rescue: job {a.job_id} token {a.token} was taken from {a.owner}, "
+                "a worker the fault did not hit"
+            )
+
+
+def _check_every_worker_works(
+    attempts: Sequence[Attempt], workers: Sequence[int] | None, report: Report
+) -> None:
+    if workers is None:
+        return
+    busy = {a.pid for a in attempts}
+    for pid in workers:
+        if pid not in busy:
+            report.idle_workers += 1
+            report.note(f"idle worker: process {pid} never started a job")
 
 
 def _check_lost(

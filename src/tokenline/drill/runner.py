@@ -33,7 +33,15 @@ from . import app as drill_app
 from ._fleet import Fleet, WorkerSettings
 from .checker import FaultWindow, Report, check, read_snapshot
 from .proxy import ThreadedFaultProxy
-from .scenarios import DRILL_SCENARIOS, Action, Scenario, Schedule, Target, scenarios_for
+from .scenarios import (
+    DRILL_SCENARIOS,
+    HELD_JOBS,
+    Action,
+    Scenario,
+    Schedule,
+    Target,
+    scenarios_for,
+)
 
 __all__ = ["Drill", "DrillError", "ScenarioResult", "scheme_of"]
 
@@ -72,6 +80,8 @@ class ScenarioResult:
             "stale_writes_accepted": r.stale_writes,
             "states_backwards": r.backwards,
             "late_recoveries": r.late_recoveries,
+            "early_rescues": r.early_rescues,
+            "idle_workers": r.idle_workers,
             "stale_commits_refused": r.stale_refused,
             "ledger_duplicates": r.ledger_duplicates,
             "reexecutions": r.reexecutions,
@@ -112,6 +122,9 @@ class Drill:
     #: Longest a scenario may take once its workers run (seconds).
     deadline: float = 300.0
     keep: bool = False
+    #: The workers' app (``module:attribute``), with the tasks of
+    #: :mod:`tokenline.drill.app`; tests swap in a sabotaged one to show the drill fails.
+    app: str = "tokenline.drill.app:app"
 
     @property
     def scheme(self) -> str:
@@ -221,9 +234,10 @@ class Drill:
             )
             started = time.monotonic()
             with fleet:
-                fleet.spawn("tokenline.drill.app:app", drill_app.QUEUE)
+                fleet.spawn(self.app, drill_app.QUEUE, self._clocks(scenario, schedule))
                 window = _Controller(self, scenario, schedule, scratch, fleet).run()
                 tail = fleet.log_tail()
+                pids = [fleet.pid(i) for i in range(self.workers)]
             elapsed = time.monotonic() - started
             report = check(
                 read_snapshot(scratch),
@@ -231,6 +245,8 @@ class Drill:
                 lease_ttl=self.settings.lease_ttl,
                 rescue_interval=self.settings.rescue_interval,
                 fault=window,
+                hit=_hit(scenario, schedule, pids),
+                workers=pids if scenario.every_worker_works else None,
             )
         finally:
             scratch.cleanup()
@@ -244,20 +260,40 @@ class Drill:
             "" if report.ok else tail,
         )
 
+    def _clocks(self, scenario: Scenario, schedule: Schedule) -> dict[int, dict[str, str]]:
+        """Wall-clock offsets of the skewed workers: the victim ahead, the next behind."""
+        if not scenario.skew:
+            return {}
+        behind = (schedule.victim + 1) % self.workers
+        return {
+            schedule.victim: {drill_app.CLOCK_OFFSET_ENV: str(scenario.skew)},
+            behind: {drill_app.CLOCK_OFFSET_ENV: str(-scenario.skew)},
+        }
+
     def _enqueue(self, scratch: ScratchStore, scenario: Scenario, schedule: Schedule) -> list[str]:
         """Enqueue the jobs; those around the fault's moment outlive a lease TTL, so the
-        fault catches some job mid-flight however fast the others are."""
+        fault catches some job mid-flight however fast the others are. A scenario that
+        holds transactions open has a few jobs, spread from that moment, hold theirs."""
         from .._app import App
 
         ttl = self.settings.lease_ttl
         slots = self.workers * self.settings.concurrency
         first_long = max(0, schedule.at_jobs - slots)
         long_jobs = set(range(first_long, first_long + 3 * slots, 3))
+        held: set[int] = set()
+        if scenario.hold_ttls:
+            long_jobs = set()
+            held = {min(self.jobs - 1, schedule.at_jobs + k * slots) for k in range(HELD_JOBS)}
         rng = random.Random(schedule.seed)
         task = "drill.work_async" if scratch.async_handlers else "drill.work"
         keys = [f"drill:{scenario.name}:{i}" for i in range(self.jobs)]
         items = [
-            (key, ttl * 1500 if i in long_jobs else rng.uniform(2, 12), ttl / 2)
+            (
+                key,
+                ttl * 1500 if i in long_jobs else rng.uniform(2, 12),
+                ttl / 2,
+                scenario.hold_ttls * ttl * 1000 if i in held else 0.0,
+            )
             for i, key in enumerate(keys)
         ]
         app = App(scratch.url)
@@ -269,6 +305,16 @@ class Drill:
         finally:
             app.close()
         return keys
+
+
+def _hit(scenario: Scenario, schedule: Schedule, pids: Sequence[int]) -> frozenset[int] | None:
+    """The process ids the scenario's fault hits (``None``: every worker may be hit)."""
+    inj = scenario.injection
+    if inj is None:
+        return frozenset()
+    if inj.target is Target.ALL:
+        return None
+    return frozenset({pids[schedule.victim]})
 
 
 class _Controller:
@@ -288,9 +334,12 @@ class _Controller:
         self.schedule = schedule
         self.scratch = scratch
         self.fleet = fleet
-        self.duration = self.inj.ttls * drill.settings.lease_ttl
+        inj = self.inj
+        self.duration = inj.ttls * drill.settings.lease_ttl if inj is not None else 0.0
         self.targets = (
-            list(range(drill.workers)) if self.inj.target is Target.ALL else [schedule.victim]
+            list(range(drill.workers))
+            if inj is not None and inj.target is Target.ALL
+            else [schedule.victim]
         )
         self.store_faults, self.proxy_faults = scenario.faults_for(drill.scheme)
         self.started: float | None = None
@@ -310,7 +359,9 @@ class _Controller:
         try:
             while time.monotonic() < deadline:
                 done = self.done()
-                if self.started is None and done >= self.schedule.at_jobs:
+                if self.inj is None:
+                    pass  # nothing to inject: run to the end
+                elif self.started is None and done >= self.schedule.at_jobs:
                     self._start()
                 elif self.started is not None and self.ended is None:
                     self._tick()
@@ -320,12 +371,13 @@ class _Controller:
         finally:
             if self.started is not None and self.ended is None:
                 self._end()
-        if self.started is None:
+        if self.started is None or self.inj is None:
             return None
         assert self.ended is not None
         return FaultWindow(self.started, self.ended, self.inj.target is Target.ALL)
 
     def _start(self) -> None:
+        assert self.inj is not None
         action = self.inj.action
         victim = self.schedule.victim
         if action is Action.KILL:
@@ -384,6 +436,7 @@ class _Controller:
 
     def _tick(self) -> None:
         assert self.started is not None
+        assert self.inj is not None
         since = time.time() - self.started
         if self.inj.action is Action.STOP:
             ttl = self.drill.settings.lease_ttl
@@ -401,6 +454,7 @@ class _Controller:
                 self._switch(on=want)
 
     def _switch(self, *, on: bool) -> None:
+        assert self.inj is not None
         if on:
             self.fleet.set_faults(
                 self.targets, self.store_faults, self.proxy_faults, reset=self.inj.reset
@@ -410,6 +464,7 @@ class _Controller:
         self._on = on
 
     def _end(self) -> None:
+        assert self.inj is not None
         if self.inj.action is Action.STOP:
             self.fleet.signal(self.schedule.victim, signal.SIGCONT)
         elif self.inj.action is Action.FAULT:

@@ -20,6 +20,12 @@ prepared statements and in-memory state, which this does not exercise.
 ``partition_oneway`` on SQLite is approximated with ``fail_after`` on every role: each
 call reaches the file and is applied, and its answer is lost — what a server→client drop
 does to requests already sent.
+
+Two scenarios inject nothing into the store's channels: ``clock_skew`` runs one worker an
+hour ahead and another an hour behind (their wall clocks, not the store's) and kills the
+one ahead mid-run; ``long_transaction`` has a few jobs keep their fenced transaction open
+for longer than the lease TTL. In both, a lease rescued from a worker the drill did not
+hit is an *early rescue*, and a violation.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from .storefaults import RoleFaults, StoreFaults
 
 __all__ = [
     "DRILL_SCENARIOS",
+    "HELD_JOBS",
     "Action",
     "Injection",
     "Scenario",
@@ -92,9 +99,16 @@ class Scenario:
 
     name: str
     description: str
-    injection: Injection
+    #: The fault, or ``None``: the scenario injects nothing into the store's channels.
+    injection: Injection | None
     #: Store schemes it applies to.
     stores: frozenset[str] = frozenset({"sqlite", "postgresql"})
+    #: Seconds the victim's wall clock runs ahead; the next worker's runs as far behind.
+    skew: float = 0.0
+    #: Lease TTLs that :data:`HELD_JOBS` jobs keep their fenced transaction open.
+    hold_ttls: float = 0.0
+    #: Every worker must run jobs (a worker that never claims one is a violation).
+    every_worker_works: bool = False
 
     def applies_to(self, scheme: str) -> bool:
         """Whether the scenario runs on a store of this scheme."""
@@ -103,6 +117,8 @@ class Scenario:
     def faults_for(self, scheme: str) -> tuple[StoreFaults | None, Faults | None]:
         """(FaultStore faults, proxy faults) to switch on, for a store of ``scheme``."""
         inj = self.injection
+        if inj is None:
+            return None, None
         if scheme == "postgresql" and inj.proxy is not None:
             return None, inj.proxy
         return inj.store, None
@@ -123,10 +139,14 @@ class Schedule:
     def draw(cls, scenario: Scenario, *, jobs: int, workers: int, seed: int) -> Schedule:
         """The schedule of ``scenario`` for ``seed``: the same seed, the same schedule."""
         rng = random.Random(f"{seed}:{scenario.name}")
-        share = scenario.injection.at_done + rng.uniform(-0.05, 0.05)
+        at_done = scenario.injection.at_done if scenario.injection is not None else 0.3
+        share = at_done + rng.uniform(-0.05, 0.05)
         at_jobs = max(1, min(jobs - 1, round(jobs * share)))
         return cls(at_jobs=at_jobs, victim=rng.randrange(workers), seed=rng.randrange(2**31))
 
+
+#: Jobs that keep their transaction open in ``long_transaction``.
+HELD_JOBS = 3
 
 _ALL_ERROR = StoreFaults(
     broker=RoleFaults(error=True), leases=RoleFaults(error=True), ledger=RoleFaults(error=True)
@@ -216,6 +236,19 @@ _SCENARIOS = (
             reset=True,
             flap=0.3,
         ),
+    ),
+    Scenario(
+        "clock_skew",
+        "one worker's wall clock an hour ahead (killed mid-run), another's an hour behind",
+        Injection(Action.KILL, at_done=0.3),
+        skew=3600.0,
+        every_worker_works=True,
+    ),
+    Scenario(
+        "long_transaction",
+        f"{HELD_JOBS} jobs keep their fenced transaction open for 1.5 lease TTLs",
+        None,
+        hold_ttls=1.5,
     ),
     Scenario(
         "pg_restart",
