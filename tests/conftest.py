@@ -46,3 +46,16 @@ def postgres_server() -> str:
 def clock() -> FakeClock:
     """A clock that moves only when the test advances it."""
     return FakeClock()
+
+
+@pytest.fixture(scope="session")
+def libfaketime() -> str:
+    """Debian's libfaketime (multi-threaded), to preload into a process whose clock a
+    test shifts; skips (fails in CI) when it is not installed. Preloaded directly, not
+    through the ``faketime`` wrapper, so the test's process id is the worker's own."""
+    import glob
+
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))
+    if not found:
+        unavailable("libfaketime is not installed (Debian package faketime)")
+    return found[0]

@@ -62,7 +62,7 @@ def slow_effect(
     ctx: tokenline.JobContext, key: str, first_sleep: float, later_sleep: float
 ) -> None:
     """Sleep (long on the first attempt), then write one effect row, fenced."""
-    time.sleep(first_sleep if ctx.attempt == 1 else later_sleep)
+    time.sleep(first_sleep if ctx.token == 1 else later_sleep)
     with ctx.transaction() as conn:
         conn.execute(
             "INSERT INTO effects (key, job_id, token, worker) VALUES (?, ?, ?, ?)",
@@ -109,10 +109,11 @@ def _mark(what: str, ctx: tokenline.JobContext) -> None:
 
 @app.task(name="paused_write", queue="acc", max_attempts=5)
 async def paused_write(ctx: tokenline.JobContext, sleep: float, hold: float) -> None:
-    """Mark "started", then on the first attempt hold the loop for ``hold`` seconds and
-    await ``sleep`` seconds (later attempts run straight through), then mark "after"."""
+    """Mark "started", then on the first attempt (token 1) hold the loop for ``hold``
+    seconds and await ``sleep`` seconds (later attempts run straight through), then
+    mark "after"."""
     _mark("started", ctx)
-    if ctx.attempt == 1 and hold:
+    if ctx.token == 1 and hold:
         time.sleep(hold)  # noqa: ASYNC251 - a step that holds the loop, as CPU-bound work does
-    await asyncio.sleep(sleep if ctx.attempt == 1 else 0)
+    await asyncio.sleep(sleep if ctx.token == 1 else 0)
     _mark("after", ctx)
