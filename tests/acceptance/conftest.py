@@ -38,7 +38,10 @@ class Cluster:
         return {
             **os.environ,
             "TOKENLINE_URL": self.url,
-            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+            # The test apps here, and tests/sabotage.py for the control experiments.
+            "PYTHONPATH": os.pathsep.join(
+                [str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")]
+            ),
             **extra,
         }
 

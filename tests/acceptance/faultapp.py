@@ -3,6 +3,8 @@
 ``FAULTAPP_LOSE_ACK=<marker file>`` makes the worker's store drop the first success
 commit it is asked for, while reporting it accepted: the ack is lost after the work
 was done, as when a network cuts the answer off. The marker records the job's id.
+``FAULTAPP_STATE_ONLY=1`` gives the worker a store without its token checks
+(``tests/sabotage.py``), for the control experiment.
 """
 
 from __future__ import annotations
@@ -43,13 +45,16 @@ class FaultApp(tokenline.App):
     """The test app; its workers lose one ack when ``FAULTAPP_LOSE_ACK`` is set."""
 
     def open_store(self, *, timeout: float | None = None) -> Store:
+        if os.environ.get("FAULTAPP_STATE_ONLY") == "1":
+            from sabotage import StateOnlySQLiteStore
+
+            return StateOnlySQLiteStore(self.url, timeout=timeout or self.settings.store_timeout)
         marker = os.environ.get("FAULTAPP_LOSE_ACK")
         if not marker:
             return super().open_store(timeout=timeout)
         return _LosingAckStore(
             self.url,
             marker=Path(marker),
-            clock=self.clock,
             timeout=timeout or self.settings.store_timeout,
         )
 

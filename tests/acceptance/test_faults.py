@@ -117,9 +117,7 @@ def test_without_local_fencing_the_store_refuses_the_zombie_commit(cluster: Clus
 def test_with_the_token_check_disabled_the_zombie_commit_gets_through(cluster: Cluster) -> None:
     """Control experiment: remove the store's token check (state-only, like many queues)
     and the stale worker's write is accepted — so the check above is what protects."""
-    jid, owner_a, _ = _zombie_run(
-        cluster, TOKENLINE_LOCAL_FENCING="0", TOKENLINE_TEST_UNSAFE_DISABLE_FENCING="1"
-    )
+    jid, owner_a, _ = _zombie_run(cluster, TOKENLINE_LOCAL_FENCING="0", FAULTAPP_STATE_ONLY="1")
     effects = cluster.query("SELECT token, worker FROM effects WHERE key = 'zombie'")
     assert owner_a in {r["worker"] for r in effects}
     assert min(r["token"] for r in effects) < cluster.job(jid)["lease_token"]

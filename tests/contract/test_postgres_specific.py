@@ -396,20 +396,27 @@ async def test_fenced_transaction_is_async_only(pg: PostgresStore) -> None:
         pass
 
 
-async def test_unsafe_switch_checks_state_only(
-    postgres_url: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("sabotaged", [False, True])
+async def test_the_token_lines_are_what_refuse_a_stale_finish(
+    postgres_url: str, clock: FakeClock, sabotaged: bool
 ) -> None:
-    """TOKENLINE_TEST_UNSAFE_DISABLE_FENCING=1 lets a stale token finish a running job:
-    the switch works, so tests can show the token check is what stops a zombie."""
-    monkeypatch.setenv("TOKENLINE_TEST_UNSAFE_DISABLE_FENCING", "1")
-    store = PostgresStore(postgres_url, clock=clock)
-    assert store.unsafe_disable_fencing
+    """A stale token's finish of a running job is refused; with the query lines marked
+    ``-- fence`` removed (the test tree's state-only store), it is accepted: those lines
+    are the check, and the control experiments remove exactly them."""
+    from sabotage import state_only_postgres
+
+    store = (
+        state_only_postgres(postgres_url, clock=clock)
+        if sabotaged
+        else PostgresStore(postgres_url, clock=clock)
+    )
     await store.open()
     try:
         (jid,) = await store.jobs_enqueue(jobs=[new()])
         (claimed,) = await store.jobs_claim(owner="w", queues=["default"], limit=1, ttl=30)
         zombie = Lease(jid, "zombie", claimed.lease.token - 1, claimed.lease.expires_at)
-        assert await store.jobs_finish(finishes=[Finish(zombie, Outcome.SUCCEEDED)]) == [True]
+        stale = Finish(zombie, Outcome.SUCCEEDED)
+        assert await store.jobs_finish(finishes=[stale]) == [sabotaged]
     finally:
         await store.close()
 

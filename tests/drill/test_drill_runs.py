@@ -17,12 +17,13 @@ pytestmark = pytest.mark.acceptance
 #: fault strikes.
 JOBS = 200
 
-#: What a queue without fencing does: state-only checks, no self-fencing by the clock.
-UNFENCED = {"TOKENLINE_TEST_UNSAFE_DISABLE_FENCING": "1", "TOKENLINE_LOCAL_FENCING": "0"}
+#: No self-fencing by the worker's clock, for the control experiments (their app, from
+#: tests/sabotage.py, also removes the store's token check).
+NO_LOCAL_FENCING = {"TOKENLINE_LOCAL_FENCING": "0"}
 
 
-#: Where the sabotaged apps of the control experiments live (see sabotage.py).
-HERE = Path(__file__).parent
+#: Where the sabotaged apps of the control experiments live (tests/sabotage.py).
+TESTS = Path(__file__).parent.parent
 
 
 def _run(
@@ -35,7 +36,7 @@ def _run(
     **env: str,
 ) -> ScenarioResult:
     if app is not None:
-        env = {**env, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+        env = {**env, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     drill = Drill(url=url, jobs=JOBS, workers=3, seed=1, worker_env=env, deadline=deadline)
     if app is not None:
         drill.app = app
@@ -81,7 +82,7 @@ def test_the_drill_catches_a_zombie_when_the_token_check_is_off(
     """With state-only checks, the paused worker wakes while the new owner works and
     commits with its old token: the drill reports the stale write (and a duplicate)."""
     url = request.getfixturevalue("postgres_server") if store else None
-    result = _run(url, "sigstop", tmp_path, **UNFENCED)
+    result = _run(url, "sigstop", tmp_path, app="sabotage:unfenced", **NO_LOCAL_FENCING)
     assert not result.report.ok, _explain(result)
     assert result.report.stale_writes + result.report.duplicate_effects > 0, _explain(result)
 
@@ -92,11 +93,10 @@ def test_the_drill_catches_a_lost_ack_without_transactional_completion(
 ) -> None:
     """Turning the token check off is not enough to break lost_ack: the effect and the
     completion commit together, and a finished job never runs again. With the completion
-    split from the effect (test-only switch), a lost ack re-runs the job: the drill
+    split from the effect (tests/sabotage.py), a lost ack re-runs the job: the drill
     reports the duplicate effect."""
     url = request.getfixturevalue("postgres_server") if store else None
-    split = {**UNFENCED, "TOKENLINE_TEST_UNSAFE_SPLIT_COMPLETION": "1"}
-    result = _run(url, "lost_ack", tmp_path, **split)
+    result = _run(url, "lost_ack", tmp_path, app="sabotage:split", **NO_LOCAL_FENCING)
     assert not result.report.ok, _explain(result)
     assert result.report.duplicate_effects > 0, _explain(result)
 

@@ -1,6 +1,6 @@
-"""Worker processes get a FaultStore from the environment: ``store_from_url`` wraps
-the store it builds when the drill's variables are set, and a fault file switches the
-faults of a process while it runs."""
+"""The drill's worker processes get a FaultStore from the environment: the drill's app
+wraps the store it opens when the drill's variables are set (``store_from_url`` never
+does), and a fault file switches the faults of a process while it runs."""
 
 from __future__ import annotations
 
@@ -23,29 +23,33 @@ from tokenline.drill import (
     wrap_from_env,
     write_fault_file,
 )
+from tokenline.drill.app import DrillApp
 from tokenline.stores import MemoryStore, store_from_url
 from tokenline.stores.sqlite import SQLiteStore
 
 
-def test_the_environment_wraps_a_store_only_when_asked(
+def test_the_environment_wraps_the_drill_apps_store_only_when_asked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """store_from_url returns the plain store without the drill's variables, and a
-    FaultStore with the faults of TOKENLINE_DRILL_FAULTS with them."""
+    """The drill's app opens the plain store without the drill's variables, and a
+    FaultStore with the faults of TOKENLINE_DRILL_FAULTS with them; store_from_url
+    builds the plain store either way."""
     for name in (FAULTS_ENV, FAULT_FILE_ENV, SEED_ENV):
         monkeypatch.delenv(name, raising=False)
     url = f"sqlite:///{tmp_path / 'env.db'}"
-    assert isinstance(store_from_url(url), SQLiteStore)
+    app = DrillApp(url)
+    assert isinstance(app.open_store(), SQLiteStore)
     monkeypatch.setenv(FAULTS_ENV, '{"leases": {"error": true}}')
     monkeypatch.setenv(SEED_ENV, "3")
-    store = store_from_url(url, timeout=2)
+    store = app.open_store(timeout=2)
     assert isinstance(store, FaultStore)
     assert isinstance(store.inner, SQLiteStore)
     assert store.faults == StoreFaults(leases=RoleFaults(error=True))
     assert store.hang_limit == 2
+    assert type(store_from_url(url)) is SQLiteStore
     monkeypatch.setenv(FAULTS_ENV, '{"leases": {"eror": true}}')
     with pytest.raises(ConfigError, match=FAULTS_ENV):
-        store_from_url(url)
+        app.open_store()
     with pytest.raises(ConfigError, match=SEED_ENV):
         wrap_from_env(MemoryStore(), {FAULTS_ENV: "{}", SEED_ENV: "x"})
 
@@ -55,10 +59,10 @@ CHILD = textwrap.dedent(
     import asyncio, sys
     from tokenline._jobs import NewJob
     from tokenline.drill import FaultStore, InjectedFaultError
-    from tokenline.stores import store_from_url
+    from tokenline.drill.app import DrillApp
 
     async def main() -> None:
-        store = store_from_url(sys.argv[1], timeout=5)
+        store = DrillApp(sys.argv[1]).open_store(timeout=5)
         assert isinstance(store, FaultStore), type(store)
         await store.open()
         try:
@@ -86,7 +90,7 @@ CHILD = textwrap.dedent(
 
 
 def test_a_fault_file_switches_faults_in_a_running_worker_process(tmp_path: Path) -> None:
-    """A process whose store came from store_from_url with TOKENLINE_DRILL_FAULT_FILE
+    """A process whose store came from the drill's app with TOKENLINE_DRILL_FAULT_FILE
     set follows the faults its controller writes into that file while it runs."""
     fault_file = tmp_path / "worker-1.json"
     env = {**os.environ, FAULT_FILE_ENV: str(fault_file)}

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from sabotage import StateOnlyMemoryStore
 from tokenline import (
     App,
     ErrorClass,
@@ -493,8 +494,7 @@ def _zombie_setup(
     """
     app = App("memory://", clock=FakeClock())
     store_clock = FakeClock()
-    store = MemoryStore(clock=store_clock)
-    store.unsafe_disable_fencing = unsafe
+    store = (StateOnlyMemoryStore if unsafe else MemoryStore)(clock=store_clock)
     stolen: list[ClaimedJob] = []
     rescued: list[int] = []
 

@@ -14,6 +14,9 @@ transaction open that long after the write (the ``long_transaction`` scenario).
 ``TOKENLINE_DRILL_CLOCK_OFFSET`` (seconds) shifts this worker's wall clock, as a worker
 on a machine whose clock is wrong (the ``clock_skew`` scenario). Nothing the store
 decides reads it, which is what the scenario checks.
+
+Its stores take the faults the drill switches on: :class:`DrillApp` wraps them with
+:func:`~tokenline.drill.faultstore.wrap_from_env`. Only this app does.
 """
 
 from __future__ import annotations
@@ -27,13 +30,16 @@ import time
 from .._app import App
 from .._clock import SystemClock
 from .._errors import ConfigError
+from ..stores.base import Store
 from ..worker.context import JobContext
+from .faultstore import wrap_from_env
 
 __all__ = [
     "CLOCK_OFFSET_ENV",
     "COLUMNS",
     "QUEUE",
     "TABLE_ENV",
+    "DrillApp",
     "ShiftedClock",
     "app",
     "business_table",
@@ -68,7 +74,15 @@ def _clock() -> SystemClock:
     return ShiftedClock(offset)
 
 
-app = App(clock=_clock())
+class DrillApp(App):
+    """An app whose stores take the drill's faults (see the module docstring)."""
+
+    def open_store(self, *, timeout: float | None = None) -> Store:
+        """The app's store, wrapped for the faults the drill switches on."""
+        return wrap_from_env(super().open_store(timeout=timeout))
+
+
+app = DrillApp(clock=_clock())
 
 QUEUE = "drill"
 TABLE_ENV = "TOKENLINE_DRILL_TABLE"

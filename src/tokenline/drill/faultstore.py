@@ -26,8 +26,9 @@ faulted. Per role, a :class:`RoleFaults` can make calls
 ``probability`` thins ``error`` and ``fail_after`` to a share of calls (a seeded
 ``random.Random``), and ``methods`` narrows a role's faults to some of its methods.
 
-Worker processes get the wrapper through the environment; ``store_from_url`` calls
-:func:`wrap_from_env`:
+The drill's worker processes run the drill's app (``tokenline.drill.app``), whose stores
+pass through :func:`wrap_from_env`; no other app's do (``store_from_url`` builds plain
+stores). Its environment variables:
 
 * ``TOKENLINE_DRILL_FAULTS``: :class:`StoreFaults` as JSON, in effect from the start,
   e.g. ``{"leases": {"error": true}, "ledger": {"fail_after": true,
@@ -41,9 +42,7 @@ Worker processes get the wrapper through the environment; ``store_from_url`` cal
 * ``TOKENLINE_DRILL_SEED``: seeds the ``probability`` draws.
 
 Bad JSON or an unknown key in either is a :class:`ConfigError` when the store is
-created, before a worker starts. Set these variables only in the environment of the
-workers under test: every store a process builds from a URL is wrapped, so a drill
-controller that inherits them would fault its own checks.
+created, before a worker starts.
 """
 
 from __future__ import annotations

@@ -6,10 +6,6 @@ lazily, failing with an install hint when an extra is missing.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import ParamSpec
-
 from .._clock import Clock
 from .._errors import ConfigError, NotSupportedError
 from .base import Capabilities, FencedTransaction, ResourceLease, Store
@@ -24,27 +20,14 @@ __all__ = [
     "store_from_url",
 ]
 
-_P = ParamSpec("_P")
 
-
-def _drill_faults(build: Callable[_P, Store]) -> Callable[_P, Store]:
-    # The drill switches faults on in worker processes through the environment; without
-    # its variables the store comes back as built (see tokenline.drill.faultstore).
-    @functools.wraps(build)
-    def wrapped(*args: _P.args, **kwargs: _P.kwargs) -> Store:
-        from ..drill.faultstore import wrap_from_env
-
-        return wrap_from_env(build(*args, **kwargs))
-
-    return wrapped
-
-
-@_drill_faults
 def store_from_url(
     url: str, *, clock: Clock | None = None, timeout: float = 10.0, migrate: bool = True
 ) -> Store:
     """A new, unopened store for ``url`` (``sqlite:///…``, ``postgresql://…``, ``memory://``).
 
+    It builds the store and nothing else: no setting or environment variable can hand
+    back a wrapped or weakened one. ``clock`` replaces the store's own clock (tests).
     ``migrate=False``: a store with versioned migrations refuses an outdated schema
     instead of upgrading it on open (run ``tokenline migrate``).
     """

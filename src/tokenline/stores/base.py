@@ -49,7 +49,7 @@ from .._jobs import (
 )
 from .._ledger import Duplicate, EffectBegin, EffectRecord, Fence
 
-__all__ = ["SPLIT_ENV", "Capabilities", "FencedTransaction", "ResourceLease", "Store"]
+__all__ = ["Capabilities", "FencedTransaction", "ResourceLease", "Store"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,14 +79,6 @@ class ResourceLease:
     expires_at: float
 
 
-#: Test-only switch (drills): a fenced transaction commits the user's writes *without*
-#: finishing the job, which is left to a separate ``jobs_finish`` — the effect and its
-#: ack in two commits, as in a queue without transactional completion. It exists so a
-#: drill can show that an ack lost between the two is what transactional completion
-#: protects against. Never set it outside tests.
-SPLIT_ENV = "TOKENLINE_TEST_UNSAFE_SPLIT_COMPLETION"
-
-
 class FencedTransaction(abc.ABC):
     """A transaction on the store in which the job's token is checked first.
 
@@ -96,10 +88,9 @@ class FencedTransaction(abc.ABC):
     together; on an exception it rolls back.
     """
 
-    #: True once the completion has committed.
+    #: True once the job's completion has committed with the user's writes.
     committed: bool = False
-    #: True once the transaction's COMMIT ran; differs from ``committed`` only under the
-    #: test-only split completion (``TOKENLINE_TEST_UNSAFE_SPLIT_COMPLETION``).
+    #: True once the transaction's COMMIT ran (the user's writes are durable).
     wrote: bool = False
 
     @abc.abstractmethod

@@ -53,10 +53,6 @@ class MemoryStore(MemoryLedger, Store):
         self._workers: dict[str, WorkerRecord] = {}
         self._leases: dict[str, ResourceLease] = {}
         self._ledger_init()
-        #: Test-only switch: check only that the job is running, not its token (what
-        #: state-only queues do). Exists so tests can prove the token check is what
-        #: keeps a zombie out.
-        self.unsafe_disable_fencing = False
 
     async def open(self) -> None:
         """Nothing to connect to."""
@@ -189,12 +185,7 @@ class MemoryStore(MemoryLedger, Store):
             out = []
             for fin in finishes:
                 job = self._jobs.get(fin.lease.job_id)
-                fenced_ok = self._holds(fin.lease) or (
-                    self.unsafe_disable_fencing
-                    and job is not None
-                    and job.state is JobState.RUNNING
-                )
-                if job is None or not fenced_ok:
+                if job is None or not self._holds(fin.lease):
                     self._record_stale(fin.lease, fin.outcome.value, now)
                     out.append(False)
                     continue

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -43,7 +42,7 @@ from psycopg.pq import TransactionStatus
 from ..._errors import NotSupportedError, StaleTokenError, StoreError
 from ..._jobs import Finish, Lease, Outcome
 from ..._ledger import DuplicateKind, Fence, by_attempt
-from ..base import SPLIT_ENV, FencedTransaction
+from ..base import FencedTransaction
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -153,14 +152,7 @@ class PostgresFencedTransaction(FencedTransaction):
                         "the fenced transaction was ended inside its block; "
                         "leave COMMIT and ROLLBACK to the `async with`"
                     )
-                split = os.environ.get(SPLIT_ENV) == "1"
-                (ok,) = (
-                    (True,)
-                    if split
-                    else await store._finish_on(conn, [Finish(lease, Outcome.SUCCEEDED)])
-                )
-                if not ok:  # rescued while the transaction was open: roll it all back
-                    raise self._stale()
+                completed = await self._complete(conn)
             except BaseException as exc:
                 await _rollback_quietly(tx, exc)
                 if isinstance(exc, StaleTokenError):
@@ -168,7 +160,15 @@ class PostgresFencedTransaction(FencedTransaction):
                 raise
             await tx.__aexit__(None, None, None)  # COMMIT: the writes and the completion
         self.wrote = True
-        self.committed = not split
+        self.committed = completed
+
+    async def _complete(self, conn: AsyncConnection[Any]) -> bool:
+        """Finish the job as succeeded inside the transaction; whether it was. If the
+        job was rescued while the transaction was open, raise: it all rolls back."""
+        (ok,) = await self._store._finish_on(conn, [Finish(self._lease, Outcome.SUCCEEDED)])
+        if not ok:
+            raise self._stale()
+        return True
 
 
 async def _rollback_quietly(

@@ -7,8 +7,8 @@
 -- (see migrations.sql). Every time is schema.now_epoch(now): the caller's clock when
 -- the store was given one, else the database's.
 --
--- Lines ending in "-- fence" hold a token check; the test-only unfenced variants
--- (TOKENLINE_TEST_UNSAFE_DISABLE_FENCING) are these queries with those lines removed.
+-- Lines ending in "-- fence" hold a token check (the tests prove, by removing them from
+-- a copy, that the drill notices).
 
 -- name: schema_exists
 SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s);
@@ -187,7 +187,7 @@ renewed AS (
     FROM input AS l, locked AS k, clock AS c
     WHERE j.id = l.job_id AND k.id = j.id
       AND l.owner = %(owner)s
-      AND j.lease_token = l.token AND j.lease_owner = l.owner
+      AND j.lease_token = l.token AND j.lease_owner = l.owner  -- fence
       AND j.state = 'running'
       AND j.lease_expires_at > c.now
     RETURNING l.ord, j.lease_expires_at

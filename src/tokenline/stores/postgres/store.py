@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -72,12 +71,9 @@ from ._rows import job_from_row, worker_from_row
 from ._target import Target, parse_url
 from ._transaction import PostgresFencedTransaction
 
-__all__ = ["SCHEMA_VERSION", "UNSAFE_ENV", "PostgresStore"]
+__all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
 log = logging.getLogger("tokenline.store.postgres")
-
-#: Environment switch for tests and drills only: check job state but not the token.
-UNSAFE_ENV = "TOKENLINE_TEST_UNSAFE_DISABLE_FENCING"
 
 T = TypeVar("T")
 
@@ -85,16 +81,6 @@ _Q = {
     **load_queries(__name__.rpartition(".")[0]),
     **load_queries(__name__.rpartition(".")[0], "ledger.sql"),
 }
-#: Queries with a test-only unfenced variant (lines ending in ``-- fence`` removed).
-_FENCED = ("finish", "fence_check", "transaction_begin")
-
-
-def _unfenced(text: str) -> str:
-    lines = text.splitlines()
-    kept = [line for line in lines if not line.rstrip().endswith("-- fence")]
-    if len(kept) == len(lines):
-        raise ValueError("a fenced query has no line ending in '-- fence'")
-    return "\n".join(kept)
 
 
 class PostgresStore(PostgresLedger, Store):
@@ -128,14 +114,8 @@ class PostgresStore(PostgresLedger, Store):
         self.timeout = timeout
         self.migrate_on_open = migrate
         self.max_connections = max_connections
-        #: Test-only switch: check only that the job is running, not its token (what
-        #: state-only queues do). Exists so tests can prove the token check is what
-        #: keeps a zombie out.
-        self.unsafe_disable_fencing = os.environ.get(UNSAFE_ENV) == "1"
         self._queries = {name: compose(text, self.schema) for name, text in _Q.items()}
         self._schema_tag = f"{zlib.crc32(self.schema.encode()):08x}"
-        for name in _FENCED:
-            self._queries[f"{name}_unfenced"] = _unfenced(self._queries[name])
         self._pool: AsyncConnectionPool[AsyncConnection[TupleRow]] | None = None
         self._listener: Listener | None = None
         # Last resort against a peer that stops answering (see _deadline.py): waiting
@@ -144,8 +124,7 @@ class PostgresStore(PostgresLedger, Store):
 
     # -- plumbing -------------------------------------------------------------------------
     def _q(self, name: str) -> str:
-        if self.unsafe_disable_fencing and name in _FENCED:
-            return self._queries[f"{name}_unfenced"]
+        """The query ``name``, composed for this store's schema."""
         return self._queries[name]
 
     def _now(self) -> float | None:
@@ -257,8 +236,6 @@ class PostgresStore(PostgresLedger, Store):
                 raise
         self._pool = pool
         self._listener = Listener(self.target.conninfo, self.target.channel, timeout=self.timeout)
-        if self.unsafe_disable_fencing:
-            log.warning("fencing token checks are DISABLED (%s=1): tests only", UNSAFE_ENV)
 
     async def migrate(self) -> int:
         """Bring the schema to this code's version and return it (``tokenline migrate``).

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import sqlite3
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..._errors import StaleTokenError
 from ..._jobs import Finish, Lease, Outcome
 from ..._ledger import DuplicateKind, Fence, by_attempt
-from ..base import SPLIT_ENV, FencedTransaction
+from ..base import FencedTransaction
 from ._errors import map_sqlite_errors
 
 if TYPE_CHECKING:
@@ -119,24 +118,25 @@ class SQLiteFencedTransaction(FencedTransaction):
                 if exc_type is not None:
                     conn.execute("ROLLBACK")
                     return
-                split = os.environ.get(SPLIT_ENV) == "1"
-                (ok,) = (
-                    (True,)
-                    if split
-                    else store.finish_in(conn, [Finish(self._lease, Outcome.SUCCEEDED)])
-                )
-                if not ok:  # impossible under the write lock, unless the file was edited
-                    conn.execute("ROLLBACK")
-                    raise StaleTokenError(
-                        resource=f"job {self._lease.job_id}",
-                        token=self._lease.token,
-                        operation="transaction",
-                    )
+                completed = self._complete(conn)
                 conn.execute("COMMIT")
                 self.wrote = True
-                self.committed = not split
+                self.committed = completed
         finally:
             self._close(conn)
+
+    def _complete(self, conn: sqlite3.Connection) -> bool:
+        """Finish the job as succeeded inside the transaction (so that the one COMMIT
+        makes it durable with the user's writes); whether it was."""
+        (ok,) = self._store.finish_in(conn, [Finish(self._lease, Outcome.SUCCEEDED)])
+        if not ok:  # impossible under the write lock, unless the file was edited
+            conn.execute("ROLLBACK")
+            raise StaleTokenError(
+                resource=f"job {self._lease.job_id}",
+                token=self._lease.token,
+                operation="transaction",
+            )
+        return True
 
     async def __aenter__(self) -> sqlite3.Connection:
         return await asyncio.to_thread(self.__enter__)

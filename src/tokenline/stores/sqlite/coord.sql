@@ -80,8 +80,8 @@ UPDATE coord.job_leases SET expires_at = :now + :ttl
 FROM (SELECT json_extract(value, '$[0]') AS jid, json_extract(value, '$[1]') AS tok
       FROM json_each(:leases)) AS held
 WHERE job_leases.job_id = held.jid
-  AND job_leases.token = held.tok
-  AND job_leases.owner = :owner
+  AND job_leases.token = held.tok  -- fence
+  AND job_leases.owner = :owner  -- fence
   AND job_leases.expires_at > :now
 RETURNING job_id, expires_at;
 
@@ -147,10 +147,3 @@ WHERE resource = :resource AND owner = :owner AND token = :token AND expires_at 
 -- name: resource_lease_held
 SELECT 1 FROM coord.resource_leases
 WHERE resource = :resource AND owner = :owner AND token = :token AND expires_at > :now;
-
--- name: job_leases_renew_unfenced
--- Test-only (fencing disabled to prove the drill can fail): ignores token and owner.
-UPDATE coord.job_leases SET expires_at = :now + :ttl
-FROM (SELECT json_extract(value, '$[0]') AS jid FROM json_each(:leases)) AS held
-WHERE job_leases.job_id = held.jid
-RETURNING job_id, expires_at;

@@ -1,5 +1,7 @@
 -- tokenline: SQLite queries. Every finalising write is conditional on the job's
 -- lease token inside the statement itself; see stores/base.py for the contract.
+-- Lines ending in "-- fence" hold a token check (the tests prove, by removing them from
+-- a copy, that the drill notices).
 -- Parameters are named (:name); lists arrive as JSON text and are read with json_each.
 
 -- name: schema
@@ -136,21 +138,8 @@ SET state = :state,
     error_class = :error_class,
     finished_at = :finished_at,
     updated_at = :now
-WHERE id = :job_id AND lease_token = :token AND lease_owner = :owner AND state = 'running';
-
--- name: finish_unfenced
--- Test-only: what a state-only queue does. Never used unless fencing is disabled.
-UPDATE tokenline_jobs
-SET state = :state,
-    run_at = COALESCE(:run_at, run_at),
-    attempt = attempt - :refund,
-    lease_owner = NULL,
-    lease_expires_at = NULL,
-    last_error = :error,
-    error_class = :error_class,
-    finished_at = :finished_at,
-    updated_at = :now
-WHERE id = :job_id AND state = 'running';
+WHERE id = :job_id AND state = 'running'
+  AND lease_token = :token AND lease_owner = :owner  -- fence
 
 -- name: attempt_finish
 UPDATE tokenline_attempts
@@ -164,10 +153,8 @@ VALUES (:job_id, :token, :owner, :operation, :now);
 -- name: fence_check
 -- Takes the write lock (inside BEGIN IMMEDIATE) and proves the token is current.
 UPDATE tokenline_jobs SET updated_at = :now
-WHERE id = :job_id AND lease_token = :token AND lease_owner = :owner AND state = 'running';
-
--- name: fence_check_unfenced
-UPDATE tokenline_jobs SET updated_at = :now WHERE id = :job_id AND state = 'running';
+WHERE id = :job_id AND state = 'running'
+  AND lease_token = :token AND lease_owner = :owner  -- fence
 
 -- name: rescue_candidates
 -- Running jobs without a live lease in the coordination file (attached read-only: its

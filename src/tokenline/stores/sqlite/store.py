@@ -47,7 +47,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import sqlite3
 import threading
 import time
@@ -101,9 +100,6 @@ CQ = load_queries(__name__.rpartition(".")[0], "coord.sql")
 #: Version of the coordination file's schema (its own ``user_version``).
 COORD_VERSION = 1
 T = TypeVar("T")
-
-#: Environment switch for tests and drills only: check job state but not the token.
-UNSAFE_ENV = "TOKENLINE_TEST_UNSAFE_DISABLE_FENCING"
 
 #: Lease rows expired longer than this are pruned by the rescue.
 _PRUNE_AFTER = 60.0
@@ -310,7 +306,6 @@ class SQLiteStore(SQLiteLedger, Store):
         #: The store's clock; the machine's, anchored at :meth:`open`, unless given.
         self.clock: Any = clock or WallClock()
         self.timeout = timeout
-        self.unsafe_disable_fencing = os.environ.get(UNSAFE_ENV) == "1"
         self._main: _Lane | None = None
         self._coord: _Lane | None = None
         self._uptime: Uptime | None = None
@@ -396,10 +391,7 @@ class SQLiteStore(SQLiteLedger, Store):
     _write = staticmethod(immediate)
 
     def _q(self, name: str) -> str:
-        if self.unsafe_disable_fencing and name in ("finish", "fence_check"):
-            return Q[f"{name}_unfenced"]
-        if self.unsafe_disable_fencing and name == "job_leases_renew":
-            return CQ["job_leases_renew_unfenced"]
+        """The query ``name`` of the main or the coordination file."""
         return Q[name] if name in Q else CQ[name]
 
     # -- life cycle -----------------------------------------------------------------------
@@ -426,8 +418,6 @@ class SQLiteStore(SQLiteLedger, Store):
                 self._uptime = None
             raise
         self._main, self._coord = main, coord
-        if self.unsafe_disable_fencing:
-            log.warning("fencing token checks are DISABLED (%s=1): tests only", UNSAFE_ENV)
 
     def _open_main(self) -> tuple[sqlite3.Connection, sqlite3.Connection]:
         with map_sqlite_errors(self.path):

@@ -1,0 +1,154 @@
+"""Sabotage for the control experiments: tokenline with one protection taken out.
+
+Each class puts back a hole that tokenline closes, so a test can show that the
+protection is what keeps the invariant — the zombie test, the drill, the lost ack all
+fail here. This module lives in the test tree on purpose: nothing under ``src/`` can
+reach it, and no setting or environment variable of tokenline turns a protection off.
+Worker processes import the apps below (``--app sabotage:…``) with this directory on
+``PYTHONPATH``; each one still wraps its store for the drill's faults.
+
+* **state-only stores**: every line of the store's queries that checks a token (the
+  lines ending in ``-- fence``) removed — what a queue that only checks ``state =
+  'running'`` does; the in-memory store's ``_holds`` checks the state only;
+* **split completion**: ``ctx.transaction()`` commits the user's writes without the
+  job's completion, which then goes through ``jobs_finish`` in a second commit — the
+  effect and its ack apart, as in a queue without transactional completion;
+* **worker clock**: the worker's own wall clock handed to its store, as tokenline once
+  did.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from tokenline import App
+from tokenline._jobs import JobState, Lease
+from tokenline.drill import app as drill
+from tokenline.drill.faultstore import wrap_from_env
+from tokenline.stores import MemoryStore, Store, store_from_url
+from tokenline.stores.sqlite import SQLiteStore
+
+#: The queries whose token checks the state-only stores remove.
+FENCED_QUERIES = ("finish", "fence_check", "transaction_begin", "renew", "job_leases_renew")
+
+
+def without_fences(text: str) -> str:
+    """``text`` without its lines that end in ``-- fence`` (there must be some)."""
+    lines = text.splitlines()
+    kept = [line for line in lines if not line.rstrip().endswith("-- fence")]
+    if len(kept) == len(lines):
+        raise ValueError("a fenced query has no line ending in '-- fence'")
+    return "\n".join(kept)
+
+
+class StateOnlyMemoryStore(MemoryStore):
+    """The in-memory store, checking that a job runs but not who holds it."""
+
+    def _holds(self, lease: Lease) -> bool:
+        job = self._jobs.get(lease.job_id)
+        return job is not None and job.state is JobState.RUNNING
+
+
+class StateOnlySQLiteStore(SQLiteStore):
+    """The SQLite store without its token checks."""
+
+    def _q(self, name: str) -> str:
+        text = super()._q(name)
+        return without_fences(text) if name in FENCED_QUERIES else text
+
+
+def state_only_postgres(url: str, **kwargs: Any) -> Store:
+    """A PostgreSQL store without its token checks (psycopg imported only here)."""
+    return _state_only_postgres(url, **kwargs)
+
+
+def _state_only_postgres(url: str, **kwargs: Any) -> Store:
+    from tokenline.stores.postgres import PostgresStore
+
+    class StateOnlyPostgresStore(PostgresStore):
+        """The PostgreSQL store without its token checks."""
+
+        def _q(self, name: str) -> str:
+            text = super()._q(name)
+            return without_fences(text) if name in FENCED_QUERIES else text
+
+    return StateOnlyPostgresStore(url, **kwargs)
+
+
+def _split(store: Store) -> Store:
+    """``store`` with its fenced transactions committing without the completion."""
+    make = store.fenced_transaction
+
+    def fenced_transaction(**kwargs: Any) -> Any:
+        transaction = make(**kwargs)
+
+        async def async_complete(conn: Any) -> bool:
+            return False
+
+        def complete(conn: Any) -> bool:
+            return False
+
+        # The user's writes commit; the job is finished later, apart.
+        is_async = inspect.iscoroutinefunction(type(transaction)._complete)  # type: ignore[attr-defined]
+        transaction._complete = async_complete if is_async else complete  # type: ignore[attr-defined]
+        return transaction
+
+    store.fenced_transaction = fenced_transaction  # type: ignore[method-assign]
+    return store
+
+
+class SabotagedApp(App):
+    """An app whose stores have the sabotage named by ``state_only`` and ``split``."""
+
+    def __init__(self, *, state_only: bool = False, split: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.state_only = state_only
+        self.split = split
+
+    def open_store(self, *, timeout: float | None = None) -> Store:
+        options: dict[str, Any] = {"timeout": timeout or self.settings.store_timeout}
+        store: Store
+        if not self.state_only:
+            store = super().open_store(timeout=timeout)
+        elif self.url.startswith("sqlite:"):
+            store = StateOnlySQLiteStore(self.url, **options)
+        elif self.url.startswith("memory:"):
+            store = super().open_store(timeout=timeout)
+        else:
+            store = _state_only_postgres(self.url, migrate=self.settings.migrate, **options)
+        if self.split:
+            store = _split(store)
+        return wrap_from_env(store)
+
+
+class WorkerClockApp(App):
+    """Hands the worker's own wall clock to its store, as tokenline once did: lease
+    expiry, claim eligibility and rescue then follow each worker's clock, so a worker
+    whose clock runs ahead rescues live leases and one behind never claims a job."""
+
+    def open_store(self, *, timeout: float | None = None) -> Store:
+        return wrap_from_env(
+            store_from_url(
+                self.url,
+                clock=self.clock,
+                timeout=timeout or self.settings.store_timeout,
+                migrate=self.settings.migrate,
+            )
+        )
+
+
+def with_drill_tasks(app: App) -> App:
+    """``app`` with the drill's tasks registered."""
+    for task in drill.app.tasks.values():
+        app.task(name=task.name, queue=task.queue, max_attempts=task.max_attempts)(task.fn)
+    return app
+
+
+#: The drill's app without token checks (the sigstop control).
+unfenced = with_drill_tasks(SabotagedApp(state_only=True))
+#: The drill's app without token checks and with the completion split from the effect
+#: (the lost_ack control).
+split = with_drill_tasks(SabotagedApp(state_only=True, split=True))
+#: The drill's app with the worker's clock in the store (the clock_skew control).
+worker_clock = with_drill_tasks(WorkerClockApp(clock=drill.app.clock))
