@@ -30,7 +30,7 @@ from tokenline.stores import MemoryStore, Store, store_from_url
 from tokenline.stores.sqlite import SQLiteStore
 
 #: The queries whose token checks the state-only stores remove.
-FENCED_QUERIES = ("finish", "fence_check", "transaction_begin", "renew", "job_leases_renew")
+FENCED_QUERIES = ("finish", "fence_check", "transaction_begin", "job_leases_renew")
 
 
 def without_fences(text: str) -> str:

@@ -338,11 +338,11 @@ async def test_a_fence_keeps_the_highest_token_of_each_issuer(store: Any, clock:
     holder's is refused (recorded); the job's own token is a separate issuer."""
     await store.jobs_enqueue(jobs=[new()])
     x = await claim_one(store, ttl=60)
-    one = await store.lease_acquire(resource="acct:1", owner="a", ttl=5)
+    one = await store.resource_lease_acquire(resource="acct:1", owner="a", ttl=5)
     assert await store.fence_write(lease=x.lease, fence=Fence("acct:1", one.token, "acct:1", "a"))
     assert await store.fence_write(lease=x.lease, fence=Fence("acct:1", one.token, "acct:1", "a"))
     clock.advance(6)
-    two = await store.lease_acquire(resource="acct:1", owner="b", ttl=5)
+    two = await store.resource_lease_acquire(resource="acct:1", owner="b", ttl=5)
     assert two.token > one.token
     assert await store.fence_write(lease=x.lease, fence=Fence("acct:1", two.token, "acct:1", "b"))
     assert not await store.fence_write(
@@ -360,7 +360,7 @@ async def test_a_fence_needs_the_issuing_lease_still_held(store: Any, clock: Fak
     """An expired resource lease cannot write even if nobody newer has written yet."""
     await store.jobs_enqueue(jobs=[new()])
     x = await claim_one(store, ttl=60)
-    held = await store.lease_acquire(resource="r", owner="a", ttl=5)
+    held = await store.resource_lease_acquire(resource="r", owner="a", ttl=5)
     clock.advance(5)
     assert not await store.fence_write(lease=x.lease, fence=Fence("r", held.token, "r", "a"))
 
@@ -390,9 +390,9 @@ async def test_a_fenced_transaction_refuses_a_lower_fence_before_user_writes(
         return
     await store.jobs_enqueue(jobs=[new()])
     x = await claim_one(store, ttl=60)
-    old = await store.lease_acquire(resource="r", owner="a", ttl=5)
+    old = await store.resource_lease_acquire(resource="r", owner="a", ttl=5)
     clock.advance(6)
-    cur = await store.lease_acquire(resource="r", owner="b", ttl=5)
+    cur = await store.resource_lease_acquire(resource="r", owner="b", ttl=5)
     assert await store.fence_write(lease=x.lease, fence=Fence("r", cur.token, "r", "b"))
     with pytest.raises(StaleTokenError, match="fence 'r'"):
         async with store.fenced_transaction(
@@ -409,19 +409,24 @@ async def test_a_fenced_transaction_refuses_a_lower_fence_before_user_writes(
 async def test_lease_renewal_is_fenced_by_owner_and_token(store: Any, clock: FakeClock) -> None:
     """Renewal extends only the holder's unexpired lease; after a takeover the old
     token's renewal and release are refused, and the renewal is recorded as stale."""
-    a = await store.lease_acquire(resource="acct:2", owner="a", ttl=5)
+    a = await store.resource_lease_acquire(resource="acct:2", owner="a", ttl=5)
     clock.advance(3)
-    renewed = await store.lease_renew(lease=a, ttl=5)
+    renewed = await store.resource_lease_renew(lease=a, ttl=5)
     assert renewed.expires_at == pytest.approx(clock.now() + 5)
     assert renewed.token == a.token
     clock.advance(5)
-    assert await store.lease_renew(lease=renewed, ttl=5) is None
-    b = await store.lease_acquire(resource="acct:2", owner="b", ttl=5)
-    assert await store.lease_renew(lease=renewed, ttl=5) is None
-    assert not await store.lease_release(lease=renewed)
-    assert await store.lease_renew(lease=b, ttl=5) is not None
+    assert await store.resource_lease_renew(lease=renewed, ttl=5) is None
+    b = await store.resource_lease_acquire(resource="acct:2", owner="b", ttl=5)
+    assert await store.resource_lease_renew(lease=renewed, ttl=5) is None
+    assert not await store.resource_lease_release(lease=renewed)
+    assert await store.resource_lease_renew(lease=b, ttl=5) is not None
     (dup,) = await store.duplicates_list()
-    assert (dup.key, dup.operation, dup.token, dup.job_id) == ("acct:2", "lease_renew", 1, None)
+    assert (dup.key, dup.operation, dup.token, dup.job_id) == (
+        "acct:2",
+        "resource_lease_renew",
+        1,
+        None,
+    )
 
 
 def context_for(store: Any, claimed: Any, clock: FakeClock) -> JobContext:
@@ -467,7 +472,7 @@ async def test_ctx_lease_refuses_bad_ttl_and_reports_a_busy_lease(
             ctx.lease("r", ttl=ttl)
     with pytest.raises(InvalidInputError, match="lease resource"):
         ctx.lease("", ttl=5)
-    assert await store.lease_acquire(resource="r", owner="other", ttl=5) is not None
+    assert await store.resource_lease_acquire(resource="r", owner="other", ttl=5) is not None
     with pytest.raises(LeaseBusyError, match="'r'"):
         async with ctx.lease("r", ttl=5):
             pytest.fail("the block must not run")

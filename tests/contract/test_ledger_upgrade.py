@@ -100,7 +100,7 @@ async def test_sqlite_upgrade_to_the_coordination_file_keeps_tokens_rising(
     store = SQLiteStore(f"sqlite:///{path}", clock=clock)
     await store.open()
     try:
-        lease = await store.lease_acquire(resource="account:1", owner="new", ttl=10)
+        lease = await store.resource_lease_acquire(resource="account:1", owner="new", ttl=10)
         assert lease is not None
         assert lease.token == 8
         report = await store.jobs_rescue()

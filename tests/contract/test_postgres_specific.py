@@ -303,7 +303,7 @@ async def test_open_fenced_transaction_blocks_no_renewal_and_refuses_a_lost_job(
         transaction = holder.fenced_transaction(lease=claimed.lease)
         conn = await transaction.__aenter__()
         await conn.execute("CREATE TABLE marks (n int)")
-        renewed = await other.leases_renew(owner="w", leases=[claimed.lease], ttl=30)
+        renewed = await other.job_leases_renew(owner="w", leases=[claimed.lease], ttl=30)
         assert renewed[0] is not None
         retry = Finish(claimed.lease, Outcome.RETRY, 60.0)
         assert await other.jobs_finish(finishes=[retry]) == [True]

@@ -100,11 +100,11 @@ async def test_renew_extends_only_held_leases(store: Any, clock: FakeClock) -> N
     a, b = await store.jobs_claim(owner="w1", queues=Q, limit=2, ttl=10)
     clock.advance(5)
     forged = Lease(b.lease.job_id, "w1", b.lease.token + 7, b.lease.expires_at)
-    out = await store.leases_renew(owner="w1", leases=[a.lease, forged], ttl=10)
+    out = await store.job_leases_renew(owner="w1", leases=[a.lease, forged], ttl=10)
     assert out[0] is not None
     assert out[0].expires_at == pytest.approx(clock.now() + 10)
     assert out[1] is None
-    other = await store.leases_renew(owner="w2", leases=[a.lease], ttl=10)
+    other = await store.job_leases_renew(owner="w2", leases=[a.lease], ttl=10)
     assert other == [None]
     total, recent = await store.stale_commits()
     assert total == 2
@@ -116,7 +116,7 @@ async def test_renew_refuses_an_expired_lease(store: Any, clock: FakeClock) -> N
     await store.jobs_enqueue(jobs=[new()])
     c = await claim_one(store, ttl=5)
     clock.advance(5.01)
-    assert await store.leases_renew(owner="w1", leases=[c.lease], ttl=5) == [None]
+    assert await store.job_leases_renew(owner="w1", leases=[c.lease], ttl=5) == [None]
 
 
 @pytest.mark.parametrize("outcome", list(Outcome))
@@ -377,19 +377,19 @@ async def test_store_time_is_the_store_clock_and_heartbeats_carry_the_skew(
 async def test_named_lease_is_exclusive_and_fenced(store: Any, clock: FakeClock) -> None:
     """One holder at a time; a new holder after expiry gets a higher token; release
     needs owner and token."""
-    a = await store.lease_acquire(resource="maint", owner="a", ttl=5)
+    a = await store.resource_lease_acquire(resource="maint", owner="a", ttl=5)
     assert a is not None
-    assert await store.lease_acquire(resource="maint", owner="b", ttl=5) is None
-    renewed = await store.lease_acquire(resource="maint", owner="a", ttl=5)
+    assert await store.resource_lease_acquire(resource="maint", owner="b", ttl=5) is None
+    renewed = await store.resource_lease_acquire(resource="maint", owner="a", ttl=5)
     assert renewed is not None
     assert renewed.token == a.token
     clock.advance(6)
-    b = await store.lease_acquire(resource="maint", owner="b", ttl=5)
+    b = await store.resource_lease_acquire(resource="maint", owner="b", ttl=5)
     assert b is not None
     assert b.token == a.token + 1
-    assert not await store.lease_release(lease=a)
-    assert await store.lease_release(lease=b)
-    c = await store.lease_acquire(resource="maint", owner="a", ttl=5)
+    assert not await store.resource_lease_release(lease=a)
+    assert await store.resource_lease_release(lease=b)
+    c = await store.resource_lease_acquire(resource="maint", owner="a", ttl=5)
     assert c is not None
     assert c.token == b.token + 1
 

@@ -28,8 +28,10 @@ from tokenline.drill import (
     write_fault_file,
 )
 from tokenline.drill.faultstore import _generated_wrapper
+from tokenline.drill.storefaults import UNFAULTED
 from tokenline.stores import MemoryStore, Store
-from tokenline.stores.base import ResourceLease
+from tokenline.stores.base import Broker, Leases, Ledger, ResourceLease
+from tokenline.stores.base import Role as SeamRole
 from tokenline.stores.sqlite import SQLiteStore
 
 SLACK = 0.02
@@ -78,7 +80,7 @@ async def world(inner: Store) -> World:
     await fs.jobs_enqueue(jobs=[new_job(), new_job()])
     (claimed,) = await fs.jobs_claim(owner="w1", queues=["q"], limit=1, ttl=30)
     worker = await fs.worker_register(record=record(), ttl=30)
-    named = await fs.lease_acquire(resource="r", owner="w1", ttl=30)
+    named = await fs.resource_lease_acquire(resource="r", owner="w1", ttl=30)
     assert named is not None
     return World(fs, claimed.job.id, claimed.lease, worker, named)
 
@@ -107,15 +109,17 @@ CALLS: dict[str, Callable[[World], Awaitable[Any]]] = {
     "jobs_retry_dead": lambda w: w.store.jobs_retry_dead(job_ids=[w.job_id]),
     "jobs_cancel": lambda w: w.store.jobs_cancel(job_ids=[999], reason="r"),
     "stale_commits": lambda w: w.store.stale_commits(),
-    "leases_renew": lambda w: w.store.leases_renew(owner="w1", leases=[w.lease], ttl=30),
+    "job_leases_renew": lambda w: w.store.job_leases_renew(owner="w1", leases=[w.lease], ttl=30),
     "worker_register": lambda w: w.store.worker_register(record=record("w2"), ttl=30),
     "worker_heartbeat": lambda w: w.store.worker_heartbeat(
         worker_id="w1", token=w.worker.token, state="ready", in_flight=0, ttl=30
     ),
     "worker_deregister": lambda w: w.store.worker_deregister(worker_id="w2", token=1),
     "workers_list": lambda w: w.store.workers_list(),
-    "lease_acquire": lambda w: w.store.lease_acquire(resource="r2", owner="w1", ttl=30),
-    "lease_release": lambda w: w.store.lease_release(lease=w.named),
+    "resource_lease_acquire": lambda w: w.store.resource_lease_acquire(
+        resource="r2", owner="w1", ttl=30
+    ),
+    "resource_lease_release": lambda w: w.store.resource_lease_release(lease=w.named),
     "fenced_transaction": _transaction,
 }
 
@@ -163,8 +167,10 @@ async def test_a_delay_slows_only_its_role(world: World, role: Role) -> None:
 
 async def test_methods_narrow_a_role_to_some_calls(world: World) -> None:
     """``methods`` limits a role's faults to the calls it names."""
-    world.store.set_role(Role.LEASES, RoleFaults(error=True, methods=frozenset({"leases_renew"})))
-    assert await faulted_methods(world) == {"leases_renew"}
+    world.store.set_role(
+        Role.LEASES, RoleFaults(error=True, methods=frozenset({"job_leases_renew"}))
+    )
+    assert await faulted_methods(world) == {"job_leases_renew"}
 
 
 async def test_a_hang_lasts_until_cleared(world: World) -> None:
@@ -173,7 +179,7 @@ async def test_a_hang_lasts_until_cleared(world: World) -> None:
     call = asyncio.ensure_future(world.store.job_get(job_id=world.job_id))
     await asyncio.sleep(0.3)
     assert not call.done()
-    assert (await world.store.leases_renew(owner="w1", leases=[world.lease], ttl=30))[0]
+    assert (await world.store.job_leases_renew(owner="w1", leases=[world.lease], ttl=30))[0]
     world.store.clear()
     assert (await asyncio.wait_for(call, 10)).id == world.job_id
     assert world.store.injected["broker.hang"] == 1
@@ -280,10 +286,20 @@ def test_every_abstract_store_method_is_wrapped_explicitly() -> None:
 
 
 def test_every_store_method_has_a_role_and_is_delegated() -> None:
-    """Every public method of the seam has an entry in ROLES, and none falls through to
-    Store's own default (which would bypass the inner store)."""
-    public = [n for n, v in vars(Store).items() if callable(v) and not n.startswith("_")]
+    """Every public method of the seam — each role's and the store's own — has an entry
+    in ROLES, its role is the one the seam declares, and none falls through to the
+    seam's own default (which would bypass the inner store)."""
+    public = {
+        name: klass
+        for klass in (Broker, Leases, Ledger, Store)
+        for name, value in vars(klass).items()
+        if callable(value) and not name.startswith("_")
+    }
     assert sorted(n for n in public if n not in ROLES) == []
+    declared = {Broker: SeamRole.BROKER, Leases: SeamRole.LEASES, Ledger: SeamRole.LEDGER}
+    for name, klass in public.items():
+        if klass in declared and name not in UNFAULTED:
+            assert ROLES[name] is declared[klass], name
     assert [n for n in public if getattr(FaultStore, n) is getattr(Store, n)] == []
 
 
@@ -324,7 +340,7 @@ def test_fault_descriptions_are_validated() -> None:
     with pytest.raises(ConfigError, match=r"faults\.leases\.delay"):
         StoreFaults.from_json('{"leases": {"delay": -1}}')
     with pytest.raises(ConfigError, match="not a broker method"):
-        StoreFaults.from_json('{"broker": {"error": true, "methods": ["leases_renew"]}}')
+        StoreFaults.from_json('{"broker": {"error": true, "methods": ["job_leases_renew"]}}')
     with pytest.raises(ConfigError, match="at least one"):
         RoleFaults(error=True, methods=frozenset())
     with pytest.raises(ConfigError, match="probability"):

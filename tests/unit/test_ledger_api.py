@@ -267,7 +267,7 @@ async def test_the_control_plane_renews_a_held_resource_lease(app: App, store: S
         await job_in(store, jid, JobState.SUCCEEDED)
     ((first, last),) = held_info
     assert last > first + 0.5
-    assert await store.lease_acquire(resource="r", owner="next", ttl=1) is not None
+    assert await store.resource_lease_acquire(resource="r", owner="next", ttl=1) is not None
 
 
 def test_a_lease_ttl_below_three_renewal_intervals_is_refused(app: App) -> None:

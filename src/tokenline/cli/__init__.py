@@ -235,16 +235,7 @@ def migrate(app_spec: str | None, url: str | None, timeout: float) -> None:
         app = resolve_app(app_spec, url)
         store = store_from_url(app.url, timeout=timeout, migrate=True)
 
-        async def run() -> int | None:
-            upgrade = getattr(store, "migrate", None)
-            if upgrade is not None:
-                return int(await upgrade())
-            # Stores without versioned migrations create their schema when opened.
-            await store.open()
-            await store.close()
-            return None
-
-        version = asyncio.run(run())
+        version = asyncio.run(store.migrate())
     suffix = f" (schema version {version})" if version is not None else ""
     console.print(f"{app.url}: schema up to date{suffix}", highlight=False)
 

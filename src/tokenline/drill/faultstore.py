@@ -75,6 +75,7 @@ from .._jobs import (
     StaleCommit,
     WorkerRecord,
 )
+from .._ledger import Duplicate, EffectBegin, EffectRecord, Fence
 from ..stores.base import FencedTransaction, ResourceLease, Store
 from ._spec import check_number
 from .storefaults import FaultFile, InjectedFaultError, Role, RoleFaults, StoreFaults, role_of
@@ -376,12 +377,13 @@ class FaultStore(Store):
         return await self._run("stale_commits", lambda: self.inner.stale_commits(limit=limit))
 
     # -- leases ---------------------------------------------------------------------------
-    async def leases_renew(
+    async def job_leases_renew(
         self, *, owner: str, leases: Sequence[Lease], ttl: float
     ) -> list[Lease | None]:
         """The inner store's, with the leases role's faults."""
         return await self._run(
-            "leases_renew", lambda: self.inner.leases_renew(owner=owner, leases=leases, ttl=ttl)
+            "job_leases_renew",
+            lambda: self.inner.job_leases_renew(owner=owner, leases=leases, ttl=ttl),
         )
 
     async def worker_register(self, *, record: WorkerRecord, ttl: float) -> WorkerRecord:
@@ -428,18 +430,71 @@ class FaultStore(Store):
         """The inner store's, with the leases role's faults."""
         return await self._run("workers_list", self.inner.workers_list)
 
-    async def lease_acquire(self, *, resource: str, owner: str, ttl: float) -> ResourceLease | None:
+    async def resource_lease_acquire(
+        self, *, resource: str, owner: str, ttl: float
+    ) -> ResourceLease | None:
         """The inner store's, with the leases role's faults."""
         return await self._run(
-            "lease_acquire",
-            lambda: self.inner.lease_acquire(resource=resource, owner=owner, ttl=ttl),
+            "resource_lease_acquire",
+            lambda: self.inner.resource_lease_acquire(resource=resource, owner=owner, ttl=ttl),
         )
 
-    async def lease_release(self, *, lease: ResourceLease) -> bool:
+    async def resource_lease_release(self, *, lease: ResourceLease) -> bool:
         """The inner store's, with the leases role's faults."""
-        return await self._run("lease_release", lambda: self.inner.lease_release(lease=lease))
+        return await self._run(
+            "resource_lease_release", lambda: self.inner.resource_lease_release(lease=lease)
+        )
+
+    async def resource_lease_renew(
+        self, *, lease: ResourceLease, ttl: float
+    ) -> ResourceLease | None:
+        """The inner store's, with the leases role's faults."""
+        return await self._run(
+            "resource_lease_renew", lambda: self.inner.resource_lease_renew(lease=lease, ttl=ttl)
+        )
+
+    async def migrate(self) -> int | None:
+        """The inner store's, never faulted."""
+        return await self.inner.migrate()
 
     # -- ledger ---------------------------------------------------------------------------
+    async def effect_begin(self, *, lease: Lease, key: str) -> EffectBegin:
+        """The inner store's, with the ledger role's faults."""
+        return await self._run(
+            "effect_begin", lambda: self.inner.effect_begin(lease=lease, key=key)
+        )
+
+    async def effect_finish(
+        self, *, lease: Lease, key: str, result: str | None = None, error: str | None = None
+    ) -> bool:
+        """The inner store's, with the ledger role's faults."""
+        return await self._run(
+            "effect_finish",
+            lambda: self.inner.effect_finish(lease=lease, key=key, result=result, error=error),
+        )
+
+    async def effects_list(
+        self, *, job_id: int | None = None, key: str | None = None, limit: int = 100
+    ) -> list[EffectRecord]:
+        """The inner store's, with the ledger role's faults."""
+        return await self._run(
+            "effects_list", lambda: self.inner.effects_list(job_id=job_id, key=key, limit=limit)
+        )
+
+    async def fence_write(self, *, lease: Lease, fence: Fence) -> bool:
+        """The inner store's, with the ledger role's faults."""
+        return await self._run(
+            "fence_write", lambda: self.inner.fence_write(lease=lease, fence=fence)
+        )
+
+    async def duplicates_list(
+        self, *, since: float | None = None, limit: int = 10_000
+    ) -> list[Duplicate]:
+        """The inner store's, with the ledger role's faults."""
+        return await self._run(
+            "duplicates_list", lambda: self.inner.duplicates_list(since=since, limit=limit)
+        )
+
     def fenced_transaction(self, *, lease: Lease, **options: Any) -> FencedTransaction:
         """Ledger role: faults at entry, and ``fail_after`` once it has committed."""
         # **options carries what the seam may add to the call (fences, say) unchanged.
@@ -503,7 +558,12 @@ def _generated_wrapper(name: str, original: Callable[..., Any]) -> Callable[...,
 def _delegate_the_rest(cls: type[FaultStore]) -> None:
     # Inheriting a seam method would run Store's default (often "not supported") instead
     # of the inner store's implementation: generate a delegating wrapper instead.
-    for name, value in vars(Store).items():
+    seam = {
+        name: value
+        for klass in reversed(Store.__mro__[:-1])  # every role of the seam, then Store
+        for name, value in vars(klass).items()
+    }
+    for name, value in seam.items():
         if not name.startswith("_") and callable(value) and name not in vars(cls):
             setattr(cls, name, _generated_wrapper(name, value))
     abc.update_abstractmethods(cls)

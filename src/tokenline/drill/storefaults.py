@@ -9,7 +9,6 @@ rewrites with :func:`write_fault_file` while workers run, re-read by
 
 from __future__ import annotations
 
-import enum
 import json
 import logging
 import os
@@ -20,10 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._errors import ConfigError, StoreUnavailableError
+from ..stores.base import ROLES as SEAM_ROLES
+from ..stores.base import Role
 from ._spec import check_flag, check_number, from_mapping, to_mapping
 
 __all__ = [
     "ROLES",
+    "UNFAULTED",
     "FaultFile",
     "InjectedFaultError",
     "Role",
@@ -36,43 +38,25 @@ __all__ = [
 log = logging.getLogger("tokenline.drill.faultstore")
 
 
-class Role(enum.StrEnum):
-    """The three roles of DESIGN.md section 2; each fails independently."""
+#: Never faulted: the life cycle, and ``wait_for_jobs`` (a wait, not an operation: real
+#: stores do not fail it).
+UNFAULTED = frozenset({"open", "close", "migrate", "wait_for_jobs"})
 
-    BROKER = "broker"
-    LEASES = "leases"
-    LEDGER = "ledger"
-
-
-# Which role each store method belongs to, as space-separated names.
-_METHODS: Mapping[Role | None, str] = {
-    None: "open close migrate wait_for_jobs",
-    Role.BROKER: (
-        "jobs_enqueue jobs_claim jobs_finish job_complete job_retry job_dead job_snooze "
-        "jobs_rescue queue_pause queue_resume queues_stats job_get jobs_list job_attempts "
-        "jobs_retry_dead jobs_cancel stale_commits"
-    ),
-    Role.LEASES: (
-        "leases_renew worker_register worker_heartbeat worker_deregister workers_list "
-        "lease_acquire lease_renew lease_release store_time"
-    ),
-    Role.LEDGER: (
-        "fenced_transaction effect_begin effect_finish effects_list fence_write duplicates_list"
-    ),
-}
-
-#: Every store method and the role whose faults it takes; ``None``: never faulted.
+#: Every store method and the role whose faults it takes (as the seam declares it, in
+#: :mod:`tokenline.stores.base`); ``None``: never faulted.
 ROLES: Mapping[str, Role | None] = {
-    method: role for role, names in _METHODS.items() for method in names.split()
+    **{name: role for name, role in SEAM_ROLES.items() if name not in UNFAULTED},
+    **dict.fromkeys(UNFAULTED),
 }
+
 
 _LEDGER_PREFIXES = ("ledger", "effect", "fence", "duplicate", "idempotency")
 _LEASES_PREFIXES = ("lease", "worker")
 
 
 def role_of(method: str) -> Role | None:
-    """The role of a store method: from :data:`ROLES`, else guessed from its name
-    (a method added to a store later must still fail with the right role)."""
+    """The role of a store method: as the seam declares it (``None`` for those never
+    faulted); for a store's own extra method, off the seam, guessed from its name."""
     if method in ROLES:
         return ROLES[method]
     if method.startswith(_LEDGER_PREFIXES):

@@ -211,7 +211,9 @@ class MemoryLedger:
             return self._fences_apply(lease, [fence], now) is None
 
     # -- resource leases and the audit ----------------------------------------------------
-    async def lease_renew(self, *, lease: ResourceLease, ttl: float) -> ResourceLease | None:
+    async def resource_lease_renew(
+        self, *, lease: ResourceLease, ttl: float
+    ) -> ResourceLease | None:
         """Extend the named lease if ``(owner, token)`` still holds it unexpired."""
         with self._lock:
             now = self.clock.now()
@@ -226,7 +228,7 @@ class MemoryLedger:
                         Duplicate(
                             lease.resource,
                             DuplicateKind.STALE,
-                            "lease_renew",
+                            "resource_lease_renew",
                             None,
                             lease.token,
                             lease.owner,

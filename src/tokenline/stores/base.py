@@ -1,10 +1,21 @@
-"""The backend seam: one method per atomic state change of the store.
+"""The backend seam: one method per atomic state change, cut along DESIGN.md's roles.
+
+* :class:`Broker` distributes work: enqueue, claim with a lease, finish, rescue, queues.
+* :class:`Leases` coordinates: job lease renewal, worker membership, resource leases,
+  and the store's clock.
+* :class:`Ledger` holds business truth: fenced transactions, effects, fences, the audit.
+* :class:`Store` plays all three, and adds ``open``, ``close`` and ``migrate``.
+
+Each method's role is declared once, by the class that declares the method
+(:data:`ROLES`); the drill's per-role fault injection reads it from there. A backend
+that plays some roles only (a broker and lease store without a ledger) implements those
+classes. Nothing here assumes SQL.
 
 A store is a thin adapter; the rules (state machine, fencing, retries) live in the core.
 What every store must guarantee:
 
-* **Fenced writes.** ``jobs_finish`` and ``leases_renew`` apply a row only if the job is
-  ``running`` *and* its ``lease_token`` equals the token presented, checked inside the
+* **Fenced writes.** ``jobs_finish`` and ``job_leases_renew`` apply a row only if the job
+  is ``running`` *and* its ``lease_token`` equals the token presented, checked inside the
   store's own atomic statement (``UPDATE … WHERE id = ? AND lease_token = ?``), never
   by a read followed by a write. A refused write is recorded (see ``stale_commits``)
   and reported to the caller; it is never swallowed.
@@ -28,7 +39,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Sequence
+import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +61,17 @@ from .._jobs import (
 )
 from .._ledger import Duplicate, EffectBegin, EffectRecord, Fence
 
-__all__ = ["Capabilities", "FencedTransaction", "ResourceLease", "Store"]
+__all__ = [
+    "ROLES",
+    "Broker",
+    "Capabilities",
+    "FencedTransaction",
+    "Leases",
+    "Ledger",
+    "ResourceLease",
+    "Role",
+    "Store",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,21 +128,18 @@ class FencedTransaction(abc.ABC):
         raise NotSupportedError("this store's transactions are synchronous: use `with`")
 
 
-class Store(abc.ABC):
-    """Abstract base of every backend. See the module docstring for the contract."""
+class Role(enum.StrEnum):
+    """The three roles of DESIGN.md section 2; every seam method belongs to one."""
 
-    capabilities: Capabilities = Capabilities()
+    BROKER = "broker"
+    LEASES = "leases"
+    LEDGER = "ledger"
 
-    # -- life cycle ---------------------------------------------------------------------
-    @abc.abstractmethod
-    async def open(self) -> None:
-        """Connect and create or check the schema; raise a :class:`StoreError` on failure."""
 
-    @abc.abstractmethod
-    async def close(self) -> None:
-        """Release connections. Safe to call twice."""
+class Broker(abc.ABC):
+    """Distributes work: enqueue, claim with a lease, finish (each conditional on the
+    token), rescue, pause and resume, depth and age, and the job records."""
 
-    # -- broker ---------------------------------------------------------------------------
     @abc.abstractmethod
     async def jobs_enqueue(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[int]:
         """Insert ``jobs`` atomically (all or none) and return their ids, in order.
@@ -131,12 +150,6 @@ class Store(abc.ABC):
         """
 
     # The timeout is the poll period, not a deadline for the caller to impose.
-    async def wait_for_jobs(self, *, queues: Sequence[str], timeout: float) -> None:  # noqa: ASYNC109
-        """Return when jobs may be ready in ``queues``, or after ``timeout`` seconds.
-
-        The default polls; stores with notifications return early on an enqueue.
-        """
-        await asyncio.sleep(timeout)
 
     @abc.abstractmethod
     async def jobs_claim(
@@ -146,15 +159,6 @@ class Store(abc.ABC):
 
         Highest priority first, then oldest ``run_at``. Each job's attempt and token are
         incremented; the lease expires ``ttl`` seconds from the store's now.
-        """
-
-    @abc.abstractmethod
-    async def leases_renew(
-        self, *, owner: str, leases: Sequence[Lease], ttl: float
-    ) -> list[Lease | None]:
-        """Extend each lease still held (same token, not expired): one batch.
-
-        Returns, in order, the renewed lease or ``None`` for a lease that is lost.
         """
 
     @abc.abstractmethod
@@ -172,7 +176,6 @@ class Store(abc.ABC):
         The lost attempt counts: a job on its last attempt goes dead instead.
         """
 
-    # -- queues ---------------------------------------------------------------------------
     @abc.abstractmethod
     async def queue_pause(self, *, queue: str) -> None:
         """Stop claims from ``queue`` (jobs stay queued)."""
@@ -185,7 +188,6 @@ class Store(abc.ABC):
     async def queues_stats(self) -> list[QueueStats]:
         """Counts per state and oldest ready age, per queue (paused ones flagged)."""
 
-    # -- inspection and operator actions --------------------------------------------------
     @abc.abstractmethod
     async def job_get(self, *, job_id: int) -> Job:
         """The job with ``job_id``; :class:`JobNotFoundError` if there is none."""
@@ -216,124 +218,14 @@ class Store(abc.ABC):
     async def stale_commits(self, *, limit: int = 100) -> tuple[int, list[StaleCommit]]:
         """The total number of refused stale writes and the most recent ones."""
 
-    # -- workers and named leases ---------------------------------------------------------
-    @abc.abstractmethod
-    async def worker_register(self, *, record: WorkerRecord, ttl: float) -> WorkerRecord:
-        """Insert or re-register a worker, issuing a fresh membership token."""
-
-    @abc.abstractmethod
-    async def worker_heartbeat(
-        self,
-        *,
-        worker_id: str,
-        token: int,
-        state: str,
-        in_flight: int,
-        ttl: float,
-        skew: float | None = None,
-    ) -> WorkerRecord | None:
-        """Extend the membership lease if still held; ``None`` when it was lost.
-
-        ``skew``: the worker's wall clock minus the store's, as it last measured it
-        (kept with the row for operators; ``None`` keeps the previous value).
-        """
-
-    @abc.abstractmethod
-    async def store_time(self) -> float:
-        """The store's clock now (epoch seconds): what every lease, schedule and
-        timestamp of this store is measured by, whatever the caller's clock says."""
-
-    @abc.abstractmethod
-    async def worker_deregister(self, *, worker_id: str, token: int) -> None:
-        """Mark the worker stopped (best effort, conditional on its token)."""
-
-    @abc.abstractmethod
-    async def workers_list(self) -> list[WorkerRecord]:
-        """Every worker row, newest first."""
-
-    @abc.abstractmethod
-    async def lease_acquire(self, *, resource: str, owner: str, ttl: float) -> ResourceLease | None:
-        """Take the named lease if it is free or expired (new token), or renew it if
-        ``owner`` already holds it; ``None`` when someone else holds it."""
-
-    @abc.abstractmethod
-    async def lease_release(self, *, lease: ResourceLease) -> bool:
-        """Release the named lease; only the holder of ``(owner, token)`` can."""
-
-    async def lease_renew(self, *, lease: ResourceLease, ttl: float) -> ResourceLease | None:
-        """Extend the named lease only if ``(owner, token)`` still holds it unexpired;
-        ``None`` when it is lost (recorded as a stale write when someone else holds it)."""
-        raise self._no_ledger()
-
-    # -- ledger ---------------------------------------------------------------------------
-    def _no_ledger(self) -> NotSupportedError:
-        return NotSupportedError(
-            f"{type(self).__name__} has no ledger (effects, fences, resource leases); "
-            "use the SQLite, PostgreSQL or in-memory store"
-        )
-
-    async def effect_begin(self, *, lease: Lease, key: str) -> EffectBegin:
-        """Take ``key`` (status ``pending``) for the attempt holding ``lease``, if allowed.
-
-        In one transaction: the job's token is checked first (refused: ``STALE``). Then a
-        new key, a ``failed`` one, or one left ``pending`` by an attempt that lost its
-        lease is taken (``RUN``); within one job only by a newer token. A ``completed`` key
-        answers ``DONE`` with its record and records a repeat; a key pending under a live
-        lease answers ``BUSY``. Every ``STALE`` is recorded as a duplicate.
-        """
-        raise self._no_ledger()
-
-    async def effect_finish(
-        self, *, lease: Lease, key: str, result: str | None = None, error: str | None = None
-    ) -> bool:
-        """Mark the key ``completed`` with ``result`` (JSON text), or ``failed`` with
-        ``error``, only if it is still pending under this attempt's token.
-
-        The job's lease need not be current any more: the effect has happened, and
-        refusing its record would only make it happen again. A refusal (a newer token
-        took the key) is recorded as a stale duplicate and returns ``False``.
-        """
-        raise self._no_ledger()
-
-    async def effects_list(
-        self, *, job_id: int | None = None, key: str | None = None, limit: int = 100
-    ) -> list[EffectRecord]:
-        """Effect records, newest first, filtered by the job that wrote last or by key."""
-        raise self._no_ledger()
-
-    async def fence_write(self, *, lease: Lease, fence: Fence) -> bool:
-        """Record ``fence.token`` as the highest for ``(key, issuer)`` in one transaction
-        that first checks the job's token (and the issuing resource lease, if any).
-
-        ``False`` (recorded as a stale duplicate) when the job's lease or the resource
-        lease is lost, or a higher token of the same issuer has already written.
-        """
-        raise self._no_ledger()
-
-    async def duplicates_list(
-        self, *, since: float | None = None, limit: int = 10_000
-    ) -> list[Duplicate]:
-        """Recorded duplicates, newest first: ledger repeats and refusals, and every job
-        commit refused for a stale token (keyed by the job's idempotency key, or
-        ``job:<id>`` without one)."""
-        raise self._no_ledger()
-
-    # -- transactions ---------------------------------------------------------------------
-    def fenced_transaction(
-        self, *, lease: Lease, fences: Sequence[Fence] = (), timeout: float | None = None
-    ) -> FencedTransaction:
-        """A transaction that checks ``lease`` first, then advances each of ``fences``
-        (refusing a lower token), and completes the job on commit.
-
-        ``timeout``: how long the caller may keep it open (the attempt's remaining
-        time); a store that bounds its sessions' idle time uses it instead of its own.
-        """
-        raise NotSupportedError(
-            f"{type(self).__name__} cannot complete a job inside a business transaction; "
-            "use the SQLite or PostgreSQL store for ctx.transaction()"
-        )
-
     # -- conveniences built on the primitives ---------------------------------------------
+    async def wait_for_jobs(self, *, queues: Sequence[str], timeout: float) -> None:  # noqa: ASYNC109
+        """Return when jobs may be ready in ``queues``, or after ``timeout`` seconds.
+
+        The default polls; stores with notifications return early on an enqueue.
+        """
+        await asyncio.sleep(timeout)
+
     async def job_complete(self, *, lease: Lease) -> None:
         """Mark the job succeeded; raise :class:`StaleTokenError` if the token is stale."""
         await self._finish_one(Finish(lease, Outcome.SUCCEEDED), "complete")
@@ -363,3 +255,164 @@ class Store(abc.ABC):
                 token=finish.lease.token,
                 operation=operation,
             )
+
+
+class Leases(abc.ABC):
+    """Coordination: job lease renewal, worker membership, resource leases (maintenance
+    leadership, business resources), each with monotonic tokens, on the store's clock."""
+
+    @abc.abstractmethod
+    async def job_leases_renew(
+        self, *, owner: str, leases: Sequence[Lease], ttl: float
+    ) -> list[Lease | None]:
+        """Extend each lease still held (same token, not expired): one batch.
+
+        Returns, in order, the renewed lease or ``None`` for a lease that is lost.
+        """
+
+    @abc.abstractmethod
+    async def store_time(self) -> float:
+        """The store's clock now (epoch seconds): what every lease, schedule and
+        timestamp of this store is measured by, whatever the caller's clock says."""
+
+    @abc.abstractmethod
+    async def worker_register(self, *, record: WorkerRecord, ttl: float) -> WorkerRecord:
+        """Insert or re-register a worker, issuing a fresh membership token."""
+
+    @abc.abstractmethod
+    async def worker_heartbeat(
+        self,
+        *,
+        worker_id: str,
+        token: int,
+        state: str,
+        in_flight: int,
+        ttl: float,
+        skew: float | None = None,
+    ) -> WorkerRecord | None:
+        """Extend the membership lease if still held; ``None`` when it was lost.
+
+        ``skew``: the worker's wall clock minus the store's, as it last measured it
+        (kept with the row for operators; ``None`` keeps the previous value).
+        """
+
+    @abc.abstractmethod
+    async def worker_deregister(self, *, worker_id: str, token: int) -> None:
+        """Mark the worker stopped (best effort, conditional on its token)."""
+
+    @abc.abstractmethod
+    async def workers_list(self) -> list[WorkerRecord]:
+        """Every worker row, newest first."""
+
+    @abc.abstractmethod
+    async def resource_lease_acquire(
+        self, *, resource: str, owner: str, ttl: float
+    ) -> ResourceLease | None:
+        """Take the named lease if it is free or expired (new token), or renew it if
+        ``owner`` already holds it; ``None`` when someone else holds it."""
+
+    @abc.abstractmethod
+    async def resource_lease_renew(
+        self, *, lease: ResourceLease, ttl: float
+    ) -> ResourceLease | None:
+        """Extend the named lease only if ``(owner, token)`` still holds it unexpired;
+        ``None`` when it is lost (recorded as a stale write when someone else holds it)."""
+
+    @abc.abstractmethod
+    async def resource_lease_release(self, *, lease: ResourceLease) -> bool:
+        """Release the named lease; only the holder of ``(owner, token)`` can."""
+
+
+class Ledger(abc.ABC):
+    """Business truth: fenced transactions, effects once per key, fences, and the audit
+    of every duplicate and refused write."""
+
+    @abc.abstractmethod
+    def fenced_transaction(
+        self, *, lease: Lease, fences: Sequence[Fence] = (), timeout: float | None = None
+    ) -> FencedTransaction:
+        """A transaction that checks ``lease`` first, then advances each of ``fences``
+        (refusing a lower token), and completes the job on commit.
+
+        ``timeout``: how long the caller may keep it open (the attempt's remaining
+        time); a store that bounds its sessions' idle time uses it instead of its own.
+        """
+
+    @abc.abstractmethod
+    async def effect_begin(self, *, lease: Lease, key: str) -> EffectBegin:
+        """Take ``key`` (status ``pending``) for the attempt holding ``lease``, if allowed.
+
+        In one transaction: the job's token is checked first (refused: ``STALE``). Then a
+        new key, a ``failed`` one, or one left ``pending`` by an attempt that lost its
+        lease is taken (``RUN``); within one job only by a newer token. A ``completed`` key
+        answers ``DONE`` with its record and records a repeat; a key pending under a live
+        lease answers ``BUSY``. Every ``STALE`` is recorded as a duplicate.
+        """
+
+    @abc.abstractmethod
+    async def effect_finish(
+        self, *, lease: Lease, key: str, result: str | None = None, error: str | None = None
+    ) -> bool:
+        """Mark the key ``completed`` with ``result`` (JSON text), or ``failed`` with
+        ``error``, only if it is still pending under this attempt's token.
+
+        The job's lease need not be current any more: the effect has happened, and
+        refusing its record would only make it happen again. A refusal (a newer token
+        took the key) is recorded as a stale duplicate and returns ``False``.
+        """
+
+    @abc.abstractmethod
+    async def effects_list(
+        self, *, job_id: int | None = None, key: str | None = None, limit: int = 100
+    ) -> list[EffectRecord]:
+        """Effect records, newest first, filtered by the job that wrote last or by key."""
+
+    @abc.abstractmethod
+    async def fence_write(self, *, lease: Lease, fence: Fence) -> bool:
+        """Record ``fence.token`` as the highest for ``(key, issuer)`` in one transaction
+        that first checks the job's token (and the issuing resource lease, if any).
+
+        ``False`` (recorded as a stale duplicate) when the job's lease or the resource
+        lease is lost, or a higher token of the same issuer has already written.
+        """
+
+    @abc.abstractmethod
+    async def duplicates_list(
+        self, *, since: float | None = None, limit: int = 10_000
+    ) -> list[Duplicate]:
+        """Recorded duplicates, newest first: ledger repeats and refusals, and every job
+        commit refused for a stale token (keyed by the job's idempotency key, or
+        ``job:<id>`` without one)."""
+
+
+class Store(Broker, Leases, Ledger):
+    """A store that plays all three roles; see the module docstring for the contract."""
+
+    capabilities: Capabilities = Capabilities()
+
+    @abc.abstractmethod
+    async def open(self) -> None:
+        """Connect and create or check the schema; raise a :class:`StoreError` on failure."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections. Safe to call twice."""
+
+    @abc.abstractmethod
+    async def migrate(self) -> int | None:
+        """Create or upgrade the schema (works on an unopened store) and return its
+        version; ``None`` for a store without one (in memory)."""
+
+
+def _roles() -> dict[str, Role]:
+    found: dict[str, Role] = {}
+    for role, cls in ((Role.BROKER, Broker), (Role.LEASES, Leases), (Role.LEDGER, Ledger)):
+        for name, value in vars(cls).items():
+            if callable(value) and not name.startswith("_"):
+                found[name] = role
+    return found
+
+
+#: The role of every public seam method, read from the class that declares it: what
+#: the drill's per-role fault injection goes by.
+ROLES: Mapping[str, Role] = _roles()

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._clock import Clock, SystemClock
-from .._errors import JobNotFoundError, NotSupportedError
+from .._errors import JobNotFoundError, NotSupportedError, StaleTokenError
 from .._jobs import (
     Attempt,
     ClaimedJob,
@@ -29,8 +29,10 @@ from .._jobs import (
     finish_transition,
     rescue_transition,
 )
+from .._ledger import DuplicateKind, Fence
 from ._memory_ledger import MemoryLedger
-from .base import Capabilities, ResourceLease, Store
+from ._memory_transaction import MemoryDatabase, MemoryFencedTransaction, refusal
+from .base import Capabilities, FencedTransaction, ResourceLease, Store
 
 __all__ = ["MemoryStore"]
 
@@ -40,7 +42,7 @@ _READY = (JobState.QUEUED, JobState.SCHEDULED)
 class MemoryStore(MemoryLedger, Store):
     """A store held in this process's memory; nothing survives the process."""
 
-    capabilities = Capabilities(multi_process=False, ledger=True)
+    capabilities = Capabilities(multi_process=False, transactional_completion=True, ledger=True)
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self.clock: Clock = clock or SystemClock()
@@ -53,9 +55,14 @@ class MemoryStore(MemoryLedger, Store):
         self._workers: dict[str, WorkerRecord] = {}
         self._leases: dict[str, ResourceLease] = {}
         self._ledger_init()
+        #: The business database handed to ``ctx.transaction()`` (in-memory SQLite).
+        self.database = MemoryDatabase()
 
     async def open(self) -> None:
         """Nothing to connect to."""
+
+    async def migrate(self) -> None:
+        """Nothing to migrate: the in-memory store has no schema version."""
 
     async def close(self) -> None:
         """Nothing to release."""
@@ -147,7 +154,7 @@ class MemoryStore(MemoryLedger, Store):
     def _record_stale(self, lease: Lease, operation: str, now: float) -> None:
         self._stale.append(StaleCommit(lease.job_id, lease.token, lease.owner, operation, now))
 
-    async def leases_renew(
+    async def job_leases_renew(
         self, *, owner: str, leases: Sequence[Lease], ttl: float
     ) -> list[Lease | None]:
         """Extend each held, unexpired lease."""
@@ -424,7 +431,9 @@ class MemoryStore(MemoryLedger, Store):
         with self._lock:
             return sorted(self._workers.values(), key=lambda w: -w.started_at)
 
-    async def lease_acquire(self, *, resource: str, owner: str, ttl: float) -> ResourceLease | None:
+    async def resource_lease_acquire(
+        self, *, resource: str, owner: str, ttl: float
+    ) -> ResourceLease | None:
         """Take or renew the named lease."""
         with self._lock:
             now = self.clock.now()
@@ -438,7 +447,7 @@ class MemoryStore(MemoryLedger, Store):
             self._leases[resource] = new
             return new
 
-    async def lease_release(self, *, lease: ResourceLease) -> bool:
+    async def resource_lease_release(self, *, lease: ResourceLease) -> bool:
         """Release the lease if ``(owner, token)`` still holds it."""
         with self._lock:
             cur = self._leases.get(lease.resource)
@@ -447,6 +456,47 @@ class MemoryStore(MemoryLedger, Store):
             # Expire rather than delete: the token counter must survive the release.
             self._leases[lease.resource] = dataclasses.replace(cur, expires_at=self.clock.now())
             return True
+
+    # -- transactions ---------------------------------------------------------------------
+    def fenced_transaction(
+        self, *, lease: Lease, fences: Sequence[Fence] = (), timeout: float | None = None
+    ) -> FencedTransaction:
+        """A transaction on the store's in-memory business database (``?`` parameters),
+        checked and completed as on SQLite; see ``_memory_transaction.py``."""
+        return MemoryFencedTransaction(self, lease, fences)
+
+    def check_transaction(self, lease: Lease, fences: Sequence[Fence]) -> StaleTokenError | None:
+        """The refusal of a transaction's start (recorded), or ``None``."""
+        with self._lock:
+            now = self.clock.now()
+            if not self._holds(lease):
+                self._record_stale(lease, "transaction", now)
+                return refusal(lease, None)
+            for fence in fences:
+                if not self._fence_ok(lease, fence, now):
+                    self._duplicate(fence.key, DuplicateKind.STALE, "fence", lease, now)
+                    return refusal(lease, fence)
+            return None
+
+    def commit_transaction(
+        self, finish: Finish, fences: Sequence[Fence], commit: Callable[[], None]
+    ) -> StaleTokenError | None:
+        """Check the token again, advance ``fences``, run ``commit`` (the user's writes)
+        and complete the job, all under the store's lock; or the refusal (recorded)."""
+        lease = finish.lease
+        with self._lock:
+            now = self.clock.now()
+            if not self._holds(lease):
+                self._record_stale(lease, "transaction", now)
+                return refusal(lease, None)
+            refused = self._fences_apply(lease, fences, now)
+            if refused is not None:
+                return refusal(lease, refused)
+            commit()
+            job = self._jobs[lease.job_id]
+            self._jobs[job.id] = _finished(job, finish, now)
+            self._close_attempt(job.id, lease.token, finish.outcome.value, finish, now)
+            return None
 
 
 def _finished(job: Job, fin: Finish, now: float) -> Job:

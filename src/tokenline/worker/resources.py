@@ -145,7 +145,9 @@ class LeaseScope:
         pause = 0.01
         while True:
             sent_at = clock.monotonic()
-            got = await ctx.store.lease_acquire(resource=self._resource, owner=owner, ttl=self._ttl)
+            got = await ctx.store.resource_lease_acquire(
+                resource=self._resource, owner=owner, ttl=self._ttl
+            )
             if got is not None:
                 held = HeldLease(got, self._ttl, _valid_until(sent_at, self._ttl), clock)
                 self._slot.resources.append(held)
@@ -169,7 +171,7 @@ class LeaseScope:
         with contextlib.suppress(ValueError):
             self._slot.resources.remove(held)
         try:
-            await self._ctx.store.lease_release(lease=held.current)
+            await self._ctx.store.resource_lease_release(lease=held.current)
         except TokenlineError as exc:  # best effort: it expires at its ttl anyway
             log.warning("could not release the lease on %r: %s", held.resource, exc)
 
@@ -196,7 +198,7 @@ async def renew_resource_leases(store: Store, slots: Iterable[Slot], clock: Cloc
             if held.lost:
                 continue
             sent_at = clock.monotonic()
-            renewed = await store.lease_renew(lease=held.current, ttl=held.ttl)
+            renewed = await store.resource_lease_renew(lease=held.current, ttl=held.ttl)
             if renewed is None:
                 held.lost = True
                 log.warning(

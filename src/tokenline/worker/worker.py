@@ -297,7 +297,7 @@ class Worker:
         this they would start with little or none of their trust window left."""
         sent_at = self.clock.monotonic()
         try:
-            renewed = await self.store.leases_renew(
+            renewed = await self.store.job_leases_renew(
                 owner=self.id, leases=[c.lease for c in claimed], ttl=self.settings.lease_ttl
             )
         except StoreError as exc:
@@ -580,7 +580,7 @@ class Worker:
         sent_at = self.clock.monotonic()
         try:
             # Job leases first: they carry ownership, and their refusal is what fences.
-            renewed = await self.store.leases_renew(
+            renewed = await self.store.job_leases_renew(
                 owner=self.id, leases=[s.lease for s in slots], ttl=settings.lease_ttl
             )
             beat_sent = self.skew.sent()
@@ -653,7 +653,7 @@ class Worker:
         Returns whether it was the leader. Rescue is safe even if two leaders overlap:
         each row is taken only if its lease expired, inside one statement.
         """
-        lease = await self.store.lease_acquire(
+        lease = await self.store.resource_lease_acquire(
             resource=MAINTENANCE_LEASE, owner=self.id, ttl=self.settings.lease_ttl
         )
         if lease is None:

@@ -181,7 +181,9 @@ class PostgresLedger:
         return await self._call(run)
 
     # -- resource leases and the audit ----------------------------------------------------
-    async def lease_renew(self, *, lease: ResourceLease, ttl: float) -> ResourceLease | None:
+    async def resource_lease_renew(
+        self, *, lease: ResourceLease, ttl: float
+    ) -> ResourceLease | None:
         """Extend the named lease if ``(owner, token)`` still holds it unexpired."""
         params = {
             "resource": lease.resource,
@@ -190,7 +192,7 @@ class PostgresLedger:
             "ttl": ttl,
             "now": self._now(),
         }
-        rows = await self._tuples(self._q("lease_renew"), params)
+        rows = await self._tuples(self._q("resource_lease_renew"), params)
         return ResourceLease(*rows[0]) if rows else None
 
     async def duplicates_list(

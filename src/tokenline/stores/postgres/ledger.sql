@@ -90,7 +90,7 @@ INSERT INTO {schema}.duplicates (key, kind, operation, job_id, token, owner, at)
 VALUES (%(key)s, %(kind)s, %(operation)s, %(job_id)s, %(token)s, %(owner)s,
         {schema}.now_epoch(%(now)s));
 
--- name: lease_renew
+-- name: resource_lease_renew
 -- Fenced by owner and token, never by owner alone; a refusal while another token holds
 -- the lease is recorded as a stale duplicate by the same statement.
 WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
@@ -104,7 +104,7 @@ renewed AS (
 ),
 stale AS (
     INSERT INTO {schema}.duplicates (key, kind, operation, job_id, token, owner, at)
-    SELECT %(resource)s, 'stale', 'lease_renew', NULL, %(token)s, %(owner)s, c.now
+    SELECT %(resource)s, 'stale', 'resource_lease_renew', NULL, %(token)s, %(owner)s, c.now
     FROM clock AS c
     WHERE NOT EXISTS (SELECT 1 FROM renewed)
       AND EXISTS (SELECT 1 FROM {schema}.leases AS l

@@ -165,7 +165,7 @@ attempt_rows AS (
 )
 SELECT * FROM claimed ORDER BY priority DESC, run_at, id;
 
--- name: renew
+-- name: job_leases_renew
 WITH input AS (
     SELECT *
     FROM unnest(%(job_id)s::bigint[], %(token)s::bigint[], %(lease_owner)s::text[])
@@ -465,7 +465,7 @@ WHERE w.id = %(id)s AND w.token = %(token)s;
 -- name: workers_list
 SELECT * FROM {schema}.workers ORDER BY started_at DESC;
 
--- name: lease_acquire
+-- name: resource_lease_acquire
 WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now)
 INSERT INTO {schema}.leases AS l (resource, owner, token, expires_at)
 SELECT %(resource)s, %(owner)s, 1, c.now + %(ttl)s FROM clock AS c
@@ -478,7 +478,7 @@ SET token = CASE WHEN l.owner = excluded.owner
 WHERE l.expires_at <= {schema}.now_epoch(%(now)s) OR l.owner = excluded.owner
 RETURNING resource, owner, token, expires_at;
 
--- name: lease_release
+-- name: resource_lease_release
 -- Expire rather than delete: the token counter must survive the release.
 UPDATE {schema}.leases
 SET expires_at = LEAST(expires_at, {schema}.now_epoch(%(now)s))

@@ -7,7 +7,7 @@ database, not from this process:
 * Claims take rows with ``FOR NO KEY UPDATE SKIP LOCKED``: concurrent claimers on any
   machine never wait for each other and never share a job; the token bump and the attempt row
   happen in the same statement.
-* ``jobs_finish`` and ``leases_renew`` are one statement per batch, each row conditional
+* ``jobs_finish`` and ``job_leases_renew`` are one statement per batch, each row conditional
   on its own ``(id, lease_token, lease_owner, state = 'running')``; refused rows are
   written to ``stale_commits`` by that same statement.
 * A trigger refuses any backwards job state move, whatever SQL is sent.
@@ -337,7 +337,7 @@ class PostgresStore(PostgresLedger, Store):
             for j in jobs
         ]
 
-    async def leases_renew(
+    async def job_leases_renew(
         self, *, owner: str, leases: Sequence[Lease], ttl: float
     ) -> list[Lease | None]:
         """Extend every held lease in one statement; report the lost ones, recording as
@@ -352,7 +352,9 @@ class PostgresStore(PostgresLedger, Store):
             "ttl": ttl,
             "now": self._now(),
         }
-        renewed = {int(r[0]): float(r[1]) for r in await self._tuples(self._q("renew"), params)}
+        renewed = {
+            int(r[0]): float(r[1]) for r in await self._tuples(self._q("job_leases_renew"), params)
+        }
         return [
             Lease(lease.job_id, owner, lease.token, renewed[i]) if (i := n + 1) in renewed else None
             for n, lease in enumerate(leases)
@@ -607,13 +609,15 @@ class PostgresStore(PostgresLedger, Store):
         """All workers, newest first."""
         return [worker_from_row(r) for r in await self._rows(self._q("workers_list"), {})]
 
-    async def lease_acquire(self, *, resource: str, owner: str, ttl: float) -> ResourceLease | None:
+    async def resource_lease_acquire(
+        self, *, resource: str, owner: str, ttl: float
+    ) -> ResourceLease | None:
         """Take, or renew, the named lease."""
         params = {"resource": resource, "owner": owner, "ttl": ttl, "now": self._now()}
-        rows = await self._tuples(self._q("lease_acquire"), params)
+        rows = await self._tuples(self._q("resource_lease_acquire"), params)
         return ResourceLease(*rows[0]) if rows else None
 
-    async def lease_release(self, *, lease: ResourceLease) -> bool:
+    async def resource_lease_release(self, *, lease: ResourceLease) -> bool:
         """Release the named lease if ``(owner, token)`` still holds it."""
         params = {
             "resource": lease.resource,
@@ -621,7 +625,7 @@ class PostgresStore(PostgresLedger, Store):
             "token": lease.token,
             "now": self._now(),
         }
-        return await self._rowcount(self._q("lease_release"), params) == 1
+        return await self._rowcount(self._q("resource_lease_release"), params) == 1
 
     # -- transactions ---------------------------------------------------------------------
     def fenced_transaction(

@@ -62,7 +62,13 @@ def insert_job(conn: sqlite3.Connection, enqueue_sql: str, row: dict[str, Any], 
 def stale_lease(lease: ResourceLease, now: float) -> Duplicate:
     """A refused renewal of a resource lease someone else holds now."""
     return Duplicate(
-        lease.resource, DuplicateKind.STALE, "lease_renew", None, lease.token, lease.owner, now
+        lease.resource,
+        DuplicateKind.STALE,
+        "resource_lease_renew",
+        None,
+        lease.token,
+        lease.owner,
+        now,
     )
 
 
@@ -222,7 +228,9 @@ class SQLiteLedger:
         return await self._call(run)
 
     # -- resource leases and the audit ----------------------------------------------------
-    async def lease_renew(self, *, lease: ResourceLease, ttl: float) -> ResourceLease | None:
+    async def resource_lease_renew(
+        self, *, lease: ResourceLease, ttl: float
+    ) -> ResourceLease | None:
         """Extend the named lease if ``(owner, token)`` still holds it unexpired (on the
         coordination file: never behind a main-file transaction)."""
         params: dict[str, Any] = {

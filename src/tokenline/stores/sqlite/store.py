@@ -520,6 +520,14 @@ class SQLiteStore(SQLiteLedger, Store):
                     row = coord.execute(CQ["clock_get"]).fetchone()
         return MachineClock(Anchor(row["boot_id"], row["wall"], row["uptime"]), uptime)
 
+    async def migrate(self) -> int:
+        """Create or upgrade both files' schemas (opening the store does it too) and
+        return the schema version."""
+        if self._main is None:
+            await self.open()
+            await self.close()
+        return SCHEMA_VERSION
+
     def _peek_now(self) -> float:
         """The store's time as anchored for this boot, read without opening the store
         (the wall clock if this boot has not anchored it yet)."""
@@ -669,7 +677,7 @@ class SQLiteStore(SQLiteLedger, Store):
 
         return await self._call_both(run)
 
-    async def leases_renew(
+    async def job_leases_renew(
         self, *, owner: str, leases: Sequence[Lease], ttl: float
     ) -> list[Lease | None]:
         """Extend every held lease in one statement on the coordination file."""
@@ -936,7 +944,9 @@ class SQLiteStore(SQLiteLedger, Store):
         rows = await self._coord_call(lambda c: c.execute(CQ["workers_list"]).fetchall())
         return [_worker(r) for r in rows]
 
-    async def lease_acquire(self, *, resource: str, owner: str, ttl: float) -> ResourceLease | None:
+    async def resource_lease_acquire(
+        self, *, resource: str, owner: str, ttl: float
+    ) -> ResourceLease | None:
         """Take, or renew, the named lease.
 
         Renewing, or finding it held by someone else, touches only the coordination
@@ -982,7 +992,7 @@ class SQLiteStore(SQLiteLedger, Store):
 
         return await self._call_both(take)
 
-    async def lease_release(self, *, lease: ResourceLease) -> bool:
+    async def resource_lease_release(self, *, lease: ResourceLease) -> bool:
         """Release the named lease if ``(owner, token)`` still holds it."""
 
         def run(coord: sqlite3.Connection) -> bool:
