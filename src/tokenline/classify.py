@@ -5,7 +5,9 @@ class          examples                                     action
 =============  ===========================================  ==============================
 transient      timeouts, connection resets, unknown errors  retry with backoff, then dead
 permanent      ``Permanent``, bad arguments (``TypeError``), dead at once, with the reason
-               invalid input (``InvalidInputError``)
+               invalid input (``InvalidInputError``), an
+               API used wrongly (``NotSupportedError``,
+               ``ConfigError``)
 coordination   lease lost, store unreachable, cancelled      no ack, no attempt burned
 =============  ===========================================  ==============================
 
@@ -19,8 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ._errors import (
+    ConfigError,
     FencedError,
     InvalidInputError,
+    NotSupportedError,
     Permanent,
     Retry,
     StoreUnavailableError,
@@ -75,8 +79,13 @@ def classify(exc: BaseException, user: Classifier | None = None) -> Decision:
             raise TypeError(
                 f"classifier returned {verdict!r}; expected ErrorClass, Decision or None"
             )
-    # A handler called with arguments it cannot take, or handing tokenline input it
-    # refuses (an effect result that is not JSON), will fail the same way every time.
-    if isinstance(exc, TypeError | NotImplementedError | InvalidInputError):
+    # A handler called with arguments it cannot take, handing tokenline input it refuses
+    # (an effect result that is not JSON), or using its API in a way that cannot work
+    # (the sync form in an async handler, a capability the store lacks) will fail the
+    # same way every time: retrying it only burns attempts.
+    if isinstance(
+        exc,
+        TypeError | NotImplementedError | InvalidInputError | NotSupportedError | ConfigError,
+    ):
         return Decision(ErrorClass.PERMANENT, _describe(exc))
     return Decision(ErrorClass.TRANSIENT, _describe(exc))

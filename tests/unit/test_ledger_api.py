@@ -194,29 +194,29 @@ async def test_a_result_that_is_not_json_dead_letters_the_job(app: App, store: S
     assert record.status is EffectStatus.FAILED
 
 
-async def test_the_sync_forms_refuse_to_run_on_the_event_loop(app: App, store: Store) -> None:
-    """ctx.effect / ctx.fenced / with ctx.lease in an async handler would deadlock the
-    loop: they raise NotSupportedError naming the async form instead."""
+async def test_one_name_serves_both_kinds_of_handler(app: App, store: Store) -> None:
+    """In an async handler ``await ctx.effect(...)`` and ``await ctx.fenced(...)`` work
+    under the same names as in a sync one; the blocking ``with`` forms of ctx.lease and
+    ctx.transaction, which would stall the event loop, raise NotSupportedError naming
+    ``async with`` instead."""
     seen: list[str] = []
+    results: list[object] = []
 
-    @app.task(name="t.wrong")
+    @app.task(name="t.both")
     async def handler(ctx: JobContext) -> None:
-        for attempt in (
-            lambda: ctx.effect("k", lambda: 1),
-            lambda: ctx.fenced("k"),
-            lambda: ctx.lease("r").__enter__(),
-        ):
+        results.append(await ctx.effect("k", lambda: 1))
+        results.append(await ctx.fenced("f"))
+        for attempt in (lambda: ctx.lease("r").__enter__(), lambda: ctx.transaction().__enter__()):
             with pytest.raises(NotSupportedError) as info:
                 attempt()
             seen.append(str(info.value))
 
-    jid = await app.enqueue_async("t.wrong", store=store)
+    jid = await app.enqueue_async("t.both", store=store)
     async with running(Worker(app, FAST)):
-        await job_in(store, jid, JobState.SUCCEEDED)
-    assert ["effect_async" in seen[0], "fenced_async" in seen[1], "async with" in seen[2]] == [
-        True
-    ] * 3
-    assert await store.effects_list() == []
+        job = await job_in(store, jid, JobState.SUCCEEDED)
+    assert results == [1, job.lease_token]
+    assert ["async with" in text for text in seen] == [True, True]
+    assert [e.key for e in await store.effects_list()] == ["k"]
 
 
 # -- fences and resource leases ---------------------------------------------------------

@@ -808,3 +808,62 @@ async def test_worker_measures_and_reports_its_clock_skew(
     assert attempts == [1, 2]
     assert rec.clock_skew == pytest.approx(offset, abs=5)
     assert "off the store's" in caplog.text
+
+
+# -- misuse and logs ------------------------------------------------------------------------
+
+
+async def test_an_api_used_wrongly_is_dead_at_once_and_says_how_to_fix_it(
+    app: App, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`with ctx.transaction()` in an async handler cannot work: the job goes dead on its
+    first attempt (no retries burning the budget), with a reason naming the right form,
+    and the worker logs it with the job, attempt, class and reason."""
+    calls: list[int] = []
+
+    @app.task(name="t.misuse", max_attempts=5)
+    async def misuse(ctx: JobContext) -> None:
+        calls.append(ctx.attempt)
+        with ctx.transaction():
+            pass
+
+    jid = await app.enqueue_async("t.misuse", store=store)
+    with caplog.at_level("INFO", logger="tokenline.worker"):
+        async with running(Worker(app, FAST)):
+            job = await job_in(store, jid, JobState.DEAD)
+    assert calls == [1]
+    assert job.error_class == "permanent"
+    assert job.last_error is not None
+    assert "async with ctx.transaction()" in job.last_error
+    assert f"job {jid} (t.misuse) attempt 1/5: dead (permanent)" in caplog.text
+
+
+async def test_every_retry_is_logged_with_its_class_and_reason(
+    app: App, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A transient failure that will be retried shows in the worker's log at once, with
+    the job, the attempt, the class and the reason — not only when the job dies."""
+
+    @app.task(name="t.flaky_log", max_attempts=2, retry=NO_BACKOFF)
+    async def flaky(ctx: JobContext) -> None:
+        raise ConnectionResetError("peer reset")
+
+    jid = await app.enqueue_async("t.flaky_log", store=store)
+    with caplog.at_level("INFO", logger="tokenline.worker"):
+        async with running(Worker(app, FAST)):
+            await job_in(store, jid, JobState.DEAD)
+    assert f"job {jid} (t.flaky_log) attempt 1/2 failed (transient): ConnectionResetError" in (
+        caplog.text
+    )
+    assert f"job {jid} (t.flaky_log) attempt 2/2: dead (transient)" in caplog.text
+
+
+@pytest.mark.parametrize(("url", "marker"), [("memory://", "?"), ("sqlite", "?")])
+async def test_placeholder_is_the_parameter_marker_of_the_stores_connection(
+    url: str, marker: str, tmp_path: Any
+) -> None:
+    """ctx.placeholder is what the connection of ctx.transaction() takes."""
+    store_url = f"sqlite:///{tmp_path / 'p.db'}" if url == "sqlite" else url
+    from tokenline.stores import store_from_url
+
+    assert store_from_url(store_url).capabilities.placeholder == marker

@@ -89,6 +89,8 @@ class Capabilities:
     #: One writer at a time (SQLite): a ledger write from inside the job's own open
     #: fenced transaction would wait for that transaction, forever.
     single_writer: bool = False
+    #: The parameter marker of the connection a fenced transaction hands out.
+    placeholder: str = "?"
 
 
 @dataclass(frozen=True, slots=True)

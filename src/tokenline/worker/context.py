@@ -157,6 +157,21 @@ class JobContext:
                 "transaction, or use ctx.transaction(fence=...) for fences"
             )
 
+    @property
+    def placeholder(self) -> str:
+        """The parameter marker of the connection ``ctx.transaction()`` hands you: ``?``
+        (SQLite, memory) or ``%s`` (PostgreSQL), for SQL that runs on every store."""
+        return self._store.capabilities.placeholder
+
+    @staticmethod
+    def _on_loop() -> bool:
+        """Whether the caller runs on an event loop (an async handler's task)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return True
+
     def run_sync(self, coro: Coroutine[Any, Any, T], instead: str) -> T:
         """Run ``coro`` on the worker's loop from a sync handler's thread and wait for it.
 
@@ -189,13 +204,16 @@ class JobContext:
         """Run ``fn(*args, **kwargs)`` at most once per ``key`` and return its result; a
         repeat of a completed key returns the stored result without calling ``fn``.
 
-        For sync handlers (``fn`` runs in the handler's thread); async handlers use
-        :meth:`effect_async`. The result must be JSON; what comes back is the JSON value
-        (a tuple comes back as a list), the same on the first run and on repeats. ``wait``:
-        seconds to wait for another live attempt running the same key. ``fn`` can read
-        the key from :func:`tokenline.current_effect` to hand it to an external API. See
-        ``tokenline/ledger.py`` for what is and is not guaranteed.
+        One name for both kinds of handler: ``ctx.effect(...)`` in a sync handler (``fn``
+        runs in the handler's thread), ``await ctx.effect(...)`` in an async one (``fn``
+        may then be a coroutine function). The result must be JSON; what comes back is
+        the JSON value (a tuple comes back as a list), the same on the first run and on
+        repeats. ``wait``: seconds to wait for another live attempt running the same key.
+        ``fn`` can read the key from :func:`tokenline.current_effect` to hand it to an
+        external API. See ``tokenline/ledger.py`` for what is and is not guaranteed.
         """
+        if self._on_loop():
+            return self.effect_async(key, fn, *args, wait=wait, **kwargs)
         self.check()
         self.refuse_inside_transaction("ctx.effect")
         run = EffectRun(self._store, self.job_lease, key, clock=self._clock, wait=wait)
@@ -220,8 +238,9 @@ class JobContext:
         wait: float = DEFAULT_EFFECT_WAIT,
         **kwargs: Any,
     ) -> Any:
-        """:meth:`effect` for async handlers: ``fn`` may be a coroutine function (awaited)
-        or a plain one (called on the event loop: keep it quick)."""
+        """:meth:`effect` in an async handler, by its explicit name: ``fn`` may be a
+        coroutine function (awaited) or a plain one (called on the event loop: keep it
+        quick)."""
         self.check()
         self.refuse_inside_transaction("ctx.effect_async")
         return await run_effect(
@@ -250,9 +269,12 @@ class JobContext:
             raise StaleTokenError(resource=f"fence {key!r}", token=fence.token, operation="fence")
         return fence.token
 
-    def fenced(self, key: str) -> int:
-        """:meth:`fenced_async` for sync handlers."""
-        return self.run_sync(self.fenced_async(key), "await ctx.fenced_async(...)")
+    def fenced(self, key: str) -> Any:
+        """:meth:`fenced_async` under one name for both kinds of handler:
+        ``ctx.fenced(key)`` in a sync handler, ``await ctx.fenced(key)`` in an async one."""
+        if self._on_loop():
+            return self.fenced_async(key)
+        return self.run_sync(self.fenced_async(key), "await ctx.fenced(...)")
 
     def resource_lease(
         self, resource: str, *, ttl: float | None = None, wait: float = 0.0
@@ -282,9 +304,12 @@ class JobContext:
         """A store transaction that verifies this attempt's token first and completes the
         job on commit, together with your writes: the business effect happens once.
 
-        ``with ctx.transaction() as conn:`` in sync handlers (SQLite), ``async with`` in
-        async handlers. A stale token raises :class:`StaleTokenError` before any of your
-        writes; an exception inside the block rolls everything back. ``fence``: keys to
+        ``with ctx.transaction() as conn:`` in sync handlers, ``async with`` in async
+        handlers, on every store. ``conn`` is the store's own driver connection:
+        ``sqlite3`` (SQLite, and the in-memory store's private database), ``psycopg``
+        (PostgreSQL: sync or async to match); write parameters with
+        :attr:`placeholder`. A stale token raises :class:`StaleTokenError` before any of
+        your writes; an exception inside the block rolls everything back. ``fence``: keys to
         advance in the same transaction, as :meth:`fenced` does (a lower token than
         the highest that wrote is refused before any of your writes).
         """
@@ -371,6 +396,12 @@ class _ContextTransaction:
         return None, None
 
     def __enter__(self) -> Any:
+        if self._ctx._on_loop():
+            # Blocking calls on the event loop would stop the worker's control plane.
+            raise NotSupportedError(
+                "`with ctx.transaction()` in an async handler would block the event loop: "
+                "use `async with ctx.transaction() as conn:`"
+            )
         inner = self._begin()
         try:
             return inner.__enter__()

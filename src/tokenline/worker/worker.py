@@ -488,13 +488,23 @@ class Worker:
         outcome = finish.outcome
         if outcome is Outcome.SUCCEEDED:
             self.counters.succeeded += 1
-        elif outcome is Outcome.RETRY:
+            return
+        job = slot.claimed.job
+        what = f"job {job.id} ({job.task}) attempt {job.attempt}/{job.max_attempts}"
+        cls = finish.error_class or "-"
+        # Every outcome but success is logged with its class and reason: a job that fails
+        # the same way on every attempt must be visible before it goes dead.
+        if outcome is Outcome.RETRY:
             self.counters.retried += 1
+            log.info(
+                "%s failed (%s): %s; it runs again in %.1fs", what, cls, finish.error, finish.delay
+            )
         elif outcome is Outcome.DEAD:
             self.counters.dead += 1
-            log.warning("job %s dead: %s", slot.claimed.job.id, finish.error)
+            log.warning("%s: dead (%s): %s", what, cls, finish.error)
         else:
             self.counters.released += 1
+            log.info("%s given back, no attempt spent (%s): %s", what, cls, finish.error)
 
     # -- fencing --------------------------------------------------------------------------
     async def _lease_lost(self, reason: str) -> None:

@@ -93,7 +93,11 @@ class PostgresStore(PostgresLedger, Store):
     """
 
     capabilities = Capabilities(
-        multi_process=True, transactional_completion=True, notifications=True, ledger=True
+        multi_process=True,
+        transactional_completion=True,
+        notifications=True,
+        ledger=True,
+        placeholder="%s",
     )
 
     def __init__(
