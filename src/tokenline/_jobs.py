@@ -47,6 +47,7 @@ __all__ = [
     "can_transition",
     "finish_transition",
     "job_from_row",
+    "renewal_was_stale",
     "rescue_transition",
 ]
 
@@ -238,6 +239,18 @@ def finish_transition(fin: Finish) -> Transition:
     state = JobState.SCHEDULED if delay > 0 else JobState.QUEUED
     # A release gives the attempt back: the job did not fail, it was put aside.
     return Transition(state, delay, 1 if fin.outcome is Outcome.RELEASE else 0, False)
+
+
+def renewal_was_stale(
+    holder_token: int | None, holder_owner: str | None, token: int, owner: str
+) -> bool:
+    """Whether a refused renewal of ``(token, owner)`` was a stale write — someone else's
+    token or owner holds the lease now — rather than a lease that merely expired, or one
+    its own owner finished (owner cleared, token unchanged). No record of the lease at
+    all: nothing can be said, so not stale. The one rule every store records by."""
+    if holder_token is None:
+        return False
+    return holder_token != token or (holder_owner is not None and holder_owner != owner)
 
 
 #: The reason a rescued attempt ends with.

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._clock import Clock, SystemClock
-from .._errors import JobNotFoundError, NotSupportedError, StaleTokenError
+from .._errors import JobNotFoundError, NotSupportedError, StaleTokenError, StoreError
 from .._jobs import (
     Attempt,
     ClaimedJob,
@@ -26,7 +26,9 @@ from .._jobs import (
     RescueReport,
     StaleCommit,
     WorkerRecord,
+    can_transition,
     finish_transition,
+    renewal_was_stale,
     rescue_transition,
 )
 from .._ledger import DuplicateKind, Fence
@@ -126,7 +128,7 @@ class MemoryStore(MemoryLedger, Store):
             claimed = []
             for job in ready[:limit]:
                 token = job.lease_token + 1
-                job = dataclasses.replace(
+                job = _moved(
                     job,
                     state=JobState.RUNNING,
                     attempt=job.attempt + 1,
@@ -174,13 +176,9 @@ class MemoryStore(MemoryLedger, Store):
                     )
                     out.append(dataclasses.replace(lease, expires_at=now + ttl))
                 else:
-                    # Refused, but stale only if someone else's token or owner is on it
-                    # now; a job this owner finished itself, or an expired lease, is not.
-                    if (
-                        job is None
-                        or job.lease_token != lease.token
-                        or (job.lease_owner is not None and job.lease_owner != owner)
-                    ):
+                    holder_token = None if job is None else job.lease_token
+                    holder_owner = None if job is None else job.lease_owner
+                    if renewal_was_stale(holder_token, holder_owner, lease.token, owner):
                         self._record_stale(lease, "renew", now)
                     out.append(None)
             return out
@@ -248,7 +246,7 @@ class MemoryStore(MemoryLedger, Store):
                 self._close_attempt(
                     job.id, job.lease_token, "lease_expired", None, now, rescue.reason
                 )
-                self._jobs[job.id] = dataclasses.replace(
+                self._jobs[job.id] = _moved(
                     job,
                     state=move.state,
                     attempt=job.attempt - move.refund,
@@ -334,7 +332,7 @@ class MemoryStore(MemoryLedger, Store):
             for jid in job_ids:
                 job = self._jobs.get(jid)
                 if job is not None and job.state is JobState.DEAD:
-                    self._jobs[jid] = dataclasses.replace(
+                    self._jobs[jid] = _moved(
                         job,
                         state=JobState.QUEUED,
                         max_attempts=job.attempt + job.max_attempts,
@@ -354,7 +352,7 @@ class MemoryStore(MemoryLedger, Store):
             for jid in job_ids:
                 job = self._jobs.get(jid)
                 if job is not None and job.state in (*_READY, JobState.DEAD):
-                    self._jobs[jid] = dataclasses.replace(
+                    self._jobs[jid] = _moved(
                         job,
                         state=JobState.CANCELLED,
                         last_error=reason,
@@ -499,10 +497,19 @@ class MemoryStore(MemoryLedger, Store):
             return None
 
 
+def _moved(job: Job, **changes: Any) -> Job:
+    """``job`` with ``changes``, refusing a state move that ALLOWED_TRANSITIONS forbids —
+    what the SQL stores' triggers do, here in the reference store."""
+    state = changes.get("state", job.state)
+    if state is not job.state and not can_transition(job.state, state):
+        raise StoreError(f"illegal job state transition {job.state.value} -> {state.value}")
+    return dataclasses.replace(job, **changes)
+
+
 def _finished(job: Job, fin: Finish, now: float) -> Job:
     """The job after ``fin`` was accepted, by the core's :func:`finish_transition`."""
     move = finish_transition(fin)
-    return dataclasses.replace(
+    return _moved(
         job,
         state=move.state,
         run_at=job.run_at if move.delay is None else now + move.delay,

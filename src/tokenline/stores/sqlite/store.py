@@ -73,6 +73,7 @@ from ..._jobs import (
     attempt_from_row,
     finish_transition,
     job_from_row,
+    renewal_was_stale,
     rescue_transition,
 )
 from ..._ledger import Fence
@@ -144,15 +145,6 @@ def _job(row: sqlite3.Row) -> Job:
     if job.state is JobState.RUNNING and live is not None and live != job.lease_expires_at:
         return dataclasses.replace(job, lease_expires_at=live)
     return job
-
-
-def _taken_over(holder: tuple[int, str] | None, token: int, owner: str) -> bool:
-    """Whether a refused renewal was stale (someone else's token or owner holds the
-    lease row now), rather than of a lease that merely expired or was pruned."""
-    if holder is None:
-        return False
-    current_token, current_owner = holder
-    return current_token != token or current_owner != owner
 
 
 def finish_params(fin: Finish, now: float) -> dict[str, Any]:
@@ -697,8 +689,14 @@ class SQLiteStore(SQLiteLedger, Store):
                     current = coord.execute(
                         CQ["job_lease_holders"], {"ids": json.dumps([x.job_id for x in lost])}
                     ).fetchall()
-                    holders = {r[0]: (r[1], r[2]) for r in current}
-                    stale = [x for x in lost if _taken_over(holders.get(x.job_id), x.token, owner)]
+                    holders: dict[int, tuple[int | None, str | None]] = {
+                        r[0]: (r[1], r[2]) for r in current
+                    }
+                    stale = []
+                    for x in lost:
+                        held_token, held_owner = holders.get(x.job_id, (None, None))
+                        if renewal_was_stale(held_token, held_owner, x.token, owner):
+                            stale.append(x)
             return renewed, stale, now
 
         if not leases:
