@@ -45,7 +45,7 @@ from ._errors import (
 from ._jobs import Attempt, Job, JobState, Lease, QueueStats
 from ._tasks import Task
 from .classify import Decision, ErrorClass, classify
-from .ledger import EffectCall, current_effect, require_fenced
+from .effects import EffectCall, current_effect, require_fenced
 from .retry import RetryPolicy
 from .worker import JobContext, Worker, WorkerState, run_worker
 

@@ -23,8 +23,9 @@ from tokenline._errors import (
 )
 from tokenline._jobs import Finish, JobState, NewJob, Outcome, Unique
 from tokenline._ledger import DuplicateKind, EffectStatus, Fence, Start
-from tokenline.ledger import EffectRun, run_effect
-from tokenline.worker.context import JobContext, Slot
+from tokenline.effects import EffectRun, run_effect
+from tokenline.worker.context import JobContext
+from tokenline.worker.slot import Slot
 
 Q = ["default"]
 

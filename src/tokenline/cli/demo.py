@@ -24,7 +24,7 @@ from rich.table import Table
 from .._app import App
 from .._errors import ConfigError
 from .._jobs import JobState
-from .._scratch import ScratchStore, scratch_for
+from ..drill._scratch import ScratchStore, scratch_for
 from ._common import console
 
 LEASE_TTL = 2.0

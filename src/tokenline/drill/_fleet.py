@@ -114,7 +114,7 @@ class Fleet:
         """The store URL worker ``i`` uses: through its proxy when there is one."""
         if not self.proxies:
             return self.url
-        from .._scratch import through
+        from ._scratch import through
 
         return through(self.url, *self.proxies[i].address)
 

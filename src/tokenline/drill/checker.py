@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .._scratch import ScratchStore
+    from ._scratch import ScratchStore
 
 __all__ = ["SLACK", "Attempt", "FaultWindow", "Report", "Snapshot", "check", "read_snapshot"]
 

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import TokenlineError
-from .._scratch import ScratchStore, scratch_for, upstream_of
 from . import app as drill_app
 from ._fleet import Fleet, WorkerSettings
+from ._scratch import ScratchStore, scratch_for, upstream_of
 from .checker import FaultWindow, Report, check, read_snapshot
 from .proxy import ThreadedFaultProxy
 from .scenarios import (

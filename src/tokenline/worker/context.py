@@ -1,14 +1,12 @@
 """The handler's view of its job: identity, token, cancellation, fenced commits, and
-the ledger (``effect``, ``fenced``, ``lease``; see ``tokenline/ledger.py`` and
+the ledger (``effect``, ``fenced``, ``lease``; see ``tokenline/effects.py`` and
 ``worker/resources.py`` for how they work and what they guarantee)."""
 
 from __future__ import annotations
 
 import asyncio
 import math
-import threading
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._clock import Clock
@@ -19,9 +17,9 @@ from .._errors import (
     NotSupportedError,
     StaleTokenError,
 )
-from .._jobs import ClaimedJob, Lease
+from .._jobs import Lease
 from .._ledger import Fence, Start
-from ..ledger import (
+from ..effects import (
     DEFAULT_EFFECT_WAIT,
     EffectRun,
     decode_result,
@@ -30,7 +28,8 @@ from ..ledger import (
     run_effect,
     running_effect,
 )
-from .resources import HeldLease, LeaseScope
+from .resources import LeaseScope
+from .slot import Slot
 
 if TYPE_CHECKING:
     from .._config import WorkerSettings
@@ -39,28 +38,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 __all__ = ["JobContext", "LeaseHandle"]
-
-
-@dataclass(eq=False)
-class Slot:
-    """A worker's bookkeeping for one in-flight job (private to the worker)."""
-
-    claimed: ClaimedJob
-    lease: Lease
-    #: Monotonic deadline after which the worker no longer trusts its lease.
-    valid_until: float
-    cancel: threading.Event = field(default_factory=threading.Event)
-    cancel_reason: str | None = None
-    task: asyncio.Task[None] | None = None
-    completed_in_transaction: bool = False
-    #: Its outcome is being committed: a renewal refused meanwhile means nothing.
-    finishing: bool = False
-    #: Resource leases held through ``ctx.lease``; the control plane renews them.
-    resources: list[HeldLease] = field(default_factory=list)
-    #: Monotonic time of the attempt's hard timeout.
-    deadline: float = math.inf
-    #: A ``ctx.transaction()`` of this attempt is open.
-    in_transaction: bool = False
 
 
 class JobContext:
@@ -210,7 +187,7 @@ class JobContext:
         the JSON value (a tuple comes back as a list), the same on the first run and on
         repeats. ``wait``: seconds to wait for another live attempt running the same key.
         ``fn`` can read the key from :func:`tokenline.current_effect` to hand it to an
-        external API. See ``tokenline/ledger.py`` for what is and is not guaranteed.
+        external API. See ``tokenline/effects.py`` for what is and is not guaranteed.
         """
         if self._on_loop():
             return self.effect_async(key, fn, *args, wait=wait, **kwargs)

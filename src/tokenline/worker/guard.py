@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
     from .._clock import Clock
-    from .context import Slot
+    from .slot import Slot
 
 __all__ = ["UNTRUSTED", "Guarded", "LeaseCheck"]
 

@@ -42,7 +42,8 @@ from .._ledger import validate_key
 if TYPE_CHECKING:
     from .._clock import Clock
     from ..stores.base import ResourceLease, Store
-    from .context import JobContext, Slot
+    from .context import JobContext
+    from .slot import Slot
 
 __all__ = ["HeldLease", "LeaseScope", "renew_resource_leases"]
 

@@ -45,10 +45,11 @@ from .._jobs import ClaimedJob, Finish, Outcome, WorkerRecord
 from ..classify import Decision, ErrorClass, classify
 from ..retry import RetryPolicy
 from .completer import BatchCompleter
-from .context import JobContext, Slot, decode_args
+from .context import JobContext, decode_args
 from .guard import UNTRUSTED, Guarded, LeaseCheck
 from .resources import renew_resource_leases
 from .skew import ClockSkew
+from .slot import Slot
 from .state import WorkerEvent, WorkerState, next_state
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._errors import ConfigError
+from .._errors import ConfigError
 
 __all__ = ["ScratchStore", "scratch_for", "through", "upstream_of"]
 

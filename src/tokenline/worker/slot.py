@@ -1,0 +1,40 @@
+"""A worker's bookkeeping for one in-flight attempt: its lease, its trust window, its
+cancellation, and the resource leases it holds. Private to the worker; the handler sees
+it through :class:`~tokenline.worker.context.JobContext`."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .._jobs import ClaimedJob, Lease
+
+if TYPE_CHECKING:
+    from .resources import HeldLease
+
+__all__ = ["Slot"]
+
+
+@dataclass(eq=False)
+class Slot:
+    """A worker's bookkeeping for one in-flight job (private to the worker)."""
+
+    claimed: ClaimedJob
+    lease: Lease
+    #: Monotonic deadline after which the worker no longer trusts its lease.
+    valid_until: float
+    cancel: threading.Event = field(default_factory=threading.Event)
+    cancel_reason: str | None = None
+    task: asyncio.Task[None] | None = None
+    completed_in_transaction: bool = False
+    #: Its outcome is being committed: a renewal refused meanwhile means nothing.
+    finishing: bool = False
+    #: Resource leases held through ``ctx.lease``; the control plane renews them.
+    resources: list[HeldLease] = field(default_factory=list)
+    #: Monotonic time of the attempt's hard timeout.
+    deadline: float = math.inf
+    #: A ``ctx.transaction()`` of this attempt is open.
+    in_transaction: bool = False
