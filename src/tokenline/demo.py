@@ -1,14 +1,14 @@
 """The demo application: invoices, each written exactly once through ``ctx.transaction``.
 
 Worker processes import ``tokenline.demo:app``; the store URL comes from
-``TOKENLINE_URL``, which ``tokenline demo`` sets for them. On SQLite the handler is a
-sync function using ``with ctx.transaction()``; on PostgreSQL an async one using
-``async with``. The invoice table is named by ``TOKENLINE_DEMO_TABLE``.
+``TOKENLINE_URL``, which ``tokenline demo`` sets for them. One handler serves every
+store: ``with ctx.transaction()`` hands it the store's own connection, and
+``ctx.placeholder`` its parameter marker. The invoice table is named by
+``TOKENLINE_DEMO_TABLE``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 import re
@@ -18,7 +18,7 @@ from ._app import App
 from ._errors import ConfigError, Retry
 from .worker.context import JobContext
 
-__all__ = ["app", "invoice", "invoice_async", "invoice_table"]
+__all__ = ["app", "invoice", "invoice_table"]
 
 app = App()
 
@@ -38,7 +38,7 @@ def invoice_table() -> str:
 
 
 def _flaky(ctx: JobContext, order_id: int) -> None:
-    if order_id % 97 == 0 and ctx.attempt == 1:
+    if order_id % 97 == 0 and ctx.token == 1:
         # A flaky payment gateway: the first try of a few orders fails transiently.
         raise Retry(delay=0.2, reason="payment gateway timed out")
 
@@ -49,16 +49,7 @@ def invoice(ctx: JobContext, order_id: int, amount_cents: int) -> None:
     time.sleep(random.uniform(0.01, 0.04))
     _flaky(ctx, order_id)
     ctx.check()
-    insert = f"INSERT INTO {invoice_table()} ({COLUMNS}) VALUES (?, ?, ?, ?, ?)"
+    marks = ", ".join([ctx.placeholder] * 5)
+    insert = f"INSERT INTO {invoice_table()} ({COLUMNS}) VALUES ({marks})"
     with ctx.transaction() as conn:
         conn.execute(insert, (order_id, amount_cents, ctx.job_id, ctx.token, ctx.lease.owner))
-
-
-@app.task(name="demo.invoice_async", queue="invoices", max_attempts=5)
-async def invoice_async(ctx: JobContext, order_id: int, amount_cents: int) -> None:
-    """The same invoice, for stores whose transactions are async (PostgreSQL)."""
-    await asyncio.sleep(random.uniform(0.01, 0.04))
-    _flaky(ctx, order_id)
-    insert = f"INSERT INTO {invoice_table()} ({COLUMNS}) VALUES (%s, %s, %s, %s, %s)"
-    async with ctx.transaction() as conn:
-        await conn.execute(insert, (order_id, amount_cents, ctx.job_id, ctx.token, ctx.lease.owner))

@@ -110,7 +110,7 @@ def _run(backend: ScratchStore, jobs: int, workers: int, show_progress: bool) ->
     for first in range(1, jobs + 1, 10_000):
         orders = range(first, min(jobs, first + 9_999) + 1)
         app.enqueue_many(
-            "demo.invoice_async" if backend.async_handlers else "demo.invoice",
+            "demo.invoice",
             [(order, 1000 + order % 500) for order in orders],
             keys=[f"invoice:{order}" for order in orders],
         )

@@ -44,7 +44,6 @@ class ScratchStore:
     #: The placeholder of the dialect's DB-API driver.
     placeholder: str = "?"
     #: Whether handlers must be async (the store's transactions are).
-    async_handlers: bool = False
 
     def prepare(self, extra: Mapping[str, str]) -> None:
         """Create the store afresh with ``extra`` tables ``{name: column definitions}``."""
@@ -105,7 +104,6 @@ class _SQLiteScratch(ScratchStore):
 
 class _PostgresScratch(ScratchStore):
     placeholder = "%s"
-    async_handlers = True
 
     def __init__(self, base_url: str, keep: bool, prefix: str) -> None:
         import psycopg  # the postgres extra; its absence is reported by store_from_url

@@ -1,7 +1,8 @@
 """The drill's application: each job writes one business row through ``ctx.transaction``.
 
 Worker processes import ``tokenline.drill.app:app``; the drill runner sets
-``TOKENLINE_URL`` and names the business table in ``TOKENLINE_DRILL_TABLE``. The row
+``TOKENLINE_URL`` and names the business table in ``TOKENLINE_DRILL_TABLE``. One
+handler serves every store (``async with ctx.transaction()``, ``ctx.placeholder``). The row
 carries the job's key and the token of the attempt that wrote it, so the invariant
 checker can count duplicate effects by key and spot a write by a stale token.
 
@@ -22,10 +23,10 @@ Its stores take the faults the drill switches on: :class:`DrillApp` wraps them w
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 import os
 import re
-import time
 
 from .._app import App
 from .._clock import SystemClock
@@ -44,7 +45,6 @@ __all__ = [
     "app",
     "business_table",
     "work",
-    "work_async",
 ]
 
 CLOCK_OFFSET_ENV = "TOKENLINE_DRILL_CLOCK_OFFSET"
@@ -105,24 +105,16 @@ def _seconds(ctx: JobContext, work_ms: float, rerun_extra: float) -> float:
 
 
 @app.task(name="drill.work", queue=QUEUE, max_attempts=25)
-def work(
+async def work(
     ctx: JobContext, key: str, work_ms: float, rerun_extra: float = 0.0, hold_ms: float = 0.0
 ) -> None:
-    """Work for a while, then write the job's business row in its fenced transaction."""
-    time.sleep(_seconds(ctx, work_ms, rerun_extra))
-    insert = f"INSERT INTO {business_table()} VALUES (?, ?, ?, ?)"
-    with ctx.transaction() as conn:
-        conn.execute(insert, (key, ctx.job_id, ctx.token, ctx.lease.owner))
-        time.sleep(hold_ms / 1000)
-
-
-@app.task(name="drill.work_async", queue=QUEUE, max_attempts=25)
-async def work_async(
-    ctx: JobContext, key: str, work_ms: float, rerun_extra: float = 0.0, hold_ms: float = 0.0
-) -> None:
-    """The same work for stores whose transactions are async (PostgreSQL)."""
+    """Work for a while, then write the job's business row in its fenced transaction
+    (kept open ``hold_ms`` after the write)."""
     await asyncio.sleep(_seconds(ctx, work_ms, rerun_extra))
-    insert = f"INSERT INTO {business_table()} VALUES (%s, %s, %s, %s)"
+    marks = ", ".join([ctx.placeholder] * 4)
+    insert = f"INSERT INTO {business_table()} VALUES ({marks})"
     async with ctx.transaction() as conn:
-        await conn.execute(insert, (key, ctx.job_id, ctx.token, ctx.lease.owner))
+        done = conn.execute(insert, (key, ctx.job_id, ctx.token, ctx.lease.owner))
+        if inspect.isawaitable(done):  # the async driver's (PostgreSQL)
+            await done
         await asyncio.sleep(hold_ms / 1000)

@@ -285,7 +285,7 @@ class Drill:
             long_jobs = set()
             held = {min(self.jobs - 1, schedule.at_jobs + k * slots) for k in range(HELD_JOBS)}
         rng = random.Random(schedule.seed)
-        task = "drill.work_async" if scratch.async_handlers else "drill.work"
+        task = "drill.work"
         keys = [f"drill:{scenario.name}:{i}" for i in range(self.jobs)]
         items = [
             (
