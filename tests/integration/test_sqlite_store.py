@@ -126,9 +126,9 @@ def test_outbox_needs_an_open_transaction(tmp_path: Path) -> None:
 async def test_a_call_given_up_on_before_it_starts_never_runs() -> None:
     """A store call whose caller stopped waiting while it queued behind a slow one is
     skipped, never run late: a claim must not land for a worker that gave up on it."""
-    from tokenline.stores.sqlite.store import _Lane
+    from tokenline.stores.sqlite._lanes import Lane
 
-    lane = _Lane("test-lane")
+    lane = Lane("test-lane")
     ran: list[str] = []
     started, release = threading.Event(), threading.Event()
     try:

@@ -46,12 +46,9 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -69,16 +66,14 @@ from ..._jobs import (
     RescueCandidate,
     RescueReport,
     StaleCommit,
-    WorkerRecord,
     attempt_from_row,
     finish_transition,
     job_from_row,
-    renewal_was_stale,
     rescue_transition,
 )
 from ..._ledger import Fence
 from .._sql import load_queries
-from ..base import Capabilities, FencedTransaction, ResourceLease, Store
+from ..base import Capabilities, FencedTransaction, Store
 from ._clock import Anchor, MachineClock, Uptime, WallClock, boot_id
 from ._connection import (
     attach_coord,
@@ -89,6 +84,8 @@ from ._connection import (
     statements,
 )
 from ._errors import SQLiteBusyError, map_sqlite_errors
+from ._lanes import Lane, Writers
+from .leases import SQLiteLeases
 from .ledger import LQ, SQLiteLedger, insert_job
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
@@ -121,23 +118,6 @@ def path_from_url(url: str) -> Path:
     return Path(raw)
 
 
-def _worker(row: sqlite3.Row) -> WorkerRecord:
-    return WorkerRecord(
-        id=row["id"],
-        host=row["host"],
-        pid=row["pid"],
-        queues=tuple(json.loads(row["queues"])),
-        concurrency=row["concurrency"],
-        state=row["state"],
-        token=row["token"],
-        started_at=row["started_at"],
-        heartbeat_at=row["heartbeat_at"],
-        expires_at=row["expires_at"],
-        in_flight=row["in_flight"],
-        clock_skew=row["clock_skew"],
-    )
-
-
 def _job(row: sqlite3.Row) -> Job:
     """A job row joined with its live lease expiry from the coordination file."""
     job = job_from_row(row)
@@ -165,116 +145,7 @@ def finish_params(fin: Finish, now: float) -> dict[str, Any]:
     }
 
 
-class _Writers:
-    """This process's fenced transactions that hold the main file's write lock."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._open = 0
-        self._last_closed = -math.inf
-
-    def opened(self) -> None:
-        with self._lock:
-            self._open += 1
-
-    def closed(self) -> None:
-        with self._lock:
-            self._open -= 1
-            self._last_closed = time.monotonic()
-
-    def held_since(self, since: float) -> bool:
-        """Whether one of them held the lock at any time since ``since`` (monotonic)."""
-        with self._lock:
-            return self._open > 0 or self._last_closed >= since
-
-
-class _Call:
-    """One call's progress on its lane, shared by the waiting task and the thread."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.started = self.finished = self.abandoned = False
-
-
-class _Abandoned(StoreUnavailableError):
-    """The caller stopped waiting before the call could start: it never ran."""
-
-
-class _Lane:
-    """One thread and the connections it owns; calls run there one at a time.
-
-    A call is bounded twice. Its own wait for another connection's lock ends after the
-    store timeout, cleanly, having changed nothing. The caller's deadline, longer, is
-    the last resort against a thread that stops answering (a hung disk) or a queue of
-    calls that wait in turn: past it the call is abandoned — skipped if it has not
-    started, and, if it has, it stops waiting for the lock at its next try — so that no
-    claim lands for a caller that has given up on it, leaving jobs running that nobody
-    runs. ``fn`` gets a function that says whether it has been abandoned.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-        self.conns: tuple[sqlite3.Connection, ...] = ()
-
-    async def run(self, fn: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
-
-    async def call(
-        self,
-        fn: Callable[[Callable[[], bool]], T],
-        *,
-        deadline: float,
-        path: Path,
-        keep_waiting: Callable[[float], bool] | None = None,
-    ) -> T:
-        """Run ``fn`` on the lane's thread, abandoning it past ``deadline`` seconds
-        (while ``keep_waiting(since)`` holds, the wait goes on)."""
-        state = _Call()
-
-        def run() -> T:
-            with state.lock:
-                if state.abandoned:
-                    raise _Abandoned(f"SQLite store {str(path)!r}: call abandoned")
-                state.started = True
-            try:
-                return fn(lambda: state.abandoned)
-            finally:
-                with state.lock:
-                    state.finished = True
-
-        future = asyncio.ensure_future(self.run(run))
-        try:
-            while True:
-                began = time.monotonic()
-                done, _ = await asyncio.wait({future}, timeout=deadline)
-                if done:
-                    return future.result()
-                if keep_waiting is None or not keep_waiting(began):
-                    raise StoreUnavailableError(
-                        f"SQLite store {str(path)!r} did not answer within {deadline:g}s"
-                    )
-        except BaseException:
-            self._abandon(state)
-            future.cancel()
-            raise
-
-    @staticmethod
-    def _abandon(state: _Call) -> None:
-        with state.lock:
-            state.abandoned = True
-
-    def close(self) -> None:
-        conns, self.conns = self.conns, ()
-
-        def close_all() -> None:
-            for conn in conns:
-                conn.close()
-
-        self.executor.submit(close_all).result()
-        self.executor.shutdown(wait=True)
-
-
-class SQLiteStore(SQLiteLedger, Store):
+class SQLiteStore(SQLiteLeases, SQLiteLedger, Store):
     """A store in one SQLite file and its coordination file (``sqlite:///path.db``).
 
     ``clock`` replaces the store's own clock (tests); by default it is the machine's
@@ -298,17 +169,17 @@ class SQLiteStore(SQLiteLedger, Store):
         #: The store's clock; the machine's, anchored at :meth:`open`, unless given.
         self.clock: Any = clock or WallClock()
         self.timeout = timeout
-        self._main: _Lane | None = None
-        self._coord: _Lane | None = None
+        self._main: Lane | None = None
+        self._coord: Lane | None = None
         self._uptime: Uptime | None = None
-        self._writers = _Writers()
+        self._writers = Writers()
         self._pending: set[asyncio.Task[None]] = set()
         # SQLite's busy timeout (``timeout``) ends a wait for a lock first; this is the
-        # last resort against a thread that stops answering (see _Lane).
+        # last resort against a thread that stops answering (see Lane).
         self._deadline = 2 * timeout + 1
 
     # -- plumbing -------------------------------------------------------------------------
-    def _lane(self, lane: _Lane | None) -> _Lane:
+    def _lane(self, lane: Lane | None) -> Lane:
         if lane is None or not lane.conns:
             raise StoreError("the SQLite store is not open; call open() first")
         return lane
@@ -398,7 +269,7 @@ class SQLiteStore(SQLiteLedger, Store):
                 f"cannot open SQLite store {str(self.path)!r}: "
                 f"directory {str(parent)!r} does not exist"
             )
-        main, coord = _Lane("tokenline-sqlite"), _Lane("tokenline-sqlite-coord")
+        main, coord = Lane("tokenline-sqlite"), Lane("tokenline-sqlite-coord")
         try:
             main.conns = await main.run(self._open_main)
             coord.conns = await coord.run(self._open_coord)
@@ -669,48 +540,6 @@ class SQLiteStore(SQLiteLedger, Store):
 
         return await self._call_both(run)
 
-    async def job_leases_renew(
-        self, *, owner: str, leases: Sequence[Lease], ttl: float
-    ) -> list[Lease | None]:
-        """Extend every held lease in one statement on the coordination file."""
-
-        def run(coord: sqlite3.Connection) -> tuple[dict[int, float], list[Lease], float]:
-            held = json.dumps([[lease.job_id, lease.token] for lease in leases])
-            stale: list[Lease] = []
-            with immediate(coord):
-                now = self.clock.now()
-                rows = coord.execute(
-                    self._q("job_leases_renew"),
-                    {"leases": held, "owner": owner, "ttl": ttl, "now": now},
-                ).fetchall()
-                renewed = {r[0]: r[1] for r in rows}
-                lost = [lease for lease in leases if lease.job_id not in renewed]
-                if lost:
-                    current = coord.execute(
-                        CQ["job_lease_holders"], {"ids": json.dumps([x.job_id for x in lost])}
-                    ).fetchall()
-                    holders: dict[int, tuple[int | None, str | None]] = {
-                        r[0]: (r[1], r[2]) for r in current
-                    }
-                    stale = []
-                    for x in lost:
-                        held_token, held_owner = holders.get(x.job_id, (None, None))
-                        if renewal_was_stale(held_token, held_owner, x.token, owner):
-                            stale.append(x)
-            return renewed, stale, now
-
-        if not leases:
-            return []
-        renewed, stale, now = await self._coord_call(run)
-        if stale:
-            self._later(lambda conn: self._record_stale_tx(conn, stale, "renew", now))
-        return [
-            Lease(lease.job_id, owner, lease.token, renewed[lease.job_id])
-            if lease.job_id in renewed
-            else None
-            for lease in leases
-        ]
-
     @staticmethod
     def _record_stale(
         conn: sqlite3.Connection, leases: Sequence[Lease], operation: str, now: float
@@ -870,139 +699,6 @@ class SQLiteStore(SQLiteLedger, Store):
 
         await self._flush()
         return await self._call(run)
-
-    # -- workers and leases ---------------------------------------------------------------
-    async def worker_register(self, *, record: WorkerRecord, ttl: float) -> WorkerRecord:
-        """Register (or re-register) a worker with a fresh membership token."""
-        params = {
-            "id": record.id,
-            "host": record.host,
-            "pid": record.pid,
-            "queues": json.dumps(list(record.queues)),
-            "concurrency": record.concurrency,
-            "state": record.state,
-            "ttl": ttl,
-        }
-
-        def run(coord: sqlite3.Connection) -> sqlite3.Row:
-            with immediate(coord):
-                row: sqlite3.Row = coord.execute(
-                    CQ["worker_register"], {**params, "now": self.clock.now()}
-                ).fetchone()
-            return row
-
-        return _worker(await self._coord_call(run))
-
-    async def worker_heartbeat(
-        self,
-        *,
-        worker_id: str,
-        token: int,
-        state: str,
-        in_flight: int,
-        ttl: float,
-        skew: float | None = None,
-    ) -> WorkerRecord | None:
-        """Extend the membership lease; ``None`` if it was lost."""
-        params = {
-            "id": worker_id,
-            "token": token,
-            "state": state,
-            "in_flight": in_flight,
-            "ttl": ttl,
-            "skew": skew,
-        }
-
-        def run(coord: sqlite3.Connection) -> sqlite3.Row | None:
-            with immediate(coord):
-                row: sqlite3.Row | None = coord.execute(
-                    CQ["worker_heartbeat"], {**params, "now": self.clock.now()}
-                ).fetchone()
-            return row
-
-        row = await self._coord_call(run)
-        return None if row is None else _worker(row)
-
-    async def store_time(self) -> float:
-        """The store's clock (the machine's, anchored for this boot; see ``_clock.py``)."""
-        self._lane(self._main)
-        return float(self.clock.now())
-
-    async def worker_deregister(self, *, worker_id: str, token: int) -> None:
-        """Mark the worker stopped."""
-
-        def run(coord: sqlite3.Connection) -> None:
-            params = {"id": worker_id, "token": token, "now": self.clock.now()}
-            coord.execute(CQ["worker_deregister"], params)
-
-        await self._coord_call(run)
-
-    async def workers_list(self) -> list[WorkerRecord]:
-        """All workers, newest first."""
-        rows = await self._coord_call(lambda c: c.execute(CQ["workers_list"]).fetchall())
-        return [_worker(r) for r in rows]
-
-    async def resource_lease_acquire(
-        self, *, resource: str, owner: str, ttl: float
-    ) -> ResourceLease | None:
-        """Take, or renew, the named lease.
-
-        Renewing, or finding it held by someone else, touches only the coordination
-        file. Taking a free lease issues a token one higher than both the main file's
-        record of the highest ever issued and the coordination file's last holder, and
-        raises that record: a token never repeats, even if either file lost its write.
-        """
-        key = {"resource": resource, "owner": owner, "ttl": ttl, "token": None}
-
-        def held(coord: sqlite3.Connection) -> tuple[bool, ResourceLease | None]:
-            """(decided, lease): the lease is ours (renewed) or someone else's."""
-            with immediate(coord):
-                now = self.clock.now()
-                row = coord.execute(CQ["resource_lease_extend"], {**key, "now": now}).fetchone()
-                if row is not None:
-                    return True, ResourceLease(*tuple(row))
-                cur = coord.execute(CQ["resource_lease_get"], key).fetchone()
-                return cur is not None and cur["expires_at"] > now, None
-
-        decided, lease = await self._coord_call(held)
-        if decided:
-            return lease
-
-        def take(conn: sqlite3.Connection, coord: sqlite3.Connection) -> ResourceLease | None:
-            with self._write(conn):
-                now = self.clock.now()
-                issued = conn.execute(Q["lease_token_get"], key).fetchone()
-                with immediate(coord):
-                    cur = coord.execute(CQ["resource_lease_get"], key).fetchone()
-                    if cur is not None and cur["expires_at"] > now:
-                        if cur["owner"] != owner:
-                            return None
-                        row = coord.execute(
-                            CQ["resource_lease_extend"], {**key, "now": now}
-                        ).fetchone()
-                        return ResourceLease(*tuple(row))
-                    token = 1 + max(issued[0] if issued else 0, cur["token"] if cur else 0)
-                    row = coord.execute(
-                        CQ["resource_lease_take"], {**key, "token": token, "now": now}
-                    ).fetchone()
-                conn.execute(Q["lease_token_raise"], {"resource": resource, "token": token})
-            return ResourceLease(*tuple(row))
-
-        return await self._call_both(take)
-
-    async def resource_lease_release(self, *, lease: ResourceLease) -> bool:
-        """Release the named lease if ``(owner, token)`` still holds it."""
-
-        def run(coord: sqlite3.Connection) -> bool:
-            params = {
-                "resource": lease.resource,
-                "owner": lease.owner,
-                "token": lease.token,
-                "now": self.clock.now(),
-            }
-            return bool(coord.execute(CQ["resource_lease_release"], params).rowcount)
-
-        return await self._coord_call(run)
 
     # -- transactions ---------------------------------------------------------------------
     def fenced_transaction(

@@ -1,0 +1,135 @@
+"""The SQLite store's threads: a lane per file, and the calls that run on them.
+
+Every call on a file runs on that file's own thread (a :class:`_Lane`), so the event
+loop never blocks on SQLite and a renewal (coordination file) never queues behind a
+claim (main file). :class:`Writers` counts this process's fenced transactions holding
+the main file's write lock, so that the store's own calls wait for them instead of
+reporting the store unavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from ..._errors import StoreUnavailableError
+
+__all__ = ["Lane", "Writers"]
+
+T = TypeVar("T")
+
+
+class Writers:
+    """This process's fenced transactions that hold the main file's write lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open = 0
+        self._last_closed = -math.inf
+
+    def opened(self) -> None:
+        with self._lock:
+            self._open += 1
+
+    def closed(self) -> None:
+        with self._lock:
+            self._open -= 1
+            self._last_closed = time.monotonic()
+
+    def held_since(self, since: float) -> bool:
+        """Whether one of them held the lock at any time since ``since`` (monotonic)."""
+        with self._lock:
+            return self._open > 0 or self._last_closed >= since
+
+
+class _Call:
+    """One call's progress on its lane, shared by the waiting task and the thread."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.started = self.finished = self.abandoned = False
+
+
+class _Abandoned(StoreUnavailableError):
+    """The caller stopped waiting before the call could start: it never ran."""
+
+
+class Lane:
+    """One thread and the connections it owns; calls run there one at a time.
+
+    A call is bounded twice. Its own wait for another connection's lock ends after the
+    store timeout, cleanly, having changed nothing. The caller's deadline, longer, is
+    the last resort against a thread that stops answering (a hung disk) or a queue of
+    calls that wait in turn: past it the call is abandoned — skipped if it has not
+    started, and, if it has, it stops waiting for the lock at its next try — so that no
+    claim lands for a caller that has given up on it, leaving jobs running that nobody
+    runs. ``fn`` gets a function that says whether it has been abandoned.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self.conns: tuple[sqlite3.Connection, ...] = ()
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+
+    async def call(
+        self,
+        fn: Callable[[Callable[[], bool]], T],
+        *,
+        deadline: float,
+        path: Path,
+        keep_waiting: Callable[[float], bool] | None = None,
+    ) -> T:
+        """Run ``fn`` on the lane's thread, abandoning it past ``deadline`` seconds
+        (while ``keep_waiting(since)`` holds, the wait goes on)."""
+        state = _Call()
+
+        def run() -> T:
+            with state.lock:
+                if state.abandoned:
+                    raise _Abandoned(f"SQLite store {str(path)!r}: call abandoned")
+                state.started = True
+            try:
+                return fn(lambda: state.abandoned)
+            finally:
+                with state.lock:
+                    state.finished = True
+
+        future = asyncio.ensure_future(self.run(run))
+        try:
+            while True:
+                began = time.monotonic()
+                done, _ = await asyncio.wait({future}, timeout=deadline)
+                if done:
+                    return future.result()
+                if keep_waiting is None or not keep_waiting(began):
+                    raise StoreUnavailableError(
+                        f"SQLite store {str(path)!r} did not answer within {deadline:g}s"
+                    )
+        except BaseException:
+            self._abandon(state)
+            future.cancel()
+            raise
+
+    @staticmethod
+    def _abandon(state: _Call) -> None:
+        with state.lock:
+            state.abandoned = True
+
+    def close(self) -> None:
+        conns, self.conns = self.conns, ()
+
+        def close_all() -> None:
+            for conn in conns:
+                conn.close()
+
+        self.executor.submit(close_all).result()
+        self.executor.shutdown(wait=True)
