@@ -1,5 +1,10 @@
 """``ctx.transaction()`` on PostgreSQL: the user's writes and the completion, atomically.
 
+What the transaction sends and decides is written as steps (``_steps.py``):
+:meth:`_opening` from ``BEGIN`` to handing the connection over, :meth:`_closing` from
+the end of the block to ``COMMIT`` or ``ROLLBACK``; ``async with`` runs them on a
+pooled :class:`psycopg.AsyncConnection`.
+
 Why a stale worker cannot commit through it:
 
 1. The transaction's first statement (``transaction_begin``) checks the job row's
@@ -12,8 +17,9 @@ Why a stale worker cannot commit through it:
    ``jobs_finish`` — ``UPDATE … WHERE lease_token = ? AND lease_owner = ? AND state =
    'running'`` — and one ``COMMIT`` makes the user's writes and the completion durable
    together. If the job was rescued meanwhile (its token bumped), that update matches
-   no row: everything is rolled back and :class:`StaleTokenError` raised. An exception
-   in the block rolls both back.
+   no row: everything is rolled back, the refusal recorded and :class:`StaleTokenError`
+   raised. An exception in the block rolls both back, and so does a block that ended
+   the transaction itself (a :class:`StoreError` says to leave that to the ``async with``).
 
 Why it may stay open longer than the lease TTL: the check takes only a ``KEY SHARE``
 lock on the job row. The control plane's renewals (and the rescue, and other jobs'
@@ -30,23 +36,20 @@ The connection comes from the store's pool and is returned afterwards.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import AsyncConnection
-from psycopg.pq import TransactionStatus
 
 from ..._errors import NotSupportedError, StaleTokenError, StoreError
 from ..._jobs import Finish, Lease, Outcome
 from ..._ledger import DuplicateKind, Fence, by_attempt
 from ..base import FencedTransaction
+from ._steps import AsyncDriver, Begin, End, InTransaction, Steps
 
 if TYPE_CHECKING:
-    from types import TracebackType
-
     from .store import PostgresStore
 
 __all__ = ["PostgresFencedTransaction"]
@@ -77,7 +80,8 @@ class PostgresFencedTransaction(FencedTransaction):
         self._lease = lease
         self._fences = tuple(fences)
         self._timeout = timeout
-        self._cm: contextlib.AbstractAsyncContextManager[AsyncConnection[Any]] | None = None
+        self._entered = False
+        self._async: tuple[AsyncConnection[Any], AsyncDriver] | None = None
 
     def __enter__(self) -> Any:
         raise NotSupportedError(_SYNC)
@@ -86,96 +90,106 @@ class PostgresFencedTransaction(FencedTransaction):
         raise NotSupportedError(_SYNC)
 
     async def __aenter__(self) -> AsyncConnection[Any]:
-        if self._cm is not None:
-            raise StoreError("a fenced transaction can be entered only once")
-        self._cm = self._run()
-        return await self._cm.__aenter__()
+        self._enter_once()
+        store = self._store
+        conn = await store._checkout()
+        driver = AsyncDriver(conn)
+        try:
+            with store._translate():
+                await driver.run(self._opening())
+        except BaseException:
+            await store._checkin(conn)
+            raise
+        self._async = conn, driver
+        return conn
 
-    async def __aexit__(self, *exc: object) -> None:
-        if self._cm is None:
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._async is None:
             return
-        exc_type, exc_value, tb = cast(
-            "tuple[type[BaseException] | None, BaseException | None, TracebackType | None]",
-            exc,
-        )
-        await self._cm.__aexit__(exc_type, exc_value, tb)
+        (conn, driver), self._async = self._async, None
+        try:
+            with self._store._translate():
+                await driver.run(self._closing(_error(exc_type, exc)))
+        finally:
+            await self._store._checkin(conn)
+
+    def _enter_once(self) -> None:
+        if self._entered:
+            raise StoreError("a fenced transaction can be entered only once")
+        self._entered = True
+
+    # -- the steps, written once ----------------------------------------------------------
+    def _opening(self) -> Steps[None]:
+        """``BEGIN``, the token check and the fences; a refusal rolls back, is recorded
+        on its own and raises before the user writes anything."""
+        store, lease = self._store, self._lease
+        yield Begin()
+        try:
+            fenced = yield from store._transaction_begin_steps(lease, self._timeout)
+            refused = (yield from store.fences_steps(lease, self._fences)) if fenced else None
+        except BaseException as exc:
+            yield from _rollback_quietly(exc)
+            raise
+        if refused is not None:
+            # Roll back (psycopg.Rollback ends the block without an error), then record
+            # the refusal in its own transaction: it must outlive the rollback.
+            yield End(psycopg.Rollback())
+            stale = by_attempt(refused.key, DuplicateKind.STALE, "fence", lease, 0.0)
+            yield from store.record_duplicate_steps(stale)
+            raise StaleTokenError(
+                resource=f"fence {refused.key!r}", token=refused.token, operation="transaction"
+            )
+        if not fenced:
+            yield End(psycopg.Rollback())
+            yield from store._record_stale_steps(lease, "transaction")
+            raise self._stale()
+
+    def _closing(self, error: BaseException | None) -> Steps[None]:
+        """After the block: roll back on ``error``; else finish the job as succeeded
+        inside the transaction, then commit both."""
+        if error is not None:
+            yield from _rollback_quietly(error)
+            return
+        try:
+            if not (yield InTransaction()):
+                raise StoreError(
+                    "the fenced transaction was ended inside its block; "
+                    "leave COMMIT and ROLLBACK to the `async with`"
+                )
+            completed = yield from self._complete()
+        except BaseException as exc:
+            yield from _rollback_quietly(exc)
+            if isinstance(exc, StaleTokenError):
+                yield from self._store._record_stale_steps(self._lease, "transaction")
+            raise
+        yield End()  # COMMIT: the writes and the completion
+        self.wrote = True
+        self.committed = completed
+
+    def _complete(self) -> Steps[bool]:
+        """Finish the job as succeeded inside the transaction; whether it was. If the
+        job was rescued while the transaction was open, raise: it all rolls back."""
+        (ok,) = yield from self._store._finish_steps([Finish(self._lease, Outcome.SUCCEEDED)])
+        if not ok:
+            raise self._stale()
+        return True
 
     def _stale(self) -> StaleTokenError:
         return StaleTokenError(
             resource=f"job {self._lease.job_id}", token=self._lease.token, operation="transaction"
         )
 
-    @contextlib.asynccontextmanager
-    async def _run(self) -> AsyncIterator[AsyncConnection[Any]]:
-        store, lease = self._store, self._lease
-        conn = await store._checkout()
-        try:
-            tx = conn.transaction()
-            with store._translate():
-                await tx.__aenter__()
-                fenced = await store._transaction_begin_on(conn, lease, self._timeout)
-                refused = await store.fences_on(conn, lease, self._fences) if fenced else None
-            if refused is not None:
-                with store._translate():
-                    await tx.__aexit__(psycopg.Rollback, psycopg.Rollback(), None)
-                    stale = by_attempt(refused.key, DuplicateKind.STALE, "fence", lease, 0.0)
-                    await store.record_duplicate_on(conn, stale)
-                raise StaleTokenError(
-                    resource=f"fence {refused.key!r}", token=refused.token, operation="transaction"
-                )
-            if not fenced:
-                with store._translate():
-                    # Roll back (psycopg.Rollback ends the block without an error), then
-                    # record the refusal in its own transaction: it must outlive the rollback.
-                    await tx.__aexit__(psycopg.Rollback, psycopg.Rollback(), None)
-                    await store._record_stale_on(conn, lease, "transaction")
-                raise self._stale()
-            try:
-                yield conn
-            except BaseException as exc:
-                await _rollback_quietly(tx, exc)
-                raise
-            await self._commit(conn, tx)
-        finally:
-            # The pool rolls back, or discards, a connection left in a transaction or broken.
-            await store._checkin(conn)
 
-    async def _commit(
-        self, conn: AsyncConnection[Any], tx: contextlib.AbstractAsyncContextManager[Any]
-    ) -> None:
-        """Finish the job as succeeded inside the transaction, then commit both."""
-        store, lease = self._store, self._lease
-        with store._translate():
-            try:
-                if conn.info.transaction_status != TransactionStatus.INTRANS:
-                    raise StoreError(
-                        "the fenced transaction was ended inside its block; "
-                        "leave COMMIT and ROLLBACK to the `async with`"
-                    )
-                completed = await self._complete(conn)
-            except BaseException as exc:
-                await _rollback_quietly(tx, exc)
-                if isinstance(exc, StaleTokenError):
-                    await store._record_stale_on(conn, lease, "transaction")
-                raise
-            await tx.__aexit__(None, None, None)  # COMMIT: the writes and the completion
-        self.wrote = True
-        self.committed = completed
-
-    async def _complete(self, conn: AsyncConnection[Any]) -> bool:
-        """Finish the job as succeeded inside the transaction; whether it was. If the
-        job was rescued while the transaction was open, raise: it all rolls back."""
-        (ok,) = await self._store._finish_on(conn, [Finish(self._lease, Outcome.SUCCEEDED)])
-        if not ok:
-            raise self._stale()
-        return True
-
-
-async def _rollback_quietly(
-    tx: contextlib.AbstractAsyncContextManager[Any], exc: BaseException
-) -> None:
+def _rollback_quietly(exc: BaseException) -> Steps[None]:
     """Roll back while ``exc`` propagates; a failing rollback must not mask it."""
     try:
-        await tx.__aexit__(type(exc), exc, exc.__traceback__)
+        yield End(exc)
     except Exception as rollback_exc:  # the connection is broken: the pool discards it
         log.warning("rollback of a fenced transaction failed: %s", rollback_exc)
+
+
+def _error(exc_type: Any, exc: Any) -> BaseException | None:
+    """The exception leaving the block, if any (an instance even if only a type came)."""
+    if isinstance(exc, BaseException):
+        return exc
+    return exc_type() if exc_type is not None else None

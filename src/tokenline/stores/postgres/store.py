@@ -68,6 +68,7 @@ from ._migrations import (
     too_old,
 )
 from ._rows import job_from_row, worker_from_row
+from ._steps import AsyncDriver, Steps, execute, fetch_all, fetch_one
 from ._target import Target, parse_url
 from ._transaction import PostgresFencedTransaction
 
@@ -364,6 +365,10 @@ class PostgresStore(PostgresLedger, Store):
         self, conn: AsyncConnection[Any], finishes: Sequence[Finish]
     ) -> list[bool]:
         """Run the fenced batch finish on ``conn``; whether each row was accepted."""
+        return await AsyncDriver(conn).run(self._finish_steps(finishes))
+
+    def _finish_steps(self, finishes: Sequence[Finish]) -> Steps[list[bool]]:
+        """The fenced batch finish (one statement); whether each row was accepted."""
         moves = [finish_transition(f) for f in finishes]
         params = {
             "job_id": [f.lease.job_id for f in finishes],
@@ -378,9 +383,7 @@ class PostgresStore(PostgresLedger, Store):
             "error_class": [f.error_class for f in finishes],
             "now": self._now(),
         }
-        cur = conn.cursor(row_factory=tuple_row)
-        await cur.execute(self._q("finish"), params)
-        accepted = {int(r[0]) for r in await cur.fetchall()}
+        accepted = {int(r[0]) for r in (yield from fetch_all(self._q("finish"), params))}
         return [n + 1 in accepted for n in range(len(finishes))]
 
     async def jobs_finish(self, *, finishes: Sequence[Finish]) -> list[bool]:
@@ -396,9 +399,8 @@ class PostgresStore(PostgresLedger, Store):
         await cur.execute(self._q("fence_check"), params)
         return await cur.fetchone() is not None
 
-    async def _record_stale_on(
-        self, conn: AsyncConnection[Any], lease: Lease, operation: str
-    ) -> None:
+    def _record_stale_steps(self, lease: Lease, operation: str) -> Steps[None]:
+        """Record a refused write of ``lease`` as a stale commit."""
         params = {
             "job_id": lease.job_id,
             "token": lease.token,
@@ -406,13 +408,12 @@ class PostgresStore(PostgresLedger, Store):
             "operation": operation,
             "now": self._now(),
         }
-        await conn.execute(self._q("stale_insert"), params)
+        yield from execute(self._q("stale_insert"), params)
 
-    async def _transaction_begin_on(
-        self, conn: AsyncConnection[Any], lease: Lease, open_for: float | None
-    ) -> bool:
+    def _transaction_begin_steps(self, lease: Lease, open_for: float | None) -> Steps[bool]:
         """The first statement of a fenced transaction: whether ``lease`` holds the job
-        (see ``transaction_begin`` in queries.sql)."""
+        (see ``transaction_begin`` in queries.sql). ``open_for``: seconds the
+        transaction, and each of its statements, may last (else the store timeout)."""
         params = {
             "job_id": lease.job_id,
             "token": lease.token,
@@ -420,9 +421,7 @@ class PostgresStore(PostgresLedger, Store):
             "session": self.session_name(lease),
             "timeout_ms": None if open_for is None else str(max(1, round(open_for * 1000))),
         }
-        cur = conn.cursor(row_factory=tuple_row)
-        await cur.execute(self._q("transaction_begin"), params)
-        return await cur.fetchone() is not None
+        return (yield from fetch_one(self._q("transaction_begin"), params)) is not None
 
     def session_name(self, lease: Lease) -> str:
         """The ``application_name`` of a fenced transaction of the attempt holding
