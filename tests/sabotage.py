@@ -92,8 +92,8 @@ def _split(store: Store) -> Store:
             return False
 
         # The user's writes commit; the job is finished later, apart. PostgreSQL's
-        # _complete is steps (see stores/postgres/_steps.py); SQLite's a plain method
-        # on its connection.
+        # _complete is steps (see stores/postgres/_steps.py), run by `with` and
+        # `async with` alike; SQLite's a plain method on its connection.
         as_steps = inspect.isgeneratorfunction(type(transaction)._complete)  # type: ignore[attr-defined]
         transaction._complete = complete_steps if as_steps else complete  # type: ignore[attr-defined]
         return transaction

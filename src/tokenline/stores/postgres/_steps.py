@@ -1,13 +1,14 @@
-"""Statements written once, apart from the connection that runs them.
+"""Statements written once, run on psycopg's sync or async connection.
 
 A *steps* function is a generator that does no I/O. It yields what to do next — a
 :class:`Query` (a statement, and how much of its answer to fetch), :class:`Begin` or
 :class:`End` (a transaction's boundaries), :class:`InTransaction` (a look at the
 connection's state) — receives each answer, or has the error raised where it yielded,
-and returns its result. :class:`AsyncDriver` runs steps on a
-:class:`psycopg.AsyncConnection`. A driver only sends, fetches and reports; which
-statements a fenced transaction sends, in which order, and what it makes of their
-answers exists once, in the steps, whatever connection runs them.
+and returns its result. :class:`SyncDriver` runs steps on a :class:`psycopg.Connection`
+(a sync handler's ``with ctx.transaction()``), :class:`AsyncDriver` on a
+:class:`psycopg.AsyncConnection` (everything else). The drivers only send, fetch and
+report; which statements a fenced transaction sends, in which order, and what it makes
+of their answers exists once, in the steps.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
+import psycopg
 from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow, tuple_row
@@ -31,6 +33,7 @@ __all__ = [
     "Query",
     "Step",
     "Steps",
+    "SyncDriver",
     "execute",
     "fetch_all",
     "fetch_one",
@@ -116,6 +119,48 @@ def _exit_args(error: BaseException | None) -> tuple[Any, Any, Any]:
 
 def _no_transaction() -> StoreError:
     return StoreError("End without Begin: no transaction is open on this connection")
+
+
+class SyncDriver:
+    """Runs steps on a :class:`psycopg.Connection`; holds its transaction between runs."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self._tx: contextlib.AbstractContextManager[Any] | None = None
+
+    def run(self, steps: Steps[T]) -> T:
+        """Run ``steps`` to the end and return their result."""
+        resumer = _Resumer(steps)
+        step = resumer.resume()
+        while step is not None:
+            answer: Any = None
+            error: BaseException | None = None
+            try:
+                answer = self._do(step)
+            except BaseException as exc:  # the steps decide what becomes of it
+                error = exc
+            step = resumer.resume(answer, error)
+        return resumer.result
+
+    def _do(self, step: Step) -> Any:
+        if isinstance(step, Query):
+            cur = self.conn.cursor(row_factory=tuple_row)
+            cur.execute(step.sql, step.params)
+            if step.fetch == "one":
+                return cur.fetchone()
+            return cur.fetchall() if step.fetch == "all" else None
+        if isinstance(step, Begin):
+            tx = self.conn.transaction()
+            tx.__enter__()
+            self._tx = tx
+            return None
+        if isinstance(step, End):
+            ending, self._tx = self._tx, None
+            if ending is None:
+                raise _no_transaction()
+            ending.__exit__(*_exit_args(step.error))
+            return None
+        return self.conn.info.transaction_status == TransactionStatus.INTRANS
 
 
 class AsyncDriver:

@@ -1,9 +1,12 @@
 """``ctx.transaction()`` on PostgreSQL: the user's writes and the completion, atomically.
 
-What the transaction sends and decides is written as steps (``_steps.py``):
-:meth:`_opening` from ``BEGIN`` to handing the connection over, :meth:`_closing` from
-the end of the block to ``COMMIT`` or ``ROLLBACK``; ``async with`` runs them on a
-pooled :class:`psycopg.AsyncConnection`.
+Two forms, one transaction: ``with`` (a sync handler, in its own thread) gets a
+:class:`psycopg.Connection` from the store's sync pool, ``async with`` (an async
+handler) a :class:`psycopg.AsyncConnection` from its async pool. What the transaction
+sends and decides is written once, as steps (``_steps.py``): :meth:`_opening` from
+``BEGIN`` to handing the connection over, :meth:`_closing` from the end of the block to
+``COMMIT`` or ``ROLLBACK``. Each form only runs those steps with its driver, so the
+argument below holds for both.
 
 Why a stale worker cannot commit through it:
 
@@ -19,7 +22,7 @@ Why a stale worker cannot commit through it:
    together. If the job was rescued meanwhile (its token bumped), that update matches
    no row: everything is rolled back, the refusal recorded and :class:`StaleTokenError`
    raised. An exception in the block rolls both back, and so does a block that ended
-   the transaction itself (a :class:`StoreError` says to leave that to the ``async with``).
+   the transaction itself (a :class:`StoreError` says to leave that to the ``with``).
 
 Why it may stay open longer than the lease TTL: the check takes only a ``KEY SHARE``
 lock on the job row. The control plane's renewals (and the rescue, and other jobs'
@@ -31,11 +34,14 @@ then ends that session (it is named after the attempt), releasing the locks it h
 the user's rows. Its ``statement_timeout`` and idle limit are the attempt's remaining
 time when the worker gives one, else the store timeout.
 
-The connection comes from the store's pool and is returned afterwards.
+The sync form blocks its thread; on a thread running an event loop (an async handler
+that wrote ``with``) it would stall every job of the worker, so it is refused there.
+The connection comes from the store's pool of its form and is returned afterwards.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -47,26 +53,29 @@ from ..._errors import NotSupportedError, StaleTokenError, StoreError
 from ..._jobs import Finish, Lease, Outcome
 from ..._ledger import DuplicateKind, Fence, by_attempt
 from ..base import FencedTransaction
-from ._steps import AsyncDriver, Begin, End, InTransaction, Steps
+from ._steps import AsyncDriver, Begin, End, InTransaction, Steps, SyncDriver
 
 if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
+
     from .store import PostgresStore
 
 __all__ = ["PostgresFencedTransaction"]
 
 log = logging.getLogger("tokenline.store.postgres")
 
-_SYNC = (
-    "the PostgreSQL store's transactions are asynchronous: use "
-    "`async with store.fenced_transaction(...)` (ctx.transaction() in an async handler)"
+_ON_LOOP = (
+    "`with store.fenced_transaction(...)` blocks its thread, and this thread runs an "
+    "asyncio event loop: in an async handler use `async with ctx.transaction()` "
+    "(`async with store.fenced_transaction(...)`)"
 )
 
 
 class PostgresFencedTransaction(FencedTransaction):
-    """A fenced transaction on a pooled connection; use it with ``async with``.
-
-    ``async with`` yields the :class:`psycopg.AsyncConnection`, already inside the
-    transaction. Do not commit or roll back on it: leaving the block does.
+    """A fenced transaction on a pooled connection: ``with`` (sync handlers) yields a
+    :class:`psycopg.Connection`, ``async with`` (async handlers) a
+    :class:`psycopg.AsyncConnection`, already inside the transaction. Parameters are
+    ``%s``. Do not commit or roll back on it: leaving the block does.
     """
 
     def __init__(
@@ -81,13 +90,35 @@ class PostgresFencedTransaction(FencedTransaction):
         self._fences = tuple(fences)
         self._timeout = timeout
         self._entered = False
+        self._sync: tuple[ConnectionPool[Any], psycopg.Connection[Any], SyncDriver] | None = None
         self._async: tuple[AsyncConnection[Any], AsyncDriver] | None = None
 
-    def __enter__(self) -> Any:
-        raise NotSupportedError(_SYNC)
+    # -- the two forms: each runs the same steps with its own driver ---------------------
+    def __enter__(self) -> psycopg.Connection[Any]:
+        _refuse_on_event_loop()
+        self._enter_once()
+        store = self._store
+        pool, conn = store._checkout_sync()
+        driver = SyncDriver(conn)
+        try:
+            with store._translate():
+                driver.run(self._opening())
+        except BaseException:
+            pool.putconn(conn)
+            raise
+        self._sync = pool, conn, driver
+        return conn
 
-    def __exit__(self, *exc: object) -> None:
-        raise NotSupportedError(_SYNC)
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._sync is None:
+            return
+        (pool, conn, driver), self._sync = self._sync, None
+        try:
+            with self._store._translate():
+                driver.run(self._closing(_error(exc_type, exc)))
+        finally:
+            # The pool rolls back, or discards, a connection left in a transaction or broken.
+            pool.putconn(conn)
 
     async def __aenter__(self) -> AsyncConnection[Any]:
         self._enter_once()
@@ -154,7 +185,7 @@ class PostgresFencedTransaction(FencedTransaction):
             if not (yield InTransaction()):
                 raise StoreError(
                     "the fenced transaction was ended inside its block; "
-                    "leave COMMIT and ROLLBACK to the `async with`"
+                    "leave COMMIT and ROLLBACK to the `with` / `async with`"
                 )
             completed = yield from self._complete()
         except BaseException as exc:
@@ -193,3 +224,13 @@ def _error(exc_type: Any, exc: Any) -> BaseException | None:
     if isinstance(exc, BaseException):
         return exc
     return exc_type() if exc_type is not None else None
+
+
+def _refuse_on_event_loop() -> None:
+    """Raise at once on a thread that runs an event loop: the blocking form would stall
+    everything the loop runs there (a worker's other jobs, its lease renewals)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise NotSupportedError(_ON_LOOP)
