@@ -282,11 +282,12 @@ class JobContext:
         """A store transaction that verifies this attempt's token first and completes the
         job on commit, together with your writes: the business effect happens once.
 
-        ``with ctx.transaction() as conn:`` in sync handlers (SQLite), ``async with`` in
-        async handlers. A stale token raises :class:`StaleTokenError` before any of your
-        writes; an exception inside the block rolls everything back. ``fence``: keys to
-        advance in the same transaction, as :meth:`fenced` does (a lower token than
-        the highest that wrote is refused before any of your writes).
+        ``with ctx.transaction() as conn:`` in sync handlers, ``async with`` in async
+        handlers, on every store with transactions. A stale token raises
+        :class:`StaleTokenError` before any of your writes; an exception inside the
+        block rolls everything back. ``fence``: keys to advance in the same
+        transaction, as :meth:`fenced` does (a lower token than the highest that wrote
+        is refused before any of your writes).
         """
         keys = [fence] if isinstance(fence, str) else list(fence)
         fences = [self._fence(k) for k in keys]
