@@ -114,7 +114,11 @@ async def test_transaction_open_for_three_ttls_keeps_every_lease(url: str, form:
     READY/PROCESSING."""
     create_marks(url)
     app = long_app(url)
-    worker = Worker(app, SETTINGS)
+    # The worker's store is opened before anything else: two stores creating a new
+    # SQLite file at once can find it locked, and the test polls it from the start.
+    store = app.open_store(timeout=SETTINGS.call_timeout)
+    await store.open()
+    worker = Worker(app, SETTINGS, store=store)
     states: list[WorkerState] = []
     worker.on_state_change = lambda old, new, reason: states.append(new)
     run = asyncio.create_task(worker.run())
