@@ -158,6 +158,8 @@ class PostgresFencedTransaction(FencedTransaction):
         try:
             fenced = yield from store._transaction_begin_steps(lease, self._timeout)
             refused = (yield from store.fences_steps(lease, self._fences)) if fenced else None
+        except GeneratorExit:  # abandoned by its driver: nothing more may be sent
+            raise
         except BaseException as exc:
             yield from _rollback_quietly(exc)
             raise
@@ -188,6 +190,8 @@ class PostgresFencedTransaction(FencedTransaction):
                     "leave COMMIT and ROLLBACK to the `with` / `async with`"
                 )
             completed = yield from self._complete()
+        except GeneratorExit:
+            raise
         except BaseException as exc:
             yield from _rollback_quietly(exc)
             if isinstance(exc, StaleTokenError):
