@@ -20,6 +20,7 @@ Worker processes import the apps below (``--app sabotage:…``) with this direct
 from __future__ import annotations
 
 import inspect
+from collections.abc import Generator
 from typing import Any
 
 from tokenline import App
@@ -83,15 +84,18 @@ def _split(store: Store) -> Store:
     def fenced_transaction(**kwargs: Any) -> Any:
         transaction = make(**kwargs)
 
-        async def async_complete(conn: Any) -> bool:
-            return False
-
         def complete(conn: Any) -> bool:
             return False
 
-        # The user's writes commit; the job is finished later, apart.
-        is_async = inspect.iscoroutinefunction(type(transaction)._complete)  # type: ignore[attr-defined]
-        transaction._complete = async_complete if is_async else complete  # type: ignore[attr-defined]
+        def complete_steps() -> Generator[Any, Any, bool]:
+            yield from ()  # no statement: the job is not finished in the transaction
+            return False
+
+        # The user's writes commit; the job is finished later, apart. PostgreSQL's
+        # _complete is steps (see stores/postgres/_steps.py), run by `with` and
+        # `async with` alike; SQLite's a plain method on its connection.
+        as_steps = inspect.isgeneratorfunction(type(transaction)._complete)  # type: ignore[attr-defined]
+        transaction._complete = complete_steps if as_steps else complete  # type: ignore[attr-defined]
         return transaction
 
     store.fenced_transaction = fenced_transaction  # type: ignore[method-assign]

@@ -1,6 +1,7 @@
 """What the PostgreSQL store promises beyond the shared contract.
 
-Notifications, transactional enqueue, schema migrations, error messages and timeouts.
+Notifications, transactional enqueue, schema migrations, error messages and timeouts
+(the sync form of the fenced transaction: test_postgres_sync_transaction.py).
 Tests that need the server of ``TOKENLINE_TEST_POSTGRES_URL`` are skipped without it,
 and fail in CI (see conftest.py).
 """
@@ -24,7 +25,6 @@ from tokenline._clock import FakeClock
 from tokenline._errors import (
     ConfigError,
     JobNotFoundError,
-    NotSupportedError,
     SchemaVersionError,
     StaleTokenError,
     StoreError,
@@ -383,17 +383,6 @@ async def test_leases_follow_the_database_clock(pg: PostgresStore) -> None:
     (claimed,) = await pg.jobs_claim(owner="w", queues=["default"], limit=1, ttl=60)
     assert claimed.lease.expires_at == pytest.approx(time.time() + 60, abs=5)
     assert list((await pg.jobs_rescue()).requeued) == []
-
-
-async def test_fenced_transaction_is_async_only(pg: PostgresStore) -> None:
-    """Sync `with` is refused with a message that says to use `async with`."""
-    await pg.jobs_enqueue(jobs=[new()])
-    (claimed,) = await pg.jobs_claim(owner="w", queues=["default"], limit=1, ttl=30)
-    with (
-        pytest.raises(NotSupportedError, match="async with"),
-        pg.fenced_transaction(lease=claimed.lease),
-    ):
-        pass
 
 
 @pytest.mark.parametrize("sabotaged", [False, True])

@@ -1,7 +1,8 @@
 """A job inside an open ``ctx.transaction()`` keeps its lease, and holds up no renewal.
 
 One worker, lease TTL 1.5 s: one job keeps its fenced transaction open for three TTLs
-while a second job, outside any transaction, runs for two. Before the leases moved out
+(``async with`` in an async handler, or ``with`` in a sync one) while a second job,
+outside any transaction, runs for two. Before the leases moved out
 of the locked rows (PostgreSQL: the job row's lock; SQLite: the file's write lock),
 the worker's batched renewal waited on its own handler's transaction, failed, and both
 jobs went dead after their attempts. Here both succeed on their first attempt and the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,8 +60,17 @@ async def _insert(conn: Any, job_id: int) -> None:
         await conn.execute("INSERT INTO marks (job) VALUES (%s)", (job_id,))
 
 
+def _insert_sync(conn: Any, job_id: int) -> None:
+    """:func:`_insert` on a sync connection (sqlite3's, or psycopg's)."""
+    if isinstance(conn, sqlite3.Connection):
+        conn.execute("INSERT INTO marks (job) VALUES (?)", (job_id,))
+    else:
+        conn.execute("INSERT INTO marks (job) VALUES (%s)", (job_id,))
+
+
 def long_app(url: str) -> App:
-    """Two tasks: one holds a transaction open, the other just takes its time."""
+    """Tasks that hold a transaction open (async and sync), and one that just takes its
+    time."""
     app = App(url)
 
     @app.task(name="long_tx", max_attempts=1)
@@ -67,6 +78,12 @@ def long_app(url: str) -> App:
         async with ctx.transaction() as conn:
             await _insert(conn, ctx.job_id)
             await asyncio.sleep(seconds)
+
+    @app.task(name="long_tx_sync", max_attempts=1)
+    def long_tx_sync(ctx: JobContext, seconds: float) -> None:
+        with ctx.transaction() as conn:
+            _insert_sync(conn, ctx.job_id)
+            time.sleep(seconds)
 
     @app.task(name="slow", max_attempts=1)
     async def slow(ctx: JobContext, seconds: float) -> None:
@@ -89,18 +106,24 @@ def create_marks(url: str) -> None:
         conn.execute(f"CREATE TABLE {schema}.marks (job integer)")
 
 
-async def test_transaction_open_for_three_ttls_keeps_every_lease(url: str) -> None:
-    """A fenced transaction open for 3 x TTL commits; meanwhile another job of the same
-    worker renews its lease and completes; both succeed on attempt 1, nothing is fenced,
-    refused or retried, and the worker never leaves READY/PROCESSING."""
+@pytest.mark.parametrize("form", ["async", "sync"])
+async def test_transaction_open_for_three_ttls_keeps_every_lease(url: str, form: str) -> None:
+    """A fenced transaction open for 3 x TTL, in either form, commits; meanwhile another
+    job of the same worker renews its lease and completes; both succeed on attempt 1,
+    nothing is fenced, refused or retried, and the worker never leaves
+    READY/PROCESSING."""
     create_marks(url)
     app = long_app(url)
-    worker = Worker(app, SETTINGS)
+    # The worker's store is opened before anything else: two stores creating a new
+    # SQLite file at once can find it locked, and the test polls it from the start.
+    store = app.open_store(timeout=SETTINGS.call_timeout)
+    await store.open()
+    worker = Worker(app, SETTINGS, store=store)
     states: list[WorkerState] = []
     worker.on_state_change = lambda old, new, reason: states.append(new)
     run = asyncio.create_task(worker.run())
     try:
-        long_id = await app.enqueue_async("long_tx", 3 * TTL)
+        long_id = await app.enqueue_async("long_tx" if form == "async" else "long_tx_sync", 3 * TTL)
         slow_id = await app.enqueue_async("slow", 2 * TTL)
 
         async def both_done() -> None:

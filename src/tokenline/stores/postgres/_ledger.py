@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
-from psycopg.rows import DictRow, TupleRow, dict_row, tuple_row
+from psycopg.rows import DictRow, TupleRow, dict_row
 
 from ..._errors import StoreError
 from ..._jobs import Lease
@@ -30,6 +30,7 @@ from ..._ledger import (
     effect_from_row,
 )
 from ..base import ResourceLease
+from ._steps import AsyncDriver, Steps, execute, fetch_one
 
 if TYPE_CHECKING:
     from ..._ledger import EffectRecord
@@ -63,6 +64,10 @@ class PostgresLedger:
     # -- building blocks, run inside the caller's transaction -----------------------------
     async def record_duplicate_on(self, conn: AsyncConnection[Any], dup: Duplicate) -> None:
         """Write one duplicate row for the audit (its ``at`` is the store's now)."""
+        await AsyncDriver(conn).run(self.record_duplicate_steps(dup))
+
+    def record_duplicate_steps(self, dup: Duplicate) -> Steps[None]:
+        """:meth:`record_duplicate_on` as steps, for either kind of connection."""
         params = {
             "key": dup.key,
             "kind": dup.kind.value,
@@ -72,13 +77,16 @@ class PostgresLedger:
             "owner": dup.owner,
             "now": self._now(),
         }
-        await conn.execute(self._q("duplicate_insert"), params)
+        yield from execute(self._q("duplicate_insert"), params)
 
     async def fences_on(
         self, conn: AsyncConnection[Any], lease: Lease, fences: Sequence[Fence]
     ) -> Fence | None:
         """Advance each fence; return the first one refused (the caller rolls back)."""
-        cur = conn.cursor(row_factory=tuple_row)
+        return await AsyncDriver(conn).run(self.fences_steps(lease, fences))
+
+    def fences_steps(self, lease: Lease, fences: Sequence[Fence]) -> Steps[Fence | None]:
+        """:meth:`fences_on` as steps, for either kind of connection."""
         for fence in fences:
             if fence.resource is not None:
                 held = {
@@ -87,8 +95,7 @@ class PostgresLedger:
                     "token": fence.token,
                     "now": self._now(),
                 }
-                await cur.execute(self._q("lease_held"), held)
-                if await cur.fetchone() is None:
+                if (yield from fetch_one(self._q("lease_held"), held)) is None:
                     return fence
             params = {
                 "key": fence.key,
@@ -98,8 +105,7 @@ class PostgresLedger:
                 "owner": lease.owner,
                 "now": self._now(),
             }
-            await cur.execute(self._q("fence_advance"), params)
-            if await cur.fetchone() is None:
+            if (yield from fetch_one(self._q("fence_advance"), params)) is None:
                 return fence
         return None
 

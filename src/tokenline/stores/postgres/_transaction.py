@@ -1,5 +1,13 @@
 """``ctx.transaction()`` on PostgreSQL: the user's writes and the completion, atomically.
 
+Two forms, one transaction: ``with`` (a sync handler, in its own thread) gets a
+:class:`psycopg.Connection` from the store's sync pool, ``async with`` (an async
+handler) a :class:`psycopg.AsyncConnection` from its async pool. What the transaction
+sends and decides is written once, as steps (``_steps.py``): :meth:`_opening` from
+``BEGIN`` to handing the connection over, :meth:`_closing` from the end of the block to
+``COMMIT`` or ``ROLLBACK``. Each form only runs those steps with its driver, so the
+argument below holds for both.
+
 Why a stale worker cannot commit through it:
 
 1. The transaction's first statement (``transaction_begin``) checks the job row's
@@ -12,8 +20,9 @@ Why a stale worker cannot commit through it:
    ``jobs_finish`` — ``UPDATE … WHERE lease_token = ? AND lease_owner = ? AND state =
    'running'`` — and one ``COMMIT`` makes the user's writes and the completion durable
    together. If the job was rescued meanwhile (its token bumped), that update matches
-   no row: everything is rolled back and :class:`StaleTokenError` raised. An exception
-   in the block rolls both back.
+   no row: everything is rolled back, the refusal recorded and :class:`StaleTokenError`
+   raised. An exception in the block rolls both back, and so does a block that ended
+   the transaction itself (a :class:`StoreError` says to leave that to the ``with``).
 
 Why it may stay open longer than the lease TTL: the check takes only a ``KEY SHARE``
 lock on the job row. The control plane's renewals (and the rescue, and other jobs'
@@ -25,27 +34,29 @@ then ends that session (it is named after the attempt), releasing the locks it h
 the user's rows. Its ``statement_timeout`` and idle limit are the attempt's remaining
 time when the worker gives one, else the store timeout.
 
-The connection comes from the store's pool and is returned afterwards.
+The sync form blocks its thread; on a thread running an event loop (an async handler
+that wrote ``with``) it would stall every job of the worker, so it is refused there.
+The connection comes from the store's pool of its form and is returned afterwards.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import AsyncConnection
-from psycopg.pq import TransactionStatus
 
 from ..._errors import NotSupportedError, StaleTokenError, StoreError
 from ..._jobs import Finish, Lease, Outcome
 from ..._ledger import DuplicateKind, Fence, by_attempt
 from ..base import FencedTransaction
+from ._steps import AsyncDriver, Begin, End, InTransaction, Steps, SyncDriver
 
 if TYPE_CHECKING:
-    from types import TracebackType
+    from psycopg_pool import ConnectionPool
 
     from .store import PostgresStore
 
@@ -53,17 +64,18 @@ __all__ = ["PostgresFencedTransaction"]
 
 log = logging.getLogger("tokenline.store.postgres")
 
-_SYNC = (
-    "the PostgreSQL store's transactions are asynchronous: use "
-    "`async with store.fenced_transaction(...)` (ctx.transaction() in an async handler)"
+_ON_LOOP = (
+    "`with store.fenced_transaction(...)` blocks its thread, and this thread runs an "
+    "asyncio event loop: in an async handler use `async with ctx.transaction()` "
+    "(`async with store.fenced_transaction(...)`)"
 )
 
 
 class PostgresFencedTransaction(FencedTransaction):
-    """A fenced transaction on a pooled connection; use it with ``async with``.
-
-    ``async with`` yields the :class:`psycopg.AsyncConnection`, already inside the
-    transaction. Do not commit or roll back on it: leaving the block does.
+    """A fenced transaction on a pooled connection: ``with`` (sync handlers) yields a
+    :class:`psycopg.Connection`, ``async with`` (async handlers) a
+    :class:`psycopg.AsyncConnection`, already inside the transaction. Parameters are
+    ``%s``. Do not commit or roll back on it: leaving the block does.
     """
 
     def __init__(
@@ -77,105 +89,152 @@ class PostgresFencedTransaction(FencedTransaction):
         self._lease = lease
         self._fences = tuple(fences)
         self._timeout = timeout
-        self._cm: contextlib.AbstractAsyncContextManager[AsyncConnection[Any]] | None = None
+        self._entered = False
+        self._sync: tuple[ConnectionPool[Any], psycopg.Connection[Any], SyncDriver] | None = None
+        self._async: tuple[AsyncConnection[Any], AsyncDriver] | None = None
 
-    def __enter__(self) -> Any:
-        raise NotSupportedError(_SYNC)
+    # -- the two forms: each runs the same steps with its own driver ---------------------
+    def __enter__(self) -> psycopg.Connection[Any]:
+        _refuse_on_event_loop()
+        self._enter_once()
+        store = self._store
+        pool, conn = store._checkout_sync()
+        driver = SyncDriver(conn)
+        try:
+            with store._translate():
+                driver.run(self._opening())
+        except BaseException:
+            pool.putconn(conn)
+            raise
+        self._sync = pool, conn, driver
+        return conn
 
-    def __exit__(self, *exc: object) -> None:
-        raise NotSupportedError(_SYNC)
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._sync is None:
+            return
+        (pool, conn, driver), self._sync = self._sync, None
+        try:
+            with self._store._translate():
+                driver.run(self._closing(_error(exc_type, exc)))
+        finally:
+            # The pool rolls back, or discards, a connection left in a transaction or broken.
+            pool.putconn(conn)
 
     async def __aenter__(self) -> AsyncConnection[Any]:
-        if self._cm is not None:
-            raise StoreError("a fenced transaction can be entered only once")
-        self._cm = self._run()
-        return await self._cm.__aenter__()
+        self._enter_once()
+        store = self._store
+        conn = await store._checkout()
+        driver = AsyncDriver(conn)
+        try:
+            with store._translate():
+                await driver.run(self._opening())
+        except BaseException:
+            await store._checkin(conn)
+            raise
+        self._async = conn, driver
+        return conn
 
-    async def __aexit__(self, *exc: object) -> None:
-        if self._cm is None:
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._async is None:
             return
-        exc_type, exc_value, tb = cast(
-            "tuple[type[BaseException] | None, BaseException | None, TracebackType | None]",
-            exc,
-        )
-        await self._cm.__aexit__(exc_type, exc_value, tb)
+        (conn, driver), self._async = self._async, None
+        try:
+            with self._store._translate():
+                await driver.run(self._closing(_error(exc_type, exc)))
+        finally:
+            await self._store._checkin(conn)
+
+    def _enter_once(self) -> None:
+        if self._entered:
+            raise StoreError("a fenced transaction can be entered only once")
+        self._entered = True
+
+    # -- the steps, written once ----------------------------------------------------------
+    def _opening(self) -> Steps[None]:
+        """``BEGIN``, the token check and the fences; a refusal rolls back, is recorded
+        on its own and raises before the user writes anything."""
+        store, lease = self._store, self._lease
+        yield Begin()
+        try:
+            fenced = yield from store._transaction_begin_steps(lease, self._timeout)
+            refused = (yield from store.fences_steps(lease, self._fences)) if fenced else None
+        except GeneratorExit:  # abandoned by its driver: nothing more may be sent
+            raise
+        except BaseException as exc:
+            yield from _rollback_quietly(exc)
+            raise
+        if refused is not None:
+            # Roll back (psycopg.Rollback ends the block without an error), then record
+            # the refusal in its own transaction: it must outlive the rollback.
+            yield End(psycopg.Rollback())
+            stale = by_attempt(refused.key, DuplicateKind.STALE, "fence", lease, 0.0)
+            yield from store.record_duplicate_steps(stale)
+            raise StaleTokenError(
+                resource=f"fence {refused.key!r}", token=refused.token, operation="transaction"
+            )
+        if not fenced:
+            yield End(psycopg.Rollback())
+            yield from store._record_stale_steps(lease, "transaction")
+            raise self._stale()
+
+    def _closing(self, error: BaseException | None) -> Steps[None]:
+        """After the block: roll back on ``error``; else finish the job as succeeded
+        inside the transaction, then commit both."""
+        if error is not None:
+            yield from _rollback_quietly(error)
+            return
+        try:
+            if not (yield InTransaction()):
+                raise StoreError(
+                    "the fenced transaction was ended inside its block; "
+                    "leave COMMIT and ROLLBACK to the `with` / `async with`"
+                )
+            completed = yield from self._complete()
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            yield from _rollback_quietly(exc)
+            if isinstance(exc, StaleTokenError):
+                yield from self._store._record_stale_steps(self._lease, "transaction")
+            raise
+        yield End()  # COMMIT: the writes and the completion
+        self.wrote = True
+        self.committed = completed
+
+    def _complete(self) -> Steps[bool]:
+        """Finish the job as succeeded inside the transaction; whether it was. If the
+        job was rescued while the transaction was open, raise: it all rolls back."""
+        (ok,) = yield from self._store._finish_steps([Finish(self._lease, Outcome.SUCCEEDED)])
+        if not ok:
+            raise self._stale()
+        return True
 
     def _stale(self) -> StaleTokenError:
         return StaleTokenError(
             resource=f"job {self._lease.job_id}", token=self._lease.token, operation="transaction"
         )
 
-    @contextlib.asynccontextmanager
-    async def _run(self) -> AsyncIterator[AsyncConnection[Any]]:
-        store, lease = self._store, self._lease
-        conn = await store._checkout()
-        try:
-            tx = conn.transaction()
-            with store._translate():
-                await tx.__aenter__()
-                fenced = await store._transaction_begin_on(conn, lease, self._timeout)
-                refused = await store.fences_on(conn, lease, self._fences) if fenced else None
-            if refused is not None:
-                with store._translate():
-                    await tx.__aexit__(psycopg.Rollback, psycopg.Rollback(), None)
-                    stale = by_attempt(refused.key, DuplicateKind.STALE, "fence", lease, 0.0)
-                    await store.record_duplicate_on(conn, stale)
-                raise StaleTokenError(
-                    resource=f"fence {refused.key!r}", token=refused.token, operation="transaction"
-                )
-            if not fenced:
-                with store._translate():
-                    # Roll back (psycopg.Rollback ends the block without an error), then
-                    # record the refusal in its own transaction: it must outlive the rollback.
-                    await tx.__aexit__(psycopg.Rollback, psycopg.Rollback(), None)
-                    await store._record_stale_on(conn, lease, "transaction")
-                raise self._stale()
-            try:
-                yield conn
-            except BaseException as exc:
-                await _rollback_quietly(tx, exc)
-                raise
-            await self._commit(conn, tx)
-        finally:
-            # The pool rolls back, or discards, a connection left in a transaction or broken.
-            await store._checkin(conn)
 
-    async def _commit(
-        self, conn: AsyncConnection[Any], tx: contextlib.AbstractAsyncContextManager[Any]
-    ) -> None:
-        """Finish the job as succeeded inside the transaction, then commit both."""
-        store, lease = self._store, self._lease
-        with store._translate():
-            try:
-                if conn.info.transaction_status != TransactionStatus.INTRANS:
-                    raise StoreError(
-                        "the fenced transaction was ended inside its block; "
-                        "leave COMMIT and ROLLBACK to the `async with`"
-                    )
-                completed = await self._complete(conn)
-            except BaseException as exc:
-                await _rollback_quietly(tx, exc)
-                if isinstance(exc, StaleTokenError):
-                    await store._record_stale_on(conn, lease, "transaction")
-                raise
-            await tx.__aexit__(None, None, None)  # COMMIT: the writes and the completion
-        self.wrote = True
-        self.committed = completed
-
-    async def _complete(self, conn: AsyncConnection[Any]) -> bool:
-        """Finish the job as succeeded inside the transaction; whether it was. If the
-        job was rescued while the transaction was open, raise: it all rolls back."""
-        (ok,) = await self._store._finish_on(conn, [Finish(self._lease, Outcome.SUCCEEDED)])
-        if not ok:
-            raise self._stale()
-        return True
-
-
-async def _rollback_quietly(
-    tx: contextlib.AbstractAsyncContextManager[Any], exc: BaseException
-) -> None:
+def _rollback_quietly(exc: BaseException) -> Steps[None]:
     """Roll back while ``exc`` propagates; a failing rollback must not mask it."""
     try:
-        await tx.__aexit__(type(exc), exc, exc.__traceback__)
+        yield End(exc)
     except Exception as rollback_exc:  # the connection is broken: the pool discards it
         log.warning("rollback of a fenced transaction failed: %s", rollback_exc)
+
+
+def _error(exc_type: Any, exc: Any) -> BaseException | None:
+    """The exception leaving the block, if any (an instance even if only a type came)."""
+    if isinstance(exc, BaseException):
+        return exc
+    return exc_type() if exc_type is not None else None
+
+
+def _refuse_on_event_loop() -> None:
+    """Raise at once on a thread that runs an event loop: the blocking form would stall
+    everything the loop runs there (a worker's other jobs, its lease renewals)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise NotSupportedError(_ON_LOOP)

@@ -1,7 +1,8 @@
 """PostgreSQL store: any number of worker machines on one database.
 
 Every operation is one statement (or one short transaction) from ``queries.sql`` on a
-connection of a psycopg async pool. The guarantees of ``stores/base.py`` come from the
+connection of a psycopg async pool (a sync handler's fenced transaction takes one of a
+sync pool, opened on first use). The guarantees of ``stores/base.py`` come from the
 database, not from this process:
 
 * Claims take rows with ``FOR NO KEY UPDATE SKIP LOCKED``: concurrent claimers on any
@@ -21,8 +22,10 @@ versioned migrations (``migrations.sql``) on :meth:`PostgresStore.open`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import threading
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -31,7 +34,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, TupleRow, dict_row, tuple_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from ..._clock import Clock, SystemClock
 from ..._errors import JobNotFoundError, StoreError
@@ -68,6 +71,7 @@ from ._migrations import (
     too_old,
 )
 from ._rows import job_from_row, worker_from_row
+from ._steps import AsyncDriver, Steps, execute, fetch_all, fetch_one
 from ._target import Target, parse_url
 from ._transaction import PostgresFencedTransaction
 
@@ -89,7 +93,8 @@ class PostgresStore(PostgresLedger, Store):
     ``timeout`` bounds connecting, waiting for a pooled connection and each statement
     (``statement_timeout``); an operation never hangs past it. ``migrate=False`` makes
     :meth:`open` refuse a schema that needs migrating instead of migrating it (run
-    ``tokenline migrate`` then). ``max_connections`` caps the pool.
+    ``tokenline migrate`` then). ``max_connections`` caps the pool, and the sync pool
+    that sync handlers' fenced transactions use (empty until the first one).
     """
 
     capabilities = Capabilities(
@@ -121,6 +126,10 @@ class PostgresStore(PostgresLedger, Store):
         self._queries = {name: compose(text, self.schema) for name, text in _Q.items()}
         self._schema_tag = f"{zlib.crc32(self.schema.encode()):08x}"
         self._pool: AsyncConnectionPool[AsyncConnection[TupleRow]] | None = None
+        # Sync handlers' fenced transactions run in their own threads: they get blocking
+        # connections from a pool of their own, opened on first use (see _checkout_sync).
+        self._sync_pool: ConnectionPool[psycopg.Connection[TupleRow]] | None = None
+        self._sync_pool_lock = threading.Lock()
         self._listener: Listener | None = None
         # Last resort against a peer that stops answering (see _deadline.py): waiting
         # for a pooled connection and the statements each get ``timeout``, plus slack.
@@ -169,6 +178,35 @@ class PostgresStore(PostgresLedger, Store):
 
     async def _checkin(self, conn: AsyncConnection[Any]) -> None:
         await self._require_pool().putconn(conn)
+
+    def _checkout_sync(
+        self,
+    ) -> tuple[ConnectionPool[psycopg.Connection[TupleRow]], psycopg.Connection[Any]]:
+        """A blocking connection for a sync fenced transaction, from any thread, and the
+        pool to give it back to (``pool.putconn``: the pool rolls back, or discards, a
+        connection left in a transaction or broken). Waits up to the store timeout."""
+        with self._translate():
+            pool = self._require_sync_pool()
+            return pool, pool.getconn(timeout=self.timeout)
+
+    def _require_sync_pool(self) -> ConnectionPool[psycopg.Connection[TupleRow]]:
+        with self._sync_pool_lock:
+            self._require_pool()  # open, and not closed
+            if self._sync_pool is None:
+                pool: ConnectionPool[psycopg.Connection[TupleRow]] = ConnectionPool(
+                    self.target.conninfo,
+                    kwargs={"autocommit": True},
+                    # No connection until a sync handler opens a transaction; then at
+                    # most as many as the async pool, each held for one transaction.
+                    min_size=0,
+                    max_size=self.max_connections,
+                    open=False,
+                    timeout=self.timeout,
+                    name=f"tokenline-{self.schema}-sync",
+                )
+                pool.open(wait=False)  # min_size=0: nothing to wait for
+                self._sync_pool = pool
+            return self._sync_pool
 
     async def _rows(self, query: str, params: dict[str, Any]) -> list[DictRow]:
         async def run(conn: AsyncConnection[Any]) -> list[DictRow]:
@@ -253,13 +291,18 @@ class PostgresStore(PostgresLedger, Store):
             return await run_bounded(self._schema_check(migrate=True), self._deadline)
 
     async def close(self) -> None:
-        """Stop listening and close the pool. Safe to call twice."""
-        listener, pool = self._listener, self._pool
-        self._listener, self._pool = None, None
+        """Stop listening and close the pools. Safe to call twice."""
+        with self._sync_pool_lock:
+            listener, pool, sync_pool = self._listener, self._pool, self._sync_pool
+            self._listener, self._pool, self._sync_pool = None, None, None
         if listener is not None:
             await listener.close()
         if pool is not None:
             await pool.close()
+        if sync_pool is not None:
+            # Joins the pool's threads: off the event loop. A connection still out (a
+            # sync transaction open in another thread) is closed when it comes back.
+            await asyncio.to_thread(sync_pool.close)
 
     # -- broker ---------------------------------------------------------------------------
     def _enqueue_params(self, jobs: Sequence[NewJob]) -> dict[str, Any]:
@@ -368,6 +411,10 @@ class PostgresStore(PostgresLedger, Store):
         self, conn: AsyncConnection[Any], finishes: Sequence[Finish]
     ) -> list[bool]:
         """Run the fenced batch finish on ``conn``; whether each row was accepted."""
+        return await AsyncDriver(conn).run(self._finish_steps(finishes))
+
+    def _finish_steps(self, finishes: Sequence[Finish]) -> Steps[list[bool]]:
+        """The fenced batch finish (one statement); whether each row was accepted."""
         moves = [finish_transition(f) for f in finishes]
         params = {
             "job_id": [f.lease.job_id for f in finishes],
@@ -382,9 +429,7 @@ class PostgresStore(PostgresLedger, Store):
             "error_class": [f.error_class for f in finishes],
             "now": self._now(),
         }
-        cur = conn.cursor(row_factory=tuple_row)
-        await cur.execute(self._q("finish"), params)
-        accepted = {int(r[0]) for r in await cur.fetchall()}
+        accepted = {int(r[0]) for r in (yield from fetch_all(self._q("finish"), params))}
         return [n + 1 in accepted for n in range(len(finishes))]
 
     async def jobs_finish(self, *, finishes: Sequence[Finish]) -> list[bool]:
@@ -400,9 +445,8 @@ class PostgresStore(PostgresLedger, Store):
         await cur.execute(self._q("fence_check"), params)
         return await cur.fetchone() is not None
 
-    async def _record_stale_on(
-        self, conn: AsyncConnection[Any], lease: Lease, operation: str
-    ) -> None:
+    def _record_stale_steps(self, lease: Lease, operation: str) -> Steps[None]:
+        """Record a refused write of ``lease`` as a stale commit."""
         params = {
             "job_id": lease.job_id,
             "token": lease.token,
@@ -410,13 +454,12 @@ class PostgresStore(PostgresLedger, Store):
             "operation": operation,
             "now": self._now(),
         }
-        await conn.execute(self._q("stale_insert"), params)
+        yield from execute(self._q("stale_insert"), params)
 
-    async def _transaction_begin_on(
-        self, conn: AsyncConnection[Any], lease: Lease, open_for: float | None
-    ) -> bool:
+    def _transaction_begin_steps(self, lease: Lease, open_for: float | None) -> Steps[bool]:
         """The first statement of a fenced transaction: whether ``lease`` holds the job
-        (see ``transaction_begin`` in queries.sql)."""
+        (see ``transaction_begin`` in queries.sql). ``open_for``: seconds the
+        transaction, and each of its statements, may last (else the store timeout)."""
         params = {
             "job_id": lease.job_id,
             "token": lease.token,
@@ -424,9 +467,7 @@ class PostgresStore(PostgresLedger, Store):
             "session": self.session_name(lease),
             "timeout_ms": None if open_for is None else str(max(1, round(open_for * 1000))),
         }
-        cur = conn.cursor(row_factory=tuple_row)
-        await cur.execute(self._q("transaction_begin"), params)
-        return await cur.fetchone() is not None
+        return (yield from fetch_one(self._q("transaction_begin"), params)) is not None
 
     def session_name(self, lease: Lease) -> str:
         """The ``application_name`` of a fenced transaction of the attempt holding
@@ -635,7 +676,8 @@ class PostgresStore(PostgresLedger, Store):
     def fenced_transaction(
         self, *, lease: Lease, fences: Sequence[Fence] = (), timeout: float | None = None
     ) -> FencedTransaction:
-        """An ``async with`` transaction that checks ``lease`` first, advances ``fences``
+        """A transaction (``with``: a :class:`psycopg.Connection`; ``async with``: a
+        :class:`psycopg.AsyncConnection`) that checks ``lease`` first, advances ``fences``
         and completes the job on commit; see
         :class:`~tokenline.stores.postgres.PostgresFencedTransaction`. ``timeout``: how
         long it may stay open (the attempt's remaining time), instead of the store's."""

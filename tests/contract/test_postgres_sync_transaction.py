@@ -1,0 +1,398 @@
+"""``with store.fenced_transaction(...)`` on PostgreSQL: the sync form of the transaction.
+
+A sync handler runs in a thread of its own, so each test runs the sync form in a thread
+(``asyncio.to_thread``) while the test's event loop plays the rest of the world: the
+control plane, other workers, the rescuer. Transactions that must stay open while
+something else happens are entered and left step by step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from tokenline._clock import FakeClock
+from tokenline._errors import NotSupportedError, StaleTokenError, StoreError, StoreUnavailableError
+from tokenline._jobs import ClaimedJob, Finish, JobState, Lease, NewJob, Outcome
+from tokenline._ledger import DuplicateKind, Fence
+from tokenline.stores.postgres import PostgresStore
+
+pytestmark = pytest.mark.postgres
+
+INSERT = "INSERT INTO marks (n) VALUES (%s)"
+
+
+@pytest.fixture
+async def admin(postgres_server: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A plain autocommit connection for looking at the database from outside."""
+    conn = await psycopg.AsyncConnection.connect(postgres_server, autocommit=True)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def pg(postgres_url: str, clock: FakeClock) -> AsyncIterator[PostgresStore]:
+    """An open store on this test's schema, driven by the fake clock."""
+    store = PostgresStore(postgres_url, clock=clock, timeout=5)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+async def marks(
+    pg: PostgresStore, admin: psycopg.AsyncConnection[Any], postgres_schema: str
+) -> Callable[[], Awaitable[list[int]]]:
+    """Creates the business table ``marks`` (the store's URL puts the test's schema
+    first on the search path); returns a function reading its committed rows."""
+    table = sql.SQL("{}.marks").format(sql.Identifier(postgres_schema))
+    await admin.execute(sql.SQL("CREATE TABLE {} (n integer)").format(table))
+
+    async def read() -> list[int]:
+        cur = await admin.execute(sql.SQL("SELECT n FROM {} ORDER BY n").format(table))
+        return [row[0] for row in await cur.fetchall()]
+
+    return read
+
+
+async def claim(store: PostgresStore, ttl: float = 30) -> ClaimedJob:
+    """Enqueue one job and claim it."""
+    await store.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+    (claimed,) = await store.jobs_claim(owner="w", queues=["default"], limit=1, ttl=ttl)
+    return claimed
+
+
+async def state_of(store: PostgresStore, job_id: int) -> JobState:
+    return (await store.job_get(job_id=job_id)).state
+
+
+async def test_with_commits_the_writes_and_the_completion_together(
+    pg: PostgresStore, marks: Callable[[], Awaitable[list[int]]]
+) -> None:
+    """`with` yields a sync psycopg.Connection already inside the transaction (session
+    named after the attempt, limits from ``timeout``); nothing of it is visible until
+    the block ends, then the user's row and the job's completion commit together."""
+    c = await claim(pg)
+    transaction = pg.fenced_transaction(lease=c.lease, timeout=30)
+    conn = await asyncio.to_thread(transaction.__enter__)
+    assert isinstance(conn, psycopg.Connection)
+    await asyncio.to_thread(conn.execute, INSERT, (1,))
+    cur = await asyncio.to_thread(
+        conn.execute,
+        "SELECT current_setting('application_name'), current_setting('statement_timeout'), "
+        "current_setting('idle_in_transaction_session_timeout')",
+    )
+    assert cur.fetchone() == (pg.session_name(c.lease), "30s", "30s")
+    assert (await marks(), await state_of(pg, c.job.id)) == ([], JobState.RUNNING)
+
+    await asyncio.to_thread(transaction.__exit__, None, None, None)
+    assert (transaction.wrote, transaction.committed) == (True, True)
+    assert (await marks(), await state_of(pg, c.job.id)) == ([1], JobState.SUCCEEDED)
+    assert (await pg.stale_commits())[0] == 0
+
+
+async def test_a_stale_lease_is_refused_before_any_write_and_recorded(pg: PostgresStore) -> None:
+    """A lease whose token no longer holds the job raises StaleTokenError on entry,
+    before the block runs; the refusal is recorded and the job is left alone."""
+    c = await claim(pg)
+    stale = Lease(c.job.id, c.lease.owner, c.lease.token + 1, c.lease.expires_at)
+
+    def run() -> None:
+        with pg.fenced_transaction(lease=stale):
+            pytest.fail("the block must not run")
+
+    with pytest.raises(StaleTokenError, match=f"job {c.job.id}"):
+        await asyncio.to_thread(run)
+    total, commits = await pg.stale_commits()
+    assert [(s.job_id, s.token, s.operation) for s in commits] == [
+        (c.job.id, stale.token, "transaction")
+    ]
+    assert total == 1
+    assert await state_of(pg, c.job.id) is JobState.RUNNING
+
+
+async def test_a_job_finished_elsewhere_meanwhile_is_refused_at_commit(
+    pg: PostgresStore, marks: Callable[[], Awaitable[list[int]]]
+) -> None:
+    """If the job stops being this attempt's while the sync transaction is open (here
+    retried through another connection, which does not wait for it), the commit is
+    refused: the user's writes roll back, the refusal is recorded, StaleTokenError."""
+    c = await claim(pg)
+    transaction = pg.fenced_transaction(lease=c.lease)
+    conn = await asyncio.to_thread(transaction.__enter__)
+    await asyncio.to_thread(conn.execute, INSERT, (1,))
+    assert await pg.jobs_finish(finishes=[Finish(c.lease, Outcome.RETRY, 60.0)]) == [True]
+
+    with pytest.raises(StaleTokenError, match=f"job {c.job.id}"):
+        await asyncio.to_thread(transaction.__exit__, None, None, None)
+    assert (transaction.wrote, transaction.committed) == (False, False)
+    assert await marks() == []
+    assert await state_of(pg, c.job.id) is JobState.SCHEDULED
+    _, commits = await pg.stale_commits()
+    assert [(s.job_id, s.token, s.operation) for s in commits] == [
+        (c.job.id, c.lease.token, "transaction")
+    ]
+
+
+async def test_a_rescue_ends_the_open_sync_transaction_and_nothing_of_it_commits(
+    pg: PostgresStore,
+    marks: Callable[[], Awaitable[list[int]]],
+    admin: psycopg.AsyncConnection[Any],
+    clock: FakeClock,
+) -> None:
+    """A sync transaction left open past its lease does not keep the job from being
+    rescued; the rescue ends its session, so leaving the block fails with a StoreError
+    and commits nothing; the broken connection is not handed out again."""
+    c = await claim(pg, ttl=5)
+    transaction = pg.fenced_transaction(lease=c.lease)
+    conn = await asyncio.to_thread(transaction.__enter__)
+    await asyncio.to_thread(conn.execute, INSERT, (1,))
+    clock.advance(6)
+    assert list((await pg.jobs_rescue()).requeued) == [c.job.id]
+
+    session = pg.session_name(c.lease)
+    for _ in range(100):
+        cur = await admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (session,)
+        )
+        if await cur.fetchone() == (0,):
+            break
+        await asyncio.sleep(0.05)
+    with pytest.raises(StoreError):
+        await asyncio.to_thread(transaction.__exit__, None, None, None)
+    assert await marks() == []
+    job = await pg.job_get(job_id=c.job.id)
+    assert (job.state, job.lease_token) == (JobState.QUEUED, c.lease.token + 1)
+
+    (again,) = await pg.jobs_claim(owner="w", queues=["default"], limit=1, ttl=30)
+
+    def commit_again() -> None:
+        with pg.fenced_transaction(lease=again.lease) as fresh:
+            fresh.execute(INSERT, (2,))
+
+    await asyncio.to_thread(commit_again)
+    assert (await marks(), await state_of(pg, c.job.id)) == ([2], JobState.SUCCEEDED)
+
+
+async def test_an_exception_in_the_block_rolls_everything_back(
+    pg: PostgresStore, marks: Callable[[], Awaitable[list[int]]]
+) -> None:
+    """An exception inside `with` rolls back the user's writes, leaves the job running
+    and reaches the caller unchanged; the attempt can still commit afterwards."""
+    c = await claim(pg)
+    transaction = pg.fenced_transaction(lease=c.lease)
+
+    def write_then_fail() -> None:
+        with transaction as conn:
+            conn.execute(INSERT, (1,))
+            raise RuntimeError("handler failed")
+
+    with pytest.raises(RuntimeError, match="handler failed"):
+        await asyncio.to_thread(write_then_fail)
+    assert (transaction.wrote, transaction.committed) == (False, False)
+    assert (await marks(), await state_of(pg, c.job.id)) == ([], JobState.RUNNING)
+    assert (await pg.stale_commits())[0] == 0
+
+    def write() -> None:
+        with pg.fenced_transaction(lease=c.lease) as conn:
+            conn.execute(INSERT, (2,))
+
+    await asyncio.to_thread(write)
+    assert (await marks(), await state_of(pg, c.job.id)) == ([2], JobState.SUCCEEDED)
+
+
+async def test_ending_the_transaction_inside_the_block_is_refused(
+    pg: PostgresStore, marks: Callable[[], Awaitable[list[int]]]
+) -> None:
+    """A block that commits by itself gets the StoreError that says to leave COMMIT to
+    the `with`, and the job is not completed."""
+    c = await claim(pg)
+
+    def commit_inside() -> None:
+        with pg.fenced_transaction(lease=c.lease) as conn:
+            conn.execute("COMMIT")
+
+    with pytest.raises(StoreError, match="leave COMMIT and ROLLBACK"):
+        await asyncio.to_thread(commit_inside)
+    assert await state_of(pg, c.job.id) is JobState.RUNNING
+
+
+async def test_a_lower_fence_is_refused_before_any_write_and_an_equal_one_passes(
+    pg: PostgresStore, marks: Callable[[], Awaitable[list[int]]]
+) -> None:
+    """``fences=`` are advanced inside the sync transaction: a token lower than the
+    highest that wrote the key raises StaleTokenError before the block runs (recorded
+    as a stale duplicate, job left running); the same token passes and commits."""
+    c = await claim(pg)
+    high = c.lease.token + 1
+    assert await pg.fence_write(lease=c.lease, fence=Fence("invoice:1", high))
+
+    def run(token: int) -> None:
+        with pg.fenced_transaction(lease=c.lease, fences=[Fence("invoice:1", token)]) as conn:
+            conn.execute(INSERT, (token,))
+
+    with pytest.raises(StaleTokenError, match="fence 'invoice:1'"):
+        await asyncio.to_thread(run, c.lease.token)
+    assert (await marks(), await state_of(pg, c.job.id)) == ([], JobState.RUNNING)
+    assert [
+        (d.key, d.kind, d.operation, d.job_id, d.token) for d in await pg.duplicates_list()
+    ] == [("invoice:1", DuplicateKind.STALE, "fence", c.job.id, c.lease.token)]
+
+    await asyncio.to_thread(run, high)
+    assert (await marks(), await state_of(pg, c.job.id)) == ([high], JobState.SUCCEEDED)
+
+
+async def test_the_sync_form_on_an_event_loop_is_refused_at_once(
+    pg: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`with` on a thread running an event loop (an async handler that forgot `async`)
+    raises NotSupportedError naming `async with ctx.transaction()`, before taking a
+    connection: the loop is never blocked."""
+    c = await claim(pg)
+
+    def checkout() -> Any:
+        raise AssertionError("the sync form took a connection on the event loop")
+
+    monkeypatch.setattr(pg, "_checkout_sync", checkout)
+    with (
+        pytest.raises(NotSupportedError, match=r"async with ctx\.transaction\(\)"),
+        pg.fenced_transaction(lease=c.lease),
+    ):
+        pytest.fail("the block must not run")
+    assert pg._sync_pool is None
+    async with pg.fenced_transaction(lease=c.lease):
+        pass
+    assert await state_of(pg, c.job.id) is JobState.SUCCEEDED
+
+
+async def test_the_sync_pool_opens_on_first_use_and_close_closes_it(
+    postgres_url: str, admin: psycopg.AsyncConnection[Any]
+) -> None:
+    """The sync pool exists only once a sync transaction asked for it; close() closes
+    it with its connections, and a sync transaction after close() is refused."""
+    store = PostgresStore(postgres_url, timeout=5)
+    await store.open()
+    try:
+        c = await claim(store)
+        async with store.fenced_transaction(lease=c.lease):
+            pass
+        assert store._sync_pool is None
+
+        d = await claim(store)
+
+        def backend_pid() -> int:
+            with store.fenced_transaction(lease=d.lease) as conn:
+                row = conn.execute("SELECT pg_backend_pid()").fetchone()
+                assert row is not None
+                return int(row[0])
+
+        pid = await asyncio.to_thread(backend_pid)
+        pool = store._sync_pool
+        assert pool is not None
+        assert not pool.closed
+    finally:
+        await store.close()
+    assert store._sync_pool is None
+    assert pool.closed
+    for _ in range(100):
+        cur = await admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
+        if await cur.fetchone() == (0,):
+            break
+        await asyncio.sleep(0.05)
+    else:
+        pytest.fail("the sync pool's connection outlived close()")
+
+    def after_close() -> None:
+        with store.fenced_transaction(lease=d.lease):
+            pytest.fail("the block must not run")
+
+    with pytest.raises(StoreError, match="not open"):
+        await asyncio.to_thread(after_close)
+
+
+async def test_a_busy_sync_pool_raises_instead_of_hanging(postgres_url: str) -> None:
+    """With every sync connection taken, another sync transaction fails with
+    StoreUnavailableError after the store timeout; the async pool is not affected."""
+    store = PostgresStore(postgres_url, timeout=1, max_connections=1)
+    await store.open()
+    try:
+        first, second = await claim(store), await claim(store)
+        holding = store.fenced_transaction(lease=first.lease)
+        await asyncio.to_thread(holding.__enter__)
+        try:
+
+            def run() -> None:
+                with store.fenced_transaction(lease=second.lease):
+                    pytest.fail("the block must not run")
+
+            with pytest.raises(StoreUnavailableError, match="within 1s"):
+                await asyncio.to_thread(run)
+            assert await state_of(store, second.job.id) is JobState.RUNNING
+        finally:
+            await asyncio.to_thread(holding.__exit__, None, None, None)
+        assert await state_of(store, first.job.id) is JobState.SUCCEEDED
+    finally:
+        await store.close()
+
+
+async def test_open_for_longer_than_the_ttl_blocks_no_renewal_and_commits(
+    postgres_url: str, clock: FakeClock, marks: Callable[[], Awaitable[list[int]]]
+) -> None:
+    """While a sync transaction is open, renewals of its job through another connection
+    (statement timeout 1 s) do not wait for it; renewed past its first TTL, the job is
+    not rescued and the transaction commits."""
+    holder = PostgresStore(postgres_url, clock=clock, timeout=5)
+    other = PostgresStore(postgres_url, clock=clock, timeout=1)
+    await holder.open()
+    await other.open()
+    try:
+        c = await claim(holder, ttl=5)
+        transaction = holder.fenced_transaction(lease=c.lease)
+        conn = await asyncio.to_thread(transaction.__enter__)
+        await asyncio.to_thread(conn.execute, INSERT, (1,))
+        for _ in range(3):
+            clock.advance(4)
+            (renewed,) = await other.job_leases_renew(owner="w", leases=[c.lease], ttl=5)
+            assert renewed is not None
+            assert list((await other.jobs_rescue()).requeued) == []
+        await asyncio.to_thread(transaction.__exit__, None, None, None)
+        assert transaction.committed
+        assert (await marks(), await state_of(holder, c.job.id)) == ([1], JobState.SUCCEEDED)
+    finally:
+        await other.close()
+        await holder.close()
+
+
+async def test_the_split_completion_sabotage_reaches_both_forms(
+    pg: PostgresStore, marks: Callable[[], Awaitable[list[int]]]
+) -> None:
+    """The test tree's split completion (the lost_ack control experiment) overrides the
+    one ``_complete`` both forms run: `with` and `async with` commit the user's writes
+    without completing the job."""
+    from sabotage import _split
+
+    store = _split(pg)
+    sync_job, async_job = await claim(pg), await claim(pg)
+    sync_tx = store.fenced_transaction(lease=sync_job.lease)
+
+    def run() -> None:
+        with sync_tx as conn:
+            conn.execute(INSERT, (1,))
+
+    await asyncio.to_thread(run)
+    async_tx = store.fenced_transaction(lease=async_job.lease)
+    async with async_tx as aconn:
+        await aconn.execute(INSERT, (2,))
+
+    assert [(t.wrote, t.committed) for t in (sync_tx, async_tx)] == [(True, False)] * 2
+    assert await marks() == [1, 2]
+    assert [await state_of(pg, j.job.id) for j in (sync_job, async_job)] == [JobState.RUNNING] * 2
