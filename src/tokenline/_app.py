@@ -18,7 +18,7 @@ from ._clock import Clock, SystemClock
 from ._config import Settings, load_settings, validate_queue_name
 from ._errors import InvalidInputError, PayloadError, UnknownTaskError
 from ._jobs import NewJob, Unique
-from ._ledger import validate_key
+from ._records import validate_key
 from ._tasks import Task
 from .classify import Classifier
 from .retry import RetryPolicy

@@ -18,11 +18,10 @@ back to ``running`` whatever a stale worker sends. ``scheduled`` is a job whose
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
@@ -43,10 +42,8 @@ __all__ = [
     "Transition",
     "Unique",
     "WorkerRecord",
-    "attempt_from_row",
     "can_transition",
     "finish_transition",
-    "job_from_row",
     "renewal_was_stale",
     "rescue_transition",
 ]
@@ -80,24 +77,6 @@ ALLOWED_TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
     JobState.DEAD: frozenset({JobState.QUEUED, JobState.CANCELLED}),
     JobState.CANCELLED: frozenset(),
 }
-
-
-class _Row(Protocol):
-    """A database row readable by column name (``sqlite3.Row``, psycopg's ``dict_row``)."""
-
-    def __getitem__(self, key: str) -> Any: ...
-
-
-def job_from_row(row: _Row) -> Job:
-    """The :class:`Job` of a jobs-table row; every store names its columns alike."""
-    values = {f.name: row[f.name] for f in dataclasses.fields(Job)}
-    values["state"] = JobState(values["state"])
-    return Job(**values)
-
-
-def attempt_from_row(row: _Row) -> Attempt:
-    """The :class:`Attempt` of an attempts-table row."""
-    return Attempt(**{f.name: row[f.name] for f in dataclasses.fields(Attempt)})
 
 
 def can_transition(src: JobState, dst: JobState) -> bool:

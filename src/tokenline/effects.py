@@ -74,7 +74,7 @@ from ._errors import (
     StaleTokenError,
     TokenlineError,
 )
-from ._ledger import EffectBegin, Fence, Start, validate_key
+from ._records import EffectBegin, Fence, Start, validate_key
 
 if TYPE_CHECKING:
     from ._clock import Clock

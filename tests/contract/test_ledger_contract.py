@@ -22,7 +22,7 @@ from tokenline._errors import (
     StaleTokenError,
 )
 from tokenline._jobs import Finish, JobState, NewJob, Outcome, Unique
-from tokenline._ledger import DuplicateKind, EffectStatus, Fence, Start
+from tokenline._records import DuplicateKind, EffectStatus, Fence, Start
 from tokenline.effects import EffectRun, run_effect
 from tokenline.worker.context import JobContext
 from tokenline.worker.slot import Slot

@@ -14,7 +14,7 @@ from psycopg import sql
 
 from tokenline._clock import FakeClock
 from tokenline._jobs import JobState, NewJob, Unique
-from tokenline._ledger import Start
+from tokenline._records import Start
 from tokenline.stores.sqlite import SQLiteStore
 from tokenline.stores.sqlite._connection import statements
 from tokenline.stores.sqlite.ledger import LQ

@@ -19,7 +19,7 @@ from psycopg import sql
 from tokenline._clock import FakeClock
 from tokenline._errors import NotSupportedError, StaleTokenError, StoreError, StoreUnavailableError
 from tokenline._jobs import ClaimedJob, Finish, JobState, Lease, NewJob, Outcome
-from tokenline._ledger import DuplicateKind, Fence
+from tokenline._records import DuplicateKind, Fence
 from tokenline.stores.postgres import PostgresStore
 
 pytestmark = pytest.mark.postgres

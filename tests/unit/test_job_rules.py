@@ -20,7 +20,7 @@ from tokenline._jobs import (
     renewal_was_stale,
     rescue_transition,
 )
-from tokenline.stores.memory import _moved
+from tokenline.stores.memory.store import _moved
 
 LEASE = Lease(1, "w", 3, 0.0)
 

@@ -26,7 +26,7 @@ from tokenline import (
     require_fenced,
 )
 from tokenline._errors import StaleTokenError
-from tokenline._ledger import DuplicateKind, EffectStatus
+from tokenline._records import DuplicateKind, EffectStatus
 from tokenline.stores import Store
 
 #: Deadline for anything a test waits on; a healthy run takes a small fraction of it.

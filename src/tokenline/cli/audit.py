@@ -17,7 +17,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from .._ledger import Duplicate, DuplicateKind
+from .._records import Duplicate, DuplicateKind
 from ..stores import Store
 from ._common import (
     app_option,

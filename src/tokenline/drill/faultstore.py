@@ -75,7 +75,7 @@ from .._jobs import (
     StaleCommit,
     WorkerRecord,
 )
-from .._ledger import Duplicate, EffectBegin, EffectRecord, Fence
+from .._records import Duplicate, EffectBegin, EffectRecord, Fence
 from ..stores.base import FencedTransaction, ResourceLease, Store
 from ._spec import check_number
 from .storefaults import FaultFile, InjectedFaultError, Role, RoleFaults, StoreFaults, role_of

@@ -59,7 +59,7 @@ from .._jobs import (
     StaleCommit,
     WorkerRecord,
 )
-from .._ledger import Duplicate, EffectBegin, EffectRecord, Fence
+from .._records import Duplicate, EffectBegin, EffectRecord, Fence
 
 __all__ = [
     "ROLES",

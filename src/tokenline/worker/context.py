@@ -18,7 +18,7 @@ from .._errors import (
     StaleTokenError,
 )
 from .._jobs import Lease
-from .._ledger import Fence, Start
+from .._records import Fence, Start
 from ..effects import (
     DEFAULT_EFFECT_WAIT,
     EffectRun,

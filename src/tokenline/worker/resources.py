@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .._errors import InvalidInputError, LeaseBusyError, LeaseExpiredError, TokenlineError
-from .._ledger import validate_key
+from .._records import validate_key
 
 if TYPE_CHECKING:
     from .._clock import Clock

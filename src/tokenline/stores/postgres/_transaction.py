@@ -51,7 +51,7 @@ from psycopg import AsyncConnection
 
 from ..._errors import NotSupportedError, StaleTokenError, StoreError
 from ..._jobs import Finish, Lease, Outcome
-from ..._ledger import DuplicateKind, Fence, by_attempt
+from ..._records import DuplicateKind, Fence, by_attempt
 from ..base import FencedTransaction
 from ._steps import AsyncDriver, Begin, End, InTransaction, Steps, SyncDriver
 

@@ -7,7 +7,7 @@
 -- by its newest committed version: two attempts racing for one key are serialised there.
 
 -- name: effect_take
--- Takes the key for (job_id, token) when may_take() in stores/_memory_ledger.py allows it.
+-- Takes the key for (job_id, token) when may_take() in stores/memory/ledger.py allows it.
 -- The owner of a pending key is live while its job runs under that token, unexpired; our
 -- snapshot of another job can only be older than the truth, and an older view of a lease
 -- is never less live (an expired lease is never renewed back), so a live owner is never

@@ -51,16 +51,15 @@ from ..._jobs import (
     RescueReport,
     StaleCommit,
     WorkerRecord,
-    attempt_from_row,
     finish_transition,
     rescue_transition,
 )
-from ..._ledger import Fence
+from ..._records import Fence
+from .._rows import attempt_from_row, job_from_row, worker_from_row
 from .._sql import load_queries
 from ..base import Capabilities, FencedTransaction, ResourceLease, Store
 from ._deadline import run_bounded
 from ._errors import map_postgres_errors
-from ._ledger import PostgresLedger
 from ._listener import Listener
 from ._migrations import (
     SCHEMA_VERSION,
@@ -70,10 +69,10 @@ from ._migrations import (
     too_new,
     too_old,
 )
-from ._rows import job_from_row, worker_from_row
 from ._steps import AsyncDriver, Steps, execute, fetch_all, fetch_one
 from ._target import Target, parse_url
 from ._transaction import PostgresFencedTransaction
+from .ledger import PostgresLedger
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..._errors import StaleTokenError
 from ..._jobs import Finish, Lease, Outcome
-from ..._ledger import DuplicateKind, Fence, by_attempt
+from ..._records import DuplicateKind, Fence, by_attempt
 from ..base import FencedTransaction
 from ._errors import map_sqlite_errors
 

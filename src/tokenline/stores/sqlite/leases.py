@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..._jobs import Lease, WorkerRecord, renewal_was_stale
+from .._rows import worker_from_row
 from .._sql import load_queries
 from ..base import ResourceLease
 from ._connection import immediate
@@ -23,23 +24,6 @@ T = TypeVar("T")
 _PACKAGE = __name__.rpartition(".")[0]
 Q = load_queries(_PACKAGE)
 CQ = load_queries(_PACKAGE, "coord.sql")
-
-
-def worker_from_row(row: sqlite3.Row) -> WorkerRecord:
-    return WorkerRecord(
-        id=row["id"],
-        host=row["host"],
-        pid=row["pid"],
-        queues=tuple(json.loads(row["queues"])),
-        concurrency=row["concurrency"],
-        state=row["state"],
-        token=row["token"],
-        started_at=row["started_at"],
-        heartbeat_at=row["heartbeat_at"],
-        expires_at=row["expires_at"],
-        in_flight=row["in_flight"],
-        clock_skew=row["clock_skew"],
-    )
 
 
 class SQLiteLeases:

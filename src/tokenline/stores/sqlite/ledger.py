@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..._jobs import Lease, NewJob, Unique
-from ..._ledger import (
+from ..._records import (
     Duplicate,
     DuplicateKind,
     EffectBegin,

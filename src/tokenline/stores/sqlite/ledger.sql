@@ -70,7 +70,7 @@ UPDATE tokenline_unique_keys SET job_id = :job_id WHERE key = :key;
 SELECT job_id FROM tokenline_unique_keys WHERE key = :key;
 
 -- name: effect_take
--- Takes the key for (job_id, token) when may_take() in stores/_memory_ledger.py allows it;
+-- Takes the key for (job_id, token) when may_take() in stores/memory/ledger.py allows it;
 -- the owner of a pending key is live while its job runs under that token, unexpired.
 INSERT INTO tokenline_effects (key, status, job_id, token, owner, runs, created_at, updated_at)
 VALUES (:key, 'pending', :job_id, :token, :owner, 1, :now, :now)

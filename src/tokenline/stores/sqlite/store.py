@@ -66,12 +66,11 @@ from ..._jobs import (
     RescueCandidate,
     RescueReport,
     StaleCommit,
-    attempt_from_row,
     finish_transition,
-    job_from_row,
     rescue_transition,
 )
-from ..._ledger import Fence
+from ..._records import Fence
+from .._rows import attempt_from_row, job_from_row
 from .._sql import load_queries
 from ..base import Capabilities, FencedTransaction, Store
 from ._clock import Anchor, MachineClock, Uptime, WallClock, boot_id

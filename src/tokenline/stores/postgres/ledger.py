@@ -19,7 +19,7 @@ from psycopg.rows import DictRow, TupleRow, dict_row
 
 from ..._errors import StoreError
 from ..._jobs import Lease
-from ..._ledger import (
+from ..._records import (
     Duplicate,
     DuplicateKind,
     EffectBegin,
@@ -33,7 +33,7 @@ from ..base import ResourceLease
 from ._steps import AsyncDriver, Steps, execute, fetch_one
 
 if TYPE_CHECKING:
-    from ..._ledger import EffectRecord
+    from ..._records import EffectRecord
 
 __all__ = ["PostgresLedger"]
 

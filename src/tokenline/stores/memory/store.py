@@ -11,9 +11,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._clock import Clock, SystemClock
-from .._errors import JobNotFoundError, NotSupportedError, StaleTokenError, StoreError
-from .._jobs import (
+from ..._clock import Clock, SystemClock
+from ..._errors import JobNotFoundError, NotSupportedError, StaleTokenError, StoreError
+from ..._jobs import (
     Attempt,
     ClaimedJob,
     Finish,
@@ -31,10 +31,10 @@ from .._jobs import (
     renewal_was_stale,
     rescue_transition,
 )
-from .._ledger import DuplicateKind, Fence
-from ._memory_ledger import MemoryLedger
-from ._memory_transaction import MemoryDatabase, MemoryFencedTransaction, refusal
-from .base import Capabilities, FencedTransaction, ResourceLease, Store
+from ..._records import DuplicateKind, Fence
+from ..base import Capabilities, FencedTransaction, ResourceLease, Store
+from ._transaction import MemoryDatabase, MemoryFencedTransaction, refusal
+from .ledger import MemoryLedger
 
 __all__ = ["MemoryStore"]
 

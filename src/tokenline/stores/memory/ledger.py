@@ -11,8 +11,8 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .._jobs import Job, JobState, Lease, NewJob, Unique
-from .._ledger import (
+from ..._jobs import Job, JobState, Lease, NewJob, Unique
+from ..._records import (
     Duplicate,
     DuplicateKind,
     EffectBegin,
@@ -21,11 +21,11 @@ from .._ledger import (
     Fence,
     Start,
 )
-from .base import ResourceLease
+from ..base import ResourceLease
 
 if TYPE_CHECKING:
-    from .._clock import Clock
-    from .._jobs import StaleCommit
+    from ..._clock import Clock
+    from ..._jobs import StaleCommit
 
 __all__ = ["MemoryLedger", "may_take"]
 

@@ -21,13 +21,13 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._errors import StaleTokenError
-from .._jobs import Finish, Lease, Outcome
-from .._ledger import Fence
-from .base import FencedTransaction
+from ..._errors import StaleTokenError
+from ..._jobs import Finish, Lease, Outcome
+from ..._records import Fence
+from ..base import FencedTransaction
 
 if TYPE_CHECKING:
-    from .memory import MemoryStore
+    from .store import MemoryStore
 
 __all__ = ["MemoryDatabase", "MemoryFencedTransaction", "refusal"]
 
