@@ -9,7 +9,8 @@ Worker processes import the apps below (``--app sabotage:…``) with this direct
 
 * **state-only stores**: every line of the store's queries that checks a token (the
   lines ending in ``-- fence``) removed — what a queue that only checks ``state =
-  'running'`` does; the in-memory store's ``_holds`` checks the state only;
+  'running'`` does; the in-memory store's ``_holds`` checks the state only; the
+  PostgreSQL one also leaves a rescued attempt's open transaction alone;
 * **split completion**: ``ctx.transaction()`` commits the user's writes without the
   job's completion, which then goes through ``jobs_finish`` in a second commit — the
   effect and its ack apart, as in a queue without transactional completion;
@@ -73,6 +74,10 @@ def _state_only_postgres(url: str, **kwargs: Any) -> Store:
         def _q(self, name: str) -> str:
             text = super()._q(name)
             return without_fences(text) if name in FENCED_QUERIES else text
+
+        async def _end_sessions(self, sessions: list[str]) -> None:
+            # A state-only queue leaves a rescued attempt's transaction open, too.
+            return None
 
     return StateOnlyPostgresStore(url, **kwargs)
 

@@ -291,7 +291,9 @@ class Drill:
             (
                 key,
                 ttl * 1500 if i in long_jobs else rng.uniform(2, 12),
-                ttl / 2,
+                # A re-run works longer, so that a zombie resumed once its jobs were taken
+                # over finds them still running under the newer token.
+                ttl * 1.5,
                 scenario.hold_ttls * ttl * 1000 if i in held else 0.0,
             )
             for i, key in enumerate(keys)

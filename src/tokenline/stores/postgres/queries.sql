@@ -191,22 +191,20 @@ renewed AS (
       AND j.state = 'running'
       AND j.lease_expires_at > c.now
     RETURNING l.ord, j.lease_expires_at
-),
--- A refused renewal is stale only if someone else's token or owner is on the job now;
--- a lease on a job this owner finished itself, or one that merely expired, is not.
-stale AS (
-    INSERT INTO {schema}.stale_commits (job_id, token, owner, operation, at)
-    SELECT l.job_id, l.token, l.owner, 'renew', c.now
-    FROM input AS l
-         CROSS JOIN clock AS c
-         LEFT JOIN locked AS k ON k.id = l.job_id
-    WHERE l.ord NOT IN (SELECT ord FROM renewed)
-      AND (k.id IS NULL
-           OR k.lease_token <> l.token
-           OR (k.lease_owner IS NOT NULL AND k.lease_owner <> %(owner)s))
-    ORDER BY l.ord
 )
-SELECT ord, lease_expires_at FROM renewed;
+-- Refused renewals come back with who holds the job now: the core decides which were
+-- stale (tokenline._jobs.renewal_was_stale), and the store records those.
+SELECT l.ord, r.lease_expires_at, k.lease_token, k.lease_owner
+FROM input AS l
+     LEFT JOIN renewed AS r ON r.ord = l.ord
+     LEFT JOIN locked AS k ON k.id = l.job_id
+ORDER BY l.ord;
+
+-- name: stale_insert_many
+INSERT INTO {schema}.stale_commits (job_id, token, owner, operation, at)
+SELECT s.job_id, s.token, s.owner, %(operation)s, {schema}.now_epoch(%(now)s)
+FROM unnest(%(job_id)s::bigint[], %(token)s::bigint[], %(lease_owner)s::text[])
+     AS s (job_id, token, owner);
 
 -- name: finish
 -- One statement for the whole batch; each row applies only if its own token, owner and

@@ -52,6 +52,7 @@ from ..._jobs import (
     StaleCommit,
     WorkerRecord,
     finish_transition,
+    renewal_was_stale,
     rescue_transition,
 )
 from ..._records import Fence
@@ -398,13 +399,28 @@ class PostgresStore(PostgresLedger, Store):
             "ttl": ttl,
             "now": self._now(),
         }
-        renewed = {
-            int(r[0]): float(r[1]) for r in await self._tuples(self._q("job_leases_renew"), params)
-        }
-        return [
-            Lease(lease.job_id, owner, lease.token, renewed[i]) if (i := n + 1) in renewed else None
-            for n, lease in enumerate(leases)
-        ]
+        rows = await self._tuples(self._q("job_leases_renew"), params)
+        out: list[Lease | None] = []
+        stale: list[Lease] = []
+        for lease, (_, expires_at, held_token, held_owner) in zip(leases, rows, strict=True):
+            if expires_at is not None:
+                out.append(Lease(lease.job_id, owner, lease.token, float(expires_at)))
+                continue
+            out.append(None)
+            if renewal_was_stale(held_token, held_owner, lease.token, owner):
+                stale.append(lease)
+        if stale:
+            await self._rowcount(
+                self._q("stale_insert_many"),
+                {
+                    "job_id": [x.job_id for x in stale],
+                    "token": [x.token for x in stale],
+                    "lease_owner": [x.owner for x in stale],
+                    "operation": "renew",
+                    "now": self._now(),
+                },
+            )
+        return out
 
     async def _finish_on(
         self, conn: AsyncConnection[Any], finishes: Sequence[Finish]
