@@ -220,3 +220,24 @@ async def test_a_claim_its_caller_gave_up_on_claims_nothing(tmp_path: Path) -> N
     finally:
         holder.close()
         await store.close()
+
+
+async def test_processes_opening_a_new_file_together_all_succeed(tmp_path: Path) -> None:
+    """Several stores opening the same new file at once (workers started together)
+    race to switch it to WAL and create its schema; SQLite answers the losers "busy"
+    at once. Every one of them opens, none reports the store unavailable."""
+    failures = 0
+    for round_ in range(20):
+        url = f"sqlite:///{tmp_path / f'race-{round_}.db'}"
+
+        async def one(url: str = url) -> None:
+            store = SQLiteStore(url, timeout=5)
+            await store.open()
+            try:
+                await store.queues_stats()
+            finally:
+                await store.close()
+
+        results = await asyncio.gather(*(one() for _ in range(4)), return_exceptions=True)
+        failures += sum(isinstance(r, BaseException) for r in results)
+    assert failures == 0

@@ -270,7 +270,7 @@ class SQLiteStore(SQLiteLeases, SQLiteLedger, Store):
             )
         main, coord = Lane("tokenline-sqlite"), Lane("tokenline-sqlite-coord")
         try:
-            main.conns = await main.run(self._open_main)
+            main.conns = await main.run(lambda: self._while_busy(self._open_main))
             coord.conns = await coord.run(self._open_coord)
         except BaseException:
             for lane in (main, coord):
@@ -280,6 +280,22 @@ class SQLiteStore(SQLiteLeases, SQLiteLedger, Store):
                 self._uptime = None
             raise
         self._main, self._coord = main, coord
+
+    def _while_busy(self, fn: Callable[[], T]) -> T:
+        """``fn()``, tried again while the file is busy, for up to the store timeout.
+
+        Processes that open a new file at the same moment race to switch it to WAL and
+        to create its schema; SQLite answers the losers "busy" at once, without waiting
+        for the winner, whose work then makes theirs unnecessary.
+        """
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return fn()
+            except SQLiteBusyError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(_POLL)
 
     def _open_main(self) -> tuple[sqlite3.Connection, sqlite3.Connection]:
         with map_sqlite_errors(self.path):
