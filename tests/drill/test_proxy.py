@@ -296,3 +296,22 @@ def test_threaded_proxy_serves_synchronous_callers(echo_thread: tuple[str, int])
             ThreadedFaultProxy(upstream=echo_thread, port=proxy.port).start()
     with pytest.raises(RuntimeError, match="not running"):
         proxy.set_faults(latency=1)
+
+
+async def test_closing_ends_even_when_a_link_close_is_cancelled(
+    echo: EchoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aclose() cancels each handler; if the handler's closing of its link is cancelled
+    in turn, the handler still leaves the set aclose() waits on: closing ends instead of
+    spinning forever (which hung a test run for its whole timeout)."""
+
+    async def cancelled_close(self: object) -> None:
+        raise asyncio.CancelledError
+
+    monkeypatch.setattr(proxy_module._Link, "close", cancelled_close)
+    proxy = FaultProxy(upstream=echo.address)
+    await proxy.start()
+    async with connect(proxy.port) as (reader, writer):
+        await echo_once(reader, writer, b"ping")
+        async with asyncio.timeout(10):
+            await proxy.aclose()

@@ -335,13 +335,13 @@ class FaultProxy:
         # run into the closing check instead of outliving the proxy.
         for _ in range(3):
             await asyncio.sleep(0)
-        while self._handlers:
+        while handlers := [t for t in self._handlers if not t.done()]:
             for link in list(self._links):
                 link.abort(rst=False)
-            handlers = list(self._handlers)
             for task in handlers:
                 task.cancel()
             await asyncio.gather(*handlers, return_exceptions=True)
+        self._handlers.clear()
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -446,12 +446,19 @@ class FaultProxy:
             if not self._closing:
                 raise
         finally:
-            if link is not None:
-                self._links.discard(link)
-                await link.close()
-            else:
-                writer.transport.abort()
-            self._handlers.discard(task)
+            try:
+                if link is not None:
+                    self._links.discard(link)
+                    await link.close()
+                else:
+                    writer.transport.abort()
+            except asyncio.CancelledError:
+                # aclose() cancels again while the link closes: that is the end anyway.
+                if not self._closing:
+                    raise
+            finally:
+                # Always: aclose() waits until no handler is left.
+                self._handlers.discard(task)
 
     async def _connect_upstream(
         self,
