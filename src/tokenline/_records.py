@@ -15,9 +15,7 @@ The ledger is where business truth lives (DESIGN.md, sections 2-4). Three kinds 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ._errors import InvalidInputError
 from ._jobs import Lease
@@ -32,7 +30,6 @@ __all__ = [
     "Fence",
     "Start",
     "by_attempt",
-    "effect_from_row",
     "validate_key",
 ]
 
@@ -135,20 +132,3 @@ class Duplicate:
 def by_attempt(key: str, kind: DuplicateKind, operation: str, lease: Lease, at: float) -> Duplicate:
     """A duplicate written by the attempt holding ``lease``."""
     return Duplicate(key, kind, operation, lease.job_id, lease.token, lease.owner, at)
-
-
-def effect_from_row(row: Mapping[str, Any]) -> EffectRecord:
-    """The :class:`EffectRecord` of an ``effects`` row (a mapping by column name)."""
-    return EffectRecord(
-        key=row["key"],
-        status=EffectStatus(row["status"]),
-        result=row["result"],
-        error=row["error"],
-        job_id=row["job_id"],
-        token=row["token"],
-        owner=row["owner"],
-        runs=row["runs"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        completed_at=row["completed_at"],
-    )

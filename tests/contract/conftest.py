@@ -68,6 +68,18 @@ def postgres_url_for(base: str, schema: str) -> str:
 
 
 @pytest.fixture
+async def admin(postgres_server: str) -> AsyncIterator[Any]:
+    """A plain autocommit connection for inspecting and meddling with the database."""
+    import psycopg
+
+    conn = await psycopg.AsyncConnection.connect(postgres_server, autocommit=True)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
 def postgres_url(postgres_server: str, postgres_schema: str) -> str:
     """A store URL on the test server, in this test's own schema."""
     return postgres_url_for(postgres_server, postgres_schema)

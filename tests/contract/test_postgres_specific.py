@@ -43,16 +43,6 @@ def new(queue: str = "default") -> NewJob:
 
 
 @pytest.fixture
-async def admin(postgres_server: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-    """A plain autocommit connection for inspecting and meddling with the database."""
-    conn = await psycopg.AsyncConnection.connect(postgres_server, autocommit=True)
-    try:
-        yield conn
-    finally:
-        await conn.close()
-
-
-@pytest.fixture
 async def pg(postgres_url: str) -> AsyncIterator[PostgresStore]:
     """An open store on this test's schema, on the database's own clock."""
     store = PostgresStore(postgres_url, timeout=5)

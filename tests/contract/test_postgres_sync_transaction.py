@@ -28,16 +28,6 @@ INSERT = "INSERT INTO marks (n) VALUES (%s)"
 
 
 @pytest.fixture
-async def admin(postgres_server: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-    """A plain autocommit connection for looking at the database from outside."""
-    conn = await psycopg.AsyncConnection.connect(postgres_server, autocommit=True)
-    try:
-        yield conn
-    finally:
-        await conn.close()
-
-
-@pytest.fixture
 async def pg(postgres_url: str, clock: FakeClock) -> AsyncIterator[PostgresStore]:
     """An open store on this test's schema, driven by the fake clock."""
     store = PostgresStore(postgres_url, clock=clock, timeout=5)

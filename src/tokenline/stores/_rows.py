@@ -8,8 +8,15 @@ import json
 from typing import Any, Protocol
 
 from .._jobs import Attempt, Job, JobState, WorkerRecord
+from .._records import Duplicate, DuplicateKind, EffectRecord, EffectStatus
 
-__all__ = ["attempt_from_row", "job_from_row", "worker_from_row"]
+__all__ = [
+    "attempt_from_row",
+    "duplicate_from_row",
+    "effect_from_row",
+    "job_from_row",
+    "worker_from_row",
+]
 
 
 class _Row(Protocol):
@@ -46,4 +53,34 @@ def worker_from_row(row: _Row) -> WorkerRecord:
         expires_at=row["expires_at"],
         in_flight=row["in_flight"],
         clock_skew=row["clock_skew"],
+    )
+
+
+def effect_from_row(row: _Row) -> EffectRecord:
+    """The :class:`EffectRecord` of an ``effects`` row (a mapping by column name)."""
+    return EffectRecord(
+        key=row["key"],
+        status=EffectStatus(row["status"]),
+        result=row["result"],
+        error=row["error"],
+        job_id=row["job_id"],
+        token=row["token"],
+        owner=row["owner"],
+        runs=row["runs"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        completed_at=row["completed_at"],
+    )
+
+
+def duplicate_from_row(row: _Row) -> Duplicate:
+    """The :class:`Duplicate` of a row of the duplicates audit."""
+    return Duplicate(
+        row["key"],
+        DuplicateKind(row["kind"]),
+        row["operation"],
+        row["job_id"],
+        row["token"],
+        row["owner"],
+        row["at"],
     )

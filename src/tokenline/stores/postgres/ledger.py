@@ -27,8 +27,8 @@ from ..._records import (
     Fence,
     Start,
     by_attempt,
-    effect_from_row,
 )
+from .._rows import duplicate_from_row, effect_from_row
 from ..base import ResourceLease
 from ._steps import AsyncDriver, Steps, execute, fetch_one
 
@@ -206,15 +206,4 @@ class PostgresLedger:
     ) -> list[Duplicate]:
         """Ledger duplicates and refused job commits, newest first."""
         rows = await self._rows(self._q("duplicates_list"), {"since": since, "limit": limit})
-        return [
-            Duplicate(
-                r["key"],
-                DuplicateKind(r["kind"]),
-                r["operation"],
-                r["job_id"],
-                r["token"],
-                r["owner"],
-                r["at"],
-            )
-            for r in rows
-        ]
+        return [duplicate_from_row(r) for r in rows]

@@ -23,8 +23,8 @@ from ..._records import (
     Fence,
     Start,
     by_attempt,
-    effect_from_row,
 )
+from .._rows import duplicate_from_row, effect_from_row
 from .._sql import load_queries
 from ..base import ResourceLease
 from ._connection import immediate
@@ -267,15 +267,4 @@ class SQLiteLedger:
         await self._flush()
         params = {"since": since, "limit": limit}
         rows = await self._call(lambda c: c.execute(LQ["duplicates_list"], params).fetchall())
-        return [
-            Duplicate(
-                r["key"],
-                DuplicateKind(r["kind"]),
-                r["operation"],
-                r["job_id"],
-                r["token"],
-                r["owner"],
-                r["at"],
-            )
-            for r in rows
-        ]
+        return [duplicate_from_row(r) for r in rows]
