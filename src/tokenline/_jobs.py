@@ -262,8 +262,10 @@ def rescue_transition(c: RescueCandidate) -> Rescue:
 
     A lost lease is not the job's failure, so the attempt is given back; it counts
     toward ``max_lease_expiries`` instead. Below that limit the job goes back to the
-    queue at once; at the limit it goes dead — a job that kills every worker that runs
-    it (a poison job) must not loop forever.
+    queue at once, *in its place*: its ``run_at`` is kept, so it runs before the jobs
+    queued after it (of its priority), not behind a backlog that built up while its
+    worker was dying. At the limit it goes dead — a job that kills every worker that
+    runs it (a poison job) must not loop forever.
     """
     expiries = c.lease_expiries + 1
     if expiries >= c.max_lease_expiries:
@@ -272,12 +274,12 @@ def rescue_transition(c: RescueCandidate) -> Rescue:
             f"{c.max_lease_expiries}; last holder {c.owner or 'unknown'}): a job that "
             "crashes, stalls or partitions its worker every time"
         )
-        return Rescue(Transition(JobState.DEAD, 0.0, 1, True), reason)
+        return Rescue(Transition(JobState.DEAD, None, 1, True), reason)
     reason = (
         f"{LEASE_EXPIRED} (lease expiry {expiries} of {c.max_lease_expiries}; "
         "the attempt is given back)"
     )
-    return Rescue(Transition(JobState.QUEUED, 0.0, 1, False), reason)
+    return Rescue(Transition(JobState.QUEUED, None, 1, False), reason)
 
 
 @dataclass(frozen=True, slots=True)

@@ -272,6 +272,22 @@ async def test_lost_lease_gives_the_attempt_back_and_counts_toward_its_own_limit
     assert (await store.job_get(job_id=jid)).lease_expiries == 0
 
 
+async def test_a_rescued_job_keeps_its_place_in_the_queue(store: Any, clock: FakeClock) -> None:
+    """A job whose worker died goes back ahead of the jobs enqueued after it (its run_at
+    is kept), not behind the backlog that built up meanwhile."""
+    (first,) = await store.jobs_enqueue(jobs=[new()])
+    claimed = await claim_one(store, ttl=5)
+    assert claimed.job.id == first
+    clock.advance(1)
+    later = await store.jobs_enqueue(jobs=[new(), new(), new()])
+    clock.advance(5)
+    assert list((await store.jobs_rescue()).requeued) == [first]
+    job = await store.job_get(job_id=first)
+    assert job.run_at == pytest.approx(claimed.job.run_at)
+    got = await store.jobs_claim(owner="w2", queues=Q, limit=4, ttl=5)
+    assert [c.job.id for c in got] == [first, *later]
+
+
 async def test_attempt_history_keeps_tokens_and_outcomes(store: Any, clock: FakeClock) -> None:
     """Every attempt is recorded with its token, owner and outcome."""
     (jid,) = await store.jobs_enqueue(jobs=[new()])

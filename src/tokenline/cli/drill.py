@@ -29,7 +29,7 @@ def results_table(results: list[ScenarioResult], *, title: str) -> Table:
     "rescued": the longest time from a lease owner's last chance to renew (the fault, or
     the attempt's start) to the rescue of its lease, against the bound the checker holds
     it to; "running again": from the fault to the last affected job running again, which
-    also includes waiting behind the queue's backlog."""
+    includes waiting for a free worker."""
     table = Table(title=title)
     for name in ("scenario", "jobs", "lost", "dup. effects", "stale writes", "early rescues"):
         table.add_column(name, justify="right" if name != "scenario" else "left")

@@ -254,7 +254,7 @@ class MemoryStore(MemoryLedger, Store):
                     lease_token=job.lease_token + 1,
                     lease_owner=None,
                     lease_expires_at=None,
-                    run_at=now,
+                    run_at=job.run_at if move.delay is None else now + move.delay,
                     last_error=rescue.reason,
                     error_class="coordination",
                     updated_at=now,

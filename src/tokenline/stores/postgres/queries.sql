@@ -312,8 +312,9 @@ FOR NO KEY UPDATE OF j SKIP LOCKED;
 WITH input AS (
     SELECT *
     FROM unnest(%(job_id)s::bigint[], %(token)s::bigint[], %(state)s::text[],
-                %(refund)s::integer[], %(final)s::boolean[], %(error)s::text[])
-         AS r (job_id, token, state, refund, final, error)
+                %(refund)s::integer[], %(final)s::boolean[], %(error)s::text[],
+                %(delay)s::double precision[])
+         AS r (job_id, token, state, refund, final, error, delay)
 ),
 clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
 closed AS (
@@ -332,7 +333,7 @@ rescued AS (
         lease_token = j.lease_token + 1,
         lease_owner = NULL,
         lease_expires_at = NULL,
-        run_at = c.now,
+        run_at = CASE WHEN r.delay IS NULL THEN j.run_at ELSE c.now + r.delay END,
         last_error = r.error,
         error_class = 'coordination',
         updated_at = c.now

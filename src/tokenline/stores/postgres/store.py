@@ -510,6 +510,7 @@ class PostgresStore(PostgresLedger, Store):
                     "state": [m.state.value for m in moves],
                     "refund": [m.refund for m in moves],
                     "final": [m.finished for m in moves],
+                    "delay": [m.delay for m in moves],
                     "error": [r.reason for r in rescues],
                     "now": self._now(),
                     "channel": self.target.channel,

@@ -628,6 +628,7 @@ class SQLiteStore(SQLiteLeases, SQLiteLedger, Store):
                         "state": move.state.value,
                         "final": move.finished,
                         "refund": move.refund,
+                        "run_at": None if move.delay is None else now + move.delay,
                         "error": rescue.reason,
                     }
                     conn.execute(Q["rescue_attempt"], params)
