@@ -61,6 +61,7 @@ __all__ = ["Worker", "WorkerCounters"]
 log = logging.getLogger("tokenline.worker")
 
 MAINTENANCE_LEASE = "tokenline:maintenance"
+_BUSY_STATES = frozenset({WorkerState.READY, WorkerState.PROCESSING})
 #: Name prefix of the threads that run sync handlers.
 HANDLER_THREAD_PREFIX = "tokenline-job"
 
@@ -79,6 +80,22 @@ class WorkerCounters:
     fenced: int = 0
     rescued: int = 0
     coordination_errors: int = 0
+
+    def summary(self) -> str:
+        """The counters as one line of prose, for logs and the command line."""
+
+        def n(count: int, one: str, many: str | None = None) -> str:
+            return f"{count:,} {one if count == 1 else (many or one + 's')}"
+
+        parts = [
+            f"started {n(self.started, 'job')}: {self.succeeded:,} succeeded, "
+            f"{self.retried:,} retried, {self.dead:,} dead, {self.released:,} given back",
+            f"{n(self.stale_refused, 'stale write')} refused by the store",
+            f"fenced {n(self.fenced, 'time')} ({self.self_fenced:,} by its own clock)",
+            f"rescued {n(self.rescued, 'job')} of other workers",
+            f"{n(self.coordination_errors, 'coordination error')}",
+        ]
+        return "; ".join(parts)
 
 
 class Worker:
@@ -130,7 +147,12 @@ class Worker:
         if new is old:
             return
         self.state = new
-        log.info("worker %s: %s -> %s (%s)", self.id, old.value, new.value, reason or event.value)
+        # Taking and finishing jobs moves READY <-> PROCESSING many times a second: that is
+        # debug chatter. Draining, fencing and stopping are what an operator must see.
+        level = logging.DEBUG if {old, new} <= _BUSY_STATES else logging.INFO
+        log.log(
+            level, "worker %s: %s -> %s (%s)", self.id, old.value, new.value, reason or event.value
+        )
         if self.on_state_change is not None:
             self.on_state_change(old, new, reason)
         if new is WorkerState.STOPPED and self._stopped is not None:
@@ -200,7 +222,7 @@ class Worker:
                     loop.remove_signal_handler(sig)
             await self._store.close()
             self._pool.shutdown(wait=False, cancel_futures=True)
-            log.info("worker %s stopped: %s", self.id, self.counters)
+            log.info("worker %s stopped: %s", self.id, self.counters.summary())
         if failure is not None:
             raise failure
 

@@ -1,0 +1,118 @@
+"""``tokenline worker`` as a user starts it: which store it runs on, and what it says."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from tokenline import App, JobState
+
+DEADLINE = 60.0
+
+APP_MODULE = """
+from tokenline import App
+
+app = App({url!r})
+
+
+@app.task(name="shop.bill")
+def bill(ctx, n):
+    return n
+"""
+
+
+def _job_state(url: str, jid: int) -> JobState:
+    app = App(url)
+    try:
+        return app.run(lambda s: s.job_get(job_id=jid)).state
+    finally:
+        app.close()
+
+
+def _run_worker_until(
+    tmp_path: Path, url: str, jid: int, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """Start a worker, wait for job ``jid`` to succeed on ``url``, SIGTERM it, collect."""
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env.pop("TOKENLINE_URL", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tokenline", "worker", "--app", "appmod:app", *extra],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + DEADLINE
+        while _job_state(url, jid) is not JobState.SUCCEEDED:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, f"job {jid} did not run on {url}"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=DEADLINE)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _write_app(tmp_path: Path, url: str) -> None:
+    (tmp_path / "appmod.py").write_text(textwrap.dedent(APP_MODULE.format(url=url)))
+
+
+def test_worker_on_another_url_runs_the_apps_tasks_there_and_says_so(tmp_path: Path) -> None:
+    """--url naming another store than the app's: the app's tasks run on that store (no
+    job is dead-lettered as unknown), and stderr names both URLs."""
+    built_for = f"sqlite:///{tmp_path / 'built.db'}"
+    given = f"sqlite:///{tmp_path / 'given.db'}"
+    _write_app(tmp_path, built_for)
+    app = App(given)
+    app.task(name="shop.bill")(lambda ctx, n: n)
+    jid = app.enqueue("shop.bill", [1])
+    app.close()
+
+    done = _run_worker_until(tmp_path, given, jid, "--url", given, "--poll-interval", "0.2")
+    assert done.returncode == 0, done.stderr
+    assert built_for in done.stderr
+    assert given in done.stderr
+    assert not (tmp_path / "built.db").exists(), "the worker touched the app's own store"
+
+
+def test_worker_log_shows_outcomes_not_per_job_state_chatter(tmp_path: Path) -> None:
+    """At the default log level the worker logs what an operator needs (start, drain, stop
+    with its counters as prose), not a ready/processing line per job."""
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    _write_app(tmp_path, url)
+    app = App(url)
+    app.task(name="shop.bill")(lambda ctx, n: n)
+    ids = [app.enqueue("shop.bill", [n]) for n in range(5)]
+    app.close()
+
+    done = _run_worker_until(tmp_path, url, ids[-1], "--poll-interval", "0.2")
+    assert done.returncode == 0, done.stderr
+    assert "ready -> processing" not in done.stderr
+    assert "processing -> ready" not in done.stderr
+    assert "-> draining" in done.stderr
+    assert "WorkerCounters(" not in done.stdout + done.stderr
+    assert "worker stopped: started 5 jobs: 5 succeeded, 0 retried, 0 dead" in done.stdout
+
+
+def test_worker_debug_log_keeps_the_state_chatter(tmp_path: Path) -> None:
+    """--log-level debug still shows every state change, for whoever needs it."""
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    _write_app(tmp_path, url)
+    app = App(url)
+    app.task(name="shop.bill")(lambda ctx, n: n)
+    jid = app.enqueue("shop.bill", [1])
+    app.close()
+
+    done = _run_worker_until(tmp_path, url, jid, "--log-level", "debug", "--poll-interval", "0.2")
+    assert done.returncode == 0, done.stderr
+    assert "ready -> processing" in done.stderr
