@@ -139,7 +139,7 @@ def worker(
             options["queues"] = tuple(q.strip() for q in options["queues"].split(",") if q.strip())
         settings = load_settings(WorkerSettings, options, file=config, section="tokenline.worker")
         counters = run_worker(app, settings)
-    console.print(f"worker stopped: {counters}", highlight=False)
+    console.print(f"worker stopped: {counters.summary()}", highlight=False, markup=False)
 
 
 @main.command()

@@ -41,11 +41,36 @@ def load_app(spec: str) -> App:
 
 
 def resolve_app(app_spec: str | None, url: str | None) -> App:
-    """The app named by ``--app``, else a bare app on ``--url`` / ``TOKENLINE_URL``."""
-    if app_spec:
-        app = load_app(app_spec)
-        return App(url, settings=app.settings) if url and url != app.url else app
-    return App(url)
+    """The app named by ``--app``, else a bare app on ``--url`` / ``TOKENLINE_URL``.
+
+    With both, and a URL other than the one the app was built with, the result is the
+    app's tasks and settings on the given store: a worker started that way must run the
+    app's jobs there, not dead-letter them all as unknown. It is said on stderr, naming
+    both URLs, because an exported ``TOKENLINE_URL`` can be the reason.
+    """
+    if not app_spec:
+        return App(url)
+    app = load_app(app_spec)
+    if not url or url == app.url:
+        return app
+    moved = App(url, settings=app.settings, clock=app.clock, classifier=app.classifier)
+    for t in app.tasks.values():
+        moved.task(
+            name=t.name,
+            queue=t.queue,
+            max_attempts=t.max_attempts,
+            timeout=t.timeout,
+            priority=t.priority,
+            retry=t.retry,
+            classifier=t.classifier,
+            max_lease_expiries=t.max_lease_expiries,
+        )(t.fn)
+    err_console.print(
+        f"note: {app_spec} was built for {app.url}; using {url} (from --url or TOKENLINE_URL)",
+        highlight=False,
+        markup=False,
+    )
+    return moved
 
 
 def with_store(app: App, fn: Callable[[Store], Coroutine[Any, Any, T]]) -> T:
