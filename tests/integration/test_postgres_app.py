@@ -65,6 +65,22 @@ async def test_async_outbox_job_exists_iff_the_transaction_commits(
     assert _args(pg_app) == ['{"args":[4],"kwargs":{}}']
 
 
+def test_outbox_connection_from_the_store_url_with_its_schema(pg_app: App) -> None:
+    """libpq refuses tokenline's ``?schema=``; ``libpq_url`` gives the URL it takes, and
+    an outbox enqueue through that connection lands in the app's schema."""
+    import psycopg
+
+    from tokenline.stores.postgres import libpq_url
+
+    assert "?schema=" in pg_app.url
+    with pytest.raises(psycopg.ProgrammingError, match="schema"):
+        psycopg.connect(pg_app.url).close()
+    assert "schema" not in libpq_url(pg_app.url)
+    with psycopg.connect(libpq_url(pg_app.url)) as conn, conn.transaction():
+        pg_app.enqueue("ship", 5, connection=conn)
+    assert _args(pg_app) == ['{"args":[5],"kwargs":{}}']
+
+
 def test_outbox_refuses_an_autocommit_connection(pg_app: App, postgres_server: str) -> None:
     """A connection that would commit the job on its own is refused; nothing stored."""
     import psycopg

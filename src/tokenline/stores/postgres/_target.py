@@ -20,7 +20,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..._errors import ConfigError
 
-__all__ = ["DEFAULT_SCHEMA", "Target", "parse_url"]
+__all__ = ["DEFAULT_SCHEMA", "Target", "libpq_url", "parse_url"]
 
 DEFAULT_SCHEMA = "tokenline"
 
@@ -77,6 +77,20 @@ def _split_schema(url: str) -> tuple[str, str]:
             "lower-case letters, digits or underscores, not starting with a digit",
         )
     return base + ("?" + "&".join(kept) if kept else ""), schema
+
+
+def libpq_url(url: str) -> str:
+    """``url`` as libpq (``psycopg.connect``) takes it: without tokenline's ``schema``.
+
+    For your own connections to the store's database, the outbox among them
+    (``app.enqueue(..., connection=conn)``): libpq refuses the unknown ``schema``
+    parameter, and tokenline names its tables with the schema itself, so the connection
+    needs no ``search_path``::
+
+        with psycopg.connect(libpq_url(app.url)) as conn, conn.transaction():
+            app.enqueue(send_invoice, 42, connection=conn)
+    """
+    return _split_schema(url)[0]
 
 
 def parse_url(url: str, *, timeout: float) -> Target:
