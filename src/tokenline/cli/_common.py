@@ -97,6 +97,11 @@ def reporting_errors() -> Iterator[None]:
         raise SystemExit(1) from None
 
 
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """``n`` with its noun in the number it takes: ``1 job``, ``0 jobs``, ``2 keys``."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
+
+
 def when(ts: float | None) -> str:
     """A UTC timestamp for tables."""
     if ts is None:

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from ..drill.runner import Drill, DrillError, ScenarioResult
 from ..drill.scenarios import DRILL_SCENARIOS
-from ._common import console, err_console
+from ._common import console, err_console, plural
 
 __all__ = ["drill", "results_table"]
 
@@ -39,7 +39,7 @@ def results_table(results: list[ScenarioResult], *, title: str) -> Table:
         table.add_column(name, justify="right" if name != "verdict" else "left")
     for res in results:
         r = res.report
-        recovery = "—" if r.recovery is None else f"{r.recovery:.1f}s ({r.affected} jobs)"
+        recovery = "—" if r.recovery is None else f"{r.recovery:.1f}s ({plural(r.affected, 'job')})"
         rescued = "—" if r.rescue_lag is None else f"{r.rescue_lag:.1f}s"
         rescued += f" ({r.recovery_bound:.1f}s)"
         verdict = "[green]PASS[/]" if r.ok else "[bold red]FAIL[/]"
@@ -48,7 +48,7 @@ def results_table(results: list[ScenarioResult], *, title: str) -> Table:
         if r.backwards or r.late_recoveries:
             verdict += f" ({r.backwards} backwards, {r.late_recoveries} late)"
         if r.idle_workers:
-            verdict += f" ({r.idle_workers} idle workers)"
+            verdict += f" ({plural(r.idle_workers, 'idle worker')})"
         table.add_row(
             res.scenario,
             str(r.jobs),
@@ -65,7 +65,7 @@ def results_table(results: list[ScenarioResult], *, title: str) -> Table:
     return table
 
 
-@click.command()
+@click.command(short_help="Inject partial failures into real workers; check the invariants.")
 @click.option(
     "--url",
     envvar="TOKENLINE_URL",
@@ -81,8 +81,20 @@ def results_table(results: list[ScenarioResult], *, title: str) -> Table:
     help=f"Scenario to run (repeatable; default: all that apply). One of: "
     f"{', '.join(DRILL_SCENARIOS)}.",
 )
-@click.option("--jobs", type=click.IntRange(10, 1_000_000), default=2000, show_default=True)
-@click.option("--workers", type=click.IntRange(2, 32), default=3, show_default=True)
+@click.option(
+    "--jobs",
+    type=click.IntRange(10, 1_000_000),
+    default=2000,
+    show_default=True,
+    help="Jobs enqueued in each scenario.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(2, 32),
+    default=3,
+    show_default=True,
+    help="Worker processes in each scenario.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Fixes the fault schedule.")
 @click.option(
     "--proxy-port",
