@@ -1,4 +1,4 @@
-"""The drill's fault injection (DESIGN.md section 8).
+"""The drill: real workers, real stores, injected faults, invariants checked after.
 
 * :class:`FaultProxy` / :class:`ThreadedFaultProxy` (:mod:`.proxy`): a TCP proxy on
   loopback between workers and a networked store (PostgreSQL, Redis) that adds latency,
@@ -11,8 +11,8 @@
 
 On top of them, ``tokenline drill``: :mod:`.scenarios` (what is injected when, on whom),
 :mod:`.runner` (real worker processes on a fresh store, faults on a seeded schedule),
-:mod:`.checker` (DESIGN.md section 3, read back from the store alone) and :mod:`.app`
-(the jobs: one fenced business row each).
+:mod:`.checker` (the invariants of the README's "Guarantees, precisely", read back
+from the store alone) and :mod:`.app` (the jobs: one fenced business row each).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The drill's invariant checker: DESIGN.md section 3, read back from the store alone.
+"""The drill's invariant checker: the guarantees, read back from the store alone.
 
 After a run, :func:`read_snapshot` reads the jobs, their attempts, the stale commits the
 store refused, the ledger's duplicates and the drill's business rows (one per effect,

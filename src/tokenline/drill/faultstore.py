@@ -2,7 +2,7 @@
 
 The fault proxy cannot stand between a worker and a file, and a single PostgreSQL URL
 cannot be partitioned per role either; :class:`FaultStore` wraps any store and fails
-calls by the role they belong to (DESIGN.md section 2):
+calls by the role they belong to (:class:`tokenline.stores.base.Role`):
 
 * **broker**: enqueue, claim, finish and its conveniences, rescue, queue operations,
   stats and job reads;
