@@ -453,3 +453,42 @@ async def test_fenced_transaction_commits_effect_with_completion(store: Any) -> 
     async with store.fenced_transaction(lease=cb.lease) as conn:
         rows = await run(conn, "SELECT job FROM biz ORDER BY job")
     assert [r[0] for r in rows] == [a]
+
+
+async def test_a_dead_job_retried_from_the_dlq_gets_a_fresh_budget(
+    store: Any, clock: FakeClock
+) -> None:
+    """An operator's retry of a dead job resets its budget rather than extending it:
+    attempt 0 of the job's own max_attempts, no lease expiries. The earlier attempts stay
+    in the history, and the next claim's token is higher than every earlier one."""
+    (jid,) = await store.jobs_enqueue(jobs=[new(max_attempts=3, max_lease_expiries=2)])
+    tokens = []
+    for _ in range(2):
+        c = await claim_one(store)
+        tokens.append(c.lease.token)
+        await store.job_retry(lease=c.lease, delay=0, error="boom")
+    c = await claim_one(store, ttl=1)
+    tokens.append(c.lease.token)
+    clock.advance(2)
+    await store.jobs_rescue()
+    c = await claim_one(store)
+    tokens.append(c.lease.token)
+    await store.job_dead(lease=c.lease, error="gave up")
+    before = await store.job_get(job_id=jid)
+    assert (before.attempt, before.lease_expiries) == (3, 1)
+    assert await store.jobs_retry_dead(job_ids=[jid]) == 1
+    job = await store.job_get(job_id=jid)
+    assert (job.state, job.attempt, job.max_attempts, job.lease_expiries) == (
+        JobState.QUEUED,
+        0,
+        3,
+        0,
+    )
+    assert job.lease_token == before.lease_token
+    again = await claim_one(store)
+    assert (again.job.attempt, again.job.max_attempts) == (1, 3)
+    assert again.lease.token > max(tokens)
+    history = await store.job_attempts(job_id=jid)
+    assert [a.token for a in history] == [*tokens, again.lease.token]
+    await store.job_retry(lease=again.lease, delay=0, error="still failing")
+    assert (await store.job_get(job_id=jid)).attempt == 1

@@ -210,7 +210,10 @@ class Broker(abc.ABC):
 
     @abc.abstractmethod
     async def jobs_retry_dead(self, *, job_ids: Sequence[int]) -> int:
-        """Operator action: move dead jobs back to queued with a fresh attempt budget."""
+        """Operator action: move dead jobs back to queued with a fresh budget: attempt
+        back to 0 of the job's own ``max_attempts``, lease expiries back to 0. The token
+        is kept (the next claim bumps it, as always); the attempt history stays. Returns
+        how many were dead and moved."""
 
     @abc.abstractmethod
     async def jobs_cancel(self, *, job_ids: Sequence[int], reason: str) -> int:

@@ -325,7 +325,7 @@ class MemoryStore(MemoryLedger, Store):
             return list(self._attempts[job_id])
 
     async def jobs_retry_dead(self, *, job_ids: Sequence[int]) -> int:
-        """Requeue dead jobs with a fresh attempt budget."""
+        """Requeue dead jobs with a fresh budget of their own ``max_attempts``."""
         with self._lock:
             now = self.clock.now()
             n = 0
@@ -335,7 +335,7 @@ class MemoryStore(MemoryLedger, Store):
                     self._jobs[jid] = _moved(
                         job,
                         state=JobState.QUEUED,
-                        max_attempts=job.attempt + job.max_attempts,
+                        attempt=0,
                         lease_expiries=0,
                         run_at=now,
                         finished_at=None,

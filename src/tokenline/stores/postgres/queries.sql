@@ -393,11 +393,12 @@ LIMIT %(limit)s;
 SELECT * FROM {schema}.attempts WHERE job_id = %(job_id)s ORDER BY token;
 
 -- name: retry_dead
+-- A fresh budget: attempt 0 of the job's own max_attempts; the attempts table keeps the
+-- earlier ones, and the token is left for the next claim to bump.
 WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
 revived AS (
     UPDATE {schema}.jobs AS j
-    SET state = 'queued', max_attempts = j.attempt + j.max_attempts, lease_expiries = 0,
-        run_at = c.now,
+    SET state = 'queued', attempt = 0, lease_expiries = 0, run_at = c.now,
         finished_at = NULL, updated_at = c.now
     FROM clock AS c
     WHERE j.id = ANY (%(ids)s::bigint[]) AND j.state = 'dead'

@@ -594,7 +594,7 @@ class PostgresStore(PostgresLedger, Store):
         return [attempt_from_row(r) for r in rows]
 
     async def jobs_retry_dead(self, *, job_ids: Sequence[int]) -> int:
-        """Requeue dead jobs with a fresh attempt budget."""
+        """Requeue dead jobs with a fresh budget of their own ``max_attempts``."""
         params = {"ids": list(job_ids), "now": self._now(), "channel": self.target.channel}
         ((n,),) = await self._tuples(self._q("retry_dead"), params)
         return int(n)

@@ -231,8 +231,10 @@ ORDER BY j.id DESC LIMIT :limit;
 SELECT * FROM tokenline_attempts WHERE job_id = :job_id ORDER BY token;
 
 -- name: retry_dead
+-- A fresh budget: attempt 0 of the job's own max_attempts; the attempts table keeps the
+-- earlier ones, and the token is left for the next claim to bump.
 UPDATE tokenline_jobs
-SET state = 'queued', max_attempts = attempt + max_attempts, lease_expiries = 0, run_at = :now,
+SET state = 'queued', attempt = 0, lease_expiries = 0, run_at = :now,
     finished_at = NULL, updated_at = :now
 WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'dead';
 

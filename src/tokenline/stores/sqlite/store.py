@@ -696,7 +696,7 @@ class SQLiteStore(SQLiteLeases, SQLiteLedger, Store):
         return [attempt_from_row(r) for r in rows]
 
     async def jobs_retry_dead(self, *, job_ids: Sequence[int]) -> int:
-        """Requeue dead jobs with a fresh attempt budget."""
+        """Requeue dead jobs with a fresh budget of their own ``max_attempts``."""
         params = {"ids": json.dumps(list(job_ids)), "now": self.clock.now()}
         return await self._call(lambda c: c.execute(Q["retry_dead"], params).rowcount)
 
