@@ -103,22 +103,46 @@ def plural(n: int, noun: str, nouns: str | None = None) -> str:
 
 
 def when(ts: float | None) -> str:
-    """A UTC timestamp for tables."""
+    """A UTC timestamp for tables; any stored value prints, however far off its date."""
     if ts is None:
         return "-"
-    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    try:
+        seconds = float(ts)
+    except (OverflowError, ValueError, TypeError):
+        return "?"
+    try:
+        t = dt.datetime.fromtimestamp(seconds, dt.UTC)
+    except (OverflowError, OSError, ValueError):  # NaN, infinite, or past 1-9999 AD
+        return f"{seconds:.6g} (epoch seconds)"
+    return (
+        f"{t.year:04d}-{t.month:02d}-{t.day:02d} "
+        f"{t.hour:02d}:{t.minute:02d}:{t.second:02d}.{t.microsecond // 1000:03d}"
+    )
 
 
 def ago(seconds: float | None) -> str:
-    """A short age such as ``3.2s`` or ``4m10s``."""
+    """A short age such as ``3.2s``, ``4m10s``, ``5h02m`` or ``12d03h``; any value prints."""
     if seconds is None:
         return "-"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(seconds), 60)
+    try:
+        x = float(seconds)
+    except (OverflowError, ValueError, TypeError):
+        return "?"
+    if x != x or abs(x) == float("inf"):
+        return str(x)
+    if x < 0:
+        return f"-{ago(-x)}"
+    if x < 60:
+        return f"{x:.1f}s"
+    if x >= 1e9:  # over 31 years: only the order of magnitude tells anything
+        return f"{x:.3g}s"
+    minutes, secs = divmod(int(x), 60)
     if minutes < 60:
         return f"{minutes}m{secs:02d}s"
-    return f"{minutes // 60}h{minutes % 60:02d}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h{minutes:02d}m"
+    return f"{hours // 24}d{hours % 24:02d}h"
 
 
 url_option = click.option(
