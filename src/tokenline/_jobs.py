@@ -43,10 +43,24 @@ __all__ = [
     "Unique",
     "WorkerRecord",
     "can_transition",
+    "describe",
     "finish_transition",
     "renewal_was_stale",
     "rescue_transition",
 ]
+
+
+def describe(value: object, limit: int = 60) -> str:
+    """``repr(value)`` for an error message: shortened, and never failing itself."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}… ({len(value)} characters)"
+    try:
+        text = repr(value)
+    except Exception:  # a broken __repr__, or one nested too deep to print
+        return f"a {type(value).__name__}"
+    return text if len(text) <= limit else f"{text[:limit]}…"
 
 
 class JobState(enum.StrEnum):

@@ -15,10 +15,11 @@ The ledger is where business truth lives (DESIGN.md, sections 2-4). Three kinds 
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 from ._errors import InvalidInputError
-from ._jobs import Lease
+from ._jobs import Lease, describe
 
 __all__ = [
     "MAX_KEY_LENGTH",
@@ -36,15 +37,25 @@ __all__ = [
 #: Longest accepted key (idempotency key, effect key, fence key, resource), in characters.
 MAX_KEY_LENGTH = 255
 
+#: Characters no key may hold: control characters (NUL among them, which PostgreSQL
+#: cannot store) and lone surrogates (which no store can encode).
+_FORBIDDEN_IN_KEY = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
 
 def validate_key(key: object, what: str = "key") -> str:
     """Return ``key`` if it is a non-empty string of at most :data:`MAX_KEY_LENGTH`
-    characters; raise :class:`InvalidInputError` naming ``what`` otherwise."""
+    characters, with no control characters or lone surrogates; raise
+    :class:`InvalidInputError` naming ``what`` otherwise."""
     if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
-        shown = key if not isinstance(key, str) or len(key) <= 40 else f"{key[:40]}…"
         raise InvalidInputError(
             f"{what} must be a non-empty string of at most {MAX_KEY_LENGTH} characters, "
-            f"got {shown!r}" + (f" ({len(key)} characters)" if isinstance(key, str) and key else "")
+            f"got {describe(key)}"
+        )
+    bad = _FORBIDDEN_IN_KEY.search(key)
+    if bad is not None:
+        raise InvalidInputError(
+            f"{what} must not contain control characters or lone surrogates, got "
+            f"{describe(key)} ({bad.group()!r} at position {bad.start()})"
         )
     return key
 
