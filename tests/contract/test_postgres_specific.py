@@ -351,6 +351,46 @@ async def test_rescue_ends_the_open_transaction_of_the_attempt_it_rescues(
         await zombie.close()
 
 
+async def test_a_paused_commit_does_not_keep_its_expired_job_from_the_rescue(
+    postgres_url: str, admin: psycopg.AsyncConnection[Any], clock: FakeClock
+) -> None:
+    """An attempt paused between its completion UPDATE and its COMMIT holds the job's
+    row lock, in a session allowed to idle for the attempt's whole timeout. Once its
+    lease expires, the rescue ends that session (rolling the commit back) and the next
+    rescue takes the job: ownership does not outlast the lease."""
+    zombie = PostgresStore(postgres_url, clock=clock, timeout=5)
+    rescuer = PostgresStore(postgres_url, clock=clock, timeout=5)
+    await zombie.open()
+    await rescuer.open()
+    try:
+        await zombie.jobs_enqueue(jobs=[new()])
+        (claimed,) = await zombie.jobs_claim(owner="w", queues=["default"], limit=1, ttl=5)
+        transaction = zombie.fenced_transaction(lease=claimed.lease, timeout=600)
+        conn = await transaction.__aenter__()
+        await conn.execute("CREATE TABLE paused_marks (n int)")
+        # The lock the completion UPDATE takes, then the pause before COMMIT.
+        await conn.execute(
+            f"SELECT id FROM {zombie.target.schema}.jobs WHERE id = %s FOR NO KEY UPDATE",
+            (claimed.job.id,),
+        )
+        clock.advance(6)
+        for _ in range(100):
+            report = await rescuer.jobs_rescue()
+            if report.requeued:
+                break
+            await asyncio.sleep(0.05)
+        assert list(report.requeued) == [claimed.job.id]
+        with pytest.raises(StoreError):
+            await transaction.__aexit__(None, None, None)
+        job = await rescuer.job_get(job_id=claimed.job.id)
+        assert (job.state, job.lease_token) == (JobState.QUEUED, claimed.lease.token + 1)
+        cur = await admin.execute("SELECT to_regclass('paused_marks')")
+        assert (await cur.fetchone()) == (None,), "the paused commit went through"
+    finally:
+        await rescuer.close()
+        await zombie.close()
+
+
 async def test_database_refuses_backwards_state_moves(
     pg: PostgresStore, admin: psycopg.AsyncConnection[Any], postgres_schema: str
 ) -> None:

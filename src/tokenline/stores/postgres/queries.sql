@@ -306,6 +306,20 @@ ORDER BY j.lease_expires_at, j.id
 LIMIT %(limit)s
 FOR NO KEY UPDATE OF j SKIP LOCKED;
 
+-- name: rescue_blocked
+-- Expired leases the candidates above skipped: a row lock holds them, and only the
+-- attempt's own fenced transaction takes one that lasts (its completion UPDATE ran, its
+-- COMMIT has not come: the owner was paused or cut off at that moment, and the session
+-- may stay idle for the attempt's whole timeout). The lease has expired by this clock,
+-- so that attempt owns nothing: the rescue ends its session (rolling it back), and the
+-- next rescue takes the job. Without this, ownership would outlast the lease.
+SELECT j.id, j.lease_token
+FROM {schema}.jobs AS j
+WHERE j.state = 'running' AND j.lease_expires_at <= {schema}.now_epoch(%(now)s)
+  AND NOT (j.id = ANY(%(taken)s::bigint[]))
+ORDER BY j.lease_expires_at, j.id
+LIMIT %(limit)s;
+
 -- name: rescue
 -- Applies the core's decision for each candidate (tokenline._jobs.rescue_transition),
 -- in the transaction that locked them; the token is checked again anyway.

@@ -491,7 +491,12 @@ class PostgresStore(PostgresLedger, Store):
 
     async def jobs_rescue(self, *, limit: int = 1000) -> RescueReport:
         """Requeue or dead-letter running jobs whose lease expired by the store's clock,
-        as the core decides, then end the fenced transactions those attempts left open."""
+        as the core decides, then end the fenced transactions those attempts left open.
+
+        An expired job whose row its attempt's transaction still locks (paused between
+        its completion and its commit) is skipped, and that session ended: the next
+        rescue takes the job."""
+        blocked: list[Lease] = []
 
         async def run(conn: AsyncConnection[Any]) -> list[TupleRow]:
             cur = conn.cursor(row_factory=tuple_row)
@@ -500,6 +505,13 @@ class PostgresStore(PostgresLedger, Store):
                     self._q("rescue_candidates"), {"limit": limit, "now": self._now()}
                 )
                 candidates = [RescueCandidate(*row) for row in await cur.fetchall()]
+                if len(candidates) < limit:
+                    taken = [c.job_id for c in candidates]
+                    await cur.execute(
+                        self._q("rescue_blocked"),
+                        {"limit": limit, "now": self._now(), "taken": taken},
+                    )
+                    blocked[:] = [Lease(r[0], "", r[1], 0.0) for r in await cur.fetchall()]
                 if not candidates:
                     return []
                 rescues = [rescue_transition(c) for c in candidates]
@@ -519,8 +531,9 @@ class PostgresStore(PostgresLedger, Store):
                 return await cur.fetchall()
 
         rows = await self._call(run)
-        if rows:
-            await self._end_sessions([self.session_name(Lease(r[0], "", r[2], 0.0)) for r in rows])
+        ended = [Lease(r[0], "", r[2], 0.0) for r in rows] + blocked
+        if ended:
+            await self._end_sessions([self.session_name(lease) for lease in ended])
         return RescueReport(
             requeued=[r[0] for r in rows if r[1] == JobState.QUEUED],
             dead=[r[0] for r in rows if r[1] == JobState.DEAD],
@@ -532,10 +545,10 @@ class PostgresStore(PostgresLedger, Store):
         try:
             rows = await self._tuples(self._q("sessions_terminate"), {"sessions": sessions})
         except StoreError as exc:
-            log.warning("could not end the open transactions of rescued attempts: %s", exc)
+            log.warning("could not end the open transactions of expired attempts: %s", exc)
             return
         if rows and rows[0][0]:
-            log.warning("ended %d open transactions of rescued attempts", rows[0][0])
+            log.warning("ended %d open transactions of attempts whose lease expired", rows[0][0])
 
     # -- queues ---------------------------------------------------------------------------
     async def queue_pause(self, *, queue: str) -> None:
