@@ -15,9 +15,20 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeVar, overload
 
 from ._clock import Clock, SystemClock
-from ._config import Settings, load_settings, validate_queue_name
+from ._config import Settings, load_settings
 from ._errors import InvalidInputError, PayloadError, UnknownTaskError
-from ._jobs import NewJob, Unique
+from ._jobs import (
+    MAX_INT_DIGITS,
+    MAX_PAYLOAD_DEPTH,
+    NewJob,
+    Unique,
+    attempts_problem,
+    check_queue_name,
+    describe,
+    priority_problem,
+    run_at_problem,
+    seconds_problem,
+)
 from ._records import validate_key
 from ._tasks import Task
 from .classify import Classifier
@@ -183,7 +194,7 @@ class App:
             return self._tasks[name]
         except KeyError:
             known = ", ".join(sorted(self._tasks)) or "none"
-            raise UnknownTaskError(f"unknown task {name!r} (registered: {known})") from None
+            raise UnknownTaskError(f"unknown task {describe(name)} (registered: {known})") from None
 
     def _resolve(self, task: Task | str | Callable[..., Any]) -> Task:
         if isinstance(task, Task):
@@ -193,7 +204,7 @@ class App:
         for t in self._tasks.values():
             if t.fn is task:
                 return t
-        raise UnknownTaskError(f"{task!r} is not a registered task of this app")
+        raise UnknownTaskError(f"task {describe(task)} is not a registered task of this app")
 
     # -- building jobs --------------------------------------------------------------------
     def build_job(
@@ -211,7 +222,12 @@ class App:
         unique: UniqueOption = False,
         unique_for: float | None = None,
     ) -> NewJob:
-        """Validate one job's input and encode it; raises before anything is stored."""
+        """Validate one job's input and encode it; raises before anything is stored.
+
+        Every enqueue (``enqueue``, ``enqueue_async``, ``enqueue_many``, the command
+        line) goes through here, so every store gets the same checks; the limits are in
+        :mod:`tokenline._jobs` (``MAX_DELAY``, ``MIN_PRIORITY`` … ``MAX_PAYLOAD_DEPTH``).
+        """
         t = self._resolve(task)
         payload = self._encode(t, args, kwargs)
         if idempotency_key is not None:
@@ -220,25 +236,22 @@ class App:
         if delay is not None and run_at is not None:
             raise InvalidInputError("give delay or run_at, not both")
         if delay is not None:
-            if not _finite(delay) or delay < 0:
-                raise InvalidInputError(f"delay must be a finite number >= 0, got {delay!r}")
-        elif run_at is not None and not _finite(run_at):
-            raise InvalidInputError(
-                f"run_at must be a finite UTC timestamp in seconds, got {run_at!r}"
-            )
+            _refuse("delay", seconds_problem(delay, zero=True))
+        elif run_at is not None:
+            _refuse("run_at", run_at_problem(run_at, self.clock.now()))
         prio = t.priority if priority is None else priority
-        if isinstance(prio, bool) or not isinstance(prio, int):
-            raise InvalidInputError(f"priority must be an integer, got {prio!r}")
+        _refuse("priority", priority_problem(prio))
         attempts = next(
             a for a in (max_attempts, t.max_attempts, self.settings.max_attempts) if a is not None
         )
         expiries = next(
             e for e in (t.max_lease_expiries, self.settings.max_lease_expiries) if e is not None
         )
-        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-            raise InvalidInputError(f"max_attempts must be >= 1, got {attempts!r}")
+        _refuse("max_attempts", attempts_problem(attempts))
+        _refuse("max_lease_expiries", attempts_problem(expiries))
         return NewJob(
-            queue=validate_queue_name(queue or t.queue),
+            # Only None means "the task's queue": an empty name is an invalid name.
+            queue=check_queue_name(t.queue if queue is None else queue),
             task=t.name,
             args=payload,
             idempotency_key=idempotency_key,
@@ -253,19 +266,43 @@ class App:
         )
 
     def _encode(self, t: Task, args: Sequence[Any], kwargs: Mapping[str, Any] | None) -> str:
-        """The JSON payload of one job, checked against the size limit."""
+        """The JSON payload of one job, checked against the size limit.
+
+        Only values that come back from JSON as they went in are accepted: ``None``,
+        bool, int, finite float, str, list, and dict with str keys (subclasses, such as
+        enums, arrive as their plain value), nested at most ``MAX_PAYLOAD_DEPTH`` deep.
+        A tuple, a set, bytes or a non-string key would reach the handler changed, so
+        it is refused rather than converted.
+        """
+        if not isinstance(args, list | tuple):
+            raise PayloadError(
+                f"args of task {t.name!r} must be a list or tuple of arguments, "
+                f"got {describe(args)}"
+            )
         if kwargs is not None and not isinstance(kwargs, Mapping):
-            raise PayloadError(f"kwargs for task {t.name!r} must be a mapping, got {kwargs!r}")
+            raise PayloadError(
+                f"kwargs of task {t.name!r} must be a mapping, got {describe(kwargs)}"
+            )
+        kw = dict(kwargs or {})
+        for field, values in (("args", args), ("kwargs", kw)):
+            try:
+                _check_items(values, 0)
+            except _NotJson as exc:
+                raise PayloadError(
+                    f"{field}{exc.where()} of task {t.name!r} {exc.problem}"
+                ) from None
+            except RecursionError:  # the caller's own stack was nearly full
+                raise PayloadError(f"{field} of task {t.name!r} nest too deep") from None
         try:
-            payload = _JSON.encode({"args": list(args), "kwargs": dict(kwargs or {})})
-        except (TypeError, ValueError) as exc:
-            raise PayloadError(f"arguments of task {t.name!r} are not JSON: {exc}") from None
+            payload = _JSON.encode({"args": list(args), "kwargs": kw})
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise PayloadError(f"args or kwargs of task {t.name!r} are not JSON: {exc}") from None
         # Characters bound bytes from below (at most 4 bytes each): encode only when needed.
         if len(payload) * 4 > self.settings.max_payload_bytes:
             size = len(payload.encode("utf-8"))
             if size > self.settings.max_payload_bytes:
                 raise PayloadError(
-                    f"arguments of task {t.name!r} are {size} bytes, over the limit of "
+                    f"args and kwargs of task {t.name!r} are {size} bytes, over the limit of "
                     f"{self.settings.max_payload_bytes} (setting max_payload_bytes)"
                 )
         return payload
@@ -418,16 +455,33 @@ class App:
         unique_for: float | None = None,
     ) -> list[NewJob]:
         """Validate a batch: one job per argument tuple in ``items``, keys matched by order."""
-        rows = [tuple(i) if not isinstance(i, str | bytes) else (i,) for i in items]
+        rows = [_row(n, i) for n, i in enumerate(items)]
+        if isinstance(keys, str | bytes):
+            raise InvalidInputError(
+                f"keys must be an iterable of idempotency keys, one per job, got {describe(keys)}"
+            )
         key_list = list(keys) if keys is not None else [None] * len(rows)
         if len(key_list) != len(rows):
             raise InvalidInputError(f"{len(key_list)} keys given for {len(rows)} jobs")
         if not rows:
             return []
+        t = self._resolve(task)
+
+        def encode(n: int, row: tuple[Any, ...], key: str | None) -> str:
+            # In build_job's order: the arguments, then the key.
+            try:
+                args = self._encode(t, row, None)
+            except PayloadError as exc:
+                raise PayloadError(f"items[{n}]: {exc}") from None
+            if key is not None:
+                validate_key(key, f"keys[{n}] (idempotency_key)")
+            return args
+
+        encode(0, rows[0], key_list[0])
         # The options are the same for every job: validate them once, with the first
         # job, then check and encode only what differs (arguments and key).
         first = self.build_job(
-            task,
+            t,
             rows[0],
             None,
             idempotency_key=key_list[0],
@@ -437,16 +491,14 @@ class App:
             unique=unique,
             unique_for=unique_for,
         )
-        t = self._resolve(task)
         jobs = [first]
-        for row, key in zip(rows[1:], key_list[1:], strict=True):
-            if key is not None:
-                validate_key(key, "idempotency_key")
+        for n, (row, key) in enumerate(zip(rows[1:], key_list[1:], strict=True), 1):
+            args = encode(n, row, key)
             jobs.append(
                 NewJob(  # not dataclasses.replace: it costs more than all the rest here
                     queue=first.queue,
                     task=first.task,
-                    args=self._encode(t, row, None),
+                    args=args,
                     idempotency_key=key,
                     priority=first.priority,
                     run_at=first.run_at,
@@ -515,18 +567,102 @@ def _uniqueness(unique: UniqueOption, unique_for: float | None, key: str | None)
             raise InvalidInputError("unique_for needs unique=True or unique='active'")
         return None
     if unique is not True and unique != "active":
-        raise InvalidInputError(f"unique must be True, False or 'active', got {unique!r}")
+        raise InvalidInputError(f"unique must be True, False or 'active', got {describe(unique)}")
     if key is None:
         raise InvalidInputError("a unique job needs an idempotency_key: the key is what is unique")
-    if unique_for is not None and (not _finite(unique_for) or unique_for <= 0):
-        raise InvalidInputError(
-            f"unique_for must be a finite number of seconds > 0, got {unique_for!r}"
-        )
+    if unique_for is not None:
+        _refuse("unique_for", seconds_problem(unique_for, zero=False))
     return Unique.ACTIVE if unique == "active" else Unique.ALWAYS
 
 
-def _finite(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+def _row(n: int, item: object) -> tuple[Any, ...]:
+    """The arguments of the ``n``-th item of a batch: a list or tuple of them, or one
+    string on its own."""
+    if isinstance(item, str | bytes):
+        return (item,)
+    if isinstance(item, list | tuple):
+        return tuple(item)
+    raise PayloadError(
+        f"items[{n}] must be a list or tuple of one job's arguments, got {describe(item)}"
+    )
+
+
+def _refuse(option: str, problem: str | None) -> None:
+    """Raise :class:`InvalidInputError` naming ``option`` if there is a ``problem``."""
+    if problem is not None:
+        raise InvalidInputError(f"{option} {problem}")
+
+
+#: Integers with fewer bits than this have fewer than MAX_INT_DIGITS digits.
+_SHORT_INT_BITS = int(MAX_INT_DIGITS * math.log2(10)) - 8
+_INT_LIMIT = 10**MAX_INT_DIGITS
+
+
+class _NotJson(Exception):
+    """A value JSON would not give back as it is: why, and where (innermost first)."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.path: list[str] = []
+
+    def where(self) -> str:
+        """The path to the value, such as ``[0]['when']``, its middle elided if long."""
+        path = self.path[::-1]
+        if len(path) > 8:
+            path = [*path[:4], f"[… {len(path) - 6} more …]", *path[-2:]]
+        return "".join(path)
+
+
+def _check_items(container: Sequence[Any] | Mapping[Any, Any], depth: int) -> None:
+    """Check each item of a list or dict that is ``depth`` containers deep."""
+    if isinstance(container, Mapping):
+        for key, item in container.items():
+            if not isinstance(key, str):
+                raise _NotJson(
+                    f"has the key {describe(key)} ({type(key).__name__}): "
+                    "JSON object keys and keyword names are strings"
+                )
+            try:
+                _check_json(item, depth)
+            except _NotJson as exc:
+                exc.path.append(f"[{describe(key)}]")
+                raise
+    else:
+        for i, item in enumerate(container):
+            try:
+                _check_json(item, depth)
+            except _NotJson as exc:
+                exc.path.append(f"[{i}]")
+                raise
+
+
+def _check_json(value: object, depth: int) -> None:
+    """Raise :class:`_NotJson` unless JSON gives ``value`` back equal and of the same
+    kind; ``depth``: the lists and dicts around it inside its argument."""
+    if value is None or isinstance(value, str | bool):
+        return
+    if isinstance(value, int):
+        if value.bit_length() > _SHORT_INT_BITS and abs(value) >= _INT_LIMIT:
+            raise _NotJson(f"is an integer of more than {MAX_INT_DIGITS} digits (MAX_INT_DIGITS)")
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _NotJson(f"is {value!r}: JSON has no NaN or infinity")
+        return
+    if isinstance(value, list | dict):
+        if depth >= MAX_PAYLOAD_DEPTH:
+            raise _NotJson(
+                f"nests lists and dicts more than {MAX_PAYLOAD_DEPTH} deep (MAX_PAYLOAD_DEPTH)"
+            )
+        _check_items(value, depth + 1)
+        return
+    if isinstance(value, tuple):
+        raise _NotJson("is a tuple: JSON has no tuples (it would arrive as a list); pass a list")
+    raise _NotJson(
+        f"is a {type(value).__name__}, which JSON cannot hold: use None, bool, int, float, "
+        "str, list, or dict with str keys"
+    )
 
 
 def _as_dict(settings: Settings) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Job value objects and the job state machine.
+"""Job value objects, the limits of what a job may hold, and the job state machine.
 
 ::
 
@@ -19,13 +19,23 @@ back to ``running`` whatever a stale worker sends. ``scheduled`` is a job whose
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._config import QUEUE_NAME_RE, validate_queue_name
+from ._errors import QueueNameError
+
 __all__ = [
     "ALLOWED_TRANSITIONS",
     "LEASE_EXPIRED",
+    "MAX_ATTEMPTS",
+    "MAX_DELAY",
+    "MAX_INT_DIGITS",
+    "MAX_PAYLOAD_DEPTH",
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
     "Attempt",
     "ClaimedJob",
     "Finish",
@@ -42,11 +52,16 @@ __all__ = [
     "Transition",
     "Unique",
     "WorkerRecord",
+    "attempts_problem",
     "can_transition",
+    "check_queue_name",
     "describe",
     "finish_transition",
+    "priority_problem",
     "renewal_was_stale",
     "rescue_transition",
+    "run_at_problem",
+    "seconds_problem",
 ]
 
 
@@ -61,6 +76,89 @@ def describe(value: object, limit: int = 60) -> str:
     except Exception:  # a broken __repr__, or one nested too deep to print
         return f"a {type(value).__name__}"
     return text if len(text) <= limit else f"{text[:limit]}…"
+
+
+# -- limits of what a job may hold ------------------------------------------------------------
+# Every store holds every job within these limits, and every display can show it: bad
+# input is refused at enqueue, before anything is stored (see App.build_job).
+
+#: Longest ``delay``, ``unique_for`` and task ``timeout``, and the furthest ``run_at``
+#: may lie ahead of now: 100 years (of 365.25 days), in seconds.
+MAX_DELAY = 3_155_760_000
+#: Lowest and highest job priority: the range of PostgreSQL's ``integer`` column.
+MIN_PRIORITY = -(2**31)
+MAX_PRIORITY = 2**31 - 1
+#: Highest ``max_attempts`` and ``max_lease_expiries`` (the same column type).
+MAX_ATTEMPTS = 2**31 - 1
+#: Deepest nesting of lists and objects inside one argument: a JSON decoder (the
+#: worker's among them) fails on payloads nested far deeper.
+MAX_PAYLOAD_DEPTH = 100
+#: Most decimal digits of an integer argument; Python's own limit on converting an
+#: integer to or from text (4300 by default) would otherwise decide per process.
+MAX_INT_DIGITS = 4000
+
+
+def _integer_problem(value: object, low: int, high: int) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"must be an integer, got {describe(value)}"
+    if not low <= value <= high:
+        return f"must be between {low} and {high}, got {describe(value)}"
+    return None
+
+
+def priority_problem(value: object) -> str | None:
+    """Why ``value`` is no job priority (an int from MIN_PRIORITY to MAX_PRIORITY)."""
+    return _integer_problem(value, MIN_PRIORITY, MAX_PRIORITY)
+
+
+def attempts_problem(value: object) -> str | None:
+    """Why ``value`` is no ``max_attempts`` / ``max_lease_expiries`` (1 to MAX_ATTEMPTS)."""
+    return _integer_problem(value, 1, MAX_ATTEMPTS)
+
+
+def seconds_problem(value: object, *, zero: bool) -> str | None:
+    """Why ``value`` is no duration: a finite number of seconds, at most MAX_DELAY,
+    and above 0 (or, with ``zero``, at least 0)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"must be a number of seconds, got {describe(value)}"
+    if isinstance(value, float) and math.isnan(value):
+        return "must be a number of seconds, got nan"
+    if value < 0 or (value == 0 and not zero):
+        return f"must be {'>=' if zero else '>'} 0 seconds, got {describe(value)}"
+    if value > MAX_DELAY:
+        return f"must be at most {MAX_DELAY} seconds (100 years, MAX_DELAY), got {describe(value)}"
+    return None
+
+
+def run_at_problem(value: object, now: float) -> str | None:
+    """Why ``value`` is no ``run_at``: a UTC timestamp in epoch seconds from 0 to
+    ``now`` + MAX_DELAY."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"must be a UTC timestamp in epoch seconds, got {describe(value)}"
+    if isinstance(value, float) and math.isnan(value):
+        return "must be a UTC timestamp in epoch seconds, got nan"
+    if value < 0:
+        return f"must be a UTC timestamp >= 0 (1970-01-01), got {describe(value)}"
+    if value > now + MAX_DELAY:
+        return (
+            f"must be at most {MAX_DELAY} seconds (100 years, MAX_DELAY) after now, "
+            f"got {describe(value)}"
+        )
+    return None
+
+
+def check_queue_name(name: object) -> str:
+    """Return ``name`` if it is a valid queue name, else raise :class:`QueueNameError`.
+
+    The whole name must match: a trailing newline is no more a queue name than any other
+    control character.
+    """
+    validate_queue_name(name)
+    if not isinstance(name, str) or not QUEUE_NAME_RE.fullmatch(name):
+        raise QueueNameError(
+            f"invalid queue name {name!r}: use 1-64 characters from A-Z a-z 0-9 _ . : -"
+        )
+    return name
 
 
 class JobState(enum.StrEnum):

@@ -16,8 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._config import validate_queue_name
 from ._errors import ConfigError, InvalidInputError
+from ._jobs import (
+    attempts_problem,
+    check_queue_name,
+    describe,
+    priority_problem,
+    seconds_problem,
+)
 from .classify import Classifier
 from .retry import RetryPolicy
 
@@ -43,36 +49,24 @@ class Task:
     classifier: Classifier | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not TASK_NAME_RE.match(self.name):
+        # fullmatch: ``$`` alone would let a name end in a newline.
+        if not isinstance(self.name, str) or not TASK_NAME_RE.fullmatch(self.name):
             raise InvalidInputError(
-                f"invalid task name {self.name!r}: start with a letter or _, then up to "
-                "199 of A-Z a-z 0-9 _ . : -"
+                f"invalid task name {describe(self.name)}: start with a letter or _, then "
+                "up to 199 of A-Z a-z 0-9 _ . : -"
             )
-        validate_queue_name(self.queue)
-        if self.max_attempts is not None and (
-            isinstance(self.max_attempts, bool)
-            or not isinstance(self.max_attempts, int)
-            or self.max_attempts < 1
+        check_queue_name(self.queue)
+        for setting in ("max_attempts", "max_lease_expiries"):
+            value = getattr(self, setting)
+            if value is not None and (problem := attempts_problem(value)) is not None:
+                raise ConfigError(setting, problem)
+        if (
+            self.timeout is not None
+            and (problem := seconds_problem(self.timeout, zero=False)) is not None
         ):
-            raise ConfigError("max_attempts", f"must be >= 1, got {self.max_attempts!r}")
-        if self.max_lease_expiries is not None and (
-            isinstance(self.max_lease_expiries, bool)
-            or not isinstance(self.max_lease_expiries, int)
-            or self.max_lease_expiries < 1
-        ):
-            raise ConfigError(
-                "max_lease_expiries", f"must be >= 1, got {self.max_lease_expiries!r}"
-            )
-        if self.timeout is not None and (
-            isinstance(self.timeout, bool)
-            or not isinstance(self.timeout, int | float)
-            or not 0 < self.timeout < float("inf")
-        ):
-            raise ConfigError(
-                "timeout", f"must be a finite number of seconds > 0, got {self.timeout!r}"
-            )
-        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
-            raise ConfigError("priority", f"must be an integer, got {self.priority!r}")
+            raise ConfigError("timeout", problem)
+        if (problem := priority_problem(self.priority)) is not None:
+            raise ConfigError("priority", problem)
 
     @property
     def is_async(self) -> bool:
