@@ -8,11 +8,13 @@ on a private event loop thread, so it works from any thread, including a handler
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
+import logging
 import math
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from typing import Any, Literal, Protocol, TypeVar, overload
+from typing import Any, Literal, Protocol, Self, TypeVar, overload
 
 from ._clock import Clock, SystemClock
 from ._config import Settings, load_settings
@@ -38,6 +40,7 @@ from .stores import MemoryStore, Store, store_from_url
 __all__ = ["App"]
 
 T = TypeVar("T")
+_log = logging.getLogger("tokenline.app")
 
 #: One encoder for every payload: json.dumps with options builds a new one per call.
 _JSON = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
@@ -49,12 +52,18 @@ UniqueOption = bool | Literal["active"]
 
 
 class _Portal:
-    """A private event loop on a daemon thread, for the synchronous facade."""
+    """A private event loop on a daemon thread, for the synchronous facade.
+
+    It also holds the facade's store, which lives on that loop. A portal with an open
+    store is closed at interpreter exit if its app was not (see :func:`_close_at_exit`).
+    """
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        #: The facade's open store; only touched on the loop, or once the loop is gone.
+        self.store: Store | None = None
 
     @staticmethod
     def _serve(loop: asyncio.AbstractEventLoop) -> None:
@@ -67,6 +76,10 @@ class _Portal:
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         with self._lock:
+            if self._thread is not None and not self._thread.is_alive():
+                # The loop's thread is gone (the process forked, say): its store with it.
+                self._loop = self._thread = None
+                self.store = None
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 self._thread = threading.Thread(
@@ -77,13 +90,63 @@ class _Portal:
             loop = self._loop
         return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
-    def close(self) -> None:
+    def close(self, *, timeout: float | None = None) -> None:
+        """Close the store, then stop the loop and end its thread. Safe to call twice,
+        and when the thread is already gone; ``timeout`` bounds each of the two waits."""
+        _open_portals.discard(self)
         with self._lock:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-        if loop is not None and thread is not None:
+            loop, thread, store = self._loop, self._thread, self.store
+            self._loop = self._thread = self.store = None
+        if loop is None or thread is None or not thread.is_alive():
+            return
+        try:
+            if store is not None:
+                asyncio.run_coroutine_threadsafe(store.close(), loop).result(timeout)
+        finally:
             loop.call_soon_threadsafe(loop.stop)
-            thread.join()
+            thread.join(timeout)
+
+
+#: Portals with an open store, closed at interpreter exit unless closed before.
+_open_portals: set[_Portal] = set()
+_exit_hook = threading.Lock()
+_exit_hook_registered = False
+
+#: Longest wait for a store to close at interpreter exit, and again for its loop.
+_EXIT_TIMEOUT = 10.0
+
+
+def _close_at_exit() -> None:
+    """Close every portal whose app was not closed: a store left open (its connection
+    pool's tasks still pending) is torn down mid-flight when the interpreter exits."""
+    for portal in list(_open_portals):
+        try:
+            portal.close(timeout=_EXIT_TIMEOUT)
+        except Exception as exc:  # the process is exiting: say so, never raise
+            _log.warning("could not close a tokenline store at exit: %r", exc)
+
+
+def _opened(portal: _Portal) -> None:
+    """Note that ``portal`` holds an open store, to be closed at exit."""
+    global _exit_hook_registered
+    with _exit_hook:
+        if not _exit_hook_registered:
+            _register_exit_hook()
+            _exit_hook_registered = True
+        _open_portals.add(portal)
+
+
+def _register_exit_hook() -> None:
+    # Run before the interpreter joins its threads, where concurrent.futures stops every
+    # thread pool (a SQLite store closes through its own): an atexit function would come
+    # too late. Registered after concurrent.futures' own hook, so it runs before it.
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is None:
+            raise RuntimeError("no threading exit hooks on this Python")
+        register(_close_at_exit)
+    except RuntimeError:  # the interpreter is already shutting down its threads
+        atexit.register(_close_at_exit)
 
 
 class App:
@@ -113,7 +176,6 @@ class App:
         self.retry = RetryPolicy(base.retry_base, base.retry_cap)
         self._tasks: dict[str, Task] = {}
         self._portal = _Portal()
-        self._facade_store: Store | None = None
         # One in-memory store is shared by everything in the process: it *is* the data,
         # and this process's clock is its store clock.
         self._memory = MemoryStore(clock=self.clock) if base.url.startswith("memory:") else None
@@ -320,11 +382,13 @@ class App:
         )
 
     async def _store(self) -> Store:
-        if self._facade_store is None:
+        store = self._portal.store
+        if store is None:
             store = self.open_store()
             await store.open()
-            self._facade_store = store
-        return self._facade_store
+            self._portal.store = store
+            _opened(self._portal)
+        return store
 
     def run(self, coro_fn: Callable[[Store], Coroutine[Any, Any, T]]) -> T:
         """Run ``coro_fn(store)`` on the facade's loop and store; for sync callers."""
@@ -335,12 +399,16 @@ class App:
         return self._portal.run(call())
 
     def close(self) -> None:
-        """Close the facade's store and loop. Safe to call twice."""
-        store = self._facade_store
-        if store is not None:
-            self._facade_store = None
-            self._portal.run(store.close())
+        """Close the facade's store and loop. Safe to call twice; the app opens them
+        again if used after. An app not closed is closed at interpreter exit."""
         self._portal.close()
+
+    def __enter__(self) -> Self:
+        """``with App(...) as app:`` closes the app at the end of the block."""
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # -- enqueue --------------------------------------------------------------------------
     async def enqueue_async(
