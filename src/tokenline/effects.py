@@ -67,6 +67,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import events
 from ._errors import (
     EffectPendingError,
     InvalidInputError,
@@ -180,6 +181,11 @@ class EffectRun:
             resource=f"effect {self.key!r}", token=self.lease.token, operation=operation
         )
 
+    def _duplicate(self, kind: str) -> None:
+        if events.enabled():
+            lease = self.lease
+            events.emit(events.DuplicateExecution(lease.owner, lease.job_id, self.key, kind))
+
     async def claim(self) -> EffectBegin:
         """``RUN`` (run the callee now) or ``DONE`` (the stored record); raises on a refusal
         or once a live attempt has held the key for longer than ``wait``."""
@@ -187,9 +193,13 @@ class EffectRun:
         pause = 0.01
         while True:
             begin = await self.store.effect_begin(lease=self.lease, key=self.key)
-            if begin.start in (Start.RUN, Start.DONE):
+            if begin.start is Start.RUN:
+                return begin
+            if begin.start is Start.DONE:
+                self._duplicate("repeat")  # the store recorded it too
                 return begin
             if begin.start is Start.STALE:
+                self._duplicate("stale")
                 raise self._stale("effect")
             left = deadline - self.clock.monotonic()
             if left <= 0 or not math.isfinite(left):

@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .. import events
 from .._errors import InvalidInputError, LeaseBusyError, LeaseExpiredError, TokenlineError
 from .._records import validate_key
 
@@ -156,6 +157,8 @@ class LeaseScope:
                 return held
             left = deadline - clock.monotonic()
             if left <= 0:
+                if events.enabled():
+                    events.emit(events.ResourceLeaseBusy(ctx.job_lease.owner, self._resource))
                 raise LeaseBusyError(
                     f"the lease on {self._resource!r} is held by someone else "
                     f"(waited {self._wait:g}s)"

@@ -38,3 +38,5 @@ class Slot:
     deadline: float = math.inf
     #: A ``ctx.transaction()`` of this attempt is open.
     in_transaction: bool = False
+    #: Monotonic time the attempt started on this worker.
+    started_at: float = 0.0

@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .. import events
 from .._config import WorkerSettings
 from .._errors import (
     FencedError,
@@ -41,7 +42,7 @@ from .._errors import (
     TokenlineError,
     UnknownTaskError,
 )
-from .._jobs import ClaimedJob, Finish, Outcome, WorkerRecord
+from .._jobs import ClaimedJob, Finish, Job, Outcome, WorkerRecord
 from ..classify import Decision, ErrorClass, classify
 from ..retry import RetryPolicy
 from .completer import BatchCompleter
@@ -128,6 +129,8 @@ class Worker:
         self._drainer: asyncio.Task[None] | None = None
         self._completer: BatchCompleter | None = None
         self._coordination_failures = 0
+        #: Monotonic time of the last membership heartbeat the store accepted.
+        self._last_beat = self.clock.monotonic()
         # Threads beyond concurrency: a cancelled sync handler keeps its thread until it
         # returns or calls ctx, and must not starve the next jobs.
         self._sync_lock = threading.Lock()
@@ -155,6 +158,10 @@ class Worker:
         )
         if self.on_state_change is not None:
             self.on_state_change(old, new, reason)
+        if events.enabled():
+            events.emit(
+                events.WorkerStateChanged(self.id, old.value, new.value, reason or event.value)
+            )
         if new is WorkerState.STOPPED and self._stopped is not None:
             self._stopped.set()
 
@@ -276,6 +283,7 @@ class Worker:
         rec = await self.store.worker_register(record=record, ttl=self.settings.lease_ttl)
         self.skew.answered(sent, rec.heartbeat_at)
         self._membership_token = rec.token
+        self._last_beat = self.clock.monotonic()
 
     # -- data plane -----------------------------------------------------------------------
     async def _fetch_loop(self) -> None:
@@ -324,7 +332,7 @@ class Worker:
                 owner=self.id, leases=[c.lease for c in claimed], ttl=self.settings.lease_ttl
             )
         except StoreError as exc:
-            self._coordination_failed("renewal of a slow claim", exc)
+            self._coordination_failed("renewal of a slow claim", exc, "leases")
             await self._release_unstarted(claimed)
             return [], sent_at
         kept = [
@@ -348,6 +356,20 @@ class Worker:
         slot = Slot(claimed=claimed, lease=claimed.lease, valid_until=self._valid_until(sent_at))
         self._slots[(claimed.job.id, claimed.lease.token)] = slot
         self.counters.started += 1
+        slot.started_at = self.clock.monotonic()
+        if events.enabled():
+            job = claimed.job
+            events.emit(
+                events.JobStarted(
+                    worker_id=self.id,
+                    job_id=job.id,
+                    task=job.task,
+                    queue=job.queue,
+                    attempt=job.attempt,
+                    token=claimed.lease.token,
+                    waited=_waited(job),
+                )
+            )
         self._fire(WorkerEvent.JOB_STARTED)
         slot.task = asyncio.create_task(self._execute(slot), name=f"tokenline-job-{claimed.job.id}")
 
@@ -410,13 +432,17 @@ class Worker:
                 log.warning("job %s raised after its transaction committed: %r", job.id, exc)
                 return None
             decision = classify(exc, task.classifier or self.app.classifier)
+            if isinstance(exc, StoreError) and events.enabled():
+                # From a ctx call of the handler: a transaction, an effect, a fence.
+                events.emit(events.CoordinationFailed(self.id, "ledger", f"job {job.id}", str(exc)))
             if isinstance(exc, FencedError):
-                self._note_fenced(exc)
+                self._note_fenced(slot, exc)
                 await self._lease_lost(f"job {job.id}: {exc}")
                 return None
             return self._after_failure(slot, decision, task.retry)
         if slot.completed_in_transaction:
             self.counters.succeeded += 1
+            self._finished(slot, Outcome.SUCCEEDED, None)
             return None
         return Finish(slot.lease, Outcome.SUCCEEDED)
 
@@ -453,9 +479,10 @@ class Worker:
         with self._sync_lock:
             return self._sync_running
 
-    def _note_fenced(self, exc: FencedError) -> None:
+    def _note_fenced(self, slot: Slot, exc: FencedError) -> None:
         if isinstance(exc, StaleTokenError):
             self.counters.stale_refused += 1
+            self._stale_commit(slot, exc.operation)
         else:
             self.counters.self_fenced += 1
 
@@ -503,12 +530,14 @@ class Worker:
             break
         if not ok:
             self.counters.stale_refused += 1
+            self._stale_commit(slot, finish.outcome.value)
             await self._lease_lost(
                 f"job {slot.claimed.job.id}: store refused {finish.outcome.value} "
                 f"with token {finish.lease.token}"
             )
             return
         outcome = finish.outcome
+        self._finished(slot, outcome, finish.error_class)
         if outcome is Outcome.SUCCEEDED:
             self.counters.succeeded += 1
             return
@@ -528,6 +557,34 @@ class Worker:
         else:
             self.counters.released += 1
             log.info("%s given back, no attempt spent (%s): %s", what, cls, finish.error)
+
+    def _finished(self, slot: Slot, outcome: Outcome, error_class: str | None) -> None:
+        if not events.enabled():
+            return
+        job, token = slot.claimed.job, slot.claimed.lease.token
+        events.emit(
+            events.JobFinished(
+                worker_id=self.id,
+                job_id=job.id,
+                task=job.task,
+                queue=job.queue,
+                attempt=job.attempt,
+                token=token,
+                outcome=outcome.value,
+                error_class=error_class,
+                duration=self.clock.monotonic() - slot.started_at,
+                waited=_waited(job),
+            )
+        )
+
+    def _stale_commit(self, slot: Slot, operation: str) -> None:
+        """The store refused this attempt's write: its view of its own lease (still
+        valid, by the worker's clock) was stale. The store's answer is the one obeyed."""
+        if not events.enabled():
+            return
+        job, token = slot.claimed.job, slot.claimed.lease.token
+        events.emit(events.StaleCommitRefused(self.id, job.id, token, operation))
+        events.emit(events.StaleRead(self.id, "job lease", f"job {job.id} token {token}"))
 
     # -- fencing --------------------------------------------------------------------------
     async def _lease_lost(self, reason: str) -> None:
@@ -549,7 +606,7 @@ class Worker:
                 try:
                     await self._register()
                 except StoreError as exc:
-                    self._coordination_failed("re-register", exc)
+                    self._coordination_failed("re-register", exc, "leases")
                     await asyncio.sleep(self.settings.renew_interval)
                     continue
                 self._fire(WorkerEvent.REREGISTERED, "fresh membership lease")
@@ -590,10 +647,14 @@ class Worker:
         for slot in slots:
             self._free(slot)
 
-    def _coordination_failed(self, what: str, exc: Exception) -> None:
+    def _coordination_failed(self, what: str, exc: Exception, channel: str = "broker") -> None:
+        """A store call failed: count it, say it, and stop fetching until the store is
+        healthy again. ``channel``: the role of the call (broker, leases, ledger)."""
         self.counters.coordination_errors += 1
         self._coordination_failures += 1
         log.warning("worker %s: %s failed: %s", self.id, what, exc)
+        if events.enabled():
+            events.emit(events.CoordinationFailed(self.id, channel, what, str(exc)))
         if self.state in (WorkerState.READY, WorkerState.PROCESSING):
             self._fire(WorkerEvent.COORDINATION_UNHEALTHY, f"{what} failed: {exc}")
 
@@ -627,6 +688,10 @@ class Worker:
             )
             if rec is not None:
                 self.skew.answered(beat_sent, rec.heartbeat_at)
+                beat = self.clock.monotonic()
+                gap, self._last_beat = beat - self._last_beat, beat
+                if events.enabled():
+                    events.emit(events.Heartbeat(self.id, gap, self.skew.value))
             if rec is None:
                 # Membership is for visibility, not ownership: nobody else can take it.
                 log.warning("worker %s: membership lease had expired; re-registering", self.id)
@@ -634,7 +699,9 @@ class Worker:
             # Resource leases held through ctx.lease, each fenced by its own token.
             await renew_resource_leases(self.store, slots, self.clock)
         except StoreError as exc:
-            self._coordination_failed("lease renewal", exc)
+            self._coordination_failed("lease renewal", exc, "leases")
+            if events.enabled() and slots:
+                events.emit(events.LeaseRenewalFailed(self.id, len(slots), "error", str(exc)))
             return
         lost = []
         for slot, lease in zip(slots, renewed, strict=True):
@@ -649,6 +716,10 @@ class Worker:
                 slot.lease = lease
                 slot.valid_until = self._valid_until(sent_at)
         if lost:
+            if events.enabled():
+                detail = f"jobs {lost}"
+                events.emit(events.LeaseRenewalFailed(self.id, len(lost), "refused", detail))
+                events.emit(events.StaleRead(self.id, "job lease", f"renewal refused: {detail}"))
             await self._lease_lost(f"renewal refused for jobs {lost}")
             return
         self._coordination_failures = 0
@@ -695,6 +766,8 @@ class Worker:
         n = len(report.requeued) + len(report.dead)
         if n:
             self.counters.rescued += n
+            if events.enabled():
+                events.emit(events.JobsRescued(self.id, len(report.requeued), len(report.dead)))
             log.warning(
                 "rescued %d jobs with expired leases (requeued %s, dead %s)",
                 n,
@@ -702,3 +775,9 @@ class Worker:
                 list(report.dead)[:20],
             )
         return True
+
+
+def _waited(job: Job) -> float:
+    """Seconds from the moment ``job`` could run to its claim, both by the store's clock
+    (the claim stamps ``updated_at``)."""
+    return max(0.0, job.updated_at - job.run_at)
