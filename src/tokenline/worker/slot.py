@@ -23,8 +23,15 @@ class Slot:
     """A worker's bookkeeping for one in-flight job (private to the worker)."""
 
     claimed: ClaimedJob
+    #: The worker's cached view of its lease. A cache with an age, and one-sided: it
+    #: may only make the worker give up (stop the handler, refuse to commit) once
+    #: ``valid_until`` has passed; it never grants anything. Ownership is decided by the
+    #: store, which checks the token on every renewal and commit; when the store
+    #: refuses what this view still believed, the worker counts a stale read
+    #: (:class:`tokenline.events.StaleRead`) and obeys the store.
     lease: Lease
-    #: Monotonic deadline after which the worker no longer trusts its lease.
+    #: Monotonic deadline after which the worker no longer trusts its lease: the age
+    #: limit of the view above (the last renewal's send time + TTL - margin).
     valid_until: float
     cancel: threading.Event = field(default_factory=threading.Event)
     cancel_reason: str | None = None
