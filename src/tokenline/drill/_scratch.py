@@ -1,15 +1,23 @@
-"""A throw-away store for runners that drive real worker processes (demo, drill).
+"""A throw-away store for runners that drive real worker processes (demo, drill, bench).
 
 A :class:`ScratchStore` is a fresh SQLite file or a fresh PostgreSQL schema with extra
 business tables beside tokenline's; runners read their figures back from it with plain
-SQL, never through the workers. The PostgreSQL schema is dropped afterwards (unless
-kept); the SQLite file stays for inspection.
+SQL, never through the workers. Each one also has a temporary directory of its own for
+the run's files (the workers' logs; the SQLite file unless one was named).
+
+Only an explicit URL is used, never ``TOKENLINE_URL``: these runners create and drop
+schemas and kill processes. Without a URL the store is a SQLite file in the temporary
+directory. :meth:`ScratchStore.cleanup` removes the directory and drops the schema unless
+they are kept, and says what it left behind and why; a SQLite file named by the URL is
+recreated at the start and left in place.
 """
 
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sqlite3
+import tempfile
 import urllib.parse
 import uuid
 from collections.abc import Mapping, Sequence
@@ -43,7 +51,10 @@ class ScratchStore:
     tables: dict[str, str]
     #: The placeholder of the dialect's DB-API driver.
     placeholder: str = "?"
-    #: Whether handlers must be async (the store's transactions are).
+    #: A fresh temporary directory for the run's files (logs; the default SQLite file).
+    work_dir: Path
+    #: Keep the store and the directory after the run (``--keep``).
+    keep: bool = False
 
     def prepare(self, extra: Mapping[str, str]) -> None:
         """Create the store afresh with ``extra`` tables ``{name: column definitions}``."""
@@ -63,14 +74,35 @@ class ScratchStore:
         paused process inside a transaction); a runner pausing workers avoids that."""
         return False
 
-    def cleanup(self) -> None:
-        """Nothing to clean by default: the SQLite file is kept for inspection."""
+    def cleanup(self, *, keep_files: bool = False) -> list[str]:
+        """Remove what the run created unless it is kept (``keep``; ``keep_files`` keeps
+        the directory, e.g. a failed run's logs). Returns what is left, each with why."""
+        return self._keep_dir(keep_files)
+
+    def _keep_dir(self, keep_files: bool) -> list[str]:
+        if not self.work_dir.exists():
+            return []
+        if any(self.work_dir.iterdir()):
+            if self.keep:
+                return [f"{self.work_dir} (kept: --keep)"]
+            if keep_files:
+                return [f"{self.work_dir} (kept: the run failed, its logs are there)"]
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+        return []
+
+
+def _work_dir(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=f"{prefix.replace('_', '-')}-"))
 
 
 class _SQLiteScratch(ScratchStore):
-    def __init__(self, db: Path) -> None:
-        self.db = db
-        self.url = f"sqlite:///{db}"
+    def __init__(self, db: Path | None, keep: bool, prefix: str) -> None:
+        self.work_dir = _work_dir(prefix)
+        #: Whether the file was named by the URL (then it is left in place afterwards).
+        self.named = db is not None
+        self.db = db if db is not None else self.work_dir / f"{prefix}.db"
+        self.url = f"sqlite:///{self.db}"
+        self.keep = keep
         self.tables = dict(_SQLITE_TABLES)
 
     def prepare(self, extra: Mapping[str, str]) -> None:
@@ -101,6 +133,12 @@ class _SQLiteScratch(ScratchStore):
                 conn.close()
         return False
 
+    def cleanup(self, *, keep_files: bool = False) -> list[str]:
+        left = self._keep_dir(keep_files)
+        if self.named and self.db.exists():
+            return [f"{self.db} (the SQLite file named by --url)", *left]
+        return left
+
 
 class _PostgresScratch(ScratchStore):
     placeholder = "%s"
@@ -116,6 +154,7 @@ class _PostgresScratch(ScratchStore):
         self.keep = keep
         self.tables = {k: f"{self.schema}.{v}" for k, v in _POSTGRES_TABLES.items()}
         self._created = False
+        self.work_dir = _work_dir(prefix)
 
     def prepare(self, extra: Mapping[str, str]) -> None:
         with self._psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5) as conn:
@@ -139,11 +178,16 @@ class _PostgresScratch(ScratchStore):
         )
         return self.scalar(sql) > 0
 
-    def cleanup(self) -> None:
-        if self.keep or not self._created:
-            return
+    def cleanup(self, *, keep_files: bool = False) -> list[str]:
+        left = self._keep_dir(keep_files)
+        if not self._created:
+            return left
+        if self.keep:
+            return [f"PostgreSQL schema {self.schema} (kept: --keep)", *left]
         with self._psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
+        self._created = False
+        return left
 
 
 def through(url: str, host: str, port: int) -> str:
@@ -160,10 +204,16 @@ def upstream_of(url: str) -> tuple[str, int]:
     return parts.hostname or "127.0.0.1", parts.port or 5432
 
 
-def scratch_for(url: str, *, keep: bool = False, prefix: str = "tokenline_scratch") -> ScratchStore:
-    """The scratch store for a ``sqlite:///file`` or ``postgresql://…`` URL."""
+def scratch_for(
+    url: str | None, *, keep: bool = False, prefix: str = "tokenline_scratch"
+) -> ScratchStore:
+    """The scratch store for a ``sqlite:///file`` or ``postgresql://…`` URL; ``None``: a
+    SQLite file in a fresh temporary directory. ``prefix`` starts the schema's and the
+    directory's names."""
+    if url is None:
+        return _SQLiteScratch(None, keep, prefix)
     if url.startswith("sqlite:///"):
-        return _SQLiteScratch(Path(url[len("sqlite:///") :]))
+        return _SQLiteScratch(Path(url[len("sqlite:///") :]), keep, prefix)
     if url.startswith(("postgresql://", "postgres://")):
         if "schema=" in url:
             raise ConfigError("url", "a fresh schema is picked for each run: leave ?schema= out")
