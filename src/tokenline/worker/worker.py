@@ -131,6 +131,9 @@ class Worker:
         self._coordination_failures = 0
         #: Monotonic time of the last membership heartbeat the store accepted.
         self._last_beat = self.clock.monotonic()
+        #: Monotonic time the watchdog last ran: the event loop is turning.
+        self._last_tick = self.clock.monotonic()
+        self._running = False
         # Threads beyond concurrency: a cancelled sync handler keeps its thread until it
         # returns or calls ctx, and must not starve the next jobs.
         self._sync_lock = threading.Lock()
@@ -153,15 +156,13 @@ class Worker:
         # Taking and finishing jobs moves READY <-> PROCESSING many times a second: that is
         # debug chatter. Draining, fencing and stopping are what an operator must see.
         level = logging.DEBUG if {old, new} <= _BUSY_STATES else logging.INFO
-        log.log(
-            level, "worker %s: %s -> %s (%s)", self.id, old.value, new.value, reason or event.value
-        )
+        why = reason or event.value
+        fields = {"worker_id": self.id, "old_state": old.value, "new_state": new.value}
+        log.log(level, "worker %s: %s -> %s (%s)", self.id, old.value, new.value, why, extra=fields)
         if self.on_state_change is not None:
             self.on_state_change(old, new, reason)
         if events.enabled():
-            events.emit(
-                events.WorkerStateChanged(self.id, old.value, new.value, reason or event.value)
-            )
+            events.emit(events.WorkerStateChanged(self.id, old.value, new.value, why))
         if new is WorkerState.STOPPED and self._stopped is not None:
             self._stopped.set()
 
@@ -196,6 +197,8 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_shutdown)
         await self._register()
+        self._last_tick = self.clock.monotonic()
+        self._running = True
         if self._stop_requested:
             self._stop_requested = False
             self.request_shutdown()
@@ -232,6 +235,28 @@ class Worker:
             log.info("worker %s stopped: %s", self.id, self.counters.summary())
         if failure is not None:
             raise failure
+
+    def liveness(self) -> tuple[bool, str]:
+        """Whether the process is alive: its event loop turns (the watchdog ran within
+        a lease TTL) and it has not stopped. Never asks the store: a store outage must
+        not make an orchestrator restart healthy workers. Safe from any thread."""
+        if self.state is WorkerState.STOPPED:
+            return False, "stopped"
+        stalled = self.clock.monotonic() - self._last_tick
+        if self._running and stalled > max(self.settings.lease_ttl, 1.0):
+            return False, f"event loop stalled for {stalled:.1f}s"
+        return True, "ok"
+
+    def readiness(self) -> tuple[bool, str]:
+        """Whether the worker takes work: READY or PROCESSING, with a membership
+        heartbeat the store accepted within one lease TTL. Safe from any thread."""
+        state = self.state
+        if not self._running or state not in (WorkerState.READY, WorkerState.PROCESSING):
+            return False, f"state {state.value}" + ("" if self._running else " (not started)")
+        silent = self.clock.monotonic() - self._last_beat
+        if silent > self.settings.lease_ttl:
+            return False, f"no heartbeat accepted for {silent:.1f}s"
+        return True, state.value
 
     def request_shutdown(self) -> None:
         """First call: drain (finish in-flight jobs within ``drain_timeout``), then stop.
@@ -442,7 +467,7 @@ class Worker:
             return self._after_failure(slot, decision, task.retry)
         if slot.completed_in_transaction:
             self.counters.succeeded += 1
-            self._finished(slot, Outcome.SUCCEEDED, None)
+            self._finished(slot, Finish(slot.lease, Outcome.SUCCEEDED))
             return None
         return Finish(slot.lease, Outcome.SUCCEEDED)
 
@@ -537,31 +562,48 @@ class Worker:
             )
             return
         outcome = finish.outcome
-        self._finished(slot, outcome, finish.error_class)
         if outcome is Outcome.SUCCEEDED:
             self.counters.succeeded += 1
-            return
-        job = slot.claimed.job
-        what = f"job {job.id} ({job.task}) attempt {job.attempt}/{job.max_attempts}"
-        cls = finish.error_class or "-"
-        # Every outcome but success is logged with its class and reason: a job that fails
-        # the same way on every attempt must be visible before it goes dead.
-        if outcome is Outcome.RETRY:
+        elif outcome is Outcome.RETRY:
             self.counters.retried += 1
-            log.info(
-                "%s failed (%s): %s; it runs again in %.1fs", what, cls, finish.error, finish.delay
-            )
         elif outcome is Outcome.DEAD:
             self.counters.dead += 1
-            log.warning("%s: dead (%s): %s", what, cls, finish.error)
         else:
             self.counters.released += 1
-            log.info("%s given back, no attempt spent (%s): %s", what, cls, finish.error)
+        self._finished(slot, finish)
 
-    def _finished(self, slot: Slot, outcome: Outcome, error_class: str | None) -> None:
+    def _finished(self, slot: Slot, finish: Finish) -> None:
+        """Log and announce an outcome the store accepted."""
+        job, token, outcome = slot.claimed.job, slot.claimed.lease.token, finish.outcome
+        what = f"job {job.id} ({job.task}) attempt {job.attempt}/{job.max_attempts}"
+        cls = finish.error_class or "-"
+        fields = {
+            "worker_id": self.id,
+            "job_id": job.id,
+            "task": job.task,
+            "queue": job.queue,
+            "attempt": job.attempt,
+            "token": token,
+            "outcome": outcome.value,
+            "error_class": finish.error_class,
+            "error": finish.error,
+        }
+        # Every outcome is logged with its class and reason: a job that fails the same
+        # way on every attempt must be visible before it goes dead. Successes are for
+        # machine-read logs; the text log of `tokenline worker` leaves them out.
+        if outcome is Outcome.SUCCEEDED:
+            log.info("%s succeeded", what, extra=fields)
+        elif outcome is Outcome.RETRY:
+            again = f"it runs again in {finish.delay or 0.0:.1f}s"
+            log.info("%s failed (%s): %s; %s", what, cls, finish.error, again, extra=fields)
+        elif outcome is Outcome.DEAD:
+            log.warning("%s: dead (%s): %s", what, cls, finish.error, extra=fields)
+        else:
+            log.info(
+                "%s given back, no attempt spent (%s): %s", what, cls, finish.error, extra=fields
+            )
         if not events.enabled():
             return
-        job, token = slot.claimed.job, slot.claimed.lease.token
         events.emit(
             events.JobFinished(
                 worker_id=self.id,
@@ -571,7 +613,7 @@ class Worker:
                 attempt=job.attempt,
                 token=token,
                 outcome=outcome.value,
-                error_class=error_class,
+                error_class=finish.error_class,
                 duration=self.clock.monotonic() - slot.started_at,
                 waited=_waited(job),
             )
@@ -730,6 +772,7 @@ class Worker:
         period = min(1.0, self.settings.renew_interval / 2)
         while True:
             await asyncio.sleep(period)
+            self._last_tick = self.clock.monotonic()
             if not self.settings.local_fencing or self.state is WorkerState.STOPPED:
                 continue
             now = self.clock.monotonic()

@@ -1,0 +1,78 @@
+"""The command line's log formats: readable text, or one JSON object per line."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from tokenline import _logging
+
+
+@pytest.fixture
+def restore_root() -> Iterator[None]:
+    """Put the root logger back as it was."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in handlers:
+            root.addHandler(h)
+        root.setLevel(level)
+
+
+def _outcome(outcome: str) -> None:
+    fields = {"worker_id": "w-1", "job_id": 7, "token": 3, "attempt": 2, "outcome": outcome}
+    fields["error_class"] = None if outcome == "succeeded" else "transient"
+    logging.getLogger("tokenline.worker").info("job 7 %s", outcome, extra=fields)
+
+
+@pytest.mark.usefixtures("restore_root")
+def test_json_lines_carry_the_structured_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each record is one JSON object with time, level, logger, message and the job's
+    worker id, job id, token, attempt, outcome and error class."""
+    _logging.configure("info", "json")
+    _outcome("retry")
+    _outcome("succeeded")
+    lines = capsys.readouterr().err.strip().splitlines()
+    first, second = (json.loads(line) for line in lines)
+    assert first["message"] == "job 7 retry"
+    assert (first["worker_id"], first["job_id"], first["token"], first["attempt"]) == (
+        "w-1",
+        7,
+        3,
+        2,
+    )
+    assert (first["outcome"], first["error_class"], first["level"]) == (
+        "retry",
+        "transient",
+        "info",
+    )
+    assert first["time"].endswith("+00:00")
+    assert second["outcome"] == "succeeded"
+    assert "error_class" not in second  # absent fields are left out, not null
+
+
+@pytest.mark.usefixtures("restore_root")
+def test_text_leaves_out_success_lines_unless_debug(capsys: pytest.CaptureFixture[str]) -> None:
+    """Text at info: retries yes, a line per succeeded job no; at debug, both."""
+    _logging.configure("info", "text")
+    _outcome("retry")
+    _outcome("succeeded")
+    err = capsys.readouterr().err
+    assert "job 7 retry" in err
+    assert "job 7 succeeded" not in err
+    _logging.configure("debug", "text")
+    _outcome("succeeded")
+    assert "job 7 succeeded" in capsys.readouterr().err
+
+
+def test_an_unknown_format_is_refused() -> None:
+    """Only text and json exist."""
+    with pytest.raises(ValueError, match="text or json"):
+        _logging.configure("info", "xml")
