@@ -3,6 +3,10 @@
 Enqueues a batch of invoice jobs keyed ``invoice:{order_id}``, starts worker processes,
 SIGKILLs one and SIGSTOPs another past its lease mid-run, lets the rest finish, and
 reports what the store and the ledger table say: every invoice written exactly once.
+
+The store is a scratch store (:mod:`tokenline.drill._scratch`): a SQLite file in a fresh
+temporary directory unless ``--url`` names one, a fresh schema on PostgreSQL; the
+directory (with the workers' logs) and the schema are removed afterwards unless kept.
 """
 
 from __future__ import annotations
@@ -12,9 +16,8 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
@@ -46,6 +49,8 @@ class DemoResult:
     duplicates: int
     enqueue_seconds: float
     elapsed: float
+    #: What the run left behind (kept stores, directories, a named SQLite file), with why.
+    kept: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -81,8 +86,9 @@ _INVOICE_COLUMNS = (
 )
 
 
-def backend_for(url: str, *, keep: bool = False) -> ScratchStore:
-    """The demo's scratch store for a ``sqlite:///file`` or ``postgresql://…`` URL."""
+def backend_for(url: str | None, *, keep: bool = False) -> ScratchStore:
+    """The demo's scratch store for a ``sqlite:///file`` or ``postgresql://…`` URL;
+    ``None``: a SQLite file in a fresh temporary directory."""
     try:
         return scratch_for(url, keep=keep, prefix="tokenline_demo")
     except ConfigError as exc:
@@ -92,12 +98,25 @@ def backend_for(url: str, *, keep: bool = False) -> ScratchStore:
 def run_demo(
     backend: ScratchStore, jobs: int, workers: int, *, show_progress: bool = True
 ) -> DemoResult:
-    """Run the demo on a fresh store and return its figures, read back from the store."""
-    backend.prepare({"demo_invoices": _INVOICE_COLUMNS})
+    """Run the demo on a fresh store and return its figures, read back from the store.
+
+    The store is cleaned up afterwards; a failed run keeps the workers' logs, and says
+    where on the console when it raises (otherwise in :attr:`DemoResult.kept`)."""
+    result: DemoResult | None = None
     try:
-        return _run(backend, jobs, workers, show_progress)
+        backend.prepare({"demo_invoices": _INVOICE_COLUMNS})
+        result = _run(backend, jobs, workers, show_progress)
     finally:
-        backend.cleanup()
+        kept = backend.cleanup(keep_files=result is None or not result.ok)
+        if result is None:
+            _print_kept(kept)
+    result.kept = kept
+    return result
+
+
+def _print_kept(kept: list[str]) -> None:
+    for line in kept:
+        console.print(f"left behind: {line}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _run(backend: ScratchStore, jobs: int, workers: int, show_progress: bool) -> DemoResult:
@@ -115,8 +134,7 @@ def _run(backend: ScratchStore, jobs: int, workers: int, show_progress: bool) ->
             keys=[f"invoice:{order}" for order in orders],
         )
     enqueue_seconds = time.monotonic() - started
-    log_dir = Path(tempfile.mkdtemp(prefix="tokenline-demo-"))
-    procs = _spawn(backend.url, workers, log_dir, backend.tables["demo_invoices"])
+    procs = _spawn(backend.url, workers, backend.work_dir, backend.tables["demo_invoices"])
     killed = stopped = False
     resume_at: float | None = None
     t0 = time.monotonic()
@@ -212,13 +230,22 @@ def report(r: DemoResult) -> Table:
 @click.option("--workers", type=click.IntRange(2, 32), default=4, show_default=True)
 @click.option(
     "--url",
-    default="sqlite:///tokenline-demo.db",
-    show_default=True,
-    help="sqlite:///file (recreated) or postgresql://… (a fresh schema, dropped after).",
+    default=None,
+    help="postgresql://… (a fresh schema, dropped afterwards) or sqlite:///file (recreated, "
+    "left in place). Default: a SQLite file in a temporary directory, removed afterwards. "
+    "TOKENLINE_URL is not read.",
 )
-@click.option("--keep", is_flag=True, help="Keep the PostgreSQL schema for inspection.")
-def demo(jobs: int, workers: int, url: str, keep: bool) -> None:
-    """Invoices under fire: kill -9 one worker, SIGSTOP another past its lease."""
+@click.option(
+    "--keep",
+    is_flag=True,
+    help="Keep the store (schema or temporary directory) and the workers' logs, and print where.",
+)
+def demo(jobs: int, workers: int, url: str | None, keep: bool) -> None:
+    """Invoices under fire: kill -9 one worker, SIGSTOP another past its lease.
+
+    Runs on its own fresh store, only the one --url names (never TOKENLINE_URL), and
+    removes it afterwards unless --keep; a failed run keeps the workers' logs and prints
+    where they are."""
     backend = backend_for(url, keep=keep)
     console.print(
         f"{jobs} invoice jobs, {workers} worker processes, lease TTL {LEASE_TTL:g}s, "
@@ -227,6 +254,7 @@ def demo(jobs: int, workers: int, url: str, keep: bool) -> None:
     )
     result = run_demo(backend, jobs, workers)
     console.print(report(result))
+    _print_kept(result.kept)
     if not result.ok:
         raise click.ClickException("invariant broken: lost job or duplicate effect")
     console.print("[green]every invoice written exactly once[/]")
