@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 import click
+from rich.markup import escape
 
 from .._config import WorkerSettings, load_settings, validate_queue_name
 from .._errors import InvalidInputError, QueueNameError
@@ -205,7 +206,7 @@ def pause(app_spec: str | None, url: str | None, queue: str) -> None:
     """Stop workers from claiming jobs of QUEUE (jobs stay queued)."""
     with reporting_errors():
         with_store(resolve_app(app_spec, url), lambda s: s.queue_pause(queue=queue))
-    console.print(f"paused {queue}")
+    console.print(f"paused {queue}", highlight=False, markup=False)
 
 
 @main.command()
@@ -216,7 +217,7 @@ def resume(app_spec: str | None, url: str | None, queue: str) -> None:
     """Let workers claim jobs of QUEUE again."""
     with reporting_errors():
         with_store(resolve_app(app_spec, url), lambda s: s.queue_resume(queue=queue))
-    console.print(f"resumed {queue}")
+    console.print(f"resumed {queue}", highlight=False, markup=False)
 
 
 @main.command()
@@ -237,7 +238,7 @@ def migrate(app_spec: str | None, url: str | None, timeout: float) -> None:
 
         version = asyncio.run(store.migrate())
     suffix = f" (schema version {version})" if version is not None else ""
-    console.print(f"{app.url}: schema up to date{suffix}", highlight=False)
+    console.print(f"{escape(app.url)}: schema up to date{suffix}", highlight=False)
 
 
 for command in (status, queues, workers, jobs, job, dlq, demo, bench, drill):

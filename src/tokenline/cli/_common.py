@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from .._app import App
 from .._errors import TokenlineError
@@ -93,7 +94,7 @@ def reporting_errors() -> Iterator[None]:
     try:
         yield
     except TokenlineError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         raise SystemExit(1) from None
 
 
