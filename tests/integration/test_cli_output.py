@@ -3,21 +3,35 @@ terminals, --json for machines, and help that says what each command and option 
 
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
+from tokenline import App, JobState
+from tokenline._errors import StaleTokenError
+from tokenline._jobs import WorkerRecord
 from tokenline.cli import main
 from tokenline.cli.drill import results_table
 from tokenline.drill.checker import Report
 from tokenline.drill.runner import ScenarioResult
+from tokenline.stores import Store, store_from_url
 
 #: Output as it goes to a pipe: no terminal, no width asked for.
 PIPED: dict[str, str | None] = {"COLUMNS": None, "FORCE_COLOR": None, "TTY_COMPATIBLE": None}
+#: Output on a terminal 80 columns wide.
+NARROW: dict[str, str | None] = {**PIPED, "COLUMNS": "80"}
+
+LONG_ERROR = (
+    "InvoiceError: the customer has no billing address on file, so the invoice for this "
+    "order cannot be issued until someone adds one"
+)
 
 
 def cli(*args: str, env: Mapping[str, str | None] = PIPED) -> tuple[int, str]:
@@ -26,6 +40,77 @@ def cli(*args: str, env: Mapping[str, str | None] = PIPED) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+def store_run(url: str, fn: Any) -> Any:
+    """Run ``fn(store)`` on an open store for ``url``."""
+
+    async def run() -> Any:
+        store = store_from_url(url)
+        await store.open()
+        try:
+            return await fn(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+def task_app(url: str) -> App:
+    app = App(url)
+    app.task(name="send_invoice", queue="billing", max_attempts=3)(lambda ctx, n: None)
+    app.task(name="report", queue="billing")(lambda ctx, text: None)
+    return app
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    """A SQLite store holding, in the billing queue: 1 succeeded send_invoice (key
+    invoice:42), 2 dead (a long error), 3 dead report job whose key, argument, error and
+    worker are full of square brackets, 4 queued, and a stale commit on invoice:44;
+    and one live worker, w-[1]."""
+    u = f"sqlite:///{tmp_path / 'out.db'}"
+    app = task_app(u)
+
+    async def seed(store: Store) -> None:
+        await store.jobs_enqueue(
+            jobs=[
+                app.build_job("send_invoice", [42], idempotency_key="invoice:42"),
+                app.build_job("send_invoice", [43], idempotency_key="invoice:43"),
+                app.build_job("report", ["[bold]hi[/]"], idempotency_key="[k]"),
+                app.build_job("send_invoice", [44], idempotency_key="invoice:44"),
+            ]
+        )
+        done, failed = await store.jobs_claim(owner="w-1", queues=["billing"], limit=2, ttl=30)
+        await store.job_complete(lease=done.lease)
+        await store.job_dead(lease=failed.lease, error=LONG_ERROR)
+        (odd,) = await store.jobs_claim(owner="w-[1]", queues=["billing"], limit=1, ttl=30)
+        await store.job_dead(lease=odd.lease, error="[x] boom [bold]not bold[/]")
+        (lost,) = await store.jobs_claim(owner="w-2", queues=["billing"], limit=1, ttl=0.05)
+        await asyncio.sleep(0.2)
+        await store.jobs_rescue()
+        with pytest.raises(StaleTokenError):
+            await store.job_complete(lease=lost.lease)
+        now = await store.store_time()
+        await store.worker_register(
+            record=WorkerRecord(
+                id="w-[1]", host="h", pid=1, queues=("billing",), concurrency=1,
+                state="ready", token=0, started_at=now, heartbeat_at=now, expires_at=now,
+            ),
+            ttl=300,
+        )  # fmt: skip
+
+    store_run(u, seed)
+    return u
+
+
+def job_state(url: str, job_id: int) -> JobState:
+    async def get(store: Store) -> JobState:
+        return (await store.job_get(job_id=job_id)).state
+
+    result: JobState = store_run(url, get)
+    return result
+
+
+# -- 10: prose, not "job(s)" ------------------------------------------------------------
 def render(renderable: object, width: int = 200) -> str:
     """What ``renderable`` looks like on a plain terminal ``width`` columns wide."""
     out = Console(width=width, color_system=None, force_terminal=False)
@@ -44,6 +129,18 @@ def test_drill_results_count_one_job_in_the_singular() -> None:
     assert "1 jobs" not in out
 
 
+def test_counts_in_messages_read_as_prose(url: str) -> None:
+    """Counts agree with their nouns ("requeued 1 dead job", "1 stale write", "1 key"),
+    and no message hedges with "(s)"."""
+    outputs = [cli("dlq", "retry", "--url", url, "2"), cli("audit", "duplicates", "--url", url)]
+    assert "requeued 1 dead job" in outputs[0][1]
+    assert "0 duplicate executions, 1 stale write refused, 1 key" in outputs[1][1]
+    outputs.append(cli("dlq", "discard", "--url", url, "3"))
+    assert "discarded 1 dead job" in outputs[2][1]
+    for _code, out in outputs:
+        assert "(s)" not in out
+
+
 # -- 3: user data is never read as markup ---------------------------------------------------
 def test_a_config_error_keeps_its_square_brackets(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -60,9 +157,176 @@ def test_a_config_error_keeps_its_square_brackets(
     assert "unknown setting in [tokenline.worker] of 'bad.toml'" in " ".join(out.split())
 
 
+def test_square_brackets_in_job_data_print_as_written(url: str) -> None:
+    """A key, an argument, an error and a worker id holding "[bold]" or "[x]" are
+    printed as they are stored, in listings and in the job view."""
+    code, out = cli("jobs", "--url", url)
+    assert code == 0
+    assert "[k]" in out
+    assert "[x] boom [bold]not bold[/]" in out
+    code, out = cli("dlq", "list", "--url", url)
+    assert "[x] boom [bold]not bold[/]" in out
+    code, out = cli("job", "--url", url, "3")
+    assert code == 0
+    assert "[bold]hi[/]" in out  # the argument
+    assert "key [k]" in out
+    assert "w-[1]" in out  # the attempt's worker
+    assert out.count("[x] boom [bold]not bold[/]") == 2  # last error, and the attempt's
+    code, out = cli("workers", "--url", url)
+    assert "w-[1]" in out
+
+
 def test_an_error_quoting_user_input_prints_it_as_written() -> None:
     """An error that quotes what the user typed shows it whole, markup-like text and
     all."""
     code, out = cli("enqueue", "--app", "any:app", "t", '{"note": "[bold]x[/]"}')
     assert code == 1
     assert """ARGS must be a JSON array, got '{"note": "[bold]x[/]"}'""" in out
+
+
+# -- 4: tables keep names whole; --json --------------------------------------------------------
+@pytest.mark.parametrize("env", [PIPED, NARROW], ids=["piped", "80 columns"])
+def test_listings_keep_names_whole(url: str, env: dict[str, str | None]) -> None:
+    """Piped, or on a terminal 80 columns wide, queue, task, state and key names appear
+    whole; a long error is cut at a cell's end with "…", never silently."""
+    code, out = cli("jobs", "--url", url, env=env)
+    assert code == 0
+    for name in ("billing", "send_invoice", "succeeded", "invoice:42", "invoice:43"):
+        assert name in out
+    assert "InvoiceError: the" in out
+    assert LONG_ERROR not in out
+    assert "…" in out
+    code, out = cli("queues", "--url", url, env=env)
+    for name in ("billing", "scheduled", "succeeded", "running", "queued", "dead"):
+        assert name in out
+    code, out = cli("job", "--url", url, "2", env=env)
+    assert "send_invoice" in out
+    assert "billing" in out
+    for command in (["jobs"], ["queues"], ["workers"], ["dlq", "list"]):
+        code, out = cli(*command, "--url", url, env=env)
+        assert code == 0
+        assert "billing" in out
+        if env is NARROW:
+            assert max(len(line) for line in out.splitlines()) <= 80, command
+
+
+def test_narrow_terminal_says_which_columns_it_left_out(url: str) -> None:
+    """At 80 columns the jobs listing leaves out its least needed columns and says so,
+    instead of cutting the names."""
+    out = cli("jobs", "--url", url, env=NARROW)[1]
+    assert "not shown, too narrow: token, run at; see --json" in out
+    out = cli("jobs", "--url", url, env=PIPED)[1]
+    assert "run at" in out
+    assert "not shown" not in out
+
+
+def loads(*args: str) -> Any:
+    code, out = cli(*args)
+    assert code == 0, out
+    return json.loads(out)
+
+
+def test_every_listing_prints_json_with_the_stored_data(url: str) -> None:
+    """--json on each listing prints one JSON document with the stored values."""
+    jobs = loads("jobs", "--url", url, "--json")
+    by_id = {j["id"]: j for j in jobs}
+    assert by_id[1]["task"] == "send_invoice"
+    assert by_id[1]["queue"] == "billing"
+    assert by_id[1]["state"] == "succeeded"
+    assert by_id[1]["idempotency_key"] == "invoice:42"
+    assert by_id[1]["args"] == [42]
+    assert by_id[2]["last_error"] == LONG_ERROR
+    assert by_id[3]["args"] == ["[bold]hi[/]"]
+    dead = loads("dlq", "list", "--url", url, "--json")
+    assert sorted(j["id"] for j in dead) == [2, 3]
+    one = loads("job", "--url", url, "--json", "2")
+    assert one["id"] == 2
+    assert one["last_error"] == LONG_ERROR
+    assert [(a["owner"], a["outcome"], a["counted_as"]) for a in one["attempts"]] == [
+        ("w-1", "dead", "attempt")
+    ]
+    queues = loads("queues", "--url", url, "--json")
+    assert queues == [
+        {
+            "queue": "billing",
+            "counts": {
+                "scheduled": 0,
+                "queued": 1,
+                "running": 0,
+                "succeeded": 1,
+                "dead": 2,
+                "cancelled": 0,
+            },
+            "oldest_ready_age": queues[0]["oldest_ready_age"],
+            "paused": False,
+        }
+    ]
+    workers = loads("workers", "--url", url, "--json")
+    assert [(w["id"], w["alive"], w["queues"]) for w in workers] == [("w-[1]", True, ["billing"])]
+    status = loads("status", "--url", url, "--json")
+    assert status["store"] == "ok"
+    assert {n: c["ok"] for n, c in status["channels"].items()} == {
+        "broker": True,
+        "leases": True,
+        "ledger": True,
+    }
+    assert [{**q, "oldest_ready_age": None} for q in status["queues"]] == [
+        {**q, "oldest_ready_age": None} for q in queues
+    ]
+    assert [w["id"] for w in status["workers"]] == ["w-[1]"]
+    assert status["stale_commits"]["total"] == 1
+    assert status["stale_commits"]["recent"][0]["job_id"] == 4
+    audit = loads("audit", "duplicates", "--url", url, "--json")
+    assert (audit["repeats"], audit["stale"]) == (0, 1)
+    assert [(k["key"], k["jobs"], k["workers"]) for k in audit["keys"]] == [
+        ("invoice:44", [4], ["w-2"])
+    ]
+
+
+# -- 5: status says what is true --------------------------------------------------------------
+def test_status_on_a_reachable_postgres_without_the_schema(postgres_server: str) -> None:
+    """A PostgreSQL server that answers but has no tokenline schema (and migrating on
+    open is off) is reported reachable, with the schema not installed and the command
+    that installs it; not as unreachable."""
+    import psycopg
+
+    schema = f"tl_status_{uuid.uuid4().hex[:8]}"
+    u = f"{postgres_server}?schema={schema}"
+    env = {**PIPED, "TOKENLINE_MIGRATE": "0"}
+    try:
+        code, out = cli("status", "--url", u, env=env)
+        assert code == 1
+        assert "UNREACHABLE" not in out
+        assert "reachable" in out
+        flat = " ".join(out.split())
+        assert "not installed" in flat
+        assert "run `tokenline migrate`" in flat
+        code, out = cli("status", "--url", u, "--json", env=env)
+        assert code == 1
+        report = json.loads(out)
+        assert report["store"] == "schema not ready"
+        assert "not installed" in report["error"]
+    finally:
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def test_status_on_a_sqlite_file_that_does_not_exist(tmp_path: Path) -> None:
+    """status on a SQLite path with no file says so and leaves no empty store behind."""
+    missing = tmp_path / "typo.db"
+    code, out = cli("status", "--url", f"sqlite:///{missing}")
+    assert code == 1
+    assert "no store file" in out
+    assert "UNREACHABLE" not in out
+    assert not missing.exists()
+
+
+def test_status_names_its_channels(url: str) -> None:
+    """status reports broker, leases and ledger each, saying what each carries."""
+    code, out = cli("status", "--url", url)
+    assert code == 0
+    for line in ("broker  ok", "leases  ok", "ledger  ok"):
+        assert line in out
+    assert "the queue" in out
+    assert "job ownership" in out
+    assert "effects and fenced writes" in out

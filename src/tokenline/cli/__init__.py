@@ -29,8 +29,10 @@ from ._common import (
 from .audit import audit
 from .bench import bench
 from .demo import demo
+from .dlq import dlq
 from .drill import drill
-from .inspect import dlq, job, jobs, queues, status, workers
+from .inspect import job, jobs, queues, workers
+from .status import status
 
 __all__ = ["main"]
 

@@ -1,4 +1,11 @@
-"""Shared pieces of the command line: app loading, store access, error reporting."""
+"""Shared pieces of the command line: app loading, store access, error reporting, and
+how output is printed.
+
+Anything that came from a user, a config file or the store (names, keys, errors,
+arguments, URLs) is printed as plain text, never read as rich markup: a
+``[tokenline.worker]`` in a message must reach the reader as written. Tables go through
+:func:`show`, which fits them to the terminal without cutting names.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +13,22 @@ import asyncio
 import contextlib
 import datetime as dt
 import importlib
+import json
 import os
 import sys
-from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any, Literal, TypeVar
 
 import click
-from rich.console import Console
+from rich import box
+from rich.cells import cell_len
+from rich.console import Console, JustifyMethod
 from rich.markup import escape
+from rich.segment import Segments
+from rich.table import Table
+from rich.text import Text
 
 from .._app import App
 from .._errors import TokenlineError
@@ -161,3 +176,137 @@ app_option = click.option(
     default=None,
     help="The application as module:attribute, e.g. myproject.jobs:app.",
 )
+
+
+json_option = click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print JSON instead (keys listed above; times in epoch seconds).",
+)
+
+
+def print_json(data: Any) -> None:
+    """``data`` as indented JSON on stdout, with nothing else around it."""
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+#: Free text in a table (errors, arguments) shows at most this many columns, then "…".
+TEXT_WIDTH = 60
+#: Free text gives up columns to the rest down to this width, then "…".
+TEXT_MIN = 10
+#: Columns between two cells: a cell's padding and the separator.
+_GAP = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Col:
+    """A column of a listing, and how its values may bend to fit a narrow terminal.
+
+    ``key``: never cut nor wrapped (ids, names, states, keys, numbers). ``wrap``: may
+    wrap at spaces, never cut (times, lists). ``text``: free text on one line, cut with
+    "…" (errors, arguments). ``optional`` columns (1, 2, …: the order they go in) are
+    left out when the terminal cannot hold the others whole; a line under the table
+    says so. ``0``: always shown.
+    """
+
+    header: str
+    kind: Literal["key", "wrap", "text"] = "key"
+    optional: int = 0
+    justify: JustifyMethod = "left"
+
+
+def output_width() -> int | None:
+    """Columns the output must fit: ``COLUMNS`` when set, else the terminal's; ``None``
+    when it goes to a pipe or a file, where nothing is narrowed."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return console.width if console.is_terminal else None
+
+
+def _cell(value: str | Text, kind: str) -> Text:
+    if isinstance(value, Text):
+        return value
+    # Free text is shown on one line; a traceback's newlines would break the row.
+    return Text(" ".join(value.split()) if kind == "text" else value)
+
+
+def _widest(texts: Iterable[Text], words: bool = False) -> int:
+    parts = (p for t in texts for p in (t.plain.split() if words else t.plain.splitlines()))
+    return max((cell_len(p) for p in parts), default=0)
+
+
+def _widths(col: Col, texts: list[Text]) -> tuple[int, int]:
+    """The column's natural width and the least it may be given."""
+    if col.kind == "text":
+        natural = min(_widest(texts), TEXT_WIDTH)
+        return natural, min(natural, TEXT_MIN)
+    natural = _widest(texts)
+    return natural, _widest(texts, words=True) if col.kind == "wrap" else natural
+
+
+def show(title: str, cols: Sequence[Col], rows: Iterable[Sequence[str | Text]]) -> None:
+    """Print a listing that keeps every key whole.
+
+    Free text shrinks first, then wrapping columns wrap, then optional columns are left
+    out; a table still wider than the terminal is printed wider rather than cut. Cells
+    given as ``str`` are plain text (never markup); pass :class:`Text` to style one.
+    """
+    data = [[_cell(v, c.kind) for v, c in zip(row, cols, strict=True)] for row in rows]
+    headers = [Text(c.header) for c in cols]
+    natural, least = zip(
+        *(_widths(c, [headers[i], *(r[i] for r in data)]) for i, c in enumerate(cols)),
+        strict=True,
+    )
+    shown = list(range(len(cols)))
+    limit = output_width()
+
+    def needed(widths: Sequence[int]) -> int:
+        return sum(widths[i] for i in shown) + _GAP * (len(shown) - 1)
+
+    left_out: list[str] = []
+    while limit is not None and needed(least) > limit:
+        optional = [i for i in shown if cols[i].optional]
+        if not optional:
+            break
+        first = min(optional, key=lambda i: cols[i].optional)
+        shown.remove(first)
+        left_out.append(cols[first].header)
+    widths = list(natural)
+    for kind in ("text", "wrap"):
+        while limit is not None and needed(widths) > limit:
+            able = [i for i in shown if cols[i].kind == kind and widths[i] > least[i]]
+            if not able:
+                break
+            widths[max(able, key=lambda i: widths[i])] -= 1
+    table = Table(
+        title=title,
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for i in shown:
+        c = cols[i]
+        table.add_column(
+            headers[i],
+            width=max(widths[i], 1),
+            justify=c.justify,
+            no_wrap=c.kind != "wrap",
+            overflow="ellipsis" if c.kind == "text" else "fold",
+        )
+    for row in data:
+        table.add_row(*(row[i] for i in shown))
+    width = needed(widths)
+    if width <= console.width:
+        console.print(table)
+    else:  # wider than the console: print every line whole, not cropped at its edge
+        lines = console.render_lines(table, console.options.update_width(width), new_lines=True)
+        console.print(Segments(list(chain.from_iterable(lines))), crop=False, soft_wrap=True)
+    if left_out:
+        console.print(
+            f"(not shown, too narrow: {', '.join(left_out)}; see --json)",
+            highlight=False,
+            markup=False,
+        )

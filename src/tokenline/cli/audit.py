@@ -15,15 +15,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import click
-from rich.table import Table
 
 from .._records import Duplicate, DuplicateKind
 from ..stores import Store
 from ._common import (
+    Col,
     app_option,
     console,
+    json_option,
+    plural,
+    print_json,
     reporting_errors,
     resolve_app,
+    show,
     url_option,
     when,
     with_store,
@@ -107,9 +111,26 @@ def audit() -> None:
     default=None,
     help="Only since then: a duration back from now (30m, 2h, 7d), an ISO time or epoch.",
 )
-@click.option("--limit", type=click.IntRange(1, 1_000_000), default=100_000, show_default=True)
-def duplicates(app_spec: str | None, url: str | None, since: str | None, limit: int) -> None:
-    """Duplicates grouped by key: repeats of completed effects and stale-token refusals."""
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 1_000_000),
+    default=100_000,
+    show_default=True,
+    help="Most duplicate records to read, newest first.",
+)
+@json_option
+def duplicates(
+    app_spec: str | None, url: str | None, since: str | None, limit: int, as_json: bool
+) -> None:
+    """Duplicates grouped by key, the most affected first.
+
+    A repeat is a run of an effect that had already completed; a stale write is one the
+    store refused because its token was no longer current.
+
+    --json: {since (epoch seconds, or null), repeats, stale, keys: a list of {key,
+    repeats, stale, jobs, workers, operations, first, last}} (first and last: epoch
+    seconds; jobs, workers and operations: every one, sorted).
+    """
     if since:
         parse_since(since, 0.0)  # bad input is refused before the store is opened
 
@@ -121,12 +142,30 @@ def duplicates(app_spec: str | None, url: str | None, since: str | None, limit: 
     with reporting_errors():
         start, found = with_store(resolve_app(app_spec, url), gather)
     groups = group_by_key(found)
-    table = Table(
-        "key", "repeats", "stale", "jobs", "workers", "operations", "first", "last",
-        title="duplicates by key",
-    )  # fmt: skip
-    for g in groups:
-        table.add_row(
+    repeats = sum(g.repeats for g in groups)
+    stale = sum(g.stale for g in groups)
+    if as_json:
+        print_json(
+            {
+                "since": start,
+                "repeats": repeats,
+                "stale": stale,
+                "keys": [_group_json(g) for g in groups],
+            }
+        )
+        return
+    cols = [
+        Col("key"),
+        Col("repeats", justify="right"),
+        Col("stale", justify="right"),
+        Col("jobs", "wrap"),
+        Col("workers", "wrap"),
+        Col("operations", "wrap"),
+        Col("first", "wrap", optional=2),
+        Col("last", "wrap", optional=1),
+    ]
+    rows = [
+        [
             g.key,
             str(g.repeats),
             str(g.stale),
@@ -135,13 +174,27 @@ def duplicates(app_spec: str | None, url: str | None, since: str | None, limit: 
             _short(g.operations),
             when(g.first),
             when(g.last),
-        )
-    console.print(table)
-    repeats = sum(g.repeats for g in groups)
-    stale = sum(g.stale for g in groups)
+        ]
+        for g in groups
+    ]
+    show("duplicates by key", cols, rows)
     scope = f" since {when(start)}" if start is not None else ""
     console.print(
-        f"{repeats} duplicate execution(s), {stale} stale write(s) refused, "
-        f"{len(groups)} key(s){scope}",
+        f"{plural(repeats, 'duplicate execution')}, {plural(stale, 'stale write')} refused, "
+        f"{plural(len(groups), 'key')}{scope}",
         highlight=False,
+        markup=False,
     )
+
+
+def _group_json(g: _Group) -> dict[str, Any]:
+    return {
+        "key": g.key,
+        "repeats": g.repeats,
+        "stale": g.stale,
+        "jobs": sorted(g.jobs),
+        "workers": sorted(g.workers),
+        "operations": sorted(g.operations),
+        "first": g.first,
+        "last": g.last,
+    }

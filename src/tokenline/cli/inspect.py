@@ -1,22 +1,32 @@
-"""Read-only views and dead-letter actions: status, queues, workers, jobs, job, dlq."""
+"""Read-only views: queues, workers, jobs, job; and the JSON and tables they share
+with ``status`` and ``dlq``.
+
+Every listing takes ``--json``; its keys are listed in the command's help and are
+stable. Times in JSON are epoch seconds by the store's clock (``null`` when unset);
+ages and durations are seconds.
+"""
 
 from __future__ import annotations
 
-import time
+import json
 from typing import Any
 
 import click
-from rich.table import Table
+from rich.markup import escape
 
-from .._errors import StoreError, TokenlineError
-from .._jobs import JobState
+from .._jobs import Attempt, Job, JobState, QueueStats, StaleCommit, WorkerRecord
+from .._records import Duplicate, EffectRecord
 from ..stores import Store
 from ._common import (
+    Col,
     ago,
     app_option,
     console,
+    json_option,
+    print_json,
     reporting_errors,
     resolve_app,
+    show,
     url_option,
     when,
     with_store,
@@ -33,122 +43,207 @@ _COUNTED = {
 }
 
 
-def _queues_table(stats: list[Any]) -> Table:
-    table = Table("queue", *STATES, "oldest ready", "paused", title="queues")
-    for s in stats:
-        table.add_row(
+# -- JSON ---------------------------------------------------------------------------------
+def _decoded(text: str | None) -> Any:
+    """JSON text as its value; text that is not JSON stays as it is."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def job_json(j: Job) -> dict[str, Any]:
+    """A job for ``--json``: every stored field, its payload decoded."""
+    payload = _decoded(j.args)
+    if isinstance(payload, dict) and set(payload) <= {"args", "kwargs"}:
+        args, kwargs = payload.get("args", []), payload.get("kwargs", {})
+    else:  # written by something other than App.enqueue: shown as stored
+        args, kwargs = payload, {}
+    return {
+        "id": j.id,
+        "queue": j.queue,
+        "task": j.task,
+        "state": j.state.value,
+        "args": args,
+        "kwargs": kwargs,
+        "idempotency_key": j.idempotency_key,
+        "priority": j.priority,
+        "attempt": j.attempt,
+        "max_attempts": j.max_attempts,
+        "lease_expiries": j.lease_expiries,
+        "max_lease_expiries": j.max_lease_expiries,
+        "lease_token": j.lease_token,
+        "lease_owner": j.lease_owner,
+        "lease_expires_at": j.lease_expires_at,
+        "run_at": j.run_at,
+        "created_at": j.created_at,
+        "updated_at": j.updated_at,
+        "finished_at": j.finished_at,
+        "timeout": j.timeout,
+        "last_error": j.last_error,
+        "error_class": j.error_class,
+    }
+
+
+def queue_json(s: QueueStats) -> dict[str, Any]:
+    """A queue's counts for ``--json``."""
+    return {
+        "queue": s.queue,
+        "counts": {st: int(s.counts.get(st, 0)) for st in STATES},
+        "oldest_ready_age": s.oldest_ready_age,
+        "paused": s.paused,
+    }
+
+
+def worker_json(w: WorkerRecord, now: float) -> dict[str, Any]:
+    """A worker's membership for ``--json``, judged alive by ``now`` (the store's clock)."""
+    return {
+        "id": w.id,
+        "host": w.host,
+        "pid": w.pid,
+        "state": w.state,
+        "alive": alive(w, now),
+        "queues": list(w.queues),
+        "concurrency": w.concurrency,
+        "in_flight": w.in_flight,
+        "token": w.token,
+        "started_at": w.started_at,
+        "heartbeat_at": w.heartbeat_at,
+        "expires_at": w.expires_at,
+        "clock_skew": w.clock_skew,
+    }
+
+
+def _attempt_json(a: Attempt) -> dict[str, Any]:
+    return {
+        "attempt": a.attempt,
+        "token": a.token,
+        "owner": a.owner,
+        "started_at": a.started_at,
+        "finished_at": a.finished_at,
+        "outcome": a.outcome,
+        "counted_as": _COUNTED.get(a.outcome or ""),
+        "error": a.error,
+        "error_class": a.error_class,
+    }
+
+
+def _effect_json(e: EffectRecord) -> dict[str, Any]:
+    return {
+        "key": e.key,
+        "status": e.status.value,
+        "result": _decoded(e.result),
+        "error": e.error,
+        "token": e.token,
+        "owner": e.owner,
+        "runs": e.runs,
+        "created_at": e.created_at,
+        "updated_at": e.updated_at,
+        "completed_at": e.completed_at,
+    }
+
+
+def duplicate_json(d: Duplicate) -> dict[str, Any]:
+    """A recorded duplicate for ``--json``."""
+    return {
+        "key": d.key,
+        "kind": d.kind.value,
+        "operation": d.operation,
+        "job_id": d.job_id,
+        "token": d.token,
+        "owner": d.owner,
+        "at": d.at,
+    }
+
+
+def stale_json(r: StaleCommit) -> dict[str, Any]:
+    """A refused stale commit for ``--json``."""
+    return {"job_id": r.job_id, "token": r.token, "owner": r.owner, "operation": r.operation,
+            "at": r.at}  # fmt: skip
+
+
+# -- tables -------------------------------------------------------------------------------
+def show_queues(stats: list[QueueStats]) -> None:
+    """Jobs per queue and state; "cancelled" is the first column a narrow terminal drops."""
+    cols = [
+        Col("queue"),
+        *(Col(st, justify="right", optional=1 if st == "cancelled" else 0) for st in STATES),
+        Col("oldest ready", "wrap", justify="right"),
+        Col("paused"),
+    ]
+    rows = [
+        [
             s.queue,
             *(str(s.counts.get(st, 0)) for st in STATES),
             ago(s.oldest_ready_age),
             "yes" if s.paused else "",
-        )
-    return table
+        ]
+        for s in stats
+    ]
+    show("queues", cols, rows)
 
 
 def _skew(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:+.3f}s"
 
 
-def _live(records: list[Any], now: float) -> list[Any]:
-    return [w for w in records if w.expires_at > now and w.state != "stopped"]
+def alive(w: WorkerRecord, now: float) -> bool:
+    """Whether the worker's membership lease is live by ``now`` (the store's clock)."""
+    return w.expires_at > now and w.state != "stopped"
 
 
-def _workers_table(records: list[Any], now: float) -> Table:
+def live(records: list[WorkerRecord], now: float) -> list[WorkerRecord]:
+    """The workers that are alive by ``now``."""
+    return [w for w in records if alive(w, now)]
+
+
+def show_workers(records: list[WorkerRecord], now: float) -> None:
     """Workers, their membership leases judged by ``now`` (the store's clock)."""
-    table = Table(
-        "worker", "state", "in flight", "queues", "heartbeat", "lease", "token", "clock skew",
-        title="workers",
-    )  # fmt: skip
+    cols = [
+        Col("worker"),
+        Col("state"),
+        Col("in flight", "wrap", justify="right"),
+        Col("queues", "wrap"),
+        Col("heartbeat", "wrap"),
+        Col("lease", "wrap"),
+        Col("token", justify="right", optional=2),
+        Col("clock skew", "wrap", justify="right", optional=1),
+    ]
+    rows = []
     for w in records:
-        alive = w.expires_at > now and w.state != "stopped"
-        lease = f"expires in {ago(w.expires_at - now)}" if alive else "expired"
-        table.add_row(
-            w.id,
-            w.state if alive or w.state == "stopped" else f"{w.state} (lost)",
-            str(w.in_flight),
-            ",".join(w.queues),
-            f"{ago(now - w.heartbeat_at)} ago",
-            lease,
-            str(w.token),
-            _skew(w.clock_skew),
+        up = alive(w, now)
+        rows.append(
+            [
+                w.id,
+                w.state if up or w.state == "stopped" else f"{w.state} (lost)",
+                str(w.in_flight),
+                ", ".join(w.queues),
+                f"{ago(now - w.heartbeat_at)} ago",
+                f"expires in {ago(w.expires_at - now)}" if up else "expired",
+                str(w.token),
+                _skew(w.clock_skew),
+            ]
         )
-    return table
+    show("workers", cols, rows)
 
 
-@click.command()
-@app_option
-@url_option
-def status(app_spec: str | None, url: str | None) -> None:
-    """Which channel is healthy, queue depth and age, workers by state."""
-    app = resolve_app(app_spec, url)
-
-    async def gather(store: Store) -> tuple[Any, ...]:
-        started = time.monotonic()
-        stats = await store.queues_stats()
-        latency = time.monotonic() - started
-        records = await store.workers_list()
-        return latency, stats, records, await store.stale_commits(limit=5), await store.store_time()
-
-    try:
-        latency, stats, records, (stale_total, recent), now = with_store(app, gather)
-    except StoreError as exc:
-        console.print(f"store  [bold red]UNREACHABLE[/]  {app.url}\n  {exc}", highlight=False)
-        raise SystemExit(1) from None
-    except TokenlineError as exc:
-        console.print(f"[bold red]error:[/] {exc}", highlight=False)
-        raise SystemExit(1) from None
-    console.print(f"store  [green]ok[/]  {app.url}  ({latency * 1000:.1f} ms)", highlight=False)
-    console.print(_queues_table(stats))
-    console.print(_workers_table(_live(records, now), now))
-    console.print(f"stale commits refused by the store: {stale_total}", highlight=False)
-    for r in recent:
-        console.print(
-            f"  job {r.job_id} token {r.token} {r.operation} by {r.owner} at {when(r.at)}",
-            highlight=False,
-        )
-
-
-@click.command()
-@app_option
-@url_option
-def queues(app_spec: str | None, url: str | None) -> None:
-    """Jobs per queue and state, oldest ready job, paused queues."""
-    with reporting_errors():
-        stats = with_store(resolve_app(app_spec, url), lambda s: s.queues_stats())
-    console.print(_queues_table(stats))
-
-
-@click.command()
-@app_option
-@url_option
-@click.option("--all", "show_all", is_flag=True, help="Include stopped and expired workers.")
-def workers(app_spec: str | None, url: str | None, show_all: bool) -> None:
-    """Workers with their state, in-flight jobs, membership lease and clock skew (the
-    worker's wall clock minus the store's; leases follow the store's clock)."""
-
-    async def gather(store: Store) -> tuple[list[Any], float]:
-        return await store.workers_list(), await store.store_time()
-
-    with reporting_errors():
-        records, now = with_store(resolve_app(app_spec, url), gather)
-    console.print(_workers_table(records if show_all else _live(records, now), now))
-
-
-def _jobs_table(items: list[Any], title: str) -> Table:
-    table = Table(
-        "id",
-        "queue",
-        "task",
-        "state",
-        "attempt",
-        "token",
-        "key",
-        "run at",
-        "last error",
-        title=title,
-    )
-    for j in items:
-        table.add_row(
+def show_jobs(items: list[Job], title: str) -> None:
+    """A listing of jobs; token and run time give way first on a narrow terminal."""
+    cols = [
+        Col("id", justify="right"),
+        Col("queue"),
+        Col("task"),
+        Col("state"),
+        Col("attempt", justify="right"),
+        Col("token", justify="right", optional=1),
+        Col("key"),
+        Col("run at", "wrap", optional=2),
+        Col("last error", "text"),
+    ]
+    rows = [
+        [
             str(j.id),
             j.queue,
             j.task,
@@ -157,9 +252,61 @@ def _jobs_table(items: list[Any], title: str) -> Table:
             str(j.lease_token),
             j.idempotency_key or "",
             when(j.run_at),
-            (j.last_error or "")[:60],
-        )
-    return table
+            j.last_error or "",
+        ]
+        for j in items
+    ]
+    show(title, cols, rows)
+
+
+# -- listings -----------------------------------------------------------------------------
+@click.command()
+@app_option
+@url_option
+@json_option
+def queues(app_spec: str | None, url: str | None, as_json: bool) -> None:
+    """Jobs per queue and state, the oldest ready job's age, paused queues.
+
+    --json: a list of {queue, counts (one number per state), oldest_ready_age
+    (seconds, or null), paused}.
+    """
+    with reporting_errors():
+        stats = with_store(resolve_app(app_spec, url), lambda s: s.queues_stats())
+    if as_json:
+        print_json([queue_json(s) for s in stats])
+    else:
+        show_queues(stats)
+
+
+@click.command()
+@app_option
+@url_option
+@click.option("--all", "show_all", is_flag=True, help="Include stopped and expired workers.")
+@json_option
+def workers(app_spec: str | None, url: str | None, show_all: bool, as_json: bool) -> None:
+    """Workers with their state, in-flight jobs, lease and clock skew.
+
+    A worker's membership lease follows the store's clock; its clock skew is its wall
+    clock minus the store's, as it measured it.
+
+    --json: a list of {id, host, pid, state, alive, queues, concurrency, in_flight,
+    token, started_at, heartbeat_at, expires_at, clock_skew (seconds, or null)}.
+    """
+
+    async def gather(store: Store) -> tuple[list[WorkerRecord], float]:
+        return await store.workers_list(), await store.store_time()
+
+    with reporting_errors():
+        records, now = with_store(resolve_app(app_spec, url), gather)
+    shown = records if show_all else live(records, now)
+    if as_json:
+        print_json([worker_json(w, now) for w in shown])
+    else:
+        show_workers(shown, now)
+
+
+#: ``--limit`` of the job listings.
+LIMIT_HELP = "Most jobs to list, newest first."
 
 
 @click.command()
@@ -167,11 +314,29 @@ def _jobs_table(items: list[Any], title: str) -> Table:
 @url_option
 @click.option("--state", type=click.Choice(STATES), default=None, help="Only jobs in this state.")
 @click.option("--queue", default=None, help="Only jobs of this queue.")
-@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 10_000),
+    default=50,
+    show_default=True,
+    help=LIMIT_HELP,
+)
+@json_option
 def jobs(
-    app_spec: str | None, url: str | None, state: str | None, queue: str | None, limit: int
+    app_spec: str | None,
+    url: str | None,
+    state: str | None,
+    queue: str | None,
+    limit: int,
+    as_json: bool,
 ) -> None:
-    """List jobs, newest first."""
+    """List jobs, newest first.
+
+    --json: a list of {id, queue, task, state, args, kwargs, idempotency_key,
+    priority, attempt, max_attempts, lease_expiries, max_lease_expiries, lease_token,
+    lease_owner, lease_expires_at, run_at, created_at, updated_at, finished_at, timeout,
+    last_error, error_class}.
+    """
     with reporting_errors():
         items = with_store(
             resolve_app(app_spec, url),
@@ -179,16 +344,79 @@ def jobs(
                 state=JobState(state) if state else None, queue=queue, limit=limit
             ),
         )
-    console.print(_jobs_table(items, "jobs"))
+    if as_json:
+        print_json([job_json(j) for j in items])
+    else:
+        show_jobs(items, "jobs")
+
+
+def _show_job(j: Job, attempts: list[Attempt], effects: list[Any], dups: list[Any]) -> None:
+    def e(value: object) -> str:
+        return escape(str(value))
+
+    console.print(
+        f"job {j.id}  task {e(j.task)}  queue {e(j.queue)}  state [bold]{j.state.value}[/]\n"
+        f"args {e(j.args)}\nkey {e(j.idempotency_key or '-')}  priority {j.priority}  "
+        f"attempt {j.attempt}/{j.max_attempts}  "
+        f"lease expiries {j.lease_expiries}/{j.max_lease_expiries}  token {j.lease_token}\n"
+        f"lease owner {e(j.lease_owner or '-')}  expires {when(j.lease_expires_at)}\n"
+        f"created {when(j.created_at)}  finished {when(j.finished_at)}\n"
+        f"last error {e(j.last_error or '-')} ({e(j.error_class or '-')})",
+        highlight=False,
+    )
+    cols = [
+        Col("attempt", justify="right"),
+        Col("token", justify="right"),
+        Col("worker"),
+        Col("started", "wrap"),
+        Col("finished", "wrap"),
+        Col("outcome"),
+        Col("counted as", "wrap"),
+        Col("class", optional=1),
+        Col("error", "text"),
+    ]
+    rows = [
+        [
+            str(a.attempt),
+            str(a.token),
+            a.owner,
+            when(a.started_at),
+            when(a.finished_at),
+            a.outcome or "running",
+            _COUNTED.get(a.outcome or "", ""),
+            a.error_class or "",
+            a.error or "",
+        ]
+        for a in attempts
+    ]
+    show("attempts", cols, rows)
+    if effects:
+        _show_effects(effects)
+    for d in dups:
+        console.print(
+            f"{d.kind.value} {d.operation} on {d.key!r} by token {d.token} ({d.owner}) "
+            f"at {when(d.at)}",
+            highlight=False,
+            markup=False,
+        )
 
 
 @click.command()
 @app_option
 @url_option
 @click.argument("job_id", type=int)
-def job(app_spec: str | None, url: str | None, job_id: int) -> None:
-    """One job: every attempt (worker, token, start, end, outcome, error class), the
-    ledger effects it wrote and the duplicates recorded against it."""
+@json_option
+def job(app_spec: str | None, url: str | None, job_id: int, as_json: bool) -> None:
+    """One job with its attempts, effects and duplicates.
+
+    Every attempt with its worker, token, start, end, outcome and what it counted
+    toward; the ledger effects the job wrote last; the duplicates recorded against it.
+
+    --json: the keys of `jobs --json`, and attempts (attempt, token, owner, started_at,
+    finished_at, outcome, counted_as, error, error_class), effects (key, status,
+    result, error, token, owner, runs, created_at, updated_at, completed_at) and
+    duplicates (key, kind, operation, job_id, token, owner, at).
+    """
 
     async def gather(store: Store) -> tuple[Any, Any, Any, Any]:
         j = await store.job_get(job_id=job_id)
@@ -201,128 +429,40 @@ def job(app_spec: str | None, url: str | None, job_id: int) -> None:
 
     with reporting_errors():
         j, attempts, effects, dups = with_store(resolve_app(app_spec, url), gather)
-    console.print(
-        f"job {j.id}  task {j.task}  queue {j.queue}  state [bold]{j.state.value}[/]\n"
-        f"args {j.args}\nkey {j.idempotency_key or '-'}  priority {j.priority}  "
-        f"attempt {j.attempt}/{j.max_attempts}  "
-        f"lease expiries {j.lease_expiries}/{j.max_lease_expiries}  token {j.lease_token}\n"
-        f"lease owner {j.lease_owner or '-'}  expires {when(j.lease_expires_at)}\n"
-        f"created {when(j.created_at)}  finished {when(j.finished_at)}\n"
-        f"last error {j.last_error or '-'} ({j.error_class or '-'})",
-        highlight=False,
-    )
-    table = Table(
-        "attempt", "token", "worker", "started", "finished", "outcome", "counted as",
-        "class", "error", title="attempts",
-    )  # fmt: skip
-    for a in attempts:
-        table.add_row(
-            str(a.attempt),
-            str(a.token),
-            a.owner,
-            when(a.started_at),
-            when(a.finished_at),
-            a.outcome or "running",
-            _COUNTED.get(a.outcome or "", ""),
-            a.error_class or "",
-            (a.error or "")[:60],
+    if as_json:
+        print_json(
+            {
+                **job_json(j),
+                "attempts": [_attempt_json(a) for a in attempts],
+                "effects": [_effect_json(x) for x in effects],
+                "duplicates": [duplicate_json(d) for d in dups],
+            }
         )
-    console.print(table)
-    if effects:
-        console.print(_effects_table(effects))
-    for d in dups:
-        console.print(
-            f"{d.kind.value} {d.operation} on {d.key!r} by token {d.token} ({d.owner}) "
-            f"at {when(d.at)}",
-            highlight=False,
-        )
+    else:
+        _show_job(j, attempts, effects, dups)
 
 
-def _effects_table(effects: list[Any]) -> Table:
+def _show_effects(effects: list[EffectRecord]) -> None:
     """Ledger effects last written by the job: key, status, token, runs."""
-    table = Table(
-        "key", "status", "token", "worker", "runs", "completed", "result / error",
-        title="effects (last written by this job)",
-    )  # fmt: skip
-    for e in effects:
-        table.add_row(
+    cols = [
+        Col("key"),
+        Col("status"),
+        Col("token", justify="right"),
+        Col("worker"),
+        Col("runs", justify="right"),
+        Col("completed", "wrap"),
+        Col("result / error", "text"),
+    ]
+    rows = [
+        [
             e.key,
             e.status.value,
             str(e.token),
             e.owner,
             str(e.runs),
             when(e.completed_at),
-            (e.result if e.result is not None else e.error or "")[:60],
-        )
-    return table
-
-
-@click.group()
-def dlq() -> None:
-    """Inspect, retry or discard dead jobs."""
-
-
-@dlq.command("list")
-@app_option
-@url_option
-@click.option("--queue", default=None)
-@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
-def dlq_list(app_spec: str | None, url: str | None, queue: str | None, limit: int) -> None:
-    """Dead jobs, newest first, with the reason."""
-    with reporting_errors():
-        items = with_store(
-            resolve_app(app_spec, url),
-            lambda s: s.jobs_list(state=JobState.DEAD, queue=queue, limit=limit),
-        )
-    console.print(_jobs_table(items, "dead jobs"))
-
-
-def _dead_ids(store: Store, ids: tuple[int, ...], take_all: bool) -> Any:
-    async def pick() -> list[int]:
-        if take_all:
-            return [j.id for j in await store.jobs_list(state=JobState.DEAD, limit=1_000_000)]
-        return list(ids)
-
-    return pick()
-
-
-@dlq.command("retry")
-@app_option
-@url_option
-@click.argument("job_ids", nargs=-1, type=int)
-@click.option("--all", "take_all", is_flag=True, help="Every dead job.")
-def dlq_retry(
-    app_spec: str | None, url: str | None, job_ids: tuple[int, ...], take_all: bool
-) -> None:
-    """Move dead jobs back to the queue with a fresh attempt budget."""
-    if not job_ids and not take_all:
-        raise click.UsageError("give job ids or --all")
-
-    async def run(store: Store) -> int:
-        return await store.jobs_retry_dead(job_ids=await _dead_ids(store, job_ids, take_all))
-
-    with reporting_errors():
-        n = with_store(resolve_app(app_spec, url), run)
-    console.print(f"requeued {n} dead job(s)")
-
-
-@dlq.command("discard")
-@app_option
-@url_option
-@click.argument("job_ids", nargs=-1, type=int)
-@click.option("--all", "take_all", is_flag=True, help="Every dead job.")
-def dlq_discard(
-    app_spec: str | None, url: str | None, job_ids: tuple[int, ...], take_all: bool
-) -> None:
-    """Mark dead jobs cancelled (kept for the record, never run again)."""
-    if not job_ids and not take_all:
-        raise click.UsageError("give job ids or --all")
-
-    async def run(store: Store) -> int:
-        ids = await _dead_ids(store, job_ids, take_all)
-        dead = [i for i in ids if (await store.job_get(job_id=i)).state is JobState.DEAD]
-        return await store.jobs_cancel(job_ids=dead, reason="discarded from the dead-letter queue")
-
-    with reporting_errors():
-        n = with_store(resolve_app(app_spec, url), run)
-    console.print(f"discarded {n} dead job(s)")
+            e.result if e.result is not None else e.error or "",
+        ]
+        for e in effects
+    ]
+    show("effects (last written by this job)", cols, rows)
