@@ -133,10 +133,10 @@ def test_counts_in_messages_read_as_prose(url: str) -> None:
     """Counts agree with their nouns ("requeued 1 dead job", "1 stale write", "1 key"),
     and no message hedges with "(s)"."""
     outputs = [cli("dlq", "retry", "--url", url, "2"), cli("audit", "duplicates", "--url", url)]
-    assert "requeued 1 dead job" in outputs[0][1]
+    assert "requeued 1 dead job: 2" in outputs[0][1]
     assert "0 duplicate executions, 1 stale write refused, 1 key" in outputs[1][1]
     outputs.append(cli("dlq", "discard", "--url", url, "3"))
-    assert "discarded 1 dead job" in outputs[2][1]
+    assert "discarded 1 dead job: 3" in outputs[2][1]
     for _code, out in outputs:
         assert "(s)" not in out
 
@@ -330,3 +330,29 @@ def test_status_names_its_channels(url: str) -> None:
     assert "the queue" in out
     assert "job ownership" in out
     assert "effects and fenced writes" in out
+
+
+# -- 6: dlq retry / discard name what they could not do ------------------------------------
+def test_dlq_retry_names_each_id_it_cannot_requeue(url: str) -> None:
+    """dlq retry of a missing job and of a succeeded one names each with the reason and
+    exits 1; the dead job given with them is still requeued."""
+    code, out = cli("dlq", "retry", "--url", url, "99999", "1", "2")
+    assert code == 1
+    assert "requeued 1 dead job: 2" in out
+    assert "not requeued: job 99999: no such job" in out
+    assert "not requeued: job 1: not dead: its state is succeeded" in out
+    assert job_state(url, 2) is JobState.QUEUED
+    code, out = cli("dlq", "retry", "--url", url, "99999")
+    assert code == 1
+    assert "requeued 0 dead jobs" in out
+
+
+def test_dlq_discard_names_each_id_it_cannot_discard(url: str) -> None:
+    """dlq discard does the same: the dead one is discarded, the others are named."""
+    code, out = cli("dlq", "discard", "--url", url, "4", "3", "12345")
+    assert code == 1
+    assert "discarded 1 dead job: 3" in out
+    assert "not discarded: job 4: not dead: its state is queued" in out
+    assert "not discarded: job 12345: no such job" in out
+    assert job_state(url, 3) is JobState.CANCELLED
+    assert job_state(url, 4) is JobState.QUEUED

@@ -1,16 +1,18 @@
-"""``tokenline dlq``: list, retry or discard dead jobs."""
+"""``tokenline dlq``: list, retry or discard dead jobs, naming each id not acted on."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import click
 
+from .._errors import JobNotFoundError
 from .._jobs import JobState
 from ..stores import Store
 from ._common import (
     app_option,
     console,
+    err_console,
     json_option,
     plural,
     print_json,
@@ -59,13 +61,64 @@ def dlq_list(
         show_jobs(items, "dead jobs")
 
 
-def _dead_ids(store: Store, ids: tuple[int, ...], take_all: bool) -> Any:
-    async def pick() -> list[int]:
-        if take_all:
-            return [j.id for j in await store.jobs_list(state=JobState.DEAD, limit=1_000_000)]
-        return list(ids)
+async def _sort_out(
+    store: Store, ids: tuple[int, ...], take_all: bool
+) -> tuple[list[int], list[tuple[int, str]]]:
+    """The dead jobs among ``ids`` (every dead job with ``take_all``), and each other id
+    with the reason it cannot be acted on."""
+    if take_all:
+        return [j.id for j in await store.jobs_list(state=JobState.DEAD, limit=1_000_000)], []
+    dead: list[int] = []
+    refused: list[tuple[int, str]] = []
+    for jid in dict.fromkeys(ids):  # each id once, in the order given
+        try:
+            state = (await store.job_get(job_id=jid)).state
+        except JobNotFoundError:
+            refused.append((jid, "no such job"))
+            continue
+        if state is JobState.DEAD:
+            dead.append(jid)
+        else:
+            refused.append((jid, f"not dead: its state is {state.value}"))
+    return dead, refused
 
-    return pick()
+
+def _act_on_dead(
+    app_spec: str | None,
+    url: str | None,
+    job_ids: tuple[int, ...],
+    take_all: bool,
+    act: Callable[[Store, list[int]], Awaitable[int]],
+) -> tuple[int, list[int], list[tuple[int, str]]]:
+    """Sort the ids out, act on the dead ones; how many were acted on, and the rest."""
+    if not job_ids and not take_all:
+        raise click.UsageError("give job ids or --all")
+
+    async def run(store: Store) -> tuple[int, list[int], list[tuple[int, str]]]:
+        dead, refused = await _sort_out(store, job_ids, take_all)
+        done = await act(store, dead) if dead else 0
+        return done, dead, refused
+
+    with reporting_errors():
+        return with_store(resolve_app(app_spec, url), run)
+
+
+def _report_dead(verb: str, done: int, dead: list[int], refused: list[tuple[int, str]]) -> None:
+    """Say what was done and what was not; exit 1 when any id was not acted on."""
+    # Name the jobs when there are few; after --all, the count says enough.
+    ids = f": {', '.join(map(str, dead))}" if 0 < done == len(dead) <= 20 else ""
+    console.print(f"{verb} {plural(done, 'dead job')}{ids}", highlight=False)
+    for jid, why in refused:
+        err_console.print(f"not {verb}: job {jid}: {why}", highlight=False, markup=False)
+    if done < len(dead):
+        err_console.print(
+            f"not {verb}: {plural(len(dead) - done, 'job')} left the dead-letter queue "
+            "while this ran",
+            highlight=False,
+            markup=False,
+        )
+    if refused or done < len(dead):
+        raise SystemExit(1)
 
 
 @dlq.command("retry")
@@ -80,17 +133,14 @@ def dlq_retry(
 
     The budget is reset, not extended: a retried job's next run is attempt 1 of its
     own max_attempts, and its lease expiries count from 0 again. Its earlier attempts
-    stay in its history, and its fencing token keeps increasing.
+    stay in its history, and its fencing token keeps increasing. Each id that is not a
+    dead job is named with the reason (no such job, or its state) and the exit status
+    is 1; the dead ones among the ids are still requeued.
     """
-    if not job_ids and not take_all:
-        raise click.UsageError("give job ids or --all")
-
-    async def run(store: Store) -> int:
-        return await store.jobs_retry_dead(job_ids=await _dead_ids(store, job_ids, take_all))
-
-    with reporting_errors():
-        n = with_store(resolve_app(app_spec, url), run)
-    console.print(f"requeued {plural(n, 'dead job')}", highlight=False)
+    done, dead, refused = _act_on_dead(
+        app_spec, url, job_ids, take_all, lambda s, ids: s.jobs_retry_dead(job_ids=ids)
+    )
+    _report_dead("requeued", done, dead, refused)
 
 
 @dlq.command("discard")
@@ -101,15 +151,16 @@ def dlq_retry(
 def dlq_discard(
     app_spec: str | None, url: str | None, job_ids: tuple[int, ...], take_all: bool
 ) -> None:
-    """Cancel dead jobs: kept for the record, never run again."""
-    if not job_ids and not take_all:
-        raise click.UsageError("give job ids or --all")
+    """Cancel dead jobs: kept for the record, never run again.
 
-    async def run(store: Store) -> int:
-        ids = await _dead_ids(store, job_ids, take_all)
-        dead = [i for i in ids if (await store.job_get(job_id=i)).state is JobState.DEAD]
-        return await store.jobs_cancel(job_ids=dead, reason="discarded from the dead-letter queue")
-
-    with reporting_errors():
-        n = with_store(resolve_app(app_spec, url), run)
-    console.print(f"discarded {plural(n, 'dead job')}", highlight=False)
+    Each id that is not a dead job is named with the reason (no such job, or its
+    state) and the exit status is 1; the dead ones among the ids are still discarded.
+    """
+    done, dead, refused = _act_on_dead(
+        app_spec,
+        url,
+        job_ids,
+        take_all,
+        lambda s, ids: s.jobs_cancel(job_ids=ids, reason="discarded from the dead-letter queue"),
+    )
+    _report_dead("discarded", done, dead, refused)
