@@ -242,6 +242,7 @@ def test_every_listing_prints_json_with_the_stored_data(url: str) -> None:
     one = loads("job", "--url", url, "--json", "2")
     assert one["id"] == 2
     assert one["last_error"] == LONG_ERROR
+    assert one["earlier_attempts"] == 0
     assert [(a["owner"], a["outcome"], a["counted_as"]) for a in one["attempts"]] == [
         ("w-1", "dead", "attempt")
     ]
@@ -356,3 +357,32 @@ def test_dlq_discard_names_each_id_it_cannot_discard(url: str) -> None:
     assert "not discarded: job 12345: no such job" in out
     assert job_state(url, 3) is JobState.CANCELLED
     assert job_state(url, 4) is JobState.QUEUED
+
+
+# -- 7: a DLQ retry resets the budget, and the job view says so -----------------------------
+def test_a_job_retried_from_the_dlq_shows_its_fresh_budget(tmp_path: Path) -> None:
+    """A job that used its 3 attempts and was retried from the DLQ runs as attempt 1/3,
+    and the job view says it was retried and how many attempts came before."""
+    u = f"sqlite:///{tmp_path / 'budget.db'}"
+    app = task_app(u)
+
+    async def fail_three_times(store: Store) -> int:
+        (jid,) = await store.jobs_enqueue(jobs=[app.build_job("send_invoice", [1])])
+        for _ in range(2):
+            (c,) = await store.jobs_claim(owner="w-1", queues=["billing"], limit=1, ttl=30)
+            await store.job_retry(lease=c.lease, delay=0, error="timeout")
+        (c,) = await store.jobs_claim(owner="w-1", queues=["billing"], limit=1, ttl=30)
+        await store.job_dead(lease=c.lease, error="gave up")
+        return jid
+
+    jid = store_run(u, fail_three_times)
+    assert cli("dlq", "retry", "--url", u, str(jid))[0] == 0
+
+    async def claim(store: Store) -> None:
+        await store.jobs_claim(owner="w-2", queues=["billing"], limit=1, ttl=30)
+
+    store_run(u, claim)
+    code, out = cli("job", "--url", u, str(jid))
+    assert code == 0
+    assert "attempt 1/3 (retried from the DLQ; 3 earlier attempts)" in out
+    assert loads("job", "--url", u, "--json", str(jid))["earlier_attempts"] == 3

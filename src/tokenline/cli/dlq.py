@@ -133,9 +133,10 @@ def dlq_retry(
 
     The budget is reset, not extended: a retried job's next run is attempt 1 of its
     own max_attempts, and its lease expiries count from 0 again. Its earlier attempts
-    stay in its history, and its fencing token keeps increasing. Each id that is not a
-    dead job is named with the reason (no such job, or its state) and the exit status
-    is 1; the dead ones among the ids are still requeued.
+    stay in its history (`tokenline job ID` says how many), and its fencing token keeps
+    increasing. Each id that is not a dead job is named with the reason (no such job,
+    or its state) and the exit status is 1; the dead ones among the ids are still
+    requeued.
     """
     done, dead, refused = _act_on_dead(
         app_spec, url, job_ids, take_all, lambda s, ids: s.jobs_retry_dead(job_ids=ids)

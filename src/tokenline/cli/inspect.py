@@ -23,6 +23,7 @@ from ._common import (
     app_option,
     console,
     json_option,
+    plural,
     print_json,
     reporting_errors,
     resolve_app,
@@ -41,6 +42,8 @@ _COUNTED = {
     "lease_expired": "lease expiry",
     "release": "nothing (given back)",
 }
+#: Outcomes whose attempt stays counted in ``Job.attempt`` (``None``: still running).
+_KEPT = {None, "succeeded", "retry", "dead"}
 
 
 # -- JSON ---------------------------------------------------------------------------------
@@ -350,14 +353,32 @@ def jobs(
         show_jobs(items, "jobs")
 
 
+def earlier_attempts(job: Job, attempts: list[Attempt]) -> int:
+    """Attempts that counted before the job's last retry from the dead-letter queue.
+
+    A DLQ retry starts the job on a fresh budget (attempt 0), so the attempts that
+    counted in its history, less the ones its budget holds now, are the earlier ones.
+    """
+    kept = sum(1 for a in attempts if a.outcome in _KEPT)
+    return max(0, kept - job.attempt)
+
+
+def _attempt_line(j: Job, earlier: int) -> str:
+    line = f"attempt {j.attempt}/{j.max_attempts}"
+    if earlier:
+        line += f" (retried from the DLQ; {plural(earlier, 'earlier attempt')})"
+    return line
+
+
 def _show_job(j: Job, attempts: list[Attempt], effects: list[Any], dups: list[Any]) -> None:
     def e(value: object) -> str:
         return escape(str(value))
 
+    earlier = earlier_attempts(j, attempts)
     console.print(
         f"job {j.id}  task {e(j.task)}  queue {e(j.queue)}  state [bold]{j.state.value}[/]\n"
         f"args {e(j.args)}\nkey {e(j.idempotency_key or '-')}  priority {j.priority}  "
-        f"attempt {j.attempt}/{j.max_attempts}  "
+        f"{_attempt_line(j, earlier)}  "
         f"lease expiries {j.lease_expiries}/{j.max_lease_expiries}  token {j.lease_token}\n"
         f"lease owner {e(j.lease_owner or '-')}  expires {when(j.lease_expires_at)}\n"
         f"created {when(j.created_at)}  finished {when(j.finished_at)}\n"
@@ -411,8 +432,11 @@ def job(app_spec: str | None, url: str | None, job_id: int, as_json: bool) -> No
 
     Every attempt with its worker, token, start, end, outcome and what it counted
     toward; the ledger effects the job wrote last; the duplicates recorded against it.
+    After a retry from the dead-letter queue the job has a fresh budget and the
+    attempt line says how many attempts came before it.
 
-    --json: the keys of `jobs --json`, and attempts (attempt, token, owner, started_at,
+    --json: the keys of `jobs --json`, and earlier_attempts (attempts that counted
+    before its last DLQ retry), attempts (attempt, token, owner, started_at,
     finished_at, outcome, counted_as, error, error_class), effects (key, status,
     result, error, token, owner, runs, created_at, updated_at, completed_at) and
     duplicates (key, kind, operation, job_id, token, owner, at).
@@ -433,6 +457,7 @@ def job(app_spec: str | None, url: str | None, job_id: int, as_json: bool) -> No
         print_json(
             {
                 **job_json(j),
+                "earlier_attempts": earlier_attempts(j, attempts),
                 "attempts": [_attempt_json(a) for a in attempts],
                 "effects": [_effect_json(x) for x in effects],
                 "duplicates": [duplicate_json(d) for d in dups],
