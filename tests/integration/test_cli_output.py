@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner
 from rich.console import Console
@@ -386,3 +388,48 @@ def test_a_job_retried_from_the_dlq_shows_its_fresh_budget(tmp_path: Path) -> No
     assert code == 0
     assert "attempt 1/3 (retried from the DLQ; 3 earlier attempts)" in out
     assert loads("job", "--url", u, "--json", str(jid))["earlier_attempts"] == 3
+
+
+# -- help ---------------------------------------------------------------------------------------
+def walk(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[str, click.Command]]:
+    """Every command under ``group``, named as typed."""
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        assert cmd is not None
+        yield " ".join((*path, name)), cmd
+        if isinstance(cmd, click.Group):
+            yield from walk(cmd, (*path, name))
+
+
+COMMANDS = dict(walk(main))
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_each_command_has_a_whole_summary_and_every_option_its_help(name: str) -> None:
+    """A command's summary is a whole sentence (not cut at "(e.g." or with "..."), and
+    each of its options says what it does."""
+    cmd = COMMANDS[name]
+    summary = cmd.get_short_help_str(limit=sys.maxsize)
+    assert summary.endswith("."), summary
+    assert not summary.endswith(("...", "e.g.", "i.e.")), summary
+    assert summary.count("(") == summary.count(")"), summary
+    lacking = [
+        p.name
+        for p in cmd.params
+        if isinstance(p, click.Option) and not p.hidden and not (p.help or "").strip()
+    ]
+    assert lacking == [], f"{name}: options without help: {lacking}"
+
+
+@pytest.mark.parametrize("group", ["", "dlq", "audit"])
+def test_command_listings_are_never_cut(group: str) -> None:
+    """`tokenline --help` (and each group's) lists every summary whole at 80 columns."""
+    code, out = cli(*group.split(), "--help", env=NARROW)
+    assert code == 0
+    commands = out.split("Commands:")[1]
+    assert "..." not in commands
+    names = [n for n in COMMANDS if n.startswith(group) and n.count(" ") == bool(group)]
+    for name in names:
+        summary = " ".join(COMMANDS[name].get_short_help_str(limit=sys.maxsize).split())
+        assert summary in " ".join(commands.split())

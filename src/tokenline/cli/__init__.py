@@ -19,6 +19,7 @@ from .._errors import InvalidInputError, QueueNameError
 from ..stores import store_from_url
 from ..worker import run_worker
 from ._common import (
+    CommandGroup,
     app_option,
     console,
     reporting_errors,
@@ -37,7 +38,10 @@ from .status import status
 __all__ = ["main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=CommandGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(package_name="tokenline")
 def main() -> None:
     """tokenline: a job queue whose workers stay safe when coordination fails partly."""
@@ -166,7 +170,11 @@ def enqueue(
     delay: float | None,
     queue: str | None,
 ) -> None:
-    """Enqueue TASK with ARGS, a JSON array (e.g. '[42, "eur"]'); print the job id."""
+    """Enqueue a job of TASK and print its id.
+
+    ARGS is a JSON array of positional arguments, such as '[42, "eur"]' (default: none);
+    --kwargs a JSON object of keyword arguments. The task must be registered by --app.
+    """
     if not app_spec:
         raise click.UsageError("--app (or TOKENLINE_APP) is required to check the task name")
     with reporting_errors():

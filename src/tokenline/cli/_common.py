@@ -178,6 +178,25 @@ app_option = click.option(
 )
 
 
+class CommandGroup(click.Group):
+    """A command group whose listing shows each command's first sentence whole.
+
+    Click cuts a summary to fit one line at the terminal's width; here it wraps
+    instead, so no summary ends in "...".
+    """
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands with their summaries, wrapped rather than cut."""
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(limit=sys.maxsize)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
 json_option = click.option(
     "--json",
     "as_json",

@@ -20,6 +20,7 @@ from .._records import Duplicate, DuplicateKind
 from ..stores import Store
 from ._common import (
     Col,
+    CommandGroup,
     app_option,
     console,
     json_option,
@@ -98,7 +99,7 @@ def _short(items: set[str] | set[int], limit: int = 3) -> str:
     return ", ".join(shown[:limit]) + more
 
 
-@click.group()
+@click.group(cls=CommandGroup)
 def audit() -> None:
     """Audit the ledger: duplicate executions and refused stale writes."""
 

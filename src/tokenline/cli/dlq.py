@@ -10,6 +10,7 @@ from .._errors import JobNotFoundError
 from .._jobs import JobState
 from ..stores import Store
 from ._common import (
+    CommandGroup,
     app_option,
     console,
     err_console,
@@ -26,7 +27,7 @@ from .inspect import LIMIT_HELP, job_json, show_jobs
 __all__ = ["dlq"]
 
 
-@click.group()
+@click.group(cls=CommandGroup)
 def dlq() -> None:
     """Inspect, retry or discard dead jobs."""
 
