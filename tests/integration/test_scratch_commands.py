@@ -10,6 +10,8 @@ import os
 import re
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,3 +103,94 @@ def test_a_failed_demo_keeps_its_logs_and_says_where(
     kept = Path(found.group(1))
     assert (kept / "worker-0.log").read_text() == "a worker's last words\n"
     assert list(tmp_path.iterdir()) == [kept]
+
+
+@pytest.mark.acceptance
+def test_bench_ignores_tokenline_url_and_leaves_nothing(sandbox: Sandbox) -> None:
+    """bench measures on a SQLite file of its own and removes it; it prints the machine's
+    core count and load average with the figures."""
+    result = sandbox.tokenline("bench", "--jobs", "100", "--workers", "1", "--latency-samples", "3")
+    assert result.returncode == 0, _explain(result)
+    assert "throughput: 100 no-op jobs" in result.stdout
+    assert f"machine: {os.cpu_count()} cores, load average (1/5/15 min) " in result.stdout
+    assert "left behind" not in result.stdout
+    assert sandbox.left() == []
+
+
+@pytest.mark.acceptance
+def test_bench_keep_says_where_the_store_is(sandbox: Sandbox) -> None:
+    """With --keep the store stays, and the output names it."""
+    result = sandbox.tokenline(
+        "bench", "--jobs", "100", "--workers", "1", "--latency-samples", "0", "--keep"
+    )
+    assert result.returncode == 0, _explain(result)
+    found = re.search(r"left behind: (\S+) \(kept: --keep\)", result.stdout)
+    assert found, result.stdout
+    kept = Path(found.group(1))
+    assert kept.parent == sandbox.tmp
+    assert (kept / "tokenline_bench.db").is_file()
+    assert sandbox.left() == [str(kept)]
+
+
+def _schemas(url: str, like: str) -> set[str]:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", (like,))
+        return {r[0] for r in rows.fetchall()}
+
+
+def _default_schema_bench_jobs(url: str) -> int:
+    """bench's jobs in the default ``tokenline`` schema, where it used to enqueue them."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        if conn.execute("SELECT to_regclass('tokenline.jobs')").fetchone() == (None,):
+            return 0
+        row = conn.execute("SELECT count(*) FROM tokenline.jobs WHERE task = 'bench.noop'")
+        return int(row.fetchone()[0])  # type: ignore[index]
+
+
+@pytest.fixture
+def env_schema(postgres_server: str) -> Iterator[str]:
+    """A PostgreSQL URL in TOKENLINE_URL whose schema must never be created."""
+    schema = f"tokenline_env_{uuid.uuid4().hex[:8]}"
+    yield f"{postgres_server}?schema={schema}"
+    assert _schemas(postgres_server, schema) == set()
+
+
+@pytest.mark.acceptance
+@pytest.mark.postgres
+@pytest.mark.parametrize("keep", [False, True])
+def test_bench_on_postgres_runs_in_a_fresh_schema_of_its_own(
+    sandbox: Sandbox, postgres_server: str, env_schema: str, keep: bool
+) -> None:
+    """bench on PostgreSQL counts only its own jobs, in a fresh ``tokenline_bench_…``
+    schema: dropped afterwards, or kept and named with --keep. It used to enqueue into
+    the default schema, count earlier runs' jobs and leave them there."""
+    before = _default_schema_bench_jobs(postgres_server)
+    result = subprocess.run(
+        [sys.executable, "-m", "tokenline", "bench", "--url", postgres_server,
+         "--jobs", "100", "--workers", "1", "--latency-samples", "0",
+         *(["--keep"] if keep else [])],
+        env={**os.environ, "TMPDIR": str(sandbox.tmp), "TOKENLINE_URL": env_schema},
+        cwd=sandbox.cwd, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, _explain(result)
+    found = re.search(r"schema=(tokenline_bench_[0-9a-f]{8})\b", result.stdout)
+    assert found, result.stdout
+    schema = found.group(1)
+    try:
+        assert _default_schema_bench_jobs(postgres_server) == before
+        if keep:
+            assert f"left behind: PostgreSQL schema {schema} (kept: --keep)" in result.stdout
+            assert _schemas(postgres_server, schema) == {schema}
+        else:
+            assert "left behind" not in result.stdout
+            assert _schemas(postgres_server, schema) == set()
+        assert sandbox.left() == []
+    finally:
+        import psycopg
+
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

@@ -1,6 +1,12 @@
 """``tokenline bench``: bulk enqueue rate, no-op throughput and pickup latency.
 
-Phases, each reported with the machine's core count:
+Each run measures only its own jobs, on a scratch store of its own
+(:mod:`tokenline.drill._scratch`): a SQLite file in a fresh temporary directory, or a
+fresh ``tokenline_bench_…`` schema on the PostgreSQL server ``--url`` names; it is
+removed afterwards unless ``--keep``. ``TOKENLINE_URL`` is not read. The figures are
+printed with the machine's core count and load average.
+
+Phases:
 
 1. bulk enqueue of ``--jobs`` no-op jobs (after ``--backlog`` jobs already queued);
 2. throughput: worker processes start against a paused queue, so start-up is not
@@ -17,22 +23,22 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import click
 
 from .._app import App
+from .._errors import ConfigError
 from .._jobs import JobState
+from ..drill._scratch import scratch_for
 from ..stores import Store
 from ._common import console
 
 QUEUE = "bench"
 
 
-def bench_app(url: str) -> App:
-    """An app with the benchmark's no-op task."""
+def bench_app(url: str | None) -> App:
+    """An app with the benchmark's no-op task (``None``: the URL from the environment)."""
     app = App(url)
 
     @app.task(name="bench.noop", queue=QUEUE)
@@ -42,7 +48,8 @@ def bench_app(url: str) -> App:
     return app
 
 
-app = bench_app(os.environ.get("TOKENLINE_URL", "sqlite:///tokenline-bench.db"))
+#: The workers' app: ``tokenline bench`` hands them its scratch store in TOKENLINE_URL.
+app = bench_app(None)
 
 
 def _enqueue(a: App, n: int, chunk: int = 10_000) -> float:
@@ -79,8 +86,23 @@ def _latency(a: App, samples: int) -> list[float]:
     return delays
 
 
+def _load() -> str:
+    """The load average over 1, 5 and 15 minutes."""
+    try:
+        return " ".join(f"{n:.2f}" for n in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
 @click.command()
-@click.option("--url", default=None, help="Store URL [default: a fresh SQLite file].")
+@click.option(
+    "--url",
+    default=None,
+    help="postgresql://… (a fresh schema, tokenline_bench_…, dropped afterwards) or "
+    "sqlite:///file (recreated, left in place). Default: a SQLite file in a temporary "
+    "directory, removed afterwards. TOKENLINE_URL is not read.",
+)
+@click.option("--keep", is_flag=True, help="Keep the store afterwards, and print where.")
 @click.option("--jobs", type=click.IntRange(100), default=20_000, show_default=True)
 @click.option(
     "--backlog",
@@ -100,14 +122,41 @@ def _latency(a: App, samples: int) -> list[float]:
     help="With --backlog: seconds of processing to count.",
 )
 def bench(
-    url: str | None, jobs: int, backlog: int, workers: int, concurrency: int,
+    url: str | None, keep: bool, jobs: int, backlog: int, workers: int, concurrency: int,
     latency_samples: int, window: float,
 ) -> None:  # fmt: skip
-    """Measure bulk enqueue, no-op throughput with worker processes, and pickup latency."""
-    if url is None:
-        url = f"sqlite:///{Path(tempfile.mkdtemp(prefix='tokenline-bench-')) / 'bench.db'}"
+    """Measure bulk enqueue, no-op throughput with worker processes, and pickup latency.
+
+    Runs on its own fresh store, only the one --url names (never TOKENLINE_URL), and
+    removes it afterwards unless --keep."""
+    try:
+        scratch = scratch_for(url, keep=keep, prefix="tokenline_bench")
+    except ConfigError as exc:
+        raise click.BadParameter(exc.reason, param_hint="--url") from None
+    load_before = _load()
+    console.print(f"store: {scratch.url}", highlight=False, soft_wrap=True)
+    try:
+        scratch.prepare({})
+        _measure(
+            scratch.url, jobs, backlog, workers, concurrency, latency_samples, window,
+        )  # fmt: skip
+    finally:
+        kept = scratch.cleanup()
+    console.print(
+        f"machine: {os.cpu_count()} cores, load average (1/5/15 min) {load_before} before "
+        f"the run, {_load()} after",
+        highlight=False,
+        soft_wrap=True,
+    )
+    for line in kept:
+        console.print(f"left behind: {line}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _measure(
+    url: str, jobs: int, backlog: int, workers: int, concurrency: int, latency_samples: int,
+    window: float,
+) -> None:  # fmt: skip
     a = bench_app(url)
-    cores = os.cpu_count()
     a.run(lambda s: s.queue_pause(queue=QUEUE))  # also opens the store: not timed
     if backlog:
         took = _enqueue(a, backlog)
@@ -162,4 +211,3 @@ def bench(
         for p in procs:
             p.wait(timeout=60)
         a.close()
-    console.print(f"machine: {cores} cores; store {url.split('?')[0]}", highlight=False)
