@@ -340,6 +340,37 @@ async def test_stats_count_states_and_oldest_age(store: Any, clock: FakeClock) -
     assert s.oldest_ready_age == pytest.approx(4)
 
 
+async def test_depth_counts_unfinished_jobs_per_queue_task_and_state(
+    store: Any, clock: FakeClock
+) -> None:
+    """Depth counts queued, scheduled and running jobs per queue and task; a scheduled
+    job whose time has come counts as queued; finished jobs are left out."""
+    from tokenline.stores.base import Depth
+
+    assert await store.jobs_depth() == []
+    await store.jobs_enqueue(
+        jobs=[
+            new("a"),
+            new("a"),
+            new("b"),
+            new("a", run_at=clock.now() + 5),
+            new("a", run_at=clock.now() + 60),
+            new("c", queue="other"),
+        ]
+    )
+    done, running = await store.jobs_claim(owner="w", queues=Q, limit=2, ttl=30)
+    await store.job_complete(lease=done.lease)
+    clock.advance(10)
+    assert await store.jobs_depth() == [
+        Depth("default", "a", "queued", 1),
+        Depth("default", "a", "running", 1),
+        Depth("default", "a", "scheduled", 1),
+        Depth("default", "b", "queued", 1),
+        Depth("other", "c", "queued", 1),
+    ]
+    assert running.job.task == "a"
+
+
 def _record(wid: str = "w-1") -> WorkerRecord:
     return WorkerRecord(wid, "host", 1, ("default",), 4, "ready", 0, 0.0, 0.0, 0.0)
 

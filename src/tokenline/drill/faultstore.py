@@ -76,7 +76,7 @@ from .._jobs import (
     WorkerRecord,
 )
 from .._records import Duplicate, EffectBegin, EffectRecord, Fence
-from ..stores.base import FencedTransaction, ResourceLease, Store
+from ..stores.base import Depth, FencedTransaction, ResourceLease, Store
 from ._spec import check_number
 from .storefaults import FaultFile, InjectedFaultError, Role, RoleFaults, StoreFaults, role_of
 
@@ -343,6 +343,10 @@ class FaultStore(Store):
     async def queues_stats(self) -> list[QueueStats]:
         """The inner store's, with the broker role's faults."""
         return await self._run("queues_stats", self.inner.queues_stats)
+
+    async def jobs_depth(self) -> list[Depth]:
+        """The inner store's, with the broker role's faults."""
+        return await self._run("jobs_depth", self.inner.jobs_depth)
 
     async def job_get(self, *, job_id: int) -> Job:
         """The inner store's, with the broker role's faults."""

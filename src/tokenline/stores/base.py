@@ -65,6 +65,7 @@ __all__ = [
     "ROLES",
     "Broker",
     "Capabilities",
+    "Depth",
     "FencedTransaction",
     "Leases",
     "Ledger",
@@ -101,6 +102,21 @@ class ResourceLease:
     owner: str
     token: int
     expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Depth:
+    """How many unfinished jobs of one task wait or run in one queue.
+
+    ``state``: ``queued`` (runnable now: its ``run_at`` has come, by the store's clock),
+    ``scheduled`` (waiting for its ``run_at``) or ``running``. The stored state does not
+    say which of the first two a job is: a scheduled job becomes runnable in place.
+    """
+
+    queue: str
+    task: str
+    state: str
+    count: int
 
 
 class FencedTransaction(abc.ABC):
@@ -189,6 +205,11 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     async def queues_stats(self) -> list[QueueStats]:
         """Counts per state and oldest ready age, per queue (paused ones flagged)."""
+
+    @abc.abstractmethod
+    async def jobs_depth(self) -> list[Depth]:
+        """Unfinished jobs counted per queue, task and state (see :class:`Depth`), in one
+        read; a combination without jobs is left out. Ordered by queue, task, state."""
 
     @abc.abstractmethod
     async def job_get(self, *, job_id: int) -> Job:

@@ -32,7 +32,7 @@ from ..._jobs import (
     rescue_transition,
 )
 from ..._records import DuplicateKind, Fence
-from ..base import Capabilities, FencedTransaction, ResourceLease, Store
+from ..base import Capabilities, Depth, FencedTransaction, ResourceLease, Store
 from ._transaction import MemoryDatabase, MemoryFencedTransaction, refusal
 from .ledger import MemoryLedger
 
@@ -295,6 +295,22 @@ class MemoryStore(MemoryLedger, Store):
                 )
                 for q in names
             ]
+
+    async def jobs_depth(self) -> list[Depth]:
+        """Unfinished jobs per queue, task and state; runnable ones count as queued."""
+        with self._lock:
+            now = self.clock.now()
+            counts: dict[tuple[str, str, str], int] = {}
+            for job in self._jobs.values():
+                if job.state in _READY:
+                    state = "queued" if job.run_at <= now else "scheduled"
+                elif job.state is JobState.RUNNING:
+                    state = "running"
+                else:
+                    continue
+                key = (job.queue, job.task, state)
+                counts[key] = counts.get(key, 0) + 1
+            return [Depth(*key, n) for key, n in sorted(counts.items())]
 
     # -- inspection -----------------------------------------------------------------------
     async def job_get(self, *, job_id: int) -> Job:

@@ -393,6 +393,19 @@ GROUP BY j.queue, c.now;
 -- name: paused_list
 SELECT queue FROM {schema}.paused_queues;
 
+-- name: jobs_depth
+-- A scheduled job whose run_at has come is runnable: it counts as queued.
+WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now)
+SELECT j.queue, j.task,
+       CASE WHEN j.state = 'running' THEN 'running'
+            WHEN j.run_at <= c.now THEN 'queued'
+            ELSE 'scheduled' END AS depth_state,
+       count(*) AS n
+FROM {schema}.jobs AS j, clock AS c
+WHERE j.state IN ('queued', 'scheduled', 'running')
+GROUP BY j.queue, j.task, depth_state
+ORDER BY j.queue, j.task, depth_state;
+
 -- name: job_get
 SELECT * FROM {schema}.jobs WHERE id = %(job_id)s;
 

@@ -58,7 +58,7 @@ from ..._jobs import (
 from ..._records import Fence
 from .._rows import attempt_from_row, job_from_row, worker_from_row
 from .._sql import load_queries
-from ..base import Capabilities, FencedTransaction, ResourceLease, Store
+from ..base import Capabilities, Depth, FencedTransaction, ResourceLease, Store
 from ._deadline import run_bounded
 from ._errors import map_postgres_errors
 from ._listener import Listener
@@ -584,6 +584,11 @@ class PostgresStore(PostgresLedger, Store):
             QueueStats(q, counts.get(q, {}), oldest.get(q), q in paused)
             for q in sorted(set(counts) | paused)
         ]
+
+    async def jobs_depth(self) -> list[Depth]:
+        """Unfinished jobs per queue, task and state: one grouped read."""
+        rows = await self._rows(self._q("jobs_depth"), {"now": self._now()})
+        return [Depth(r["queue"], r["task"], r["depth_state"], r["n"]) for r in rows]
 
     # -- inspection -----------------------------------------------------------------------
     async def job_get(self, *, job_id: int) -> Job:

@@ -211,6 +211,18 @@ GROUP BY queue;
 -- name: paused_list
 SELECT queue FROM tokenline_paused_queues;
 
+-- name: jobs_depth
+-- A scheduled job whose run_at has come is runnable: it counts as queued.
+SELECT queue, task,
+       CASE WHEN state = 'running' THEN 'running'
+            WHEN run_at <= :now THEN 'queued'
+            ELSE 'scheduled' END AS depth_state,
+       count(*) AS n
+FROM tokenline_jobs
+WHERE state IN ('queued', 'scheduled', 'running')
+GROUP BY queue, task, depth_state
+ORDER BY queue, task, depth_state;
+
 -- name: job_get
 -- A running job's lease expiry lives in the coordination file (renewals go there).
 SELECT j.*, l.expires_at AS live_expires_at

@@ -72,7 +72,7 @@ from ..._jobs import (
 from ..._records import Fence
 from .._rows import attempt_from_row, job_from_row
 from .._sql import load_queries
-from ..base import Capabilities, FencedTransaction, Store
+from ..base import Capabilities, Depth, FencedTransaction, Store
 from ._clock import Anchor, MachineClock, Uptime, WallClock, boot_id
 from ._connection import (
     attach_coord,
@@ -670,6 +670,12 @@ class SQLiteStore(SQLiteLeases, SQLiteLedger, Store):
             ]
 
         return await self._call(run)
+
+    async def jobs_depth(self) -> list[Depth]:
+        """Unfinished jobs per queue, task and state: one grouped read."""
+        params = {"now": self.clock.now()}
+        rows = await self._call(lambda c: c.execute(Q["jobs_depth"], params).fetchall())
+        return [Depth(*tuple(r)) for r in rows]
 
     # -- inspection -----------------------------------------------------------------------
     async def job_get(self, *, job_id: int) -> Job:
