@@ -24,6 +24,8 @@ from tokenline.cli import main
 # The module, not the command of the same name that tokenline.cli exports.
 demo_cli = importlib.import_module("tokenline.cli.demo")
 
+BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
+
 
 @dataclass
 class Sandbox:
@@ -194,3 +196,15 @@ def test_bench_on_postgres_runs_in_a_fresh_schema_of_its_own(
 
         with psycopg.connect(postgres_server, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.mark.acceptance
+def test_make_bench_leaves_nothing(sandbox: Sandbox) -> None:
+    """benchmarks/run.py (``make bench``) used to leave a bench.db behind each run."""
+    result = sandbox.run(
+        sys.executable, str(BENCHMARKS / "run.py"),
+        "--jobs", "100", "--workers", "1", "--latency-samples", "0",
+    )  # fmt: skip
+    assert result.returncode == 0, _explain(result)
+    assert f"machine: {os.cpu_count()} cores" in result.stdout
+    assert sandbox.left() == []
