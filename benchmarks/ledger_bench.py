@@ -1,9 +1,13 @@
 """The cost of ``ctx.effect``: no-op jobs per second with and without it.
 
-One in-process worker runs N jobs of a no-op async handler, then N jobs of a handler
-that wraps a no-op in ``await ctx.effect_async(key, ...)`` (a key per job: one claim
-transaction and one outcome statement each), on a fresh store each time. Figures, not
-assertions; the machine's core count is printed with them.
+One in-process worker (concurrency 50 by default) runs ``--jobs`` jobs (default 5,000)
+of a no-op async handler, then as many of a handler that wraps a no-op in
+``await ctx.effect_async(key, ...)`` (a key per job: one claim transaction and one
+outcome statement each), ``--rounds`` times (default 3), interleaved; the medians are
+printed. Each measurement runs on a scratch store of its own: a SQLite file in a fresh
+temporary directory, or a fresh schema on the PostgreSQL server ``--url`` names, removed
+right after it. Figures, not assertions; the machine's core count and load average are
+printed with them.
 
     python benchmarks/ledger_bench.py                       # SQLite in a temp directory
     python benchmarks/ledger_bench.py --url postgresql://postgres@127.0.0.1/test
@@ -14,12 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import secrets
-import tempfile
 import time
-from pathlib import Path
 
 from tokenline import App, JobContext, JobState, Worker, WorkerSettings
+from tokenline.drill._scratch import scratch_for
 
 
 def bench_app(url: str) -> App:
@@ -69,48 +71,47 @@ async def measure(url: str, task: str, jobs: int, concurrency: int) -> float:
         await store.close()
 
 
-def fresh_url(base: str | None) -> tuple[str, str | None]:
-    """A store nobody used yet: a new SQLite file, or a new PostgreSQL schema (named)."""
-    if base is None:
-        path = Path(tempfile.mkdtemp(prefix="tokenline-ledger-bench-")) / "b.db"
-        return f"sqlite:///{path}", None
-    schema = f"bench_{secrets.token_hex(4)}"
-    sep = "&" if "?" in base else "?"
-    return f"{base}{sep}schema={schema}", schema
-
-
-def drop_schema(base: str, schema: str) -> None:
-    """Remove a benchmark's PostgreSQL schema."""
-    import psycopg
-    from psycopg import sql
-
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
-
-
 async def main() -> None:
     """Parse arguments, run both variants ``--rounds`` times, print the medians."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default=None, help="PostgreSQL base URL [default: SQLite]")
-    parser.add_argument("--jobs", type=int, default=5000)
-    parser.add_argument("--concurrency", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--url",
+        default=None,
+        help="postgresql://… (a fresh schema per measurement, dropped after it); "
+        "default: a SQLite file in a temporary directory, removed after it",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=5000, help="jobs per measurement (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=50,
+        help="the worker's concurrency (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="measurements of each handler (default: %(default)s)"
+    )
     args = parser.parse_args()
+    load_before = " ".join(f"{n:.2f}" for n in os.getloadavg())
     results: dict[str, list[float]] = {"bench.plain": [], "bench.effect": []}
     for _ in range(args.rounds):
         for task, rates in results.items():
-            url, schema = fresh_url(args.url)
+            scratch = scratch_for(args.url, prefix="tokenline_ledger_bench")
             try:
-                rates.append(await measure(url, task, args.jobs, args.concurrency))
+                scratch.prepare({})
+                rates.append(await measure(scratch.url, task, args.jobs, args.concurrency))
             finally:
-                if args.url is not None and schema is not None:
-                    drop_schema(args.url, schema)
+                scratch.cleanup()
     store = "SQLite" if args.url is None else "PostgreSQL"
     plain = sorted(results["bench.plain"])[len(results["bench.plain"]) // 2]
     effect = sorted(results["bench.effect"])[len(results["bench.effect"]) // 2]
     print(
         f"{store}, {args.jobs} jobs x {args.rounds} rounds, 1 worker x {args.concurrency}, "
-        f"{os.cpu_count()} cores (median):"
+        f"{os.cpu_count()} cores, load average (1/5/15 min) {load_before} before the run "
+        "(median):"
     )
     print(f"  without ctx.effect: {plain:8,.0f} jobs/s")
     print(f"  with ctx.effect:    {effect:8,.0f} jobs/s  ({effect / plain:.0%} of the plain rate)")

@@ -208,3 +208,14 @@ def test_make_bench_leaves_nothing(sandbox: Sandbox) -> None:
     assert result.returncode == 0, _explain(result)
     assert f"machine: {os.cpu_count()} cores" in result.stdout
     assert sandbox.left() == []
+
+
+@pytest.mark.acceptance
+def test_ledger_bench_leaves_nothing(sandbox: Sandbox) -> None:
+    """benchmarks/ledger_bench.py used to leave a directory per measurement."""
+    result = sandbox.run(
+        sys.executable, str(BENCHMARKS / "ledger_bench.py"), "--jobs", "50", "--rounds", "1"
+    )
+    assert result.returncode == 0, _explain(result)
+    assert "with ctx.effect" in result.stdout
+    assert sandbox.left() == []
