@@ -68,10 +68,11 @@ def results_table(results: list[ScenarioResult], *, title: str) -> Table:
 @click.command(short_help="Inject partial failures into real workers; check the invariants.")
 @click.option(
     "--url",
-    envvar="TOKENLINE_URL",
     default=None,
-    help="postgresql://… (a fresh schema per scenario, dropped after) or sqlite:///file "
-    "(files beside it, one per scenario). Default: SQLite in a temporary directory.",
+    help="postgresql://… (a fresh schema per scenario, dropped afterwards) or "
+    "sqlite:///file (files beside it, one per scenario, recreated and left in place). "
+    "Default: SQLite files in temporary directories, removed afterwards. TOKENLINE_URL is "
+    "not read.",
 )
 @click.option(
     "--scenario",
@@ -138,11 +139,21 @@ def drill(
                 f"  {result.scenario}: {verdict} in {result.elapsed:.1f}s", highlight=False
             )
 
+    def left_behind() -> None:
+        for line in runner.kept:
+            (err_console if as_json else console).print(
+                f"left behind: {line}", highlight=False, markup=False, soft_wrap=True
+            )
+
     try:
         results = runner.run(chosen, progress)
     except DrillError as exc:
+        left_behind()
         err_console.print(f"[red]error:[/] {exc}", highlight=False)
         raise SystemExit(2) from None
+    except BaseException:
+        left_behind()
+        raise
     failed = [r for r in results if not r.report.ok]
     if as_json:
         click.echo(json.dumps([r.to_json() for r in results], indent=2))
@@ -153,5 +164,6 @@ def drill(
             console.print(f"[bold red]{res.scenario}[/]:", highlight=False)
             for line in res.report.violations:
                 console.print(f"  {line}", highlight=False, markup=False)
+    left_behind()
     if failed:
         raise SystemExit(1)

@@ -1,7 +1,9 @@
 """Run drill scenarios against real worker processes and check the invariants.
 
-For each scenario, :class:`Drill` creates a fresh store (a new SQLite file, or a new
-PostgreSQL schema dropped afterwards), enqueues ``jobs`` jobs of
+For each scenario, :class:`Drill` creates a fresh scratch store (a new SQLite file in a
+temporary directory or beside the one ``url`` names, or a new PostgreSQL schema; the
+directory, with the workers' logs, and the schema are removed afterwards unless
+``keep``), enqueues ``jobs`` jobs of
 :mod:`tokenline.drill.app`, starts the worker :class:`~._fleet.Fleet`, injects the
 scenario's fault on the seed's schedule, waits until every job is finished and the
 fault is over, stops every process, and hands what the store says to
@@ -17,9 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-import shutil
 import signal
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -122,6 +122,9 @@ class Drill:
     #: Longest a scenario may take once its workers run (seconds).
     deadline: float = 300.0
     keep: bool = False
+    #: What the last :meth:`run` left behind (with ``keep``, or a named SQLite file),
+    #: each with why.
+    kept: list[str] = field(default_factory=list, init=False)
     #: The workers' app (``module:attribute``), with the tasks of
     #: :mod:`tokenline.drill.app`; tests swap in a sabotaged one to show the drill fails.
     app: str = "tokenline.drill.app:app"
@@ -191,33 +194,26 @@ class Drill:
     ) -> list[ScenarioResult]:
         """Run ``scenarios`` in order; ``on_result`` hears each as it finishes."""
         results = []
-        tmp = Path(tempfile.mkdtemp(prefix="tokenline-drill-"))
-        try:
-            for scenario in scenarios:
-                result = self.run_one(scenario, tmp)
-                results.append(result)
-                if on_result is not None:
-                    on_result(result)
-        finally:
-            if not self.keep:
-                shutil.rmtree(tmp, ignore_errors=True)
+        self.kept = []
+        for scenario in scenarios:
+            result = self.run_one(scenario)
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
         return results
 
-    def _scratch(self, scenario: Scenario, tmp: Path) -> ScratchStore:
-        if self.url is None:
-            return scratch_for(f"sqlite:///{tmp / f'drill-{scenario.name}.db'}")
-        if self.scheme == "sqlite":
+    def _scratch(self, scenario: Scenario) -> ScratchStore:
+        prefix = f"tokenline_drill_{scenario.name}"
+        if self.url is not None and self.scheme == "sqlite":
             base = Path(self.url[len("sqlite:///") :])
             db = base.with_name(f"{base.stem}-{scenario.name}{base.suffix or '.db'}")
-            return scratch_for(f"sqlite:///{db}")
-        return scratch_for(self.url, keep=self.keep, prefix="tokenline_drill")
+            return scratch_for(f"sqlite:///{db}", keep=self.keep, prefix=prefix)
+        return scratch_for(self.url, keep=self.keep, prefix=prefix)
 
-    def run_one(self, scenario: Scenario, tmp: Path) -> ScenarioResult:
+    def run_one(self, scenario: Scenario) -> ScenarioResult:
         """Run one scenario on a fresh store."""
-        scratch = self._scratch(scenario, tmp)
-        work_dir = tmp / scenario.name
-        work_dir.mkdir(exist_ok=True)
         schedule = Schedule.draw(scenario, jobs=self.jobs, workers=self.workers, seed=self.seed)
+        scratch = self._scratch(scenario)
         try:
             scratch.prepare({"drill_effects": drill_app.COLUMNS})
             keys = self._enqueue(scratch, scenario, schedule)
@@ -225,7 +221,7 @@ class Drill:
                 url=scratch.url,
                 workers=self.workers,
                 settings=self.settings,
-                work_dir=work_dir,
+                work_dir=scratch.work_dir,
                 env={**self.worker_env, drill_app.TABLE_ENV: scratch.tables["drill_effects"]},
                 upstream=upstream_of(scratch.url) if self.scheme == "postgresql" else None,
                 proxy_port=self.proxy_port,
@@ -249,7 +245,7 @@ class Drill:
                 workers=pids if scenario.every_worker_works else None,
             )
         finally:
-            scratch.cleanup()
+            self.kept.extend(scratch.cleanup())
         return ScenarioResult(
             scenario.name,
             self.scheme,
