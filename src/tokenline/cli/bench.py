@@ -103,7 +103,13 @@ def _load() -> str:
     "directory, removed afterwards. TOKENLINE_URL is not read.",
 )
 @click.option("--keep", is_flag=True, help="Keep the store afterwards, and print where.")
-@click.option("--jobs", type=click.IntRange(100), default=20_000, show_default=True)
+@click.option(
+    "--jobs",
+    type=click.IntRange(100),
+    default=20_000,
+    show_default=True,
+    help="No-op jobs enqueued and processed: the measured ones.",
+)
 @click.option(
     "--backlog",
     type=click.IntRange(0),
@@ -111,9 +117,27 @@ def _load() -> str:
     show_default=True,
     help="Jobs already queued before the measured ones (a deep queue).",
 )
-@click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True)
-@click.option("--concurrency", type=click.IntRange(1, 1000), default=50, show_default=True)
-@click.option("--latency-samples", type=click.IntRange(0), default=200, show_default=True)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=2,
+    show_default=True,
+    help="Worker processes.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 1000),
+    default=50,
+    show_default=True,
+    help="Jobs each worker process runs at once.",
+)
+@click.option(
+    "--latency-samples",
+    type=click.IntRange(0),
+    default=200,
+    show_default=True,
+    help="Single jobs enqueued one at a time to time their pickup (0: none).",
+)
 @click.option(
     "--window",
     type=click.FloatRange(1),

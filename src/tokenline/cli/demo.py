@@ -226,8 +226,20 @@ def report(r: DemoResult) -> Table:
 
 
 @click.command()
-@click.option("--jobs", type=click.IntRange(10, 1_000_000), default=2000, show_default=True)
-@click.option("--workers", type=click.IntRange(2, 32), default=4, show_default=True)
+@click.option(
+    "--jobs",
+    type=click.IntRange(10, 1_000_000),
+    default=2000,
+    show_default=True,
+    help="Invoice jobs to enqueue.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(2, 32),
+    default=4,
+    show_default=True,
+    help="Worker processes: one is SIGKILLed, another SIGSTOPped past its lease.",
+)
 @click.option(
     "--url",
     default=None,
