@@ -347,6 +347,8 @@ class App:
             )
         kw = dict(kwargs or {})
         for field, values in (("args", args), ("kwargs", kw)):
+            if not values:
+                continue
             try:
                 _check_items(values, 0)
             except _NotJson as exc:
@@ -698,6 +700,16 @@ def _check_items(container: Sequence[Any] | Mapping[Any, Any], depth: int) -> No
                 raise
     else:
         for i, item in enumerate(container):
+            kind = type(item)
+            # The usual plain values first, without a call (a batch checks many).
+            if (
+                kind is str
+                or item is None
+                or kind is bool
+                or (kind is int and item.bit_length() <= _SHORT_INT_BITS)
+                or (kind is float and item - item == 0.0)  # finite: inf - inf is nan
+            ):
+                continue
             try:
                 _check_json(item, depth)
             except _NotJson as exc:
