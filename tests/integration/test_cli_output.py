@@ -403,21 +403,9 @@ def walk(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[str, 
 
 
 COMMANDS = dict(walk(main))
-#: Commands whose options still lack help text, in modules changed separately; remove
-#: an entry once its options have it.
-HELP_PENDING = {
-    "bench": "--jobs, --workers, --concurrency, --latency-samples have no help",
-    "demo": "--jobs, --workers have no help",
-}
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(reason=HELP_PENDING[n])) if n in HELP_PENDING else n
-        for n in sorted(COMMANDS)
-    ],
-)
+@pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_each_command_has_a_whole_summary_and_every_option_its_help(name: str) -> None:
     """A command's summary is a whole sentence (not cut at "(e.g." or with "..."), and
     each of its options says what it does."""
