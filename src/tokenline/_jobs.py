@@ -321,12 +321,16 @@ class Transition:
 
 
 def finish_transition(fin: Finish) -> Transition:
-    """The one rule mapping an attempt's outcome to the job's next state."""
+    """The one rule mapping an attempt's outcome to the job's next state.
+
+    A retry or release waits at most :data:`MAX_DELAY`, like an enqueue: a handler's
+    ``Retry(1e12)`` runs again in 100 years, and no store holds a time past that.
+    """
     if fin.outcome is Outcome.SUCCEEDED:
         return Transition(JobState.SUCCEEDED, None, 0, True)
     if fin.outcome is Outcome.DEAD:
         return Transition(JobState.DEAD, None, 0, True)
-    delay = max(0.0, fin.delay or 0.0)
+    delay = min(max(0.0, fin.delay or 0.0), MAX_DELAY)
     state = JobState.SCHEDULED if delay > 0 else JobState.QUEUED
     # A release gives the attempt back: the job did not fail, it was put aside.
     return Transition(state, delay, 1 if fin.outcome is Outcome.RELEASE else 0, False)
