@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -116,3 +117,29 @@ def test_worker_debug_log_keeps_the_state_chatter(tmp_path: Path) -> None:
     done = _run_worker_until(tmp_path, url, jid, "--log-level", "debug", "--poll-interval", "0.2")
     assert done.returncode == 0, done.stderr
     assert "ready -> processing" in done.stderr
+
+
+def test_worker_json_log_has_a_line_per_outcome_with_its_fields(tmp_path: Path) -> None:
+    """--log-format json: every line is a JSON object; each job outcome has one, with the
+    worker id, job id, token, attempt and outcome; state changes carry old and new."""
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    _write_app(tmp_path, url)
+    app = App(url)
+    app.task(name="shop.bill")(lambda ctx, n: n)
+    ids = [app.enqueue("shop.bill", [n]) for n in range(3)]
+    app.close()
+
+    done = _run_worker_until(
+        tmp_path, url, ids[-1], "--log-format", "json", "--poll-interval", "0.2"
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]
+    outcomes = {r["job_id"]: r for r in lines if r.get("outcome")}
+    assert sorted(outcomes) == sorted(ids)
+    for r in outcomes.values():
+        assert r["outcome"] == "succeeded"
+        assert r["attempt"] == 1
+        assert r["token"] >= 1
+        assert r["worker_id"]
+    moves = [(r["old_state"], r["new_state"]) for r in lines if "new_state" in r]
+    assert ("ready", "draining") in moves or ("processing", "draining") in moves

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from typing import Any
 
 import click
@@ -16,6 +15,7 @@ from rich.markup import escape
 
 from .._config import WorkerSettings, load_settings, validate_queue_name
 from .._errors import InvalidInputError, QueueNameError
+from .._logging import configure as configure_logging
 from ..stores import store_from_url
 from ..worker import run_worker
 from ._common import (
@@ -126,18 +126,23 @@ def _env(name: str) -> dict[str, Any]:
     help="Log verbosity [default: info].",
     **_env("LOG_LEVEL"),
 )
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    help="text: prose lines; json: one object per line with worker, job, token, attempt, "
+    "outcome and error class fields, and a line per job outcome [default: text].",
+    **_env("LOG_FORMAT"),
+)
 def worker(
     app_spec: str | None,
     url: str | None,
     config: str | None,
     log_level: str | None,
+    log_format: str | None,
     **options: Any,
 ) -> None:
     """Run a worker until SIGTERM (drain, then stop) or a second SIGTERM (stop now)."""
-    logging.basicConfig(
-        level=(log_level or "info").upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(log_level or "info", log_format or "text")
     if not app_spec:
         raise click.UsageError("--app (or TOKENLINE_APP) is required: the worker runs its tasks")
     with reporting_errors():
