@@ -1,0 +1,223 @@
+"""The store exporter: the store-wide view, its age when the store fails, and HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.parser import text_string_to_metric_families
+
+from tokenline import App, FakeClock
+from tokenline._errors import ConfigError
+from tokenline._jobs import Lease, NewJob, WorkerRecord
+from tokenline.drill.faultstore import FaultStore
+from tokenline.drill.storefaults import Role, RoleFaults
+from tokenline.metrics import StoreCollector, serve
+from tokenline.stores import Store
+from tokenline.stores.sqlite import SQLiteStore
+
+
+def job(task: str, queue: str = "mail", **kw: Any) -> NewJob:
+    return NewJob(queue=queue, task=task, args="[]", **kw)
+
+
+def record(worker_id: str) -> WorkerRecord:
+    return WorkerRecord(worker_id, "host", 1, ("mail",), 4, "ready", 0, 0.0, 0.0, 0.0)
+
+
+async def seed(store: Store) -> None:
+    """Two queues' worth of jobs in every state the exporter reports, two workers (one
+    gone), an expired job lease nobody rescued, and one refused stale write."""
+    await store.jobs_enqueue(jobs=[job("digest", priority=10), job("send", priority=5)])
+    (orphan,) = await store.jobs_claim(owner="w-live", queues=["mail"], limit=1, ttl=0.05)
+    (doomed,) = await store.jobs_claim(owner="w-live", queues=["mail"], limit=1, ttl=30)
+    await store.job_dead(lease=doomed.lease, error="bad input")
+    await store.jobs_enqueue(
+        jobs=[job("send"), job("send"), job("send", delay=60), job("charge", queue="billing")]
+    )
+    await store.queue_pause(queue="billing")
+    live = await store.worker_register(record=record("w-live"), ttl=30)
+    await store.worker_heartbeat(
+        worker_id="w-live", token=live.token, state="processing", in_flight=1, ttl=30, skew=0.25
+    )
+    gone = await store.worker_register(record=record("w-gone"), ttl=30)
+    await store.worker_deregister(worker_id="w-gone", token=gone.token)
+    forged = Lease(orphan.lease.job_id, "w-live", orphan.lease.token + 5, 0.0)
+    assert await store.job_leases_renew(owner="w-live", leases=[forged], ttl=30) == [None]
+    await asyncio.sleep(0.2)  # the orphan's lease expires by the store's clock
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    """A SQLite store seeded by :func:`seed`."""
+    url = f"sqlite:///{tmp_path / 'exported.db'}"
+    with App(url) as app:
+        app.run(seed)
+    return url
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    """The sample ``name`` with ``labels`` (None when absent)."""
+    return registry.get_sample_value(name, labels)
+
+
+def test_the_store_view_on_sqlite(db_url: str) -> None:
+    """Depth per queue, task and state; oldest runnable age; paused queues; dead jobs;
+    live workers with their heartbeat age and skew; expired job leases not rescued;
+    stale writes and duplicates recorded; a fresh view from a reachable store."""
+    app = App(db_url)
+    collector = StoreCollector(app, max_age=0)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    try:
+        depth = "tokenline_queue_depth"
+        assert sample(registry, depth, queue="mail", task="send", state="queued") == 2
+        assert sample(registry, depth, queue="mail", task="send", state="scheduled") == 1
+        assert sample(registry, depth, queue="mail", task="send", state="running") == 0
+        assert sample(registry, depth, queue="mail", task="digest", state="running") == 1
+        assert sample(registry, depth, queue="billing", task="charge", state="queued") == 1
+        oldest = sample(registry, "tokenline_queue_oldest_job_age_seconds", queue="mail")
+        assert oldest is not None
+        assert 0 < oldest < 60
+        assert sample(registry, "tokenline_queue_paused", queue="billing") == 1
+        assert sample(registry, "tokenline_queue_paused", queue="mail") == 0
+        assert sample(registry, "tokenline_dead_jobs", queue="mail") == 1
+        assert sample(registry, "tokenline_dead_jobs", queue="billing") == 0
+        assert sample(registry, "tokenline_workers", state="processing") == 1
+        assert sample(registry, "tokenline_workers", state="ready") == 0
+        age = sample(registry, "tokenline_worker_heartbeat_age_seconds", worker="w-live")
+        assert age is not None
+        assert 0 <= age < 30
+        assert sample(registry, "tokenline_worker_heartbeat_age_seconds", worker="w-gone") is None
+        assert sample(registry, "tokenline_worker_clock_skew_seconds", worker="w-live") == 0.25
+        assert sample(registry, "tokenline_orphan_job_leases") == 1
+        assert sample(registry, "tokenline_stale_commits_recorded_total") == 1
+        assert sample(registry, "tokenline_duplicates_recorded_total", kind="stale") == 1
+        assert sample(registry, "tokenline_duplicates_recorded_total", kind="repeat") == 0
+        assert sample(registry, "tokenline_exporter_store_up") == 1
+        view_age = sample(registry, "tokenline_exporter_view_age_seconds")
+        assert view_age is not None
+        assert 0 <= view_age < 5
+        # Read again, the same records are not counted twice.
+        assert sample(registry, "tokenline_duplicates_recorded_total", kind="stale") == 1
+    finally:
+        collector.close()
+        app.close()
+
+
+@pytest.fixture
+def faulty(db_url: str) -> Iterator[tuple[FaultStore, StoreCollector, FakeClock]]:
+    """A collector over the seeded store behind a fault injector, on a fake clock."""
+    clock = FakeClock()
+    store = FaultStore(SQLiteStore(db_url))
+    collector = StoreCollector(store, max_age=5, timeout=0.5, clock=clock)
+    try:
+        yield store, collector, clock
+    finally:
+        store.clear()
+        collector.close()
+
+
+def test_an_unreachable_store_is_served_as_down_with_its_view_ageing(
+    faulty: tuple[FaultStore, StoreCollector, FakeClock],
+) -> None:
+    """When the store cannot be read, store_up drops to 0 and the view served keeps its
+    age, growing; readiness fails with the reason; the store's return refreshes it."""
+    store, collector, clock = faulty
+    registry = CollectorRegistry()
+    registry.register(collector)
+    assert sample(registry, "tokenline_exporter_view_age_seconds") == 0
+    assert sample(registry, "tokenline_exporter_store_up") == 1
+    store.set_role(Role.BROKER, RoleFaults(error=True))
+    clock.advance(2)
+    # Younger than max_age: the view is served as it is, without a read.
+    assert sample(registry, "tokenline_exporter_store_up") == 1
+    assert sample(registry, "tokenline_exporter_view_age_seconds") == 2
+    clock.advance(4)
+    assert sample(registry, "tokenline_exporter_store_up") == 0
+    assert sample(registry, "tokenline_exporter_view_age_seconds") == 6
+    depth = {"queue": "mail", "task": "send", "state": "queued"}
+    assert registry.get_sample_value("tokenline_queue_depth", depth) == 2
+    clock.advance(10)
+    assert sample(registry, "tokenline_exporter_view_age_seconds") == 16
+    ok, reason = collector.ready()
+    assert not ok
+    assert "store read failed" in reason
+    store.clear()
+    clock.advance(5)
+    assert collector.ready() == (True, "store reachable")
+    assert sample(registry, "tokenline_exporter_store_up") == 1
+    assert sample(registry, "tokenline_exporter_view_age_seconds") == 0
+
+
+def test_a_silent_store_is_down_after_the_read_timeout(
+    faulty: tuple[FaultStore, StoreCollector, FakeClock],
+) -> None:
+    """A store that never answers costs a scrape the read timeout, not a hang, and
+    counts as down; before any view, its age is infinite."""
+    store, collector, _ = faulty
+    store.set_role(Role.BROKER, RoleFaults(hang=True))
+    registry = CollectorRegistry()
+    registry.register(collector)
+    started = time.monotonic()
+    assert sample(registry, "tokenline_exporter_store_up") == 0
+    assert time.monotonic() - started < 5
+    assert sample(registry, "tokenline_exporter_view_age_seconds") == float("inf")
+    assert (
+        sample(registry, "tokenline_queue_depth", queue="mail", task="send", state="queued") is None
+    )
+    ok, reason = collector.ready()
+    assert not ok
+    assert "timed out" in reason
+
+
+def get(url: str) -> tuple[int, str]:
+    """Status and body of a GET."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_the_http_server_serves_metrics_health_and_readiness() -> None:
+    """/metrics parses as Prometheus text; /healthz answers from its check alone;
+    /readyz is 200 or 503 with the reason as its check says; anything else is 404."""
+    registry = CollectorRegistry()
+    Counter("tokenline_probe_total", "A probe.", registry=registry).inc(3)
+    state = {"ready": (True, "fine")}
+    server = serve(0, registry=registry, ready=lambda: state["ready"])
+    try:
+        status, text = get(server.url + "/metrics")
+        assert status == 200
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        assert families["tokenline_probe"].samples[0].value == 3
+        assert get(server.url + "/healthz") == (200, "ok\n")
+        assert get(server.url + "/readyz") == (200, "fine\n")
+        state["ready"] = (False, "store unreachable")
+        assert get(server.url + "/readyz") == (503, "store unreachable\n")
+        assert get(server.url + "/nope")[0] == 404
+    finally:
+        server.close()
+    server.close()  # twice is harmless
+
+
+def test_a_port_in_use_is_a_config_error_and_starts_nothing() -> None:
+    """Serving on a port already taken names the port and starts no thread."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        before = {t.name for t in threading.enumerate()}
+        with pytest.raises(ConfigError, match=f"metrics port {port} is in use"):
+            serve(port)
+        assert {t.name for t in threading.enumerate()} == before

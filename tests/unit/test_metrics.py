@@ -1,0 +1,212 @@
+"""Worker metrics: what each event does to the Prometheus samples, and readiness."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tokenline import App, FakeClock, JobContext, JobState, Worker, WorkerState, events
+from tokenline.metrics import MAX_PREFIXES, WorkerMetrics, label_prefix, worker_health
+from tokenline.stores import Store
+from unit.test_worker import FAST, eventually, job_in, running
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    """A registry of this test's own."""
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def metrics(registry: CollectorRegistry) -> WorkerMetrics:
+    """Worker metrics in this test's registry (fed by hand, not hooked)."""
+    return WorkerMetrics(registry)
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    """The sample ``name`` with ``labels``, or None when there is none."""
+    return registry.get_sample_value(name, labels)
+
+
+def test_a_started_and_finished_attempt_counts_and_times(
+    registry: CollectorRegistry, metrics: WorkerMetrics
+) -> None:
+    """A start counts and observes its wait; a finish counts its outcome and observes
+    its run time, and wait plus run as its latency."""
+    metrics(events.JobStarted("w", 1, "send", "mail", 1, 1, waited=0.3))
+    metrics(events.JobFinished("w", 1, "send", "mail", 1, 1, "succeeded", None, 2.0, 0.3))
+    metrics(events.JobFinished("w", 2, "send", "mail", 1, 3, "retry", "transient", 0.01, 0.0))
+    assert value(registry, "tokenline_jobs_started_total", queue="mail", task="send") == 1
+    finished = "tokenline_jobs_finished_total"
+    assert value(registry, finished, queue="mail", task="send", outcome="succeeded") == 1
+    assert value(registry, finished, queue="mail", task="send", outcome="retry") == 1
+    duration = "tokenline_job_duration_seconds"
+    assert value(registry, duration + "_count", queue="mail", task="send") == 2
+    assert value(registry, duration + "_sum", queue="mail", task="send") == pytest.approx(2.01)
+    assert value(registry, duration + "_bucket", queue="mail", task="send", le="0.01") == 1
+    assert value(registry, "tokenline_job_wait_seconds_sum", queue="mail") == pytest.approx(0.3)
+    assert value(registry, "tokenline_job_latency_seconds_sum", queue="mail") == pytest.approx(2.31)
+    assert value(registry, "tokenline_job_latency_seconds_bucket", queue="mail", le="2.5") == 2
+
+
+def test_coordination_events_count_by_their_bounded_labels(
+    registry: CollectorRegistry, metrics: WorkerMetrics
+) -> None:
+    """Renewal failures, stale commits and reads, rescues and store errors count under
+    their reason, operation, view, outcome and channel, never under free text."""
+    metrics(events.LeaseRenewalFailed("w", 3, "refused", "jobs 1, 2, 3"))
+    metrics(events.LeaseRenewalFailed("w", 1, "error", "timeout"))
+    metrics(events.LeaseRenewalFailed("w", 1, "error", "timeout again"))
+    metrics(events.StaleCommitRefused("w", 7, 2, "succeeded"))
+    metrics(events.StaleRead("w", "job lease", "job 7 token 2"))
+    metrics(events.JobsRescued("w", requeued=4, dead=1))
+    metrics(events.CoordinationFailed("w", "leases", "lease renewal", "connection refused"))
+    metrics(events.CoordinationFailed("w", "ledger", "job 9", "timeout"))
+    failures = "tokenline_lease_renewal_failures_total"
+    assert value(registry, failures, reason="refused") == 1
+    assert value(registry, failures, reason="error") == 2
+    assert value(registry, "tokenline_stale_commits_refused_total", operation="succeeded") == 1
+    assert value(registry, "tokenline_stale_reads_total", view="job lease") == 1
+    assert value(registry, "tokenline_jobs_rescued_total", outcome="requeued") == 4
+    assert value(registry, "tokenline_jobs_rescued_total", outcome="dead") == 1
+    assert value(registry, "tokenline_coordination_errors_total", channel="leases") == 1
+    assert value(registry, "tokenline_coordination_errors_total", channel="ledger") == 1
+    names = {m.name for m in registry.collect()}
+    samples = [s for m in registry.collect() for s in m.samples]
+    assert "tokenline_coordination_errors" in names
+    assert not any("lease renewal" in s.labels.values() for s in samples)
+
+
+def test_worker_state_is_one_for_the_current_state_only(
+    registry: CollectorRegistry, metrics: WorkerMetrics
+) -> None:
+    """Every state has a series from the start, at 0; a change sets the new state to 1
+    and every other to 0."""
+    states = ("ready", "processing", "draining", "fenced", "stopped")
+    assert [value(registry, "tokenline_worker_state", state=s) for s in states] == [0] * 5
+    metrics(events.WorkerStateChanged("w", "ready", "processing", "claimed"))
+    metrics(events.WorkerStateChanged("w", "processing", "draining", "store down"))
+    got = {s: value(registry, "tokenline_worker_state", state=s) for s in states}
+    assert got == {"ready": 0, "processing": 0, "draining": 1, "fenced": 0, "stopped": 0}
+
+
+def test_heartbeat_sets_gap_and_a_measured_skew(
+    registry: CollectorRegistry, metrics: WorkerMetrics
+) -> None:
+    """A heartbeat sets the gap; its skew only when measured (None keeps the last)."""
+    metrics(events.Heartbeat("w", gap=10.2, clock_skew=-0.4))
+    metrics(events.Heartbeat("w", gap=9.9, clock_skew=None))
+    assert value(registry, "tokenline_heartbeat_gap_seconds") == pytest.approx(9.9)
+    assert value(registry, "tokenline_clock_skew_seconds") == pytest.approx(-0.4)
+
+
+def test_key_and_resource_labels_are_prefixes() -> None:
+    """A key's label is the text before its first colon, or the whole key, cut to 32."""
+    assert label_prefix("invoice:42:send") == "invoice"
+    assert label_prefix("plain-key") == "plain-key"
+    assert label_prefix("x" * 40 + ":1") == "x" * 32
+    assert label_prefix(":leading") == ""
+
+
+def test_duplicate_and_busy_prefixes_are_bounded(
+    registry: CollectorRegistry, metrics: WorkerMetrics
+) -> None:
+    """After 100 distinct prefixes, new ones count as ``other``; known ones keep theirs."""
+    for n in range(MAX_PREFIXES + 5):
+        metrics(events.DuplicateExecution("w", n, f"k{n}:x", "repeat"))
+        metrics(events.ResourceLeaseBusy("w", f"r{n}:x"))
+    metrics(events.DuplicateExecution("w", 1, "k0:again", "stale"))
+    dup = "tokenline_duplicate_executions_total"
+    assert value(registry, dup, key_prefix="k0", kind="repeat") == 1
+    assert value(registry, dup, key_prefix="k0", kind="stale") == 1
+    assert value(registry, dup, key_prefix=f"k{MAX_PREFIXES - 1}", kind="repeat") == 1
+    assert value(registry, dup, key_prefix=f"k{MAX_PREFIXES}", kind="repeat") is None
+    assert value(registry, dup, key_prefix="other", kind="repeat") == 5
+    busy = "tokenline_resource_lease_busy_total"
+    assert value(registry, busy, resource_prefix="other") == 5
+    labels = {
+        s.labels["key_prefix"]
+        for m in registry.collect()
+        if m.name == "tokenline_duplicate_executions"
+        for s in m.samples
+    }
+    assert len(labels) == MAX_PREFIXES + 1
+
+
+async def test_a_worker_with_the_hook_moves_the_job_metrics(registry: CollectorRegistry) -> None:
+    """A real worker on the memory store, with WorkerMetrics hooked, counts the start
+    and the success and times the handler."""
+    app = App("memory://")
+    store: Store = app.open_store()
+
+    @app.task(name="t.metrics_ok", queue="reports")
+    async def ok(ctx: JobContext) -> None:
+        pass
+
+    metrics = WorkerMetrics(registry)
+    events.add_hook(metrics)
+    try:
+        jid = await app.enqueue_async("t.metrics_ok", store=store)
+        async with running(Worker(app, dataclasses.replace(FAST, queues=("reports",)))):
+            await job_in(store, jid, JobState.SUCCEEDED)
+            labels = {"queue": "reports", "task": "t.metrics_ok"}
+            await eventually(
+                lambda: (
+                    registry.get_sample_value(
+                        "tokenline_jobs_finished_total", {**labels, "outcome": "succeeded"}
+                    )
+                    == 1
+                ),
+                "the success is counted",
+            )
+    finally:
+        events.remove_hook(metrics)
+    assert value(registry, "tokenline_jobs_started_total", **labels) == 1
+    assert value(registry, "tokenline_job_duration_seconds_count", **labels) == 1
+    assert value(registry, "tokenline_job_wait_seconds_count", queue="reports") == 1
+    assert value(registry, "tokenline_worker_state", state="stopped") == 1
+
+
+def test_worker_readiness_follows_its_state_and_heartbeat() -> None:
+    """Ready while READY or PROCESSING with a heartbeat younger than the lease TTL; not
+    while draining, fenced or stopped, nor once the heartbeat is a TTL old. Health
+    stays up throughout."""
+    clock = FakeClock()
+    worker = Worker(App("memory://", clock=clock), FAST)
+    health, ready = worker_health(worker)
+    assert ready()[0]
+    worker.state = WorkerState.PROCESSING
+    assert ready()[0]
+    for state in (WorkerState.DRAINING, WorkerState.FENCED, WorkerState.STOPPED):
+        worker.state = state
+        ok, reason = ready()
+        assert not ok
+        assert state.value in reason
+    worker.state = WorkerState.READY
+    clock.advance(FAST.lease_ttl)
+    ok, reason = ready()
+    assert not ok
+    assert "heartbeat" in reason
+    assert health() == (True, "ok")
+
+
+def test_tokenline_imports_without_prometheus_client_and_metrics_names_the_extra() -> None:
+    """Without prometheus_client, ``import tokenline`` works and ``tokenline.metrics``
+    fails with the install hint."""
+    code = (
+        "import sys\n"
+        "sys.modules['prometheus_client'] = None\n"
+        "import tokenline, tokenline.cli\n"
+        "try:\n"
+        "    import tokenline.metrics\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "pip install 'tokenline[metrics]'" in out.stdout
