@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -13,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from tokenline import App, FakeClock
 from tokenline._errors import ConfigError
 from tokenline._jobs import Lease, NewJob, WorkerRecord
+from tokenline.cli.exporter import exporter
 from tokenline.drill.faultstore import FaultStore
 from tokenline.drill.storefaults import Role, RoleFaults
 from tokenline.metrics import StoreCollector, serve
@@ -221,3 +227,53 @@ def test_a_port_in_use_is_a_config_error_and_starts_nothing() -> None:
         with pytest.raises(ConfigError, match=f"metrics port {port} is in use"):
             serve(port)
         assert {t.name for t in threading.enumerate()} == before
+
+
+def test_the_exporter_command_on_a_port_in_use_says_so(db_url: str) -> None:
+    """The command exits 1 naming the port when it is taken, before serving anything."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(exporter, ["--url", db_url, "--port", str(port)])
+    assert result.exit_code == 1
+    assert f"metrics port {port} is in use" in result.output
+
+
+def test_the_exporter_command_serves_the_store_until_sigterm(db_url: str) -> None:
+    """``tokenline exporter`` serves the store's metrics and readiness over HTTP, and
+    stops cleanly on SIGTERM."""
+    code = "from tokenline.cli.exporter import exporter; exporter()"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENLINE_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "--url", db_url, "--port", "0", "--max-age", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "/metrics" in line, line
+        url = line.split(" on ", 1)[1].strip()
+        status, text = get(url)
+        assert status == 200
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+        }
+        key = ("tokenline_queue_depth", (("queue", "mail"), ("state", "queued"), ("task", "send")))
+        assert samples[key] == 2
+        assert samples[("tokenline_exporter_store_up", ())] == 1
+        base = url.removesuffix("/metrics")
+        assert get(base + "/readyz") == (200, "store reachable\n")
+        assert get(base + "/healthz") == (200, "ok\n")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
