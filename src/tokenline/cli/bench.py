@@ -158,7 +158,7 @@ def bench(
     except ConfigError as exc:
         raise click.BadParameter(exc.reason, param_hint="--url") from None
     load_before = _load()
-    console.print(f"store: {scratch.url}", highlight=False, soft_wrap=True)
+    console.print(f"store: {scratch.url}", highlight=False, markup=False, soft_wrap=True)
     try:
         scratch.prepare({})
         _measure(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from ..drill.runner import Drill, DrillError, ScenarioResult
@@ -121,15 +122,16 @@ def drill(
         chosen = runner.select(scenarios)
         runner.preflight()
     except DrillError as exc:
-        err_console.print(f"[red]error:[/] {exc}", highlight=False)
+        err_console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         raise SystemExit(2) from None
     ttl = runner.settings.lease_ttl
     if not as_json:
         console.print(
-            f"{len(chosen)} scenario(s) on {runner.scheme}, {jobs} jobs each, {workers} "
-            f"workers, lease TTL {ttl:g}s, rescue every {runner.settings.rescue_interval:g}s, "
-            f"seed {seed}",
+            f"{plural(len(chosen), 'scenario')} on {runner.scheme}, {plural(jobs, 'job')} "
+            f"each, {plural(workers, 'worker')}, lease TTL {ttl:g}s, "
+            f"rescue every {runner.settings.rescue_interval:g}s, seed {seed}",
             highlight=False,
+            markup=False,
         )
 
     def progress(result: ScenarioResult) -> None:
@@ -149,7 +151,7 @@ def drill(
         results = runner.run(chosen, progress)
     except DrillError as exc:
         left_behind()
-        err_console.print(f"[red]error:[/] {exc}", highlight=False)
+        err_console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         raise SystemExit(2) from None
     except BaseException:
         left_behind()

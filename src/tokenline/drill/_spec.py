@@ -46,7 +46,9 @@ def from_mapping(cls: type[D], data: object, where: str) -> D:
     unknown = sorted(str(k) for k in data if k not in names)
     if unknown:
         raise ConfigError(
-            where, f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}"
+            where,
+            f"unknown {'key' if len(unknown) == 1 else 'keys'} {', '.join(unknown)}; "
+            f"allowed: {', '.join(sorted(names))}",
         )
     return cls(**{str(k): v for k, v in data.items()})
 

@@ -285,9 +285,10 @@ def _check_effects(
             won = [a.token for a in by_job.get(job_id, ()) if a.outcome == "succeeded"]
             if token != newest or (won and token not in won):
                 report.stale_writes += 1
+                attempts = "attempt" if len(won) == 1 else "attempts"
                 report.note(
                     f"stale write accepted: {key} written by token {token}, "
-                    f"job {job_id}'s newest token is {newest}, succeeded attempt(s) {won}"
+                    f"job {job_id}'s newest token is {newest}, succeeded {attempts} {won}"
                 )
 
 

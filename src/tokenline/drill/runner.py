@@ -141,12 +141,16 @@ class Drill:
         unknown = [n for n in names if n not in DRILL_SCENARIOS]
         if unknown:
             raise DrillError(
-                f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(DRILL_SCENARIOS)}"
+                f"unknown {'scenario' if len(unknown) == 1 else 'scenarios'} "
+                f"{', '.join(unknown)}; known: {', '.join(DRILL_SCENARIOS)}"
             )
         chosen = [DRILL_SCENARIOS[n] for n in dict.fromkeys(names)]
         wrong = [s.name for s in chosen if not s.applies_to(self.scheme)]
         if wrong:
-            raise DrillError(f"scenario(s) {', '.join(wrong)} do not apply to {self.scheme}")
+            raise DrillError(
+                f"{'scenario' if len(wrong) == 1 else 'scenarios'} {', '.join(wrong)} "
+                f"{'does' if len(wrong) == 1 else 'do'} not apply to {self.scheme}"
+            )
         return chosen
 
     def preflight(self) -> None:

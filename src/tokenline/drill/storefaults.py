@@ -153,7 +153,9 @@ class StoreFaults:
         unknown = sorted(str(k) for k in data if k not in roles)
         if unknown:
             raise ConfigError(
-                where, f"unknown role(s) {', '.join(unknown)}; allowed: {', '.join(sorted(roles))}"
+                where,
+                f"unknown {'role' if len(unknown) == 1 else 'roles'} {', '.join(unknown)}; "
+                f"allowed: {', '.join(sorted(roles))}",
             )
         by_role = {}
         for role, value in data.items():
