@@ -42,7 +42,20 @@ from ._errors import (
     TokenlineError,
     UnknownTaskError,
 )
-from ._jobs import Attempt, Job, JobState, Lease, QueueStats
+from ._jobs import (
+    MAX_ATTEMPTS,
+    MAX_DELAY,
+    MAX_INT_DIGITS,
+    MAX_PAYLOAD_DEPTH,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    Attempt,
+    Job,
+    JobState,
+    Lease,
+    QueueStats,
+)
+from ._records import MAX_KEY_LENGTH
 from ._tasks import Task
 from .classify import Decision, ErrorClass, classify
 from .effects import EffectCall, current_effect, require_fenced
@@ -53,6 +66,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_URL",
+    "MAX_ATTEMPTS",
+    "MAX_DELAY",
+    "MAX_INT_DIGITS",
+    "MAX_KEY_LENGTH",
+    "MAX_PAYLOAD_DEPTH",
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
     "App",
     "Attempt",
     "Clock",

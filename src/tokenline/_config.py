@@ -43,7 +43,8 @@ DEFAULT_RENEW_INTERVAL = 10.0
 
 def validate_queue_name(name: object) -> str:
     """Return ``name`` if it is a valid queue name, else raise :class:`QueueNameError`."""
-    if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
+    # fullmatch: with match, `$` lets a trailing newline through.
+    if not isinstance(name, str) or not QUEUE_NAME_RE.fullmatch(name):
         raise QueueNameError(
             f"invalid queue name {name!r}: use 1-64 characters from A-Z a-z 0-9 _ . : -"
         )

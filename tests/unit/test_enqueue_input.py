@@ -668,11 +668,6 @@ def test_cli_enqueue_refuses_arguments_that_are_not_exact_json(cli_app: tuple[st
     assert result.exit_code == 0, result.output
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the CLI's json.loads raises RecursionError on ARGS nested ~1000 deep before the "
-    "App sees them (src/tokenline/cli/__init__.py, enqueue)",
-)
 def test_cli_enqueue_refuses_deeply_nested_args(cli_app: tuple[str, str]) -> None:
     """ARGS nested 10,000 deep is a one-line error, not a traceback."""
     spec, url = cli_app

@@ -15,6 +15,7 @@ from rich.markup import escape
 
 from .._config import WorkerSettings, load_settings, validate_queue_name
 from .._errors import InvalidInputError, QueueNameError
+from .._jobs import MAX_PAYLOAD_DEPTH
 from .._logging import configure as configure_logging
 from ..stores import store_from_url
 from ..worker import run_worker
@@ -188,6 +189,11 @@ def enqueue(
             kwargs = json.loads(kwargs_json) if kwargs_json else None
         except json.JSONDecodeError as exc:
             raise InvalidInputError(f"arguments are not valid JSON: {exc}") from None
+        except RecursionError:
+            raise InvalidInputError(
+                "args: nested too deeply to decode (the limit is "
+                f"{MAX_PAYLOAD_DEPTH} levels per argument)"
+            ) from None
         if not isinstance(parsed, list):
             raise InvalidInputError(f"ARGS must be a JSON array, got {args!r}")
         app = resolve_app(app_spec, url)
