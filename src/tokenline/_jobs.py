@@ -464,3 +464,6 @@ class WorkerRecord:
     extra: Mapping[str, Any] = field(default_factory=dict)
     #: The worker's wall clock minus the store's, in seconds, as the worker measured it.
     clock_skew: float | None = None
+    #: An operator asked this membership to drain (``tokenline drain``); the worker
+    #: reads it from its heartbeat. A new registration starts without it.
+    drain_requested: bool = False

@@ -523,3 +523,41 @@ async def test_a_dead_job_retried_from_the_dlq_gets_a_fresh_budget(
     assert [a.token for a in history] == [*tokens, again.lease.token]
     await store.job_retry(lease=again.lease, delay=0, error="still failing")
     assert (await store.job_get(job_id=jid)).attempt == 1
+
+
+async def test_worker_drain_marks_a_live_membership_and_the_heartbeat_returns_it(
+    store: Any, clock: FakeClock
+) -> None:
+    """worker_drain marks a live worker's membership (True), which its next heartbeat
+    and the workers listing return; asking again is harmless; a new registration starts
+    without the mark."""
+    rec = await store.worker_register(record=_record(), ttl=10)
+    assert rec.drain_requested is False
+    beat = {"worker_id": rec.id, "token": rec.token, "state": "ready", "in_flight": 0, "ttl": 10}
+    assert (await store.worker_heartbeat(**beat)).drain_requested is False
+    assert await store.worker_drain(worker_id=rec.id) is True
+    assert await store.worker_drain(worker_id=rec.id) is True
+    hb = await store.worker_heartbeat(**{**beat, "state": "draining", "in_flight": 1})
+    assert (hb.drain_requested, hb.state, hb.token) == (True, "draining", rec.token)
+    (listed,) = await store.workers_list()
+    assert listed.drain_requested is True
+    again = await store.worker_register(record=_record(), ttl=10)
+    assert again.drain_requested is False
+    (listed,) = await store.workers_list()
+    assert listed.drain_requested is False
+
+
+async def test_worker_drain_refuses_an_unknown_or_no_longer_live_worker(
+    store: Any, clock: FakeClock
+) -> None:
+    """worker_drain answers False, and changes nothing, for a worker id never
+    registered, one whose membership expired by the store's clock, and one stopped."""
+    assert await store.worker_drain(worker_id="nobody") is False
+    assert await store.workers_list() == []
+    lapsed = await store.worker_register(record=_record("lapsed"), ttl=5)
+    clock.advance(6)
+    assert await store.worker_drain(worker_id=lapsed.id) is False
+    stopped = await store.worker_register(record=_record("stopped"), ttl=60)
+    await store.worker_deregister(worker_id=stopped.id, token=stopped.token)
+    assert await store.worker_drain(worker_id=stopped.id) is False
+    assert [w.drain_requested for w in await store.workers_list()] == [False, False]

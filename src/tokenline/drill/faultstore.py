@@ -434,6 +434,10 @@ class FaultStore(Store):
         """The inner store's, with the leases role's faults."""
         return await self._run("workers_list", self.inner.workers_list)
 
+    async def worker_drain(self, *, worker_id: str) -> bool:
+        """The inner store's, with the leases role's faults."""
+        return await self._run("worker_drain", lambda: self.inner.worker_drain(worker_id=worker_id))
+
     async def resource_lease_acquire(
         self, *, resource: str, owner: str, ttl: float
     ) -> ResourceLease | None:

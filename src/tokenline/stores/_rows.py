@@ -53,6 +53,7 @@ def worker_from_row(row: _Row) -> WorkerRecord:
         expires_at=row["expires_at"],
         in_flight=row["in_flight"],
         clock_skew=row["clock_skew"],
+        drain_requested=bool(row["drain_requested"]),
     )
 
 

@@ -331,6 +331,17 @@ class Leases(abc.ABC):
         """Every worker row, newest first."""
 
     @abc.abstractmethod
+    async def worker_drain(self, *, worker_id: str) -> bool:
+        """Operator action: mark the live membership of ``worker_id`` as asked to drain
+        (``drain_requested``, which ``worker_heartbeat`` and ``workers_list`` return).
+
+        ``True`` when a live membership (unexpired by the store's clock, not stopped)
+        was marked; ``False`` for an unknown worker or one no longer live, whose row is
+        left unchanged. Asking twice is harmless. ``worker_register`` starts a new
+        membership without the mark.
+        """
+
+    @abc.abstractmethod
     async def resource_lease_acquire(
         self, *, resource: str, owner: str, ttl: float
     ) -> ResourceLease | None:

@@ -395,6 +395,7 @@ class MemoryStore(MemoryLedger, Store):
                 heartbeat_at=now,
                 expires_at=now + ttl,
                 started_at=old.started_at if old else now,
+                drain_requested=False,
             )
             self._workers[record.id] = rec
             return rec
@@ -444,6 +445,15 @@ class MemoryStore(MemoryLedger, Store):
         """All workers, newest first."""
         with self._lock:
             return sorted(self._workers.values(), key=lambda w: -w.started_at)
+
+    async def worker_drain(self, *, worker_id: str) -> bool:
+        """Mark the worker's live membership as asked to drain."""
+        with self._lock:
+            rec = self._workers.get(worker_id)
+            if rec is None or rec.state == "stopped" or rec.expires_at <= self.clock.now():
+                return False
+            self._workers[worker_id] = dataclasses.replace(rec, drain_requested=True)
+            return True
 
     async def resource_lease_acquire(
         self, *, resource: str, owner: str, ttl: float

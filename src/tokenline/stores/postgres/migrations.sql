@@ -188,3 +188,7 @@ ALTER TABLE {schema}.workers ADD COLUMN clock_skew double precision;
 ALTER TABLE {schema}.jobs
     ADD COLUMN lease_expiries     integer NOT NULL DEFAULT 0,
     ADD COLUMN max_lease_expiries integer NOT NULL DEFAULT 3;
+
+-- name: migration_0005_worker_drain
+-- An operator's request that a worker drain (tokenline drain), read at its heartbeat.
+ALTER TABLE {schema}.workers ADD COLUMN drain_requested boolean NOT NULL DEFAULT false;

@@ -467,7 +467,8 @@ SET token = w.token + 1,
     state = excluded.state,
     heartbeat_at = excluded.heartbeat_at,
     expires_at = excluded.expires_at,
-    in_flight = 0
+    in_flight = 0,
+    drain_requested = false
 RETURNING *;
 
 -- name: worker_heartbeat
@@ -491,6 +492,12 @@ WHERE w.id = %(id)s AND w.token = %(token)s;
 
 -- name: workers_list
 SELECT * FROM {schema}.workers ORDER BY started_at DESC;
+
+-- name: worker_drain
+-- Only a live membership: a stopped or expired worker would never read the request.
+UPDATE {schema}.workers
+SET drain_requested = true
+WHERE id = %(id)s AND state <> 'stopped' AND expires_at > {schema}.now_epoch(%(now)s);
 
 -- name: resource_lease_acquire
 WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now)

@@ -688,6 +688,11 @@ class PostgresStore(PostgresLedger, Store):
         """All workers, newest first."""
         return [worker_from_row(r) for r in await self._rows(self._q("workers_list"), {})]
 
+    async def worker_drain(self, *, worker_id: str) -> bool:
+        """Mark the worker's live membership as asked to drain."""
+        params = {"id": worker_id, "now": self._now()}
+        return await self._rowcount(self._q("worker_drain"), params) == 1
+
     async def resource_lease_acquire(
         self, *, resource: str, owner: str, ttl: float
     ) -> ResourceLease | None:

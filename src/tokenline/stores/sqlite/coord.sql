@@ -43,6 +43,10 @@ CREATE TABLE IF NOT EXISTS coord.resource_leases (
     expires_at REAL    NOT NULL
 );
 
+-- name: schema_v2
+-- An operator's request that a worker drain (tokenline drain), read at its heartbeat.
+ALTER TABLE coord.workers ADD COLUMN drain_requested INTEGER NOT NULL DEFAULT 0;
+
 -- name: clock_get
 SELECT boot_id, wall, uptime FROM coord.clock WHERE id = 1;
 
@@ -100,7 +104,8 @@ INSERT INTO coord.workers (id, host, pid, queues, concurrency, state, token,
 VALUES (:id, :host, :pid, :queues, :concurrency, :state, 1, :now, :now, :now + :ttl, 0)
 ON CONFLICT (id) DO UPDATE
 SET token = workers.token + 1, state = excluded.state,
-    heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at, in_flight = 0
+    heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at, in_flight = 0,
+    drain_requested = 0
 RETURNING *;
 
 -- name: worker_heartbeat
@@ -117,6 +122,11 @@ WHERE id = :id AND token = :token;
 
 -- name: workers_list
 SELECT * FROM coord.workers ORDER BY started_at DESC;
+
+-- name: worker_drain
+-- Only a live membership: a stopped or expired worker would never read the request.
+UPDATE coord.workers SET drain_requested = 1
+WHERE id = :id AND state != 'stopped' AND expires_at > :now;
 
 -- name: resource_lease_get
 SELECT resource, owner, token, expires_at FROM coord.resource_leases

@@ -162,6 +162,15 @@ class SQLiteLeases:
         rows = await self._coord_call(lambda c: c.execute(CQ["workers_list"]).fetchall())
         return [worker_from_row(r) for r in rows]
 
+    async def worker_drain(self, *, worker_id: str) -> bool:
+        """Mark the worker's live membership as asked to drain."""
+
+        def run(coord: sqlite3.Connection) -> bool:
+            params = {"id": worker_id, "now": self.clock.now()}
+            return bool(coord.execute(CQ["worker_drain"], params).rowcount)
+
+        return await self._coord_call(run)
+
     async def resource_lease_acquire(
         self, *, resource: str, owner: str, ttl: float
     ) -> ResourceLease | None:

@@ -95,7 +95,7 @@ SCHEMA_VERSION = 4
 Q = load_queries(__name__.rpartition(".")[0])
 CQ = load_queries(__name__.rpartition(".")[0], "coord.sql")
 #: Version of the coordination file's schema (its own ``user_version``).
-COORD_VERSION = 1
+COORD_VERSION = 2
 T = TypeVar("T")
 
 #: Lease rows expired longer than this are pruned by the rescue.
@@ -371,10 +371,14 @@ class SQLiteStore(SQLiteLeases, SQLiteLedger, Store):
         if version == COORD_VERSION:
             return
         with immediate(coord):
-            if coord.execute("PRAGMA coord.user_version").fetchone()[0] < COORD_VERSION:
-                for statement in statements(CQ["schema"]):
-                    coord.execute(statement)
-                coord.execute(f"PRAGMA coord.user_version = {COORD_VERSION:d}")
+            version = coord.execute("PRAGMA coord.user_version").fetchone()[0]
+            if version >= COORD_VERSION:
+                return
+            for since, script in ((0, CQ["schema"]), (1, CQ["schema_v2"])):
+                if version <= since:
+                    for statement in statements(script):
+                        coord.execute(statement)
+            coord.execute(f"PRAGMA coord.user_version = {COORD_VERSION:d}")
 
     def _anchor(self, coord: sqlite3.Connection) -> Any:
         """The store's clock for this boot, anchoring it first if this boot is new."""
