@@ -297,20 +297,7 @@ def worker_health(worker: Worker) -> tuple[Check, Check]:
     last membership heartbeat the store accepted is younger than its lease TTL.
     """
 
-    def health() -> tuple[bool, str]:
-        return True, "ok"
-
-    def ready() -> tuple[bool, str]:
-        state = worker.state
-        if not state.may_fetch:
-            return False, f"worker {worker.id} is {state.value}"
-        silent = worker.clock.monotonic() - worker._last_beat
-        ttl = worker.settings.lease_ttl
-        if silent >= ttl:
-            return False, f"no heartbeat for {silent:.1f}s (lease TTL {ttl:g}s)"
-        return True, f"{state.value}, last heartbeat {silent:.1f}s ago"
-
-    return health, ready
+    return worker.liveness, worker.readiness
 
 
 # -- the store view -----------------------------------------------------------------------

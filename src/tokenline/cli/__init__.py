@@ -33,6 +33,7 @@ from .bench import bench
 from .demo import demo
 from .dlq import dlq
 from .drill import drill
+from .exporter import exporter
 from .inspect import job, jobs, queues, workers
 from .status import status
 
@@ -128,6 +129,18 @@ def _env(name: str) -> dict[str, Any]:
     **_env("LOG_LEVEL"),
 )
 @click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    help="Serve /metrics, /healthz and /readyz on this port (needs tokenline[metrics]) "
+    "[default: off].",
+    **_env("METRICS_PORT"),
+)
+@click.option(
+    "--metrics-host",
+    help="Address the metrics port listens on [default: 127.0.0.1].",
+    **_env("METRICS_HOST"),
+)
+@click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     help="text: prose lines; json: one object per line with worker, job, token, attempt, "
@@ -140,6 +153,8 @@ def worker(
     config: str | None,
     log_level: str | None,
     log_format: str | None,
+    metrics_port: int | None,
+    metrics_host: str | None,
     **options: Any,
 ) -> None:
     """Run a worker until SIGTERM (drain, then stop) or a second SIGTERM (stop now)."""
@@ -151,7 +166,9 @@ def worker(
         if options.get("queues"):
             options["queues"] = tuple(q.strip() for q in options["queues"].split(",") if q.strip())
         settings = load_settings(WorkerSettings, options, file=config, section="tokenline.worker")
-        counters = run_worker(app, settings)
+        counters = run_worker(
+            app, settings, metrics_port=metrics_port, metrics_host=metrics_host or "127.0.0.1"
+        )
     console.print(f"worker stopped: {counters.summary()}", highlight=False, markup=False)
 
 
@@ -262,6 +279,6 @@ def migrate(app_spec: str | None, url: str | None, timeout: float) -> None:
     console.print(f"{escape(app.url)}: schema up to date{suffix}", highlight=False)
 
 
-for command in (status, queues, workers, jobs, job, dlq, demo, bench, drill):
+for command in (status, queues, workers, jobs, job, dlq, demo, bench, drill, exporter):
     main.add_command(command)
 main.add_command(audit)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from .. import events
 from .._config import WorkerSettings
+from .._errors import ConfigError
 from .context import JobContext
 from .state import InvalidTransitionError, WorkerEvent, WorkerState, next_state
 from .worker import Worker, WorkerCounters
@@ -28,8 +32,18 @@ __all__ = [
 ]
 
 
-def run_worker(app: App, settings: WorkerSettings | None = None) -> WorkerCounters:
+def run_worker(
+    app: App,
+    settings: WorkerSettings | None = None,
+    *,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
+) -> WorkerCounters:
     """Run a worker in this thread until SIGTERM/SIGINT; return what it did.
+
+    With ``metrics_port``, the worker serves ``/metrics``, ``/healthz`` and ``/readyz``
+    there (needs the ``metrics`` extra); a port in use is refused before the worker
+    starts.
 
     A sync handler cannot be interrupted; after a forced stop or a drain timeout its
     job has been released (or its lease will expire), and the process must not wait
@@ -37,7 +51,10 @@ def run_worker(app: App, settings: WorkerSettings | None = None) -> WorkerCounte
     has stopped, the process ends here, after flushing its output.
     """
     worker = Worker(app, settings)
-    asyncio.run(worker.run(install_signal_handlers=True))
+    with contextlib.ExitStack() as stack:
+        if metrics_port is not None:
+            stack.enter_context(_metrics(worker, metrics_port, metrics_host))
+        asyncio.run(worker.run(install_signal_handlers=True))
     if worker.sync_handlers_running:
         logging.getLogger("tokenline.worker").warning(
             "worker %s: exiting with sync handlers still running (their jobs were released)",
@@ -48,3 +65,28 @@ def run_worker(app: App, settings: WorkerSettings | None = None) -> WorkerCounte
         sys.stderr.flush()
         os._exit(0)
     return worker.counters
+
+
+@contextlib.contextmanager
+def _metrics(worker: Worker, port: int, host: str) -> Iterator[None]:
+    """Serve ``worker``'s metrics and health on ``host:port`` while the block runs."""
+    try:
+        import prometheus_client as prom
+
+        from .. import metrics
+    except ImportError as exc:
+        raise ConfigError("metrics_port", str(exc)) from None
+    # A registry of the worker's own: the process's defaults plus the worker's metrics.
+    registry = prom.CollectorRegistry()
+    prom.ProcessCollector(registry=registry)
+    prom.PlatformCollector(registry=registry)
+    prom.GCCollector(registry=registry)
+    hook = metrics.WorkerMetrics(registry)
+    health, ready = metrics.worker_health(worker)
+    server = metrics.serve(port, host=host, registry=registry, health=health, ready=ready)
+    events.add_hook(hook)
+    try:
+        yield
+    finally:
+        events.remove_hook(hook)
+        server.close()
