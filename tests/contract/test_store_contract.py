@@ -561,3 +561,37 @@ async def test_worker_drain_refuses_an_unknown_or_no_longer_live_worker(
     await store.worker_deregister(worker_id=stopped.id, token=stopped.token)
     assert await store.worker_drain(worker_id=stopped.id) is False
     assert [w.drain_requested for w in await store.workers_list()] == [False, False]
+
+
+async def test_resource_leases_list_shows_holders_tokens_and_when_each_was_taken(
+    store: Any, clock: FakeClock
+) -> None:
+    """resource_leases_list gives every named lease by name with its holder, token,
+    expiry and when its token was issued: a renewal keeps that time, a new holder gets
+    a new one; a released lease stays listed, expired, with its last holder and token."""
+    assert await store.resource_leases_list() == []
+    t0 = clock.now()
+    b = await store.resource_lease_acquire(resource="b:Z", owner="w1", ttl=5)
+    clock.advance(1)
+    a = await store.resource_lease_acquire(resource="a:1", owner="w2", ttl=5)
+    clock.advance(1)
+    assert await store.resource_lease_renew(lease=b, ttl=10) is not None
+    listed = await store.resource_leases_list()
+    assert [(x.resource, x.owner, x.token) for x in listed] == [
+        ("a:1", "w2", a.token),
+        ("b:Z", "w1", b.token),
+    ]
+    assert [x.acquired_at for x in listed] == [pytest.approx(t0 + 1), pytest.approx(t0)]
+    assert [x.expires_at for x in listed] == [pytest.approx(t0 + 6), pytest.approx(t0 + 12)]
+    clock.advance(5)
+    taken = await store.resource_lease_acquire(resource="a:1", owner="w3", ttl=5)
+    assert taken is not None
+    assert await store.resource_lease_release(lease=b)
+    first, second = await store.resource_leases_list()
+    assert (first.owner, first.token, first.acquired_at) == (
+        "w3",
+        a.token + 1,
+        pytest.approx(clock.now()),
+    )
+    assert (second.owner, second.token) == ("w1", b.token)
+    assert second.expires_at <= clock.now()

@@ -461,6 +461,10 @@ class FaultStore(Store):
             "resource_lease_renew", lambda: self.inner.resource_lease_renew(lease=lease, ttl=ttl)
         )
 
+    async def resource_leases_list(self) -> list[ResourceLease]:
+        """The inner store's, with the leases role's faults."""
+        return await self._run("resource_leases_list", self.inner.resource_leases_list)
+
     async def migrate(self) -> int | None:
         """The inner store's, never faulted."""
         return await self.inner.migrate()

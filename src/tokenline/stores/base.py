@@ -41,7 +41,7 @@ import abc
 import asyncio
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import NotSupportedError, StaleTokenError
@@ -102,6 +102,10 @@ class ResourceLease:
     owner: str
     token: int
     expires_at: float
+    #: When its current token was issued, by the store's clock, as
+    #: :meth:`Leases.resource_leases_list` reports it (``None`` where unknown: a lease
+    #: taken before the store recorded it). Not part of the lease's identity.
+    acquired_at: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,6 +362,12 @@ class Leases(abc.ABC):
     @abc.abstractmethod
     async def resource_lease_release(self, *, lease: ResourceLease) -> bool:
         """Release the named lease; only the holder of ``(owner, token)`` can."""
+
+    @abc.abstractmethod
+    async def resource_leases_list(self) -> list[ResourceLease]:
+        """Every named lease the store holds a record of, by resource name, with
+        ``acquired_at``: held ones, and expired or released ones, which keep their last
+        holder and token (the next holder's token is higher)."""
 
 
 class Ledger(abc.ABC):

@@ -467,7 +467,8 @@ class MemoryStore(MemoryLedger, Store):
             if cur is not None and cur.owner == owner and cur.expires_at > now:
                 new = dataclasses.replace(cur, expires_at=now + ttl)
             else:
-                new = ResourceLease(resource, owner, (cur.token if cur else 0) + 1, now + ttl)
+                token = (cur.token if cur else 0) + 1
+                new = ResourceLease(resource, owner, token, now + ttl, acquired_at=now)
             self._leases[resource] = new
             return new
 
@@ -480,6 +481,11 @@ class MemoryStore(MemoryLedger, Store):
             # Expire rather than delete: the token counter must survive the release.
             self._leases[lease.resource] = dataclasses.replace(cur, expires_at=self.clock.now())
             return True
+
+    async def resource_leases_list(self) -> list[ResourceLease]:
+        """Every named lease, held or not, by resource name."""
+        with self._lock:
+            return [self._leases[name] for name in sorted(self._leases)]
 
     # -- transactions ---------------------------------------------------------------------
     def fenced_transaction(

@@ -192,3 +192,7 @@ ALTER TABLE {schema}.jobs
 -- name: migration_0005_worker_drain
 -- An operator's request that a worker drain (tokenline drain), read at its heartbeat.
 ALTER TABLE {schema}.workers ADD COLUMN drain_requested boolean NOT NULL DEFAULT false;
+
+-- name: migration_0006_lease_acquired_at
+-- When each resource lease's current token was issued (NULL: before it was recorded).
+ALTER TABLE {schema}.leases ADD COLUMN acquired_at double precision;

@@ -501,16 +501,24 @@ WHERE id = %(id)s AND state <> 'stopped' AND expires_at > {schema}.now_epoch(%(n
 
 -- name: resource_lease_acquire
 WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now)
-INSERT INTO {schema}.leases AS l (resource, owner, token, expires_at)
-SELECT %(resource)s, %(owner)s, 1, c.now + %(ttl)s FROM clock AS c
+INSERT INTO {schema}.leases AS l (resource, owner, token, expires_at, acquired_at)
+SELECT %(resource)s, %(owner)s, 1, c.now + %(ttl)s, c.now FROM clock AS c
 ON CONFLICT (resource) DO UPDATE
 SET token = CASE WHEN l.owner = excluded.owner
                       AND l.expires_at > {schema}.now_epoch(%(now)s)
                  THEN l.token ELSE l.token + 1 END,
+    acquired_at = CASE WHEN l.owner = excluded.owner
+                            AND l.expires_at > {schema}.now_epoch(%(now)s)
+                       THEN l.acquired_at ELSE excluded.acquired_at END,
     owner = excluded.owner,
     expires_at = excluded.expires_at
 WHERE l.expires_at <= {schema}.now_epoch(%(now)s) OR l.owner = excluded.owner
 RETURNING resource, owner, token, expires_at;
+
+-- name: resource_leases_list
+-- Byte order, as the other stores sort: the database's collation would differ.
+SELECT resource, owner, token, expires_at, acquired_at FROM {schema}.leases
+ORDER BY resource COLLATE "C";
 
 -- name: resource_lease_release
 -- Expire rather than delete: the token counter must survive the release.

@@ -711,6 +711,11 @@ class PostgresStore(PostgresLedger, Store):
         }
         return await self._rowcount(self._q("resource_lease_release"), params) == 1
 
+    async def resource_leases_list(self) -> list[ResourceLease]:
+        """Every named lease, held or not, by resource name."""
+        rows = await self._tuples(self._q("resource_leases_list"), {})
+        return [ResourceLease(*r) for r in rows]
+
     # -- transactions ---------------------------------------------------------------------
     def fenced_transaction(
         self, *, lease: Lease, fences: Sequence[Fence] = (), timeout: float | None = None

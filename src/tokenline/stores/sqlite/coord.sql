@@ -47,6 +47,10 @@ CREATE TABLE IF NOT EXISTS coord.resource_leases (
 -- An operator's request that a worker drain (tokenline drain), read at its heartbeat.
 ALTER TABLE coord.workers ADD COLUMN drain_requested INTEGER NOT NULL DEFAULT 0;
 
+-- name: schema_v3
+-- When each resource lease's current token was issued (NULL: before it was recorded).
+ALTER TABLE coord.resource_leases ADD COLUMN acquired_at REAL;
+
 -- name: clock_get
 SELECT boot_id, wall, uptime FROM coord.clock WHERE id = 1;
 
@@ -142,10 +146,11 @@ RETURNING resource, owner, token, expires_at;
 -- name: resource_lease_take
 -- A new holder with a new token, only if the lease is free or expired (checked again
 -- here, under this file's write lock).
-INSERT INTO coord.resource_leases (resource, owner, token, expires_at)
-VALUES (:resource, :owner, :token, :now + :ttl)
+INSERT INTO coord.resource_leases (resource, owner, token, expires_at, acquired_at)
+VALUES (:resource, :owner, :token, :now + :ttl, :now)
 ON CONFLICT (resource) DO UPDATE
-SET owner = excluded.owner, token = excluded.token, expires_at = excluded.expires_at
+SET owner = excluded.owner, token = excluded.token, expires_at = excluded.expires_at,
+    acquired_at = excluded.acquired_at
 WHERE resource_leases.expires_at <= :now
 RETURNING resource, owner, token, expires_at;
 
@@ -153,6 +158,10 @@ RETURNING resource, owner, token, expires_at;
 -- Expire rather than delete: the holder and token stay for the record.
 UPDATE coord.resource_leases SET expires_at = :now
 WHERE resource = :resource AND owner = :owner AND token = :token AND expires_at > :now;
+
+-- name: resource_leases_list
+SELECT resource, owner, token, expires_at, acquired_at FROM coord.resource_leases
+ORDER BY resource;
 
 -- name: resource_lease_held
 SELECT 1 FROM coord.resource_leases

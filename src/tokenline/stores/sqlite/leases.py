@@ -232,3 +232,8 @@ class SQLiteLeases:
             return bool(coord.execute(CQ["resource_lease_release"], params).rowcount)
 
         return await self._coord_call(run)
+
+    async def resource_leases_list(self) -> list[ResourceLease]:
+        """Every named lease, held or not, by resource name."""
+        rows = await self._coord_call(lambda c: c.execute(CQ["resource_leases_list"]).fetchall())
+        return [ResourceLease(*tuple(r)) for r in rows]
