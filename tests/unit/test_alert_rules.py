@@ -14,9 +14,11 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import click
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tokenline.cli import main
 from tokenline.metrics import StoreCollector, WorkerMetrics
 from tokenline.ops import alert_rules_path
 from tokenline.stores import store_from_url
@@ -28,6 +30,8 @@ RUNBOOK = ROOT / "docs" / "runbook.md"
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SEVERITIES = {"critical", "warning"}
+#: Commands the runbook tells operators about before they exist in the CLI.
+PENDING_COMMANDS = {"drain"}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
@@ -231,3 +235,45 @@ def test_the_runbook_has_no_section_without_an_alert() -> None:
     """A section for an alert that was renamed or removed would mislead."""
     sections = re.findall(r"^## (Tokenline\w+)\s*$", RUNBOOK.read_text(), re.MULTILINE)
     assert sorted(sections) == sorted(r.alert for r in ALERTS)
+
+
+def runbook_commands(markdown: str) -> list[str]:
+    """The ``tokenline …`` command lines of the runbook: in code blocks (comments cut)
+    and in inline code."""
+    lines = []
+    fenced = False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif fenced:
+            lines.append(line.split("#", 1)[0])
+    lines += re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", markdown, flags=re.DOTALL))
+    return [
+        m.group(0).strip()
+        for line in lines
+        if (m := re.match(r"tokenline [a-z][a-z-]*(?=\s|$).*", line.strip()))
+    ]
+
+
+def test_the_runbook_names_only_commands_and_options_that_exist() -> None:
+    """Each ``tokenline`` command of the runbook, and each ``--option`` given to it, is
+    one the CLI has: an operator following it during an incident must not hit a typo."""
+    commands = runbook_commands(RUNBOOK.read_text())
+    assert len(commands) > 10
+    wrong = []
+    for text in commands:
+        words = text.split()[1:]
+        cmd: click.Command = main
+        while isinstance(cmd, click.Group) and words and words[0] in cmd.commands:
+            cmd = cmd.commands[words.pop(0)]
+        if isinstance(cmd, click.Group):
+            if not (words and words[0] in PENDING_COMMANDS):
+                wrong.append(f"{text}: no such command")
+            continue
+        options = {o for p in cmd.params for o in getattr(p, "opts", [])}
+        wrong += [
+            f"{text}: {w} is not an option"
+            for w in words
+            if w.startswith("--") and w.split("=")[0] not in options
+        ]
+    assert wrong == []
