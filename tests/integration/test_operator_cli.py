@@ -8,17 +8,26 @@ through an app of the test tree (``statusfaultapp``), never through tokenline's 
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
+from click.testing import CliRunner
 
 from tokenline._clock import FakeClock
+from tokenline._jobs import NewJob, WorkerRecord
+from tokenline.cli import main
+from tokenline.stores import MemoryStore, Store, store_from_url
+from tokenline.stores.base import ResourceLease
 from tokenline.stores.sqlite import SQLiteStore
 from tokenline.stores.sqlite._connection import connect_coord, coord_path, statements
 from tokenline.stores.sqlite.store import COORD_VERSION, CQ
+
+T = TypeVar("T")
 
 
 # -- the store side of drain ----------------------------------------------------------------
@@ -146,3 +155,210 @@ async def test_postgres_migrates_a_0004_schema_for_drain_and_lease_ages(
     finally:
         with psycopg.connect(postgres_server, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(ident))
+
+
+# -- leases, lease release, drain --------------------------------------------------------------
+def cli(*args: str) -> tuple[int, str]:
+    """Run the CLI as a pipe would see it (stdout and stderr together)."""
+    env = {"COLUMNS": None, "FORCE_COLOR": None, "TTY_COMPATIBLE": None}
+    result = CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def on_store(url: str, fn: Callable[[Store], Awaitable[T]]) -> T:
+    """``fn(store)`` on an open store for ``url`` (the system clock, as the CLI's)."""
+
+    async def run() -> T:
+        store = store_from_url(url)
+        await store.open()
+        try:
+            return await fn(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+def _record(wid: str) -> WorkerRecord:
+    return WorkerRecord(wid, "host", 1, ("default",), 4, "ready", 0, 0.0, 0.0, 0.0)
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    """A store with a job running under a 60 s lease of worker w-1, a resource lease
+    ``account:[1]`` held by ``w-[2]`` (names rich would read as markup), one expired
+    lease, a live worker w-1 and a stopped worker w-old."""
+    u = f"sqlite:///{tmp_path / 'ops.db'}"
+
+    async def seed(store: Store) -> None:
+        await store.jobs_enqueue(jobs=[NewJob("billing", "charge", "[]")])
+        await store.jobs_claim(owner="w-1", queues=["billing"], limit=1, ttl=60)
+        await store.resource_lease_acquire(resource="account:[1]", owner="w-[2]", ttl=60)
+        await store.resource_lease_acquire(resource="gone", owner="w-9", ttl=0.01)
+        await store.worker_register(record=_record("w-1"), ttl=60)
+        old = await store.worker_register(record=_record("w-old"), ttl=60)
+        await store.worker_deregister(worker_id=old.id, token=old.token)
+
+    on_store(u, seed)
+    return u
+
+
+def _named(url: str) -> list[tuple[str, str, int, bool]]:
+    async def read(store: Store) -> list[tuple[str, str, int, bool]]:
+        now = await store.store_time()
+        return [
+            (r.resource, r.owner, r.token, r.expires_at > now)
+            for r in await store.resource_leases_list()
+        ]
+
+    return on_store(url, read)
+
+
+def test_leases_lists_job_and_resource_leases_by_the_store_clock(url: str) -> None:
+    """leases shows the running job's lease (owner, token, expiry ahead, age since the
+    claim) and the held resource lease, names as written; --all adds the expired one."""
+    code, out = cli("leases", "--url", url, "--json")
+    assert code == 0
+    report = json.loads(out)
+    (jl,) = report["job_leases"]
+    assert (jl["job_id"], jl["queue"], jl["task"], jl["owner"], jl["token"]) == (
+        1,
+        "billing",
+        "charge",
+        "w-1",
+        1,
+    )
+    assert 0 < jl["expires_in"] <= 60
+    assert jl["expires_at"] == pytest.approx(report["now"] + jl["expires_in"])
+    assert 0 <= jl["age"] < 30
+    (rl,) = report["resource_leases"]
+    assert (rl["key"], rl["owner"], rl["token"], rl["held"]) == ("account:[1]", "w-[2]", 1, True)
+    assert 0 <= rl["age"] < 30
+    assert 0 < rl["expires_in"] <= 60
+    code, out = cli("leases", "--url", url, "--all", "--json")
+    assert [r["key"] for r in json.loads(out)["resource_leases"]] == ["account:[1]", "gone"]
+    assert json.loads(out)["resource_leases"][1]["expires_in"] < 0
+    code, out = cli("leases", "--url", url)
+    assert code == 0
+    assert "account:[1]" in out
+    assert "w-[2]" in out
+    assert "gone" not in out
+    assert "in " in out  # "in 59.9s": the expiry ahead, by the store's clock
+
+
+def test_lease_release_needs_both_owner_and_token(url: str) -> None:
+    """Without --owner or without --token, lease release is a usage error (exit 2) and
+    the lease stays held."""
+    for args in (["--owner", "w-[2]"], ["--token", "1"], []):
+        code, out = cli("lease", "release", "--url", url, "account:[1]", *args)
+        assert code == 2
+        assert "Missing option" in out
+    assert ("account:[1]", "w-[2]", 1, True) in _named(url)
+
+
+@pytest.mark.parametrize(
+    ("owner", "token", "said"),
+    [
+        ("w-[3]", "1", "owner 'w-[3]' is not its owner ('w-[2]')"),
+        ("w-[2]", "0", "token 0 (a stale one) is not its token (1)"),
+        ("w-[2]", "2", "token 2 is not its token (1)"),
+        ("w-3", "0", "owner 'w-3' is not its owner ('w-[2]') and token 0"),
+    ],
+)
+def test_lease_release_refuses_a_wrong_owner_or_token(
+    url: str, owner: str, token: str, said: str
+) -> None:
+    """A release whose owner or token is not the holder's exits 1 naming what did not
+    match, and the lease stays held with the same token."""
+    code, out = cli(
+        "lease", "release", "--url", url, "account:[1]", "--owner", owner, "--token", token
+    )
+    assert code == 1
+    flat = " ".join(out.split())
+    assert said in flat
+    assert "nothing changed" in flat
+    assert ("account:[1]", "w-[2]", 1, True) in _named(url)
+
+
+def test_lease_release_of_an_unknown_key_is_refused(url: str) -> None:
+    """A key the store has no lease for exits 1, naming the key."""
+    code, out = cli("lease", "release", "--url", url, "nope[x]", "--owner", "a", "--token", "1")
+    assert code == 1
+    assert "no resource lease named 'nope[x]'" in out
+
+
+def test_lease_release_by_owner_and_token_frees_the_lease(url: str) -> None:
+    """With the holder's owner and token the lease is released: no longer held, and the
+    next holder gets a higher token. An expired lease needs no release (exit 0)."""
+    code, out = cli(
+        "lease", "release", "--url", url, "account:[1]", "--owner", "w-[2]", "--token", "1"
+    )
+    assert code == 0, out
+    assert "released lease 'account:[1]' (owner 'w-[2]', token 1)" in out
+    assert ("account:[1]", "w-[2]", 1, False) in _named(url)
+    taken = on_store(
+        url, lambda s: s.resource_lease_acquire(resource="account:[1]", owner="w-4", ttl=60)
+    )
+    assert taken is not None
+    assert taken.token == 2
+    code, out = cli("lease", "release", "--url", url, "gone", "--owner", "w-9", "--token", "1")
+    assert code == 0
+    assert "nothing to release" in out
+
+
+def test_lease_release_is_fenced_by_the_store() -> None:
+    """A lease taken over by a new token between the check and the release is refused by
+    the store itself: StaleTokenError, and the new holder keeps it."""
+
+    async def run() -> tuple[bool, ResourceLease | None]:
+        store = MemoryStore()
+        old = await store.resource_lease_acquire(resource="k", owner="a", ttl=1)
+        assert old is not None
+        await store.resource_lease_release(lease=old)
+        new = await store.resource_lease_acquire(resource="k", owner="a", ttl=60)
+        return await store.resource_lease_release(lease=old), new
+
+    released, new = asyncio.run(run())
+    assert released is False
+    assert new is not None
+    assert new.token == 2
+
+
+def test_drain_marks_a_live_worker(url: str) -> None:
+    """drain of a live worker exits 0 and marks its membership; its next heartbeat
+    carries the request."""
+    code, out = cli("drain", "--url", url, "w-1")
+    assert code == 0, out
+    assert "asked worker 'w-1' to drain" in out
+
+    async def beat(store: Store) -> bool | None:
+        (w,) = [w for w in await store.workers_list() if w.id == "w-1"]
+        rec = await store.worker_heartbeat(
+            worker_id=w.id, token=w.token, state="draining", in_flight=0, ttl=60
+        )
+        return rec and rec.drain_requested
+
+    assert on_store(url, beat) is True
+
+
+def _drain_flags(url: str) -> list[tuple[str, bool]]:
+    async def read(store: Store) -> list[tuple[str, bool]]:
+        return sorted((w.id, w.drain_requested) for w in await store.workers_list())
+
+    return on_store(url, read)
+
+
+@pytest.mark.parametrize(
+    ("worker", "said"),
+    [("w-[unknown]", "no worker with id 'w-[unknown]'"), ("w-old", "it has stopped")],
+)
+def test_drain_refuses_an_unknown_or_stopped_worker(url: str, worker: str, said: str) -> None:
+    """drain of a worker id the store does not know, or of a stopped worker, exits 1
+    saying why, and no worker is marked."""
+    before = _drain_flags(url)
+    code, out = cli("drain", "--url", url, worker)
+    assert code == 1
+    flat = " ".join(out.split())
+    assert said in flat
+    assert "nothing changed" in flat
+    assert _drain_flags(url) == before == [("w-1", False), ("w-old", False)]

@@ -35,6 +35,7 @@ from .dlq import dlq
 from .drill import drill
 from .exporter import exporter
 from .inspect import job, jobs, queues, workers
+from .leases import drain, lease, leases
 from .status import status
 
 __all__ = ["main"]
@@ -282,3 +283,5 @@ def migrate(app_spec: str | None, url: str | None, timeout: float) -> None:
 for command in (status, queues, workers, jobs, job, dlq, demo, bench, drill, exporter):
     main.add_command(command)
 main.add_command(audit)
+for command in (leases, lease, drain):
+    main.add_command(command)
