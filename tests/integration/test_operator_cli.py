@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 import sqlite3
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import pytest
 from click.testing import CliRunner
@@ -21,6 +27,9 @@ from click.testing import CliRunner
 from tokenline._clock import FakeClock
 from tokenline._jobs import NewJob, WorkerRecord
 from tokenline.cli import main
+from tokenline.cli.status import CHANNELS
+from tokenline.drill.scenarios import DRILL_SCENARIOS
+from tokenline.drill.storefaults import RoleFaults, StoreFaults, write_fault_file
 from tokenline.stores import MemoryStore, Store, store_from_url
 from tokenline.stores.base import ResourceLease
 from tokenline.stores.sqlite import SQLiteStore
@@ -362,3 +371,182 @@ def test_drain_refuses_an_unknown_or_stopped_worker(url: str, worker: str, said:
     assert said in flat
     assert "nothing changed" in flat
     assert _drain_flags(url) == before == [("w-1", False), ("w-old", False)]
+
+
+# -- status, channel by channel ----------------------------------------------------------------
+HERE = Path(__file__).parent
+
+
+def status_during(
+    url: str, fault_file: Path, faults: StoreFaults | None, *args: str
+) -> tuple[int, str]:
+    """`tokenline status` in a process of its own whose store takes ``faults`` (written
+    to ``fault_file`` first; ``None``: the file removed, no faults)."""
+    if faults is None:
+        fault_file.unlink(missing_ok=True)
+    else:
+        write_fault_file(fault_file, faults)
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("TOKENLINE_", "STATUSFAULTAPP"))
+    }
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]),
+        STATUSFAULTAPP_URL=url,
+        STATUSFAULTAPP_FAULT_FILE=str(fault_file),
+        COLUMNS="200",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "tokenline", "status", "--app", "statusfaultapp:app", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+def failing(report: dict[str, Any]) -> dict[str, str]:
+    """Each failing channel and how it fails."""
+    return {n: c["failure"] for n, c in report["channels"].items() if c["ok"] is False}
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A SQLite store that exists, with a job in it."""
+    u = f"sqlite:///{tmp_path / 'status.db'}"
+    on_store(u, lambda s: s.jobs_enqueue(jobs=[NewJob("default", "t", "[]")]))
+    return u
+
+
+_ROLE_DOWN = {
+    # The drill's own scenario: renewals (and every other leases call) fail.
+    "leases": DRILL_SCENARIOS["partition_leases"].injection.store,
+    "ledger": StoreFaults(ledger=RoleFaults(error=True)),
+    "broker": StoreFaults(broker=RoleFaults(error=True)),
+}
+
+
+@pytest.mark.parametrize("role", sorted(_ROLE_DOWN))
+def test_status_during_a_drill_fault_names_that_channel_and_only_it(
+    sqlite_url: str, tmp_path: Path, role: str
+) -> None:
+    """While one role's calls fail (the drill's FaultStore), status exits 1 naming that
+    channel as failing, unreachable, and every other channel ok; once the fault is
+    cleared, every channel is ok again."""
+    faults = _ROLE_DOWN[role]
+    assert faults is not None
+    fault_file = tmp_path / "faults.json"
+    code, out = status_during(sqlite_url, fault_file, faults, "--json")
+    assert code == 1, out
+    report = json.loads(out)
+    assert report["store"] == "ok"
+    assert failing(report) == {role: "unreachable"}
+    assert "drill fault" in report["channels"][role]["error"]
+    assert all(c["ok"] for n, c in report["channels"].items() if n != role)
+    code, out = status_during(sqlite_url, fault_file, faults)
+    assert code == 1
+    lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert "FAILING  unreachable: drill fault" in lines[role]
+    assert [n for n in CHANNELS if " ok " in lines[n]] == [n for n in CHANNELS if n != role]
+    code, out = status_during(sqlite_url, fault_file, None, "--json")
+    assert code == 0, out
+    assert failing(json.loads(out)) == {}
+
+
+def test_status_during_a_store_wide_outage_fails_every_channel(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """The drill's total partition (every role failing): status names all three
+    channels failing, unreachable."""
+    faults = DRILL_SCENARIOS["partition_total"].injection.store
+    code, out = status_during(sqlite_url, tmp_path / "faults.json", faults, "--json")
+    assert code == 1
+    assert failing(json.loads(out)) == dict.fromkeys(CHANNELS, "unreachable")
+
+
+def test_status_calls_a_channel_that_does_not_answer_in_time_slow(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """A channel whose calls hang is reported slow once --timeout has passed, the
+    others ok; the drill's slow store (every call delayed) makes every channel slow."""
+    fault_file = tmp_path / "faults.json"
+    hang = StoreFaults(leases=RoleFaults(hang=True))
+    started = time.monotonic()
+    code, out = status_during(sqlite_url, fault_file, hang, "--json", "--timeout", "0.5")
+    assert code == 1
+    report = json.loads(out)
+    assert failing(report) == {"leases": "slow"}
+    assert report["channels"]["leases"]["error"] == "no answer within 0.5s"
+    assert time.monotonic() - started < 30
+    slow = DRILL_SCENARIOS["slow_store"].injection.store
+    code, out = status_during(sqlite_url, fault_file, slow, "--json", "--timeout", "0.3")
+    assert code == 1
+    assert failing(json.loads(out)) == dict.fromkeys(CHANNELS, "slow")
+
+
+def test_status_of_an_unreachable_sqlite_store_fails_every_channel(tmp_path: Path) -> None:
+    """A SQLite store in a directory that does not exist: the store and every channel
+    unreachable, exit 1, and nothing created."""
+    u = f"sqlite:///{tmp_path / 'no-such-dir' / 'x.db'}"
+    code, out = cli("status", "--url", u, "--json")
+    assert code == 1
+    report = json.loads(out)
+    assert report["store"] == "unreachable"
+    assert failing(report) == dict.fromkeys(CHANNELS, "unreachable")
+    code, out = cli("status", "--url", u)
+    assert code == 1
+    for name in CHANNELS:
+        assert f"{name:<7} FAILING  unreachable" in out
+    assert not (tmp_path / "no-such-dir").exists()
+
+
+def test_status_of_postgres_on_a_closed_port_fails_every_channel() -> None:
+    """A PostgreSQL URL on a port nobody listens on: every channel unreachable."""
+    pytest.importorskip("psycopg")
+    with socket.socket() as s:  # a port that was free a moment ago
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, out = cli("status", "--url", f"postgresql://postgres@127.0.0.1:{port}/x", "--json")
+    assert code == 1
+    report = json.loads(out)
+    assert report["store"] == "unreachable"
+    assert failing(report) == dict.fromkeys(CHANNELS, "unreachable")
+
+
+def test_status_of_a_missing_sqlite_file_says_not_migrated(tmp_path: Path) -> None:
+    """A SQLite path whose file does not exist (in a directory that does): every
+    channel not migrated, and no file created."""
+    missing = tmp_path / "typo.db"
+    code, out = cli("status", "--url", f"sqlite:///{missing}", "--json")
+    assert code == 1
+    report = json.loads(out)
+    assert report["store"] == "missing"
+    assert failing(report) == dict.fromkeys(CHANNELS, "not migrated")
+    assert not missing.exists()
+
+
+@pytest.mark.postgres
+def test_status_of_postgres_refusing_a_role_without_privileges(postgres_server: str) -> None:
+    """A role that may log in but not use tokenline's schema: the store answers with
+    a refusal, and every channel is reported refusing (not unreachable)."""
+    import psycopg
+    from psycopg import sql
+
+    schema = f"tl_status_{uuid.uuid4().hex[:8]}"
+    role = f"tl_nopriv_{uuid.uuid4().hex[:8]}"
+    on_store(f"{postgres_server}?schema={schema}", lambda s: s.queues_stats())
+    try:
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        parts = urlsplit(postgres_server)
+        host = parts.hostname or "127.0.0.1"
+        url = f"postgresql://{role}@{host}:{parts.port or 5432}{parts.path}?schema={schema}"
+        code, out = cli("status", "--url", url, "--json")
+        assert code == 1, out
+        report = json.loads(out)
+        assert report["store"] == "refusing", report
+        assert failing(report) == dict.fromkeys(CHANNELS, "refusing")
+    finally:
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
