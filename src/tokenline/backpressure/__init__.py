@@ -1,0 +1,20 @@
+"""Backpressure: a worker that takes on less when its surroundings cannot keep up.
+
+Pure pieces, each fed by job outcomes and told the time (nothing here sleeps, reads a
+clock of its own or touches a store), so each is tested with a fake clock:
+
+=========================  =====================================================
+:class:`ErrorRateWindow`   the share of recent jobs that failed; past a
+                           threshold (with enough samples) the worker pauses
+                           consumption.
+=========================  =====================================================
+
+Every parameter is validated when the object is built; a bad one raises
+:class:`~tokenline.ConfigError` naming it.
+"""
+
+from __future__ import annotations
+
+from .errors_window import ErrorRateWindow
+
+__all__ = ["ErrorRateWindow"]
