@@ -12,8 +12,151 @@ from hypothesis import strategies as st
 from tokenline import ConfigError
 from tokenline.backpressure import (
     ErrorRateWindow,
+    RetryBudget,
 )
 from tokenline.backpressure._window import MAX_BUCKETS, SlidingCounts
+
+# --- retry budget --------------------------------------------------------------------
+
+
+def spend_all(budget: RetryBudget, queue: str, now: float, most: int = 10_000) -> int:
+    granted = 0
+    while granted < most and budget.try_spend(queue, now):
+        granted += 1
+    return granted
+
+
+def test_retry_budget_allows_ratio_of_first_attempts() -> None:
+    """100 first attempts at ratio 0.2 and no floor allow exactly 20 retries."""
+    budget = RetryBudget(ratio=0.2, window=60.0, min_per_second=0.0)
+    for i in range(100):
+        budget.deposit("mail", 1000.0 + i * 0.1)
+    assert spend_all(budget, "mail", 1010.0) == 20
+    assert not budget.try_spend("mail", 1010.0)
+
+
+def test_retry_budget_floor_allows_a_few_retries_without_traffic() -> None:
+    """With no first attempts, ``min_per_second * window`` retries are still allowed."""
+    budget = RetryBudget(ratio=0.2, window=60.0, min_per_second=0.1)
+    assert budget.available("quiet", 0.0) == pytest.approx(6.0)
+    assert spend_all(budget, "quiet", 0.0) == 6
+
+
+def test_retry_budget_ratio_and_floor_add_up() -> None:
+    """Ten first attempts at 0.2, plus a floor of 3 over the window, give 5 retries."""
+    budget = RetryBudget(ratio=0.2, window=30.0, min_per_second=0.1)
+    for _ in range(10):
+        budget.deposit("q", 5.0)
+    assert spend_all(budget, "q", 5.0) == 5
+
+
+def test_retry_budget_recovers_after_the_window() -> None:
+    """Retries spent leave the window with time, and the budget is whole again."""
+    budget = RetryBudget(ratio=0.2, window=60.0, min_per_second=0.1)
+    assert spend_all(budget, "q", 100.0) == 6
+    assert not budget.try_spend("q", 130.0)
+    assert spend_all(budget, "q", 161.0) == 6
+
+
+def test_retry_budget_first_attempts_expire_too() -> None:
+    """First attempts older than the window no longer earn retries."""
+    budget = RetryBudget(ratio=0.5, window=10.0, min_per_second=0.0)
+    for _ in range(10):
+        budget.deposit("q", 0.0)
+    assert budget.available("q", 9.0) == pytest.approx(5.0)
+    assert budget.available("q", 11.0) == 0.0
+    assert not budget.try_spend("q", 11.0)
+
+
+def test_retry_budget_is_per_queue() -> None:
+    """One queue's first attempts do not pay for another queue's retries."""
+    budget = RetryBudget(ratio=1.0, window=60.0, min_per_second=0.0)
+    for _ in range(5):
+        budget.deposit("busy", 0.0)
+    assert not budget.try_spend("other", 0.0)
+    assert spend_all(budget, "busy", 0.0) == 5
+
+
+def test_retry_budget_tracks_a_bounded_number_of_queues() -> None:
+    """Ten thousand queue names keep at most ``max_queues`` in memory, recent ones first."""
+    budget = RetryBudget(max_queues=100, min_per_second=0.0, ratio=1.0)
+    for i in range(10_000):
+        budget.deposit(f"q{i}", float(i))
+    assert budget.queues_tracked == 100
+    assert budget.available("q9999", 9_999.0) == 1.0
+    assert budget.available("q0", 9_999.0) == 0.0
+
+
+def test_retry_budget_keeps_recently_used_queues() -> None:
+    """A queue used again moves to the front, so a newcomer evicts the idle one."""
+    budget = RetryBudget(max_queues=2, min_per_second=0.0, ratio=1.0)
+    budget.deposit("a", 0.0)
+    budget.deposit("b", 0.0)
+    budget.deposit("a", 0.0)
+    budget.deposit("c", 0.0)
+    assert budget.available("a", 0.0) == 2.0
+    assert budget.available("b", 0.0) == 0.0
+
+
+def test_retry_budget_describe() -> None:
+    """``describe`` names the queue, the counts and what is left."""
+    budget = RetryBudget(ratio=0.2, window=60.0, min_per_second=0.0)
+    for _ in range(10):
+        budget.deposit("mail", 0.0)
+    assert budget.try_spend("mail", 0.0)
+    assert budget.describe("mail", 0.0) == (
+        "retry budget of 'mail': 1 retries for 10 first attempts in 60s, 1.0 left "
+        "(ratio 0.2, floor 0/s)"
+    )
+    assert "RetryBudget(ratio=0.2" in repr(budget)
+
+
+@settings(max_examples=200)
+@given(
+    ratio=st.floats(min_value=0.01, max_value=1.0),
+    floor=st.floats(min_value=0.0, max_value=1.0),
+    script=st.lists(st.booleans(), max_size=300),
+)
+def test_retry_budget_never_grants_more_than_it_allows(
+    ratio: float, floor: float, script: list[bool]
+) -> None:
+    """Within one window, granted retries never exceed ratio * first attempts + the floor."""
+    window = 10.0
+    budget = RetryBudget(ratio=ratio, window=window, min_per_second=floor)
+    deposits = granted = 0
+    for is_first_attempt in script:
+        if is_first_attempt:
+            budget.deposit("q", 0.5)
+            deposits += 1
+        elif budget.try_spend("q", 0.5):
+            granted += 1
+        assert granted <= ratio * deposits + floor * window + 1e-6
+
+
+BAD_BUDGET_SETTINGS: list[tuple[dict[str, Any], str]] = [
+    ({"ratio": 0.0}, "ratio"),
+    ({"ratio": 1.5}, "ratio"),
+    ({"ratio": math.nan}, "ratio"),
+    ({"window": 0.0}, "window"),
+    ({"window": math.inf}, "window"),
+    ({"min_per_second": -0.1}, "min_per_second"),
+    ({"min_per_second": math.inf}, "min_per_second"),
+    ({"max_queues": 0}, "max_queues"),
+    ({"resolution": 0.0}, "resolution"),
+    ({"resolution": 120.0}, "resolution"),
+    ({"window": 86_400.0}, "resolution"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "name"), BAD_BUDGET_SETTINGS)
+def test_a_bad_retry_budget_setting_is_a_config_error_naming_it(
+    kwargs: dict[str, Any], name: str
+) -> None:
+    """Out-of-range retry budget parameters are refused by name."""
+    with pytest.raises(ConfigError) as info:
+        RetryBudget(**kwargs)
+    assert info.value.setting == name
+
 
 # --- error-rate window ---------------------------------------------------------------
 
@@ -87,6 +230,8 @@ def test_a_now_that_is_not_a_reading_is_refused(now: float) -> None:
     """NaN or infinite times are bugs in the caller."""
     with pytest.raises(ValueError, match="now"):
         ErrorRateWindow().record(True, now)
+    with pytest.raises(ValueError, match="now"):
+        RetryBudget().deposit("q", now)
 
 
 @settings(max_examples=100)
