@@ -1,4 +1,4 @@
-"""Backpressure pieces on a fake clock."""
+"""Backpressure pieces: adaptive limiters, retry budget and error-rate window, on a fake clock."""
 
 from __future__ import annotations
 
@@ -9,12 +9,476 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenline import ConfigError
+from tokenline import ConfigError, FakeClock
 from tokenline.backpressure import (
+    OVERLOAD_KINDS,
+    AIMDLimiter,
+    ConcurrencyLimiter,
     ErrorRateWindow,
+    FailureKind,
+    GradientLimiter,
     RetryBudget,
 )
 from tokenline.backpressure._window import MAX_BUCKETS, SlidingCounts
+from tokenline.classify import ErrorClass
+
+FAST = 0.05
+
+
+def aimd(clock: FakeClock, **kwargs: Any) -> AIMDLimiter:
+    return AIMDLimiter(clock=clock, **kwargs)
+
+
+def gradient(clock: FakeClock, **kwargs: Any) -> GradientLimiter:
+    return GradientLimiter(clock=clock, **kwargs)
+
+
+# --- failure kinds -------------------------------------------------------------------
+
+
+def test_failure_kind_follows_the_classifier() -> None:
+    """Each ErrorClass maps to the FailureKind of the same name."""
+    assert FailureKind.from_error_class(ErrorClass.TRANSIENT) is FailureKind.TRANSIENT
+    assert FailureKind.from_error_class(ErrorClass.PERMANENT) is FailureKind.PERMANENT
+    assert FailureKind.from_error_class(ErrorClass.COORDINATION) is FailureKind.COORDINATION
+
+
+def test_only_permanent_failures_are_not_overload() -> None:
+    """Timeouts, transient and coordination failures signal overload; permanent ones do not."""
+    assert {k for k in FailureKind if not k.is_overload} == {FailureKind.PERMANENT}
+    assert FailureKind.PERMANENT not in OVERLOAD_KINDS
+
+
+# --- AIMD ----------------------------------------------------------------------------
+
+
+def test_aimd_starts_at_the_ceiling_by_default() -> None:
+    """Without ``initial`` a worker starts at its configured concurrency."""
+    assert AIMDLimiter(ceiling=12).limit == 12
+
+
+def test_aimd_grows_to_the_ceiling_under_steady_fast_successes() -> None:
+    """From the floor, a long run of fast successes brings the limit to the ceiling, no further."""
+    clock = FakeClock()
+    limiter = aimd(clock, floor=1, ceiling=20, initial=1)
+    seen = []
+    for _ in range(1_000):
+        limiter.on_success(FAST)
+        seen.append(limiter.limit)
+    assert limiter.limit == 20
+    assert seen == sorted(seen)
+    assert max(seen) == 20
+
+
+def test_aimd_adds_one_per_round_of_successes_by_default() -> None:
+    """By default +1 needs as many successes as the current limit (one full round)."""
+    limiter = aimd(FakeClock(), ceiling=10, initial=4)
+    for _ in range(3):
+        limiter.on_success(FAST)
+    assert limiter.limit == 4
+    limiter.on_success(FAST)
+    assert limiter.limit == 5
+
+
+def test_aimd_increase_after_sets_the_streak_length() -> None:
+    """With ``increase_after=3`` every third fast success adds one."""
+    limiter = aimd(FakeClock(), ceiling=10, initial=2, increase_after=3)
+    for _ in range(6):
+        limiter.on_success(FAST)
+    assert limiter.limit == 4
+
+
+def test_aimd_slow_successes_do_not_grow_the_limit() -> None:
+    """A success slower than ``slow_latency`` restarts the streak instead of extending it."""
+    limiter = aimd(FakeClock(), ceiling=10, initial=2, increase_after=2, slow_latency=1.0)
+    for _ in range(50):
+        limiter.on_success(FAST)
+        limiter.on_success(5.0)
+    assert limiter.limit == 2
+
+
+def test_aimd_does_not_grow_while_the_worker_idles() -> None:
+    """Successes with less than half the limit in flight prove nothing about a larger limit."""
+    limiter = aimd(FakeClock(), ceiling=20, initial=10, increase_after=1)
+    for _ in range(100):
+        limiter.on_success(FAST, in_flight=4)
+    assert limiter.limit == 10
+    limiter.on_success(FAST, in_flight=5)
+    assert limiter.limit == 11
+
+
+def test_aimd_halves_once_on_a_burst_of_timeouts() -> None:
+    """Ten simultaneous timeouts halve the limit once, thanks to the cool-down."""
+    clock = FakeClock()
+    limiter = aimd(clock, ceiling=40, factor=0.5, cooldown=1.0)
+    for _ in range(10):
+        limiter.on_failure(FailureKind.TIMEOUT)
+        clock.advance(0.05)
+    assert limiter.limit == 20
+
+
+def test_aimd_decreases_again_after_the_cooldown() -> None:
+    """Failures that go on past the cool-down decrease again."""
+    clock = FakeClock()
+    limiter = aimd(clock, ceiling=40, factor=0.5, cooldown=1.0)
+    limiter.on_failure(FailureKind.TIMEOUT)
+    clock.advance(1.0)
+    limiter.on_failure(FailureKind.TRANSIENT)
+    assert limiter.limit == 10
+
+
+def test_aimd_ignores_failures_of_jobs_started_before_the_last_decrease() -> None:
+    """A job admitted under the old limit cannot cause a second decrease, even late."""
+    clock = FakeClock()
+    limiter = aimd(clock, ceiling=40, factor=0.5, cooldown=1.0)
+    started = clock.monotonic()
+    clock.advance(30)
+    limiter.on_failure(FailureKind.TIMEOUT, started=started)
+    clock.advance(30)
+    limiter.on_failure(FailureKind.TIMEOUT, started=started)
+    assert limiter.limit == 20
+    limiter.on_failure(FailureKind.TIMEOUT, started=clock.monotonic())
+    assert limiter.limit == 10
+
+
+def test_aimd_never_goes_below_the_floor() -> None:
+    """Decrease after decrease, the limit stops at the floor."""
+    clock = FakeClock()
+    limiter = aimd(clock, floor=3, ceiling=50, factor=0.5, cooldown=0.0)
+    for _ in range(20):
+        limiter.on_failure(FailureKind.COORDINATION)
+    assert limiter.limit == 3
+
+
+def test_aimd_permanent_errors_do_not_shrink_the_limit() -> None:
+    """Permanent failures are the job's fault: the limit and the growth streak stay put."""
+    clock = FakeClock()
+    limiter = aimd(clock, ceiling=10, initial=5, increase_after=2, cooldown=0.0)
+    limiter.on_success(FAST)
+    for _ in range(100):
+        limiter.on_failure(FailureKind.PERMANENT)
+        clock.advance(5)
+    assert limiter.limit == 5
+    limiter.on_success(FAST)
+    assert limiter.limit == 6
+
+
+def test_aimd_an_overload_failure_restarts_the_streak() -> None:
+    """A failure within the cool-down does not decrease, but its streak starts over."""
+    clock = FakeClock()
+    limiter = aimd(clock, ceiling=10, initial=8, increase_after=2, factor=0.5)
+    limiter.on_failure(FailureKind.TIMEOUT)
+    assert limiter.limit == 4
+    limiter.on_success(FAST)
+    limiter.on_failure(FailureKind.TIMEOUT)  # within the cool-down: no decrease
+    limiter.on_success(FAST)
+    assert limiter.limit == 4
+    limiter.on_success(FAST)
+    assert limiter.limit == 5
+
+
+def test_decrease_on_chooses_which_failures_count() -> None:
+    """With ``decrease_on={TIMEOUT}`` a transient error leaves the limit alone."""
+    limiter = aimd(FakeClock(), ceiling=10, decrease_on={FailureKind.TIMEOUT})
+    limiter.on_failure(FailureKind.TRANSIENT)
+    assert limiter.limit == 10
+    limiter.on_failure(FailureKind.TIMEOUT)
+    assert limiter.limit == 5
+
+
+def test_failure_kind_may_be_given_by_its_value() -> None:
+    """A plain string naming a kind works, and an unknown one is refused."""
+    limiter = aimd(FakeClock(), ceiling=10)
+    limiter.on_failure("timeout")  # type: ignore[arg-type]
+    assert limiter.limit == 5
+    with pytest.raises(ValueError, match="bogus"):
+        limiter.on_failure("bogus")  # type: ignore[arg-type]
+
+
+def test_describe_and_repr_show_the_state() -> None:
+    """``describe`` gives limit, floor, ceiling and algorithm in one line; so does repr."""
+    clock = FakeClock()
+    limiter = aimd(clock, floor=1, ceiling=50, initial=12)
+    assert limiter.describe() == "limit 12 (floor 1, ceiling 50), AIMD"
+    assert repr(limiter) == "AIMDLimiter(limit=12, floor=1, ceiling=50)"
+    limiter.on_failure(FailureKind.TIMEOUT)
+    clock.advance(2.5)
+    assert limiter.describe() == "limit 6 (floor 1, ceiling 50), AIMD, last decrease 2.5s ago"
+
+
+# --- gradient ------------------------------------------------------------------------
+
+
+def feed(limiter: ConcurrencyLimiter, latency: float, n: int) -> None:
+    for _ in range(n):
+        limiter.on_success(latency)
+
+
+def test_gradient_grows_to_the_ceiling_at_steady_latency() -> None:
+    """When latency does not change, the gradient is 1 and the limit climbs to the ceiling."""
+    limiter = gradient(FakeClock(), ceiling=30, initial=1)
+    feed(limiter, 0.1, 200)
+    assert limiter.limit == 30
+
+
+def test_gradient_limit_falls_when_latency_rises_and_recovers_after() -> None:
+    """Jobs three times slower pull the limit down; back to normal, it climbs back."""
+    limiter = gradient(FakeClock(), floor=1, ceiling=40)
+    feed(limiter, 0.1, 600)
+    assert limiter.limit == 40
+    feed(limiter, 0.3, 30)
+    low = limiter.limit
+    assert low < 20
+    feed(limiter, 0.1, 300)
+    assert limiter.limit == 40
+
+
+def test_gradient_limit_stays_within_floor_and_ceiling() -> None:
+    """A hundredfold slowdown stops at the floor; steady fast jobs stop at the ceiling."""
+    limiter = gradient(FakeClock(), floor=4, ceiling=16, queue_allowance=0.0)
+    feed(limiter, 0.01, 600)
+    seen = []
+    for _ in range(100):
+        limiter.on_success(1.0)
+        seen.append(limiter.limit)
+    assert min(seen) == 4
+    limiter = gradient(FakeClock(), floor=4, ceiling=16, initial=4)
+    feed(limiter, 0.000_001, 2_000)
+    assert limiter.limit == 16
+
+
+def test_gradient_tracks_short_and_long_latency() -> None:
+    """The short-term average follows a change quickly, the long-term one slowly."""
+    limiter = gradient(FakeClock(), ceiling=10)
+    feed(limiter, 0.1, 600)
+    feed(limiter, 0.2, 20)
+    assert limiter.short_rtt == pytest.approx(0.2, rel=0.05)
+    assert limiter.long_rtt < 0.12
+    assert "latency short 0.198s long 0.106s" in limiter.describe()
+
+
+def test_gradient_does_not_grow_while_the_worker_idles() -> None:
+    """With less than half the limit in flight, latency is sampled but the limit holds."""
+    limiter = gradient(FakeClock(), ceiling=20, initial=10)
+    for _ in range(100):
+        limiter.on_success(0.1, in_flight=2)
+    assert limiter.limit == 10
+
+
+def test_gradient_shrinks_on_overload_failures_not_on_permanent_ones() -> None:
+    """A timeout multiplies the limit by ``factor``; permanent failures change nothing."""
+    clock = FakeClock()
+    limiter = gradient(clock, ceiling=20, factor=0.5)
+    for _ in range(10):
+        limiter.on_failure(FailureKind.PERMANENT)
+    assert limiter.limit == 20
+    limiter.on_failure(FailureKind.TIMEOUT)
+    limiter.on_failure(FailureKind.TIMEOUT)
+    assert limiter.limit == 10
+    assert limiter.describe() == "limit 10 (floor 1, ceiling 20), gradient, last decrease 0.0s ago"
+
+
+@pytest.mark.parametrize("latency", [-1.0, math.nan, math.inf])
+def test_a_latency_that_is_not_a_duration_is_refused(latency: float) -> None:
+    """Negative, NaN or infinite latencies are bugs in the caller, not samples."""
+    for limiter in (AIMDLimiter(), GradientLimiter()):
+        with pytest.raises(ValueError, match="latency"):
+            limiter.on_success(latency)
+
+
+def test_a_zero_latency_is_a_valid_sample() -> None:
+    """A job that finished within one clock tick does not divide by zero."""
+    limiter = gradient(FakeClock(), ceiling=5)
+    feed(limiter, 0.0, 20)
+    assert limiter.limit == 5
+
+
+# --- claim_batch ---------------------------------------------------------------------
+
+
+def test_claim_batch_stops_at_the_limit() -> None:
+    """With 6 of a limit of 8 in flight, only 2 more may be claimed whatever is free."""
+    limiter = aimd(FakeClock(), ceiling=8)
+    assert limiter.claim_batch(50, in_flight=6) == 2
+    assert limiter.claim_batch(1, in_flight=6) == 1
+    assert limiter.claim_batch(50, in_flight=8) == 0
+    assert limiter.claim_batch(50, in_flight=12) == 0  # after a decrease
+
+
+@given(
+    limit=st.integers(min_value=1, max_value=100),
+    free=st.integers(min_value=-5, max_value=200),
+    in_flight=st.integers(min_value=0, max_value=200),
+)
+def test_claim_batch_never_exceeds_free_slots_or_the_limit(
+    limit: int, free: int, in_flight: int
+) -> None:
+    """The batch is never negative, never above the free slots, never past the limit."""
+    limiter = AIMDLimiter(floor=1, ceiling=limit)
+    batch = limiter.claim_batch(free, in_flight=in_flight)
+    assert 0 <= batch <= max(free, 0)
+    assert batch == 0 or in_flight + batch <= limiter.limit
+
+
+# --- properties over any sequence of events ------------------------------------------
+
+events = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("success"),
+            st.floats(min_value=0.0, max_value=1e4),
+            st.one_of(st.none(), st.integers(min_value=0, max_value=500)),
+        ),
+        st.tuples(st.just("failure"), st.sampled_from(list(FailureKind)), st.booleans()),
+        st.tuples(st.just("tick"), st.floats(min_value=0.0, max_value=100.0), st.none()),
+    ),
+    max_size=200,
+)
+
+
+def play(limiter: ConcurrencyLimiter, clock: FakeClock, script: list[tuple[Any, ...]]) -> None:
+    start = clock.monotonic()
+    for kind, a, b in script:
+        if kind == "success":
+            limiter.on_success(a, in_flight=b)
+        elif kind == "failure":
+            limiter.on_failure(a, started=start if b else None)
+        else:
+            clock.advance(a)
+        assert limiter.floor <= limiter.limit <= limiter.ceiling
+
+
+@st.composite
+def bounds(draw: st.DrawFn) -> tuple[int, int, int]:
+    floor = draw(st.integers(min_value=1, max_value=50))
+    ceiling = draw(st.integers(min_value=floor, max_value=200))
+    initial = draw(st.integers(min_value=floor, max_value=ceiling))
+    return floor, ceiling, initial
+
+
+@settings(max_examples=200)
+@given(
+    b=bounds(),
+    factor=st.floats(min_value=0.01, max_value=0.99),
+    increase_after=st.one_of(st.none(), st.integers(min_value=1, max_value=5)),
+    script=events,
+)
+def test_aimd_limit_stays_within_bounds_for_any_events(
+    b: tuple[int, int, int], factor: float, increase_after: int | None, script: list[Any]
+) -> None:
+    """Whatever happens, in any order, the AIMD limit stays in [floor, ceiling]."""
+    clock = FakeClock()
+    floor, ceiling, initial = b
+    limiter = AIMDLimiter(
+        floor=floor,
+        ceiling=ceiling,
+        initial=initial,
+        factor=factor,
+        increase_after=increase_after,
+        clock=clock,
+    )
+    play(limiter, clock, script)
+
+
+@settings(max_examples=200)
+@given(
+    b=bounds(),
+    smoothing=st.floats(min_value=0.01, max_value=1.0),
+    queue_allowance=st.one_of(st.none(), st.floats(min_value=0.0, max_value=50.0)),
+    script=events,
+)
+def test_gradient_limit_stays_within_bounds_for_any_events(
+    b: tuple[int, int, int], smoothing: float, queue_allowance: float | None, script: list[Any]
+) -> None:
+    """Whatever happens, in any order, the gradient limit stays in [floor, ceiling]."""
+    clock = FakeClock()
+    floor, ceiling, initial = b
+    limiter = GradientLimiter(
+        floor=floor,
+        ceiling=ceiling,
+        initial=initial,
+        smoothing=smoothing,
+        queue_allowance=queue_allowance,
+        clock=clock,
+    )
+    play(limiter, clock, script)
+
+
+@given(
+    b=bounds(),
+    algorithm=st.sampled_from([AIMDLimiter, GradientLimiter]),
+    gaps=st.lists(st.floats(min_value=0.0, max_value=100.0), max_size=50),
+)
+def test_permanent_failures_alone_never_move_the_limit(
+    b: tuple[int, int, int], algorithm: type[ConcurrencyLimiter], gaps: list[float]
+) -> None:
+    """Any number of permanent failures, at any pace, leaves the limit where it was."""
+    clock = FakeClock()
+    floor, ceiling, initial = b
+    limiter = algorithm(floor=floor, ceiling=ceiling, initial=initial, clock=clock)  # type: ignore[call-arg]
+    for gap in gaps:
+        clock.advance(gap)
+        limiter.on_failure(FailureKind.PERMANENT)
+    assert limiter.limit == initial
+
+
+# --- limiter settings ----------------------------------------------------------------
+
+BAD_LIMITER_SETTINGS: list[tuple[type[ConcurrencyLimiter], dict[str, Any], str]] = [
+    (AIMDLimiter, {"floor": 0}, "floor"),
+    (AIMDLimiter, {"floor": 20, "ceiling": 10}, "floor"),
+    (AIMDLimiter, {"floor": 1.5}, "floor"),
+    (AIMDLimiter, {"ceiling": 0}, "ceiling"),
+    (AIMDLimiter, {"ceiling": True}, "ceiling"),
+    (AIMDLimiter, {"floor": 2, "initial": 1}, "initial"),
+    (AIMDLimiter, {"ceiling": 5, "initial": 6}, "initial"),
+    (AIMDLimiter, {"factor": 0.0}, "factor"),
+    (AIMDLimiter, {"factor": 1.0}, "factor"),
+    (AIMDLimiter, {"factor": math.nan}, "factor"),
+    (AIMDLimiter, {"factor": math.inf}, "factor"),
+    (AIMDLimiter, {"factor": "0.5"}, "factor"),
+    (AIMDLimiter, {"increase_after": 0}, "increase_after"),
+    (AIMDLimiter, {"slow_latency": 0.0}, "slow_latency"),
+    (AIMDLimiter, {"slow_latency": math.inf}, "slow_latency"),
+    (AIMDLimiter, {"cooldown": -1.0}, "cooldown"),
+    (AIMDLimiter, {"cooldown": math.nan}, "cooldown"),
+    (AIMDLimiter, {"decrease_on": {FailureKind.PERMANENT}}, "decrease_on"),
+    (AIMDLimiter, {"decrease_on": {"overload"}}, "decrease_on"),
+    (GradientLimiter, {"floor": 11, "ceiling": 10}, "floor"),
+    (GradientLimiter, {"tolerance": 0.9}, "tolerance"),
+    (GradientLimiter, {"tolerance": math.inf}, "tolerance"),
+    (GradientLimiter, {"smoothing": 0.0}, "smoothing"),
+    (GradientLimiter, {"smoothing": 1.5}, "smoothing"),
+    (GradientLimiter, {"long_window": 1}, "long_window"),
+    (GradientLimiter, {"short_window": 0}, "short_window"),
+    (GradientLimiter, {"short_window": 600, "long_window": 600}, "short_window"),
+    (GradientLimiter, {"min_gradient": 0.0}, "min_gradient"),
+    (GradientLimiter, {"min_gradient": 1.1}, "min_gradient"),
+    (GradientLimiter, {"queue_allowance": -1.0}, "queue_allowance"),
+    (GradientLimiter, {"queue_allowance": math.nan}, "queue_allowance"),
+    (GradientLimiter, {"factor": 1.0}, "factor"),
+    (GradientLimiter, {"decrease_on": [FailureKind.PERMANENT]}, "decrease_on"),
+]
+
+
+@pytest.mark.parametrize(("cls", "kwargs", "name"), BAD_LIMITER_SETTINGS)
+def test_a_bad_limiter_setting_is_a_config_error_naming_it(
+    cls: type[ConcurrencyLimiter], kwargs: dict[str, Any], name: str
+) -> None:
+    """Each out-of-range, non-finite or mistyped parameter is refused by name."""
+    with pytest.raises(ConfigError) as info:
+        cls(**kwargs)
+    assert info.value.setting == name
+    assert name in str(info.value)
+
+
+def test_floor_equal_to_ceiling_is_a_fixed_limit() -> None:
+    """``floor == ceiling`` is allowed: the limiter then never moves."""
+    limiter = AIMDLimiter(floor=4, ceiling=4, cooldown=0.0)
+    limiter.on_failure(FailureKind.TIMEOUT)
+    feed(limiter, FAST, 100)
+    assert limiter.limit == 4
+
 
 # --- retry budget --------------------------------------------------------------------
 

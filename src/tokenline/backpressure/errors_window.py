@@ -9,7 +9,8 @@ fail them and burn their attempts.
 Record what says something about the worker's surroundings: a success as ``ok=True``,
 a timeout, transient or coordination failure as ``ok=False``. A permanent failure is the
 job's own fault; counting it would pause the whole worker because of a batch of bad
-jobs, so record it as ``ok=True`` or not at all.
+jobs, so record it as ``ok=True`` or not at all (see
+:attr:`~tokenline.backpressure.FailureKind.is_overload`).
 
 Defaults come from resilience4j's circuit breaker (open at 50% failures) and Polly v8
 (30 s sampling window). Both want 100 calls first; a worker of ten slots running
