@@ -99,6 +99,10 @@ class Settings:
         _positive("store_timeout", self.store_timeout)
 
 
+#: The values of ``WorkerSettings.concurrency_control``.
+CONCURRENCY_CONTROLS = ("aimd", "gradient", "fixed")
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerSettings:
     """Settings of one worker process: what it consumes and its tiered timeouts."""
@@ -133,6 +137,24 @@ class WorkerSettings:
     #: Check lease validity on the worker's own clock before every commit. Turning it
     #: off leaves only the store's token check; it exists for drills and tests.
     local_fencing: bool = True
+    #: How the number of jobs run at once adapts to how jobs fare: ``aimd`` (halve on
+    #: timeouts, transient and store errors, grow back by one), ``gradient`` (follow
+    #: latency), or ``fixed`` (always ``concurrency``).
+    concurrency_control: str = "aimd"
+    #: The least the adaptive limit may fall to (at most ``concurrency``).
+    concurrency_floor: int = 1
+    #: Retries of a queue's jobs per first attempt, over ``retry_budget_window``; a
+    #: retry beyond the budget waits a window instead of running at once.
+    retry_budget: float = 0.2
+    #: Seconds over which the retry budget is counted.
+    retry_budget_window: float = 60.0
+    #: Pause claiming (DRAINING) when at least this share of the recent jobs failed
+    #: from overload (timeouts, transient or store errors); resume when it falls.
+    pause_error_rate: float = 0.5
+    #: Seconds of recent jobs the error rate is taken over.
+    pause_window: float = 30.0
+    #: Jobs needed in the window before the error rate may pause the worker.
+    pause_min_jobs: int = 20
 
     def __post_init__(self) -> None:
         if isinstance(self.queues, str):
@@ -175,6 +197,25 @@ class WorkerSettings:
             )
         if self.claim_batch is not None:
             _positive_int("claim_batch", self.claim_batch)
+        if self.concurrency_control not in CONCURRENCY_CONTROLS:
+            raise ConfigError(
+                "concurrency_control",
+                f"must be one of {', '.join(CONCURRENCY_CONTROLS)}, "
+                f"got {self.concurrency_control!r}",
+            )
+        _positive_int("concurrency_floor", self.concurrency_floor)
+        if self.concurrency_floor > self.concurrency:
+            raise ConfigError(
+                "concurrency_floor",
+                f"must be at most concurrency ({self.concurrency}), got {self.concurrency_floor}",
+            )
+        for name in ("retry_budget", "retry_budget_window", "pause_window"):
+            _positive(name, getattr(self, name))
+        for name in ("retry_budget", "pause_error_rate"):
+            _positive(name, getattr(self, name))
+            if getattr(self, name) > 1:
+                raise ConfigError(name, f"must be a share from 0 to 1, got {getattr(self, name)!r}")
+        _positive_int("pause_min_jobs", self.pause_min_jobs)
 
     @property
     def call_timeout(self) -> float:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = [
+    "ConcurrencyLimitChanged",
     "CoordinationFailed",
     "DuplicateExecution",
     "Event",
@@ -173,6 +174,14 @@ class CoordinationFailed(Event):
     channel: str
     operation: str
     error: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConcurrencyLimitChanged(Event):
+    """The worker's adaptive limit of jobs run at once moved from ``old`` to ``new``."""
+
+    old: int
+    new: int
 
 
 #: A listener: called with every event, synchronously.

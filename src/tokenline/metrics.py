@@ -53,6 +53,9 @@ Worker metrics (:class:`WorkerMetrics`)
     ``processing``, ``draining``, ``fenced``, ``stopped``).
 ``tokenline_heartbeat_gap_seconds``
     gauge: seconds between the last two membership heartbeats the store accepted.
+``tokenline_concurrency_limit``
+    gauge: how many jobs the worker runs at once now, its adaptive limit between
+    ``concurrency_floor`` and ``concurrency`` (falls on timeouts and overload errors).
 ``tokenline_clock_skew_seconds``
     gauge: the worker's wall clock minus the store's, as last measured.
 
@@ -248,6 +251,9 @@ class WorkerMetrics:
         self.state = gauge(p + "worker_state", "1 for the current state.", "state")
         self.heartbeat_gap = gauge(p + "heartbeat_gap_seconds", "Gap between heartbeats.")
         self.clock_skew = gauge(p + "clock_skew_seconds", "Wall clock minus the store's.")
+        self.concurrency_limit = gauge(
+            p + "concurrency_limit", "Jobs the worker runs at once now (adaptive)."
+        )
         for state in WORKER_STATES:
             self.state.labels(state).set(0)
         self._key_prefixes = _BoundedLabels()
@@ -284,6 +290,8 @@ class WorkerMetrics:
             case events.CoordinationFailed():
                 channel = event.channel if event.channel in _CHANNELS else OTHER
                 self.coordination_errors.labels(channel).inc()
+            case events.ConcurrencyLimitChanged():
+                self.concurrency_limit.set(event.new)
             case events.JobsRescued():
                 self.rescued.labels("requeued").inc(event.requeued)
                 self.rescued.labels("dead").inc(event.dead)

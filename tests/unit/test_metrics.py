@@ -9,7 +9,7 @@ import sys
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tokenline import App, FakeClock, JobContext, JobState, Worker, WorkerState, events
+from tokenline import App, FakeClock, JobContext, JobState, Worker, events
 from tokenline.metrics import MAX_PREFIXES, WorkerMetrics, label_prefix, worker_health
 from tokenline.stores import Store
 from unit.test_worker import FAST, eventually, job_in, running
@@ -171,27 +171,15 @@ async def test_a_worker_with_the_hook_moves_the_job_metrics(registry: CollectorR
     assert value(registry, "tokenline_worker_state", state="stopped") == 1
 
 
-def test_worker_readiness_follows_its_state_and_heartbeat() -> None:
-    """Ready while READY or PROCESSING with a heartbeat younger than the lease TTL; not
-    while draining, fenced or stopped, nor once the heartbeat is a TTL old. Health
-    stays up throughout."""
-    clock = FakeClock()
-    worker = Worker(App("memory://", clock=clock), FAST)
+def test_worker_health_checks_are_the_workers_own() -> None:
+    """/healthz and /readyz ask the worker: liveness and readiness (their rules are
+    tested in test_worker_health.py). A worker not started yet lives but is not ready."""
+    worker = Worker(App("memory://", clock=FakeClock()), FAST)
     health, ready = worker_health(worker)
-    assert ready()[0]
-    worker.state = WorkerState.PROCESSING
-    assert ready()[0]
-    for state in (WorkerState.DRAINING, WorkerState.FENCED, WorkerState.STOPPED):
-        worker.state = state
-        ok, reason = ready()
-        assert not ok
-        assert state.value in reason
-    worker.state = WorkerState.READY
-    clock.advance(FAST.lease_ttl)
+    assert health() == worker.liveness() == (True, "ok")
     ok, reason = ready()
     assert not ok
-    assert "heartbeat" in reason
-    assert health() == (True, "ok")
+    assert "not started" in reason
 
 
 def test_tokenline_imports_without_prometheus_client_and_metrics_names_the_extra() -> None:

@@ -41,7 +41,9 @@ from .limiter import (
     AIMDLimiter,
     ConcurrencyLimiter,
     FailureKind,
+    FixedLimiter,
     GradientLimiter,
+    make_limiter,
 )
 from .retry_budget import RetryBudget
 
@@ -51,6 +53,8 @@ __all__ = [
     "ConcurrencyLimiter",
     "ErrorRateWindow",
     "FailureKind",
+    "FixedLimiter",
     "GradientLimiter",
     "RetryBudget",
+    "make_limiter",
 ]

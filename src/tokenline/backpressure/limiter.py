@@ -60,12 +60,15 @@ import enum
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from .._clock import Clock, SystemClock
 from .._errors import ConfigError
 from ..classify import ErrorClass
 from ._checks import check_fraction, check_int, check_positive
+
+if TYPE_CHECKING:
+    from .._config import WorkerSettings
 
 __all__ = [
     "DEFAULT_CEILING",
@@ -463,3 +466,42 @@ class GradientLimiter(ConcurrencyLimiter):
         if not self._short.value:
             return ""
         return f", latency short {self._short.value:.3g}s long {self._long.value:.3g}s"
+
+
+class FixedLimiter(ConcurrencyLimiter):
+    """No adaptation: the limit stays at ``ceiling`` (``concurrency_control = "fixed"``)."""
+
+    algorithm = "fixed"
+
+    def __init__(self, *, ceiling: int, clock: Clock | None = None) -> None:
+        super().__init__(
+            floor=ceiling,
+            ceiling=ceiling,
+            initial=None,
+            cooldown=0.0,
+            decrease_on=(),
+            clock=clock,
+        )
+
+    @property
+    def limit(self) -> int:
+        """Always the ceiling."""
+        return self.ceiling
+
+    def on_success(self, latency: float, *, in_flight: int | None = None) -> None:
+        """Nothing to learn."""
+
+    def _decrease(self) -> None:
+        """Never called: no failure kind counts."""
+
+
+def make_limiter(settings: WorkerSettings, clock: Clock | None = None) -> ConcurrencyLimiter:
+    """The limiter ``settings.concurrency_control`` names, between ``concurrency_floor``
+    and ``concurrency``, starting at ``concurrency``."""
+    control = settings.concurrency_control
+    if control == "fixed":
+        return FixedLimiter(ceiling=settings.concurrency, clock=clock)
+    cls: type[AIMDLimiter] | type[GradientLimiter] = (
+        AIMDLimiter if control == "aimd" else GradientLimiter
+    )
+    return cls(floor=settings.concurrency_floor, ceiling=settings.concurrency, clock=clock)

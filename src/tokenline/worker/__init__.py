@@ -82,6 +82,7 @@ def _metrics(worker: Worker, port: int, host: str) -> Iterator[None]:
     prom.PlatformCollector(registry=registry)
     prom.GCCollector(registry=registry)
     hook = metrics.WorkerMetrics(registry)
+    hook.concurrency_limit.set(worker.concurrency_limit)
     health, ready = metrics.worker_health(worker)
     server = metrics.serve(port, host=host, registry=registry, health=health, ready=ready)
     events.add_hook(hook)

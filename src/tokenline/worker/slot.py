@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .._jobs import ClaimedJob, Lease
+from ..backpressure import FailureKind
 
 if TYPE_CHECKING:
     from .resources import HeldLease
@@ -47,3 +48,5 @@ class Slot:
     in_transaction: bool = False
     #: Monotonic time the attempt started on this worker.
     started_at: float = 0.0
+    #: How the attempt failed, for the concurrency limiter (None: it did not).
+    failure: FailureKind | None = None

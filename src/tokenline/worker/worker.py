@@ -43,6 +43,7 @@ from .._errors import (
     UnknownTaskError,
 )
 from .._jobs import ClaimedJob, Finish, Job, Outcome, WorkerRecord
+from ..backpressure import ErrorRateWindow, FailureKind, RetryBudget, make_limiter
 from ..classify import Decision, ErrorClass, classify
 from ..retry import RetryPolicy
 from .completer import BatchCompleter
@@ -134,6 +135,19 @@ class Worker:
         #: Monotonic time the watchdog last ran: the event loop is turning.
         self._last_tick = self.clock.monotonic()
         self._running = False
+        #: How many jobs to run at once, adapted to how they fare (see backpressure).
+        self._limiter = make_limiter(self.settings, self.clock)
+        self._errors = ErrorRateWindow(
+            window=self.settings.pause_window,
+            threshold=self.settings.pause_error_rate,
+            min_calls=self.settings.pause_min_jobs,
+        )
+        self._budget = RetryBudget(
+            ratio=self.settings.retry_budget, window=self.settings.retry_budget_window
+        )
+        #: Why the worker drains without a shutdown (``coordination``, ``error rate``):
+        #: it returns to READY only once every reason has cleared.
+        self._unhealthy: set[str] = set()
         # Threads beyond concurrency: a cancelled sync handler keeps its thread until it
         # returns or calls ctx, and must not starve the next jobs.
         self._sync_lock = threading.Lock()
@@ -236,6 +250,12 @@ class Worker:
         if failure is not None:
             raise failure
 
+    @property
+    def concurrency_limit(self) -> int:
+        """How many jobs the worker runs at once now: its adaptive limit, between
+        ``concurrency_floor`` and ``concurrency``."""
+        return self._limiter.limit
+
     def liveness(self) -> tuple[bool, str]:
         """Whether the process is alive: its event loop turns (the watchdog ran within
         a lease TTL) and it has not stopped. Never asks the store: a store outage must
@@ -318,7 +338,9 @@ class Worker:
             if not self.state.may_fetch or self._stop_requested:
                 await asyncio.sleep(min(settings.poll_interval, 0.2))
                 continue
-            free = settings.concurrency - len(self._slots)
+            in_flight = len(self._slots)
+            # The adaptive limit, not only the configured concurrency, bounds the claim.
+            free = self._limiter.claim_batch(settings.concurrency - in_flight, in_flight=in_flight)
             if free <= 0:
                 self._slot_freed.clear()
                 with contextlib.suppress(TimeoutError):
@@ -382,6 +404,8 @@ class Worker:
         self._slots[(claimed.job.id, claimed.lease.token)] = slot
         self.counters.started += 1
         slot.started_at = self.clock.monotonic()
+        if claimed.job.attempt == 1:
+            self._budget.deposit(claimed.job.queue, slot.started_at)
         if events.enabled():
             job = claimed.job
             events.emit(
@@ -451,12 +475,14 @@ class Worker:
                 return None
             slot.cancel.set()  # the sync thread may run on; its ctx calls now refuse
             reason = str(exc) or f"hard timeout: attempt ran longer than {timeout:g}s"
+            slot.failure = FailureKind.TIMEOUT
             return self._after_failure(slot, Decision(ErrorClass.TRANSIENT, reason))
         except BaseException as exc:
             if slot.completed_in_transaction:
                 log.warning("job %s raised after its transaction committed: %r", job.id, exc)
                 return None
             decision = classify(exc, task.classifier or self.app.classifier)
+            slot.failure = FailureKind.from_error_class(decision.error_class)
             if isinstance(exc, StoreError) and events.enabled():
                 # From a ctx call of the handler: a transaction, an effect, a fence.
                 events.emit(events.CoordinationFailed(self.id, "ledger", f"job {job.id}", str(exc)))
@@ -531,6 +557,17 @@ class Worker:
             )
         retry = policy or self.app.retry
         delay = decision.delay if decision.delay is not None else retry.delay(job.attempt)
+        if not self._budget.try_spend(job.queue, self.clock.monotonic()):
+            # More retries than the queue's budget: a failing dependency must not get
+            # them all at once. The attempt is spent as any retry's; only its delay grows.
+            window = self.settings.retry_budget_window
+            if delay < window:
+                budget = self._budget.describe(job.queue, self.clock.monotonic())
+                log.info(
+                    "job %s: retry budget of queue %s spent (%s); it waits %.0fs",
+                    *(job.id, job.queue, budget, window),
+                )
+                delay = window
         return Finish(slot.lease, Outcome.RETRY, delay, decision.reason, "transient")
 
     async def _commit(self, slot: Slot, finish: Finish) -> None:
@@ -573,8 +610,10 @@ class Worker:
         self._finished(slot, finish)
 
     def _finished(self, slot: Slot, finish: Finish) -> None:
-        """Log and announce an outcome the store accepted."""
+        """Log and announce an outcome the store accepted, and let the limiter and the
+        error window learn from it."""
         job, token, outcome = slot.claimed.job, slot.claimed.lease.token, finish.outcome
+        self._learn(slot, outcome)
         what = f"job {job.id} ({job.task}) attempt {job.attempt}/{job.max_attempts}"
         cls = finish.error_class or "-"
         fields = {
@@ -618,6 +657,36 @@ class Worker:
                 waited=_waited(job),
             )
         )
+
+    def _learn(self, slot: Slot, outcome: Outcome) -> None:
+        now = self.clock.monotonic()
+        before = self._limiter.limit
+        if outcome is Outcome.SUCCEEDED:
+            self._limiter.on_success(now - slot.started_at, in_flight=len(self._slots))
+            self._errors.record(True, now)
+        elif slot.failure is not None:
+            self._limiter.on_failure(slot.failure, started=slot.started_at)
+            self._errors.record(not slot.failure.is_overload, now)
+        after = self._limiter.limit
+        if after != before:
+            level = logging.INFO if after < before else logging.DEBUG
+            how = self._limiter.describe()
+            log.log(level, "worker %s: concurrency %d -> %d (%s)", self.id, before, after, how)
+            if events.enabled():
+                events.emit(events.ConcurrencyLimitChanged(self.id, before, after))
+        self._check_error_rate()
+
+    def _check_error_rate(self) -> None:
+        """Pause claiming while too many recent jobs failed from overload; resume once
+        the window has moved past them."""
+        now = self.clock.monotonic()
+        if self._errors.exceeded(now):
+            if "error rate" not in self._unhealthy:
+                detail = f"error rate {self._errors.describe(now)}"
+                log.warning("worker %s: pausing: %s", self.id, detail)
+                self._unhealthy_because("error rate", detail)
+        elif "error rate" in self._unhealthy:
+            self._healthy_again("error rate", f"error rate {self._errors.describe(now)}")
 
     def _stale_commit(self, slot: Slot, operation: str) -> None:
         """The store refused this attempt's write: its view of its own lease (still
@@ -697,8 +766,21 @@ class Worker:
         log.warning("worker %s: %s failed: %s", self.id, what, exc)
         if events.enabled():
             events.emit(events.CoordinationFailed(self.id, channel, what, str(exc)))
+        self._unhealthy_because("coordination", f"{what} failed: {exc}")
+
+    def _unhealthy_because(self, reason: str, detail: str) -> None:
+        """Stop claiming (DRAINING) for ``reason``; in-flight jobs go on."""
+        self._unhealthy.add(reason)
         if self.state in (WorkerState.READY, WorkerState.PROCESSING):
-            self._fire(WorkerEvent.COORDINATION_UNHEALTHY, f"{what} failed: {exc}")
+            self._fire(WorkerEvent.COORDINATION_UNHEALTHY, detail)
+
+    def _healthy_again(self, reason: str, detail: str) -> None:
+        """``reason`` has cleared; claim again once no other reason remains."""
+        self._unhealthy.discard(reason)
+        if self._unhealthy or self._stop_requested:
+            return
+        if self.state is WorkerState.DRAINING:
+            self._fire(WorkerEvent.COORDINATION_HEALTHY, detail)
 
     # -- control plane --------------------------------------------------------------------
     async def _control_loop(self) -> None:
@@ -765,8 +847,8 @@ class Worker:
             await self._lease_lost(f"renewal refused for jobs {lost}")
             return
         self._coordination_failures = 0
-        if self.state is WorkerState.DRAINING and not self._stop_requested:
-            self._fire(WorkerEvent.COORDINATION_HEALTHY, "renewal succeeded")
+        self._healthy_again("coordination", "renewal succeeded")
+        self._check_error_rate()
 
     async def _watchdog_loop(self) -> None:
         period = min(1.0, self.settings.renew_interval / 2)
