@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from tokenline import App, FakeClock, Worker, WorkerState
+import asyncio
+
+from tokenline import App, FakeClock, JobContext, JobState, Worker, WorkerState
 from tokenline.stores import MemoryStore
 from unit.test_worker import FAST, eventually, running
 
@@ -40,3 +42,29 @@ async def test_not_ready_without_an_accepted_heartbeat_but_still_alive() -> None
         assert "no heartbeat accepted" in why
         # The loop keeps turning (the watchdog ticks on real time): alive throughout.
         await eventually(lambda: worker.liveness() == (True, "ok"), "alive")
+
+
+async def test_an_operators_drain_request_drains_then_stops_the_worker() -> None:
+    """`tokenline drain` marks the worker's membership; at its next heartbeat the worker
+    claims nothing more, finishes the job in flight and stops."""
+    app = App("memory://")
+    store = app.open_store()
+    release = asyncio.Event()
+    done: list[int] = []
+
+    @app.task(name="t.drain_me")
+    async def job(ctx: JobContext) -> None:
+        await release.wait()
+        done.append(ctx.job_id)
+
+    first = await app.enqueue_async("t.drain_me", store=store)
+    worker = Worker(app, FAST)
+    async with running(worker) as states:
+        await eventually(lambda: WorkerState.PROCESSING in states, "the job to start")
+        assert await store.worker_drain(worker_id=worker.id) is True
+        await eventually(lambda: WorkerState.DRAINING in states, "the worker to drain")
+        second = await app.enqueue_async("t.drain_me", store=store)
+        release.set()
+        await eventually(lambda: worker.state is WorkerState.STOPPED, "the worker to stop")
+    assert done == [first]
+    assert (await store.job_get(job_id=second)).state is JobState.QUEUED

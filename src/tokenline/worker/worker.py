@@ -812,6 +812,11 @@ class Worker:
             )
             if rec is not None:
                 self.skew.answered(beat_sent, rec.heartbeat_at)
+                if rec.drain_requested and not self._stop_requested:
+                    # `tokenline drain`: as a first SIGTERM — claim nothing more, finish
+                    # the jobs in flight within drain_timeout, then stop.
+                    log.warning("worker %s: drain requested by an operator", self.id)
+                    self.request_shutdown()
                 beat = self.clock.monotonic()
                 gap, self._last_beat = beat - self._last_beat, beat
                 if events.enabled():
