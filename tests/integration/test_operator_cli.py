@@ -195,7 +195,7 @@ def _record(wid: str) -> WorkerRecord:
 @pytest.fixture
 def url(tmp_path: Path) -> str:
     """A store with a job running under a 60 s lease of worker w-1, a resource lease
-    ``account:[1]`` held by ``w-[2]`` (names rich would read as markup), one expired
+    ``account:[1]`` held by ``w-[2]`` (names rich would read as markup), one released
     lease, a live worker w-1 and a stopped worker w-old."""
     u = f"sqlite:///{tmp_path / 'ops.db'}"
 
@@ -203,7 +203,9 @@ def url(tmp_path: Path) -> str:
         await store.jobs_enqueue(jobs=[NewJob("billing", "charge", "[]")])
         await store.jobs_claim(owner="w-1", queues=["billing"], limit=1, ttl=60)
         await store.resource_lease_acquire(resource="account:[1]", owner="w-[2]", ttl=60)
-        await store.resource_lease_acquire(resource="gone", owner="w-9", ttl=0.01)
+        gone = await store.resource_lease_acquire(resource="gone", owner="w-9", ttl=60)
+        assert gone is not None
+        await store.resource_lease_release(lease=gone)  # expired now, listed with --all
         await store.worker_register(record=_record("w-1"), ttl=60)
         old = await store.worker_register(record=_record("w-old"), ttl=60)
         await store.worker_deregister(worker_id=old.id, token=old.token)
@@ -246,7 +248,9 @@ def test_leases_lists_job_and_resource_leases_by_the_store_clock(url: str) -> No
     assert 0 < rl["expires_in"] <= 60
     code, out = cli("leases", "--url", url, "--all", "--json")
     assert [r["key"] for r in json.loads(out)["resource_leases"]] == ["account:[1]", "gone"]
-    assert json.loads(out)["resource_leases"][1]["expires_in"] < 0
+    gone = json.loads(out)["resource_leases"][1]
+    assert (gone["held"], gone["owner"], gone["token"]) == (False, "w-9", 1)
+    assert gone["expires_in"] <= 0
     code, out = cli("leases", "--url", url)
     assert code == 0
     assert "account:[1]" in out
