@@ -4,7 +4,9 @@
 commit it is asked for, while reporting it accepted: the ack is lost after the work
 was done, as when a network cuts the answer off. The marker records the job's id.
 ``FAULTAPP_STATE_ONLY=1`` gives the worker a store without its token checks
-(``tests/sabotage.py``), for the control experiment.
+(``tests/sabotage.py``), for the control experiment. ``FAULTAPP_FAULT_FILE=<path>``
+wraps the worker's store in the drill's FaultStore driven by that fault file, so a test
+can fail one role (broker, leases, ledger) of a running worker.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ class FaultApp(tokenline.App):
             from sabotage import StateOnlySQLiteStore
 
             return StateOnlySQLiteStore(self.url, timeout=timeout or self.settings.store_timeout)
+        fault_file = os.environ.get("FAULTAPP_FAULT_FILE")
+        if fault_file:
+            from tokenline.drill.faultstore import FaultStore
+
+            return FaultStore(super().open_store(timeout=timeout), fault_file=fault_file)
         marker = os.environ.get("FAULTAPP_LOSE_ACK")
         if not marker:
             return super().open_store(timeout=timeout)

@@ -82,7 +82,9 @@ def _metrics(worker: Worker, port: int, host: str) -> Iterator[None]:
     prom.PlatformCollector(registry=registry)
     prom.GCCollector(registry=registry)
     hook = metrics.WorkerMetrics(registry)
+    # Where the worker starts: the events only report changes.
     hook.concurrency_limit.set(worker.concurrency_limit)
+    hook.state.labels(worker.state.value).set(1)
     health, ready = metrics.worker_health(worker)
     server = metrics.serve(port, host=host, registry=registry, health=health, ready=ready)
     events.add_hook(hook)
