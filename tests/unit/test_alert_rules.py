@@ -31,7 +31,7 @@ RUNBOOK = ROOT / "docs" / "runbook.md"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SEVERITIES = {"critical", "warning"}
 #: Commands the runbook tells operators about before they exist in the CLI.
-PENDING_COMMANDS = {"drain"}
+PENDING_COMMANDS: set[str] = set()
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
