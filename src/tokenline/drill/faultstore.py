@@ -214,7 +214,7 @@ class FaultStore(Store):
         elif kind == "hang":
             text = f"the {role.value} did not answer {method} within {self.hang_limit:g}s"
         else:
-            text = f"the {role.value} is unavailable ({method})"
+            text = f"the {role.value} role is unavailable ({method})"
         return InjectedFaultError(f"drill fault: {text}", role=role, method=method, kind=kind)
 
     def _hanging(self, method: str, since: float) -> bool:
