@@ -157,6 +157,8 @@ T = TypeVar("T")
 
 #: A health or readiness check: whether it passes, and why (shown on failure).
 Check = Callable[[], tuple[bool, str]]
+#: A further path of :func:`serve`: returns (HTTP status, body, content type).
+Route = Callable[[], tuple[int, str, str]]
 
 #: Seconds, from a fast handler to an hour-long job or wait.
 _TIME_BUCKETS = (
@@ -584,6 +586,7 @@ class _Server(ThreadingHTTPServer):
     registry: CollectorRegistry
     health: Check
     ready: Check
+    routes: dict[str, Route]
 
 
 class _Server6(_Server):
@@ -604,6 +607,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(500, f"collection failed: {exc}\n".encode(), "text/plain")
                 return
             self._send(200, body, CONTENT_TYPE_LATEST)
+        elif path in server.routes:
+            try:
+                status, text, content_type = server.routes[path]()
+            except Exception as exc:
+                log.exception("%s failed", path)
+                status, text, content_type = 500, f"{path} failed: {exc}\n", "text/plain"
+            self._send(status, text.encode(), content_type)
         elif path in ("/healthz", "/readyz"):
             check = server.health if path == "/healthz" else server.ready
             try:
@@ -663,6 +673,7 @@ def serve(
     registry: CollectorRegistry = REGISTRY,
     health: Check | None = None,
     ready: Check | None = None,
+    routes: Mapping[str, Route] | None = None,
 ) -> MetricsServer:
     """Serve ``registry`` on ``host:port`` from a daemon thread until ``close()``.
 
@@ -670,7 +681,8 @@ def serve(
     ``health()`` passes (liveness: keep it free of store calls), else 503.
     ``/readyz``: 200 while ``ready()`` passes, else 503 with its reason. Anything
     else: 404. Without a check, it passes. A port in use is a :class:`ConfigError`
-    and nothing is started.
+    and nothing is started. ``routes``: more paths, each answered by a function
+    returning (status, body, content type).
     """
     try:
         server = (_Server6 if ":" in host else _Server)((host, port), _Handler)
@@ -680,4 +692,5 @@ def serve(
     server.registry = registry
     server.health = health or _ok
     server.ready = ready or _ok
+    server.routes = dict(routes or {})
     return MetricsServer(server, host)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -270,6 +271,12 @@ def test_the_exporter_command_serves_the_store_until_sigterm(db_url: str) -> Non
         base = url.removesuffix("/metrics")
         assert get(base + "/readyz") == (200, "store reachable\n")
         assert get(base + "/healthz") == (200, "ok\n")
+        status, body = get(base + "/scale-hint")
+        assert status == 200
+        hint = json.loads(body)
+        # Two jobs ready (the paused queue's left out), one live worker with free slots,
+        # nothing growing: enough.
+        assert (hint["advice"], hint["backlog_after"], hint["workers"]) == ("enough", 2, 1)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err

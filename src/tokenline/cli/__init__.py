@@ -36,6 +36,7 @@ from .drill import drill
 from .exporter import exporter
 from .inspect import job, jobs, queues, workers
 from .leases import drain, lease, leases
+from .scale import scale_hint_command
 from .status import status
 
 __all__ = ["main"]
@@ -280,7 +281,19 @@ def migrate(app_spec: str | None, url: str | None, timeout: float) -> None:
     console.print(f"{escape(app.url)}: schema up to date{suffix}", highlight=False)
 
 
-for command in (status, queues, workers, jobs, job, dlq, demo, bench, drill, exporter):
+for command in (
+    status,
+    queues,
+    workers,
+    jobs,
+    job,
+    dlq,
+    demo,
+    bench,
+    drill,
+    exporter,
+    scale_hint_command,
+):
     main.add_command(command)
 main.add_command(audit)
 for command in (leases, lease, drain):

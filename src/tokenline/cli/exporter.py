@@ -15,6 +15,7 @@ from types import FrameType
 import click
 
 from ._common import app_option, console, reporting_errors, resolve_app, url_option
+from .scale import ScaleHinter
 
 __all__ = ["exporter"]
 
@@ -51,7 +52,9 @@ __all__ = ["exporter"]
 def exporter(app_spec: str | None, url: str | None, port: int, host: str, max_age: float) -> None:
     """Serve the store's metrics for Prometheus until SIGINT or SIGTERM.
 
-    /readyz answers 200 while the store can be read, /healthz while the process runs.
+    /readyz answers 200 while the store can be read, /healthz while the process runs,
+    /scale-hint whether adding workers would help (JSON, as `tokenline scale-hint
+    --json`; it compares the store with its previous look, at least a second old).
     """
     try:
         from prometheus_client import CollectorRegistry
@@ -70,7 +73,14 @@ def exporter(app_spec: str | None, url: str | None, port: int, host: str, max_ag
         try:
             registry = CollectorRegistry()
             registry.register(collector)
-            server = serve(port, host=host, registry=registry, ready=collector.ready)
+            hinter = ScaleHinter(app.open_store)
+            server = serve(
+                port,
+                host=host,
+                registry=registry,
+                ready=collector.ready,
+                routes={"/scale-hint": hinter.answer},
+            )
             try:
                 for signum in (signal.SIGINT, signal.SIGTERM):
                     signal.signal(signum, on_signal)

@@ -1,0 +1,159 @@
+"""``tokenline scale-hint``: would adding workers help or hurt, and why."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from typing import Any
+
+import click
+
+from .._jobs import JobState, QueueStats, WorkerRecord
+from ..scaling import Hint, Snapshot, WorkerLoad, scale_hint
+from ..stores import Store
+from ._common import app_option, console, reporting_errors, resolve_app, url_option
+from .status import _status
+
+__all__ = ["BREAKER_PREFIX", "ScaleHinter", "scale_hint_command", "snapshot"]
+
+#: Resource leases named so are the open circuit breakers of dependencies.
+BREAKER_PREFIX = "tokenline:breaker:"
+
+
+def _load(w: WorkerRecord) -> WorkerLoad:
+    limit = getattr(w, "concurrency_limit", None) or w.concurrency
+    return WorkerLoad(state=w.state, in_flight=w.in_flight, limit=limit)
+
+
+def _backlog(stats: list[QueueStats]) -> tuple[int, float | None]:
+    ready = [s for s in stats if not s.paused]
+    ages = [s.oldest_ready_age for s in ready if s.oldest_ready_age is not None]
+    return sum(s.count(JobState.QUEUED) for s in ready), max(ages, default=None)
+
+
+async def _open_breakers(store: Store, now: float, timeout: float) -> list[str]:  # noqa: ASYNC109
+    """Dependencies whose open-breaker lease is held, by the store's clock."""
+    await asyncio.wait_for(store.open(), timeout)
+    try:
+        leases = await asyncio.wait_for(store.resource_leases_list(), timeout)
+    finally:
+        await store.close()
+    return sorted(
+        lease.resource.removeprefix(BREAKER_PREFIX)
+        for lease in leases
+        if lease.resource.startswith(BREAKER_PREFIX)
+        and not lease.resource.endswith(":probe")
+        and lease.expires_at > now
+    )
+
+
+async def snapshot(open_store: Any, timeout: float) -> Snapshot:  # noqa: ASYNC109
+    """The store as :func:`tokenline.scaling.scale_hint` needs it: channels probed each
+    within ``timeout``, backlog, live workers, open breakers. ``open_store()`` gives a
+    fresh (unopened) store for each read."""
+    report = await _status(open_store(), timeout)
+    failing = {
+        name: ch["failure"] or "failing"
+        for name, ch in report["channels"].items()
+        if ch.get("ok") is False
+    }
+    now = report.get("now")
+    if report["store"] != "ok" or now is None:
+        return Snapshot(at=0.0, backlog=0, failing_channels=failing or {"broker": "unreachable"})
+    backlog, oldest = _backlog(report["queues"] or [])
+    try:
+        open_deps = await _open_breakers(open_store(), now, timeout)
+    except Exception as exc:  # the leases channel answered a moment ago: say what failed
+        failing["leases"] = f"failing ({type(exc).__name__})"
+        open_deps = []
+    return Snapshot(
+        at=now,
+        backlog=backlog,
+        oldest_ready_age=oldest,
+        workers=[_load(w) for w in report["workers"]],
+        failing_channels=failing,
+        open_dependencies=open_deps,
+    )
+
+
+async def hint_for(open_store: Any, *, interval: float, timeout: float) -> Hint:  # noqa: ASYNC109
+    """Two snapshots ``interval`` seconds apart, and the hint they give."""
+    before = await snapshot(open_store, timeout)
+    await asyncio.sleep(interval)
+    after = await snapshot(open_store, timeout)
+    return scale_hint(before, after)
+
+
+class ScaleHinter:
+    """The exporter's ``/scale-hint``: each answer compares the store now with the
+    previous look (taken by the previous request, or a second before when that one is
+    less than a second old). Thread-safe: requests are answered one at a time."""
+
+    def __init__(self, open_store: Any, *, timeout: float = 5.0, min_interval: float = 1.0) -> None:
+        self._open_store = open_store
+        self._timeout = timeout
+        self._min_interval = min_interval
+        self._lock = threading.Lock()
+        self._last: tuple[float, Snapshot] | None = None
+
+    def answer(self) -> tuple[int, str, str]:
+        """HTTP status, JSON body and its content type."""
+        with self._lock:
+            hint = asyncio.run(self._hint())
+        return 200, json.dumps(hint.json()) + "\n", "application/json"
+
+    async def _hint(self) -> Hint:
+        last = self._last
+        if last is None or time.monotonic() - last[0] < self._min_interval:
+            before = await snapshot(self._open_store, self._timeout)
+            await asyncio.sleep(self._min_interval)
+        else:
+            before = last[1]
+        after = await snapshot(self._open_store, self._timeout)
+        self._last = (time.monotonic(), after)
+        return scale_hint(before, after)
+
+
+@click.command("scale-hint")
+@app_option
+@url_option
+@click.option(
+    "--interval",
+    type=click.FloatRange(0, 3600),
+    default=5.0,
+    show_default=True,
+    help="Seconds between the two looks at the backlog.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(0.1, 600),
+    default=5.0,
+    show_default=True,
+    help="Seconds each channel probe may take.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print {advice, reason, backlog_before, backlog_after, seconds, workers, "
+    "workers_fetching, workers_busy, failing_channels, open_dependencies, ...}.",
+)
+def scale_hint_command(
+    app_spec: str | None, url: str | None, interval: float, timeout: float, as_json: bool
+) -> None:
+    """Say whether adding workers would help (add), hurt or not help (hold), or is not
+    needed (enough), and why.
+
+    Looks at the store twice, INTERVAL seconds apart: a failing or slow channel, an open
+    circuit breaker or mostly draining workers mean hold, whatever the backlog; a
+    growing backlog with every worker at its limit means add.
+    """
+    with reporting_errors():
+        app = resolve_app(app_spec, url)
+        hint = asyncio.run(hint_for(app.open_store, interval=interval, timeout=timeout))
+    if as_json:
+        click.echo(json.dumps(hint.json(), indent=2))
+    else:
+        console.print(f"{hint.advice.value}: {hint.reason}", highlight=False, markup=False)

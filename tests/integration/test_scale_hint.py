@@ -1,0 +1,114 @@
+"""``tokenline scale-hint`` against real stores, healthy and failing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from tokenline import App
+from tokenline._jobs import WorkerRecord
+from tokenline.cli import main
+from tokenline.drill.storefaults import RoleFaults, StoreFaults, write_fault_file
+from tokenline.stores import store_from_url
+
+HERE = Path(__file__).parent
+
+
+def _seed(url: str, jobs: int, *, busy_worker: bool = False) -> None:
+    async def seed() -> None:
+        store = store_from_url(url)
+        await store.open()
+        try:
+            app = App(url)
+            app.task(name="t")(lambda ctx: None)
+            await store.jobs_enqueue(jobs=[app.build_job("t", []) for _ in range(jobs)])
+            if busy_worker:
+                rec = WorkerRecord(
+                    id="w-1", host="h", pid=1, queues=("default",), concurrency=1,
+                    state="processing", token=0, started_at=0.0, heartbeat_at=0.0,
+                    expires_at=0.0,
+                )  # fmt: skip
+                reg = await store.worker_register(record=rec, ttl=600)
+                await store.worker_heartbeat(
+                    worker_id="w-1", token=reg.token, state="processing", in_flight=1, ttl=600
+                )
+        finally:
+            await store.close()
+
+    asyncio.run(seed())
+
+
+def hint(*args: str) -> dict[str, object]:
+    result = CliRunner().invoke(main, ["scale-hint", "--json", *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_jobs_waiting_and_no_worker_asks_for_workers(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    _seed(url, 5)
+    out = hint("--url", url, "--interval", "0")
+    assert out["advice"] == "add"
+    assert out["backlog_after"] == 5
+    assert out["workers"] == 0
+
+
+def test_a_steady_backlog_with_a_busy_worker_is_enough(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    _seed(url, 5, busy_worker=True)
+    out = hint("--url", url, "--interval", "0.2")
+    assert out["advice"] == "enough", out
+    assert out["workers_busy"] == 1
+
+
+def test_an_open_breaker_holds(tmp_path: Path) -> None:
+    """A dependency's open-breaker lease held in the store: hold, naming it."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    _seed(url, 5)
+
+    async def trip() -> None:
+        store = store_from_url(url)
+        await store.open()
+        try:
+            got = await store.resource_lease_acquire(
+                resource="tokenline:breaker:payments-api", owner="w-9", ttl=600
+            )
+            assert got is not None
+        finally:
+            await store.close()
+
+    asyncio.run(trip())
+    out = hint("--url", url, "--interval", "0")
+    assert out["advice"] == "hold"
+    assert out["open_dependencies"] == ["payments-api"]
+
+
+def test_a_failing_lease_channel_holds(tmp_path: Path) -> None:
+    """The leases role failing (the drill's fault store): hold, naming the channel."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    _seed(url, 5)
+    faults = tmp_path / "faults.json"
+    write_fault_file(faults, StoreFaults(leases=RoleFaults(error=True)))
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(HERE),
+        "STATUSFAULTAPP_URL": url,
+        "STATUSFAULTAPP_FAULT_FILE": str(faults),
+    }
+    env.pop("TOKENLINE_URL", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "tokenline", "scale-hint", "--app", "statusfaultapp:app",
+         "--interval", "0", "--json"],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["advice"] == "hold"
+    assert "leases" in out["failing_channels"]
+    assert "broker" not in out["failing_channels"]

@@ -1,0 +1,56 @@
+"""The scale hint's rules, in order: coordination and dependencies before backlog."""
+
+from __future__ import annotations
+
+from tokenline.scaling import Advice, Snapshot, WorkerLoad, scale_hint
+
+BUSY = WorkerLoad(state="processing", in_flight=10, limit=10)
+IDLE = WorkerLoad(state="ready", in_flight=2, limit=10)
+DRAINING = WorkerLoad(state="draining", in_flight=3, limit=10)
+
+
+def snap(at: float, backlog: int, *workers: WorkerLoad, **kw: object) -> Snapshot:
+    return Snapshot(at=at, backlog=backlog, workers=workers, **kw)  # type: ignore[arg-type]
+
+
+def test_a_growing_backlog_with_every_worker_at_its_limit_asks_for_workers() -> None:
+    hint = scale_hint(snap(0, 100, BUSY, BUSY), snap(5, 180, BUSY, BUSY))
+    assert hint.advice is Advice.ADD
+    assert "grew from 100 to 180" in hint.reason
+    assert hint.json()["workers_busy"] == 2
+
+
+def test_a_failing_channel_holds_whatever_the_backlog() -> None:
+    """Leases timing out: more workers would add renewals to a store that cannot answer."""
+    hint = scale_hint(snap(0, 100, BUSY), snap(5, 500, BUSY, failing_channels={"leases": "slow"}))
+    assert hint.advice is Advice.HOLD
+    assert "leases slow" in hint.reason
+
+
+def test_an_open_breaker_holds() -> None:
+    hint = scale_hint(snap(0, 100, BUSY), snap(5, 500, BUSY, open_dependencies=["payments-api"]))
+    assert hint.advice is Advice.HOLD
+    assert "payments-api" in hint.reason
+
+
+def test_mostly_draining_workers_hold() -> None:
+    hint = scale_hint(
+        snap(0, 100, DRAINING, DRAINING, BUSY), snap(5, 300, DRAINING, DRAINING, BUSY)
+    )
+    assert hint.advice is Advice.HOLD
+    assert "2 of 3" in hint.reason
+
+
+def test_no_worker_and_waiting_jobs_asks_for_one() -> None:
+    assert scale_hint(snap(0, 0), snap(5, 3)).advice is Advice.ADD
+
+
+def test_free_slots_mean_worker_count_is_not_the_bottleneck() -> None:
+    hint = scale_hint(snap(0, 100, BUSY, IDLE), snap(5, 150, BUSY, IDLE))
+    assert hint.advice is Advice.HOLD
+    assert "1 of 2 workers have free slots" in hint.reason
+
+
+def test_a_steady_or_shrinking_backlog_is_enough() -> None:
+    assert scale_hint(snap(0, 100, BUSY), snap(5, 100, BUSY)).advice is Advice.ENOUGH
+    assert scale_hint(snap(0, 100, BUSY), snap(5, 20, BUSY)).advice is Advice.ENOUGH
