@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tokenline.drill.checker import Attempt, FaultWindow, Snapshot, check
+from tokenline.drill.checker import SLACK, Attempt, FaultWindow, Snapshot, check
 
 TTL = 2.0
 KEYS = ["k:0", "k:1"]
@@ -93,3 +93,16 @@ def test_a_job_still_pending_fails_the_run_without_being_lost() -> None:
     snap.effects.pop()
     report = check(snap, keys=KEYS, lease_ttl=TTL, rescue_interval=0.5)
     assert (report.lost, report.pending, report.ok) == (0, 1, False)
+
+
+def test_a_stall_of_the_whole_store_extends_the_recovery_bound() -> None:
+    """A paused SQLite writer holds the one write lock for its whole pause: nobody can
+    rescue meanwhile, so the bound is the pause plus one rescue period when that is
+    longer than two TTLs — and stays two TTLs otherwise."""
+    snap = Snapshot(jobs={}, attempts=[], effects=[], stale_refused=0, ledger_duplicates=0)
+    plain = check(snap, keys=[], lease_ttl=2.0, rescue_interval=0.5)
+    stalled = check(snap, keys=[], lease_ttl=2.0, rescue_interval=0.5, stall=8.0)
+    short = check(snap, keys=[], lease_ttl=2.0, rescue_interval=0.5, stall=1.0)
+    assert plain.recovery_bound == 2 * 2.0 + 0.5 + SLACK
+    assert stalled.recovery_bound == 8.0 + 0.5 + SLACK
+    assert short.recovery_bound == plain.recovery_bound

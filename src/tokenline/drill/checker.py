@@ -188,17 +188,21 @@ def check(
     fault: FaultWindow | None = None,
     hit: frozenset[int] | None = None,
     workers: Sequence[int] | None = None,
+    stall: float = 0.0,
 ) -> Report:
     """Verify the invariants over ``snap`` for the jobs enqueued with ``keys``.
 
     ``hit``: process ids of the workers the fault hit (``None``: any may have been);
-    ``workers``: process ids that must each have started an attempt.
+    ``workers``: process ids that must each have started an attempt. ``stall``: how
+    long the fault may keep *every* worker from writing to the store (a paused process
+    holding SQLite's single write lock: the pause); rescues may wait that long, then one
+    rescue period.
     """
     report = Report(
         jobs=len(keys),
         stale_refused=snap.stale_refused,
         ledger_duplicates=snap.ledger_duplicates,
-        recovery_bound=2 * lease_ttl + rescue_interval + SLACK,
+        recovery_bound=max(2 * lease_ttl, stall) + rescue_interval + SLACK,
     )
     by_job: dict[int, list[Attempt]] = collections.defaultdict(list)
     for a in snap.attempts:

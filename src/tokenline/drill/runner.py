@@ -247,6 +247,7 @@ class Drill:
                 fault=window,
                 hit=_hit(scenario, schedule, pids),
                 workers=pids if scenario.every_worker_works else None,
+                stall=_stall(self.scheme, scenario, window),
             )
         finally:
             self.kept.extend(scratch.cleanup())
@@ -473,3 +474,15 @@ class _Controller:
             with contextlib.suppress(RuntimeError):  # proxies already stopped
                 self._switch(on=False)
         self.ended = time.time()
+
+
+def _stall(scheme: str, scenario: Scenario, window: FaultWindow | None) -> float:
+    """How long the fault may keep every worker from writing: on SQLite, a worker
+    paused (SIGSTOP) in the middle of a write keeps the file's one write lock for the
+    whole pause, and nobody can claim, complete or rescue until it resumes (then it
+    fences itself and rolls back). PostgreSQL has no such lock: its rescue ends the
+    paused attempt's session."""
+    stopped = scenario.injection is not None and scenario.injection.action is Action.STOP
+    if scheme != "sqlite" or not stopped or window is None:
+        return 0.0
+    return window.end - window.start
