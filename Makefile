@@ -36,4 +36,4 @@ bench: $(VENV)/.dev
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) tokenline-demo.db* .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
