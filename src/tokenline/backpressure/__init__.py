@@ -16,6 +16,10 @@ reads a clock of its own or touches a store), so each is tested with a fake cloc
 :class:`ErrorRateWindow`   the share of recent jobs that failed; past a
                            threshold (with enough samples) the worker pauses
                            consumption.
+:class:`CircuitBreaker`    per named dependency: closed, open or half-open from
+                           the outcomes of recent calls to it; while open, jobs
+                           that need it wait (see :mod:`tokenline.dependencies`,
+                           which shares each breaker through the store).
 =========================  =====================================================
 
 A worker owns one limiter and one error window, and one retry budget for all its
@@ -35,6 +39,7 @@ Every parameter is validated when the object is built; a bad one raises
 
 from __future__ import annotations
 
+from .breaker import BreakerState, CallOutcome, CircuitBreaker, Permit
 from .errors_window import ErrorRateWindow
 from .limiter import (
     OVERLOAD_KINDS,
@@ -50,11 +55,15 @@ from .retry_budget import RetryBudget
 __all__ = [
     "OVERLOAD_KINDS",
     "AIMDLimiter",
+    "BreakerState",
+    "CallOutcome",
+    "CircuitBreaker",
     "ConcurrencyLimiter",
     "ErrorRateWindow",
     "FailureKind",
     "FixedLimiter",
     "GradientLimiter",
+    "Permit",
     "RetryBudget",
     "make_limiter",
 ]
