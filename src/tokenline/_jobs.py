@@ -467,3 +467,6 @@ class WorkerRecord:
     #: An operator asked this membership to drain (``tokenline drain``); the worker
     #: reads it from its heartbeat. A new registration starts without it.
     drain_requested: bool = False
+    #: The worker's adaptive concurrency limit (from ``concurrency_floor`` to
+    #: ``concurrency``), as it last reported it; ``None`` until it has.
+    concurrency_limit: int | None = None

@@ -405,6 +405,7 @@ class FaultStore(Store):
         in_flight: int,
         ttl: float,
         skew: float | None = None,
+        concurrency_limit: int | None = None,
     ) -> WorkerRecord | None:
         """The inner store's, with the leases role's faults."""
         return await self._run(
@@ -416,6 +417,7 @@ class FaultStore(Store):
                 in_flight=in_flight,
                 ttl=ttl,
                 skew=skew,
+                concurrency_limit=concurrency_limit,
             ),
         )
 

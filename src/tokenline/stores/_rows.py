@@ -54,6 +54,7 @@ def worker_from_row(row: _Row) -> WorkerRecord:
         in_flight=row["in_flight"],
         clock_skew=row["clock_skew"],
         drain_requested=bool(row["drain_requested"]),
+        concurrency_limit=row["concurrency_limit"],
     )
 
 

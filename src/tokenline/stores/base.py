@@ -307,7 +307,8 @@ class Leases(abc.ABC):
 
     @abc.abstractmethod
     async def worker_register(self, *, record: WorkerRecord, ttl: float) -> WorkerRecord:
-        """Insert or re-register a worker, issuing a fresh membership token."""
+        """Insert or re-register a worker, issuing a fresh membership token; the new
+        membership starts with the record's ``concurrency_limit``."""
 
     @abc.abstractmethod
     async def worker_heartbeat(
@@ -319,11 +320,14 @@ class Leases(abc.ABC):
         in_flight: int,
         ttl: float,
         skew: float | None = None,
+        concurrency_limit: int | None = None,
     ) -> WorkerRecord | None:
         """Extend the membership lease if still held; ``None`` when it was lost.
 
         ``skew``: the worker's wall clock minus the store's, as it last measured it
         (kept with the row for operators; ``None`` keeps the previous value).
+        ``concurrency_limit``: the worker's adaptive concurrency limit now (kept with
+        the row for operators; ``None`` keeps the previous value).
         """
 
     @abc.abstractmethod

@@ -409,6 +409,7 @@ class MemoryStore(MemoryLedger, Store):
         in_flight: int,
         ttl: float,
         skew: float | None = None,
+        concurrency_limit: int | None = None,
     ) -> WorkerRecord | None:
         """Extend the membership lease if it is still held and unexpired."""
         with self._lock:
@@ -423,6 +424,9 @@ class MemoryStore(MemoryLedger, Store):
                 heartbeat_at=now,
                 expires_at=now + ttl,
                 clock_skew=rec.clock_skew if skew is None else skew,
+                concurrency_limit=(
+                    rec.concurrency_limit if concurrency_limit is None else concurrency_limit
+                ),
             )
             self._workers[worker_id] = rec
             return rec

@@ -196,3 +196,8 @@ ALTER TABLE {schema}.workers ADD COLUMN drain_requested boolean NOT NULL DEFAULT
 -- name: migration_0006_lease_acquired_at
 -- When each resource lease's current token was issued (NULL: before it was recorded).
 ALTER TABLE {schema}.leases ADD COLUMN acquired_at double precision;
+
+-- name: migration_0007_worker_concurrency_limit
+-- Each worker's adaptive concurrency limit, as its heartbeat last reported it (NULL:
+-- not reported yet).
+ALTER TABLE {schema}.workers ADD COLUMN concurrency_limit integer;

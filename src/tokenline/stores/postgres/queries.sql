@@ -454,9 +454,10 @@ LIMIT %(limit)s;
 -- name: worker_register
 WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now)
 INSERT INTO {schema}.workers AS w (id, host, pid, queues, concurrency, state, token,
-                                   started_at, heartbeat_at, expires_at, in_flight)
+                                   started_at, heartbeat_at, expires_at, in_flight,
+                                   concurrency_limit)
 SELECT %(id)s, %(host)s, %(pid)s, %(queues)s::text[], %(concurrency)s, %(state)s, 1,
-       c.now, c.now, c.now + %(ttl)s, 0
+       c.now, c.now, c.now + %(ttl)s, 0, %(concurrency_limit)s::integer
 FROM clock AS c
 ON CONFLICT (id) DO UPDATE
 SET token = w.token + 1,
@@ -468,14 +469,16 @@ SET token = w.token + 1,
     heartbeat_at = excluded.heartbeat_at,
     expires_at = excluded.expires_at,
     in_flight = 0,
-    drain_requested = false
+    drain_requested = false,
+    concurrency_limit = excluded.concurrency_limit
 RETURNING *;
 
 -- name: worker_heartbeat
 WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now)
 UPDATE {schema}.workers AS w
 SET state = %(state)s, in_flight = %(in_flight)s, heartbeat_at = c.now,
-    expires_at = c.now + %(ttl)s, clock_skew = COALESCE(%(skew)s, w.clock_skew)
+    expires_at = c.now + %(ttl)s, clock_skew = COALESCE(%(skew)s, w.clock_skew),
+    concurrency_limit = COALESCE(%(concurrency_limit)s::integer, w.concurrency_limit)
 FROM clock AS c
 WHERE w.id = %(id)s AND w.token = %(token)s AND w.expires_at > c.now
 RETURNING w.*;

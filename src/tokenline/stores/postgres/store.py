@@ -646,6 +646,7 @@ class PostgresStore(PostgresLedger, Store):
             "concurrency": record.concurrency,
             "state": record.state,
             "ttl": ttl,
+            "concurrency_limit": record.concurrency_limit,
             "now": self._now(),
         }
         (row,) = await self._rows(self._q("worker_register"), params)
@@ -660,6 +661,7 @@ class PostgresStore(PostgresLedger, Store):
         in_flight: int,
         ttl: float,
         skew: float | None = None,
+        concurrency_limit: int | None = None,
     ) -> WorkerRecord | None:
         """Extend the membership lease; ``None`` if it was lost."""
         params = {
@@ -669,6 +671,7 @@ class PostgresStore(PostgresLedger, Store):
             "in_flight": in_flight,
             "ttl": ttl,
             "skew": skew,
+            "concurrency_limit": concurrency_limit,
             "now": self._now(),
         }
         rows = await self._rows(self._q("worker_heartbeat"), params)

@@ -51,6 +51,11 @@ ALTER TABLE coord.workers ADD COLUMN drain_requested INTEGER NOT NULL DEFAULT 0;
 -- When each resource lease's current token was issued (NULL: before it was recorded).
 ALTER TABLE coord.resource_leases ADD COLUMN acquired_at REAL;
 
+-- name: schema_v4
+-- Each worker's adaptive concurrency limit, as its heartbeat last reported it (NULL:
+-- not reported yet).
+ALTER TABLE coord.workers ADD COLUMN concurrency_limit INTEGER;
+
 -- name: clock_get
 SELECT boot_id, wall, uptime FROM coord.clock WHERE id = 1;
 
@@ -104,18 +109,21 @@ DELETE FROM coord.job_leases WHERE expires_at <= :before;
 
 -- name: worker_register
 INSERT INTO coord.workers (id, host, pid, queues, concurrency, state, token,
-                           started_at, heartbeat_at, expires_at, in_flight)
-VALUES (:id, :host, :pid, :queues, :concurrency, :state, 1, :now, :now, :now + :ttl, 0)
+                           started_at, heartbeat_at, expires_at, in_flight,
+                           concurrency_limit)
+VALUES (:id, :host, :pid, :queues, :concurrency, :state, 1, :now, :now, :now + :ttl, 0,
+        :concurrency_limit)
 ON CONFLICT (id) DO UPDATE
 SET token = workers.token + 1, state = excluded.state,
     heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at, in_flight = 0,
-    drain_requested = 0
+    drain_requested = 0, concurrency_limit = excluded.concurrency_limit
 RETURNING *;
 
 -- name: worker_heartbeat
 UPDATE coord.workers
 SET state = :state, in_flight = :in_flight, heartbeat_at = :now, expires_at = :now + :ttl,
-    clock_skew = COALESCE(:skew, clock_skew)
+    clock_skew = COALESCE(:skew, clock_skew),
+    concurrency_limit = COALESCE(:concurrency_limit, concurrency_limit)
 WHERE id = :id AND token = :token AND expires_at > :now
 RETURNING *;
 

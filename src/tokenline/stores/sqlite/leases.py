@@ -102,6 +102,7 @@ class SQLiteLeases:
             "concurrency": record.concurrency,
             "state": record.state,
             "ttl": ttl,
+            "concurrency_limit": record.concurrency_limit,
         }
 
         def run(coord: sqlite3.Connection) -> sqlite3.Row:
@@ -122,6 +123,7 @@ class SQLiteLeases:
         in_flight: int,
         ttl: float,
         skew: float | None = None,
+        concurrency_limit: int | None = None,
     ) -> WorkerRecord | None:
         """Extend the membership lease; ``None`` if it was lost."""
         params = {
@@ -131,6 +133,7 @@ class SQLiteLeases:
             "in_flight": in_flight,
             "ttl": ttl,
             "skew": skew,
+            "concurrency_limit": concurrency_limit,
         }
 
         def run(coord: sqlite3.Connection) -> sqlite3.Row | None:

@@ -95,7 +95,7 @@ SCHEMA_VERSION = 4
 Q = load_queries(__name__.rpartition(".")[0])
 CQ = load_queries(__name__.rpartition(".")[0], "coord.sql")
 #: Version of the coordination file's schema (its own ``user_version``).
-COORD_VERSION = 3
+COORD_VERSION = 4
 T = TypeVar("T")
 
 #: Lease rows expired longer than this are pruned by the rescue.
@@ -374,7 +374,12 @@ class SQLiteStore(SQLiteLeases, SQLiteLedger, Store):
             version = coord.execute("PRAGMA coord.user_version").fetchone()[0]
             if version >= COORD_VERSION:
                 return
-            steps = [(0, CQ["schema"]), (1, CQ["schema_v2"]), (2, CQ["schema_v3"])]
+            steps = [
+                (0, CQ["schema"]),
+                (1, CQ["schema_v2"]),
+                (2, CQ["schema_v3"]),
+                (3, CQ["schema_v4"]),
+            ]
             for since, script in steps:
                 if version <= since:
                     for statement in statements(script):

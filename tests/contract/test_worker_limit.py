@@ -1,0 +1,166 @@
+"""A worker's adaptive concurrency limit on its membership row, and the upgrades that
+bring it to stores made before it: SQLite coordination file 3 -> 4, PostgreSQL
+migration 0006 -> 0007."""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tokenline._clock import FakeClock
+from tokenline._jobs import WorkerRecord
+from tokenline.stores.sqlite import SQLiteStore
+from tokenline.stores.sqlite._connection import connect_coord, coord_path, statements
+from tokenline.stores.sqlite.store import COORD_VERSION, CQ
+
+
+def _record(wid: str = "w-1", limit: int | None = None) -> WorkerRecord:
+    rec = WorkerRecord(wid, "host", 1, ("default",), 10, "ready", 0, 0.0, 0.0, 0.0)
+    return dataclasses.replace(rec, concurrency_limit=limit)
+
+
+async def test_the_heartbeat_keeps_the_workers_concurrency_limit(
+    store: Any, clock: FakeClock
+) -> None:
+    """A heartbeat's concurrency_limit is kept on the membership row, returned by the
+    heartbeat and by workers_list; a heartbeat without one keeps the last; a new
+    registration starts with its record's."""
+    rec = await store.worker_register(record=_record(), ttl=10)
+    assert rec.concurrency_limit is None
+    beat = {"worker_id": rec.id, "token": rec.token, "state": "processing", "in_flight": 7}
+    hb = await store.worker_heartbeat(**beat, ttl=10, concurrency_limit=7)
+    assert (hb.concurrency_limit, hb.in_flight, hb.concurrency) == (7, 7, 10)
+    (listed,) = await store.workers_list()
+    assert listed.concurrency_limit == 7
+    clock.advance(1)
+    assert (await store.worker_heartbeat(**beat, ttl=10)).concurrency_limit == 7
+    lower = await store.worker_heartbeat(**beat, ttl=10, concurrency_limit=3)
+    assert lower.concurrency_limit == 3
+    (listed,) = await store.workers_list()
+    assert listed.concurrency_limit == 3
+    again = await store.worker_register(record=_record(limit=10), ttl=10)
+    assert again.concurrency_limit == 10
+    fresh = await store.worker_register(record=_record(), ttl=10)
+    assert fresh.concurrency_limit is None
+
+
+async def test_a_lost_membership_does_not_take_the_limit(store: Any, clock: FakeClock) -> None:
+    """A heartbeat with a stale token, or after the membership expired, is refused and
+    leaves the row's limit as it was."""
+    rec = await store.worker_register(record=_record(), ttl=5)
+    beat = {"worker_id": rec.id, "state": "ready", "in_flight": 0, "ttl": 5}
+    assert await store.worker_heartbeat(**beat, token=rec.token, concurrency_limit=4)
+    assert await store.worker_heartbeat(**beat, token=rec.token + 1, concurrency_limit=9) is None
+    clock.advance(6)
+    assert await store.worker_heartbeat(**beat, token=rec.token, concurrency_limit=9) is None
+    (listed,) = await store.workers_list()
+    assert listed.concurrency_limit == 4
+
+
+# -- upgrades -----------------------------------------------------------------------------------
+def _v3_coordination_file(main: Path) -> None:
+    """A coordination file as tokenline left it before concurrency limits (version 3),
+    with one live worker in it."""
+    conn = connect_coord(coord_path(main), busy_timeout=5)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        for script in (CQ["schema"], CQ["schema_v2"], CQ["schema_v3"]):
+            for statement in statements(script):
+                conn.execute(statement)
+        conn.execute(
+            "INSERT INTO coord.workers (id, host, pid, queues, concurrency, state, token, "
+            "started_at, heartbeat_at, expires_at) "
+            "VALUES ('old-worker', 'h', 1, '[\"default\"]', 4, 'ready', 3, 0, 0, 9e12)"
+        )
+        conn.execute("PRAGMA coord.user_version = 3")
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+async def test_sqlite_upgrades_the_coordination_file_for_limits_in_place(
+    tmp_path: Path,
+) -> None:
+    """Opening a store whose coordination file predates concurrency limits (version 3)
+    adds the column in place: the worker registered before is listed without a limit,
+    and its heartbeat (same token as before) sets one."""
+    main = tmp_path / "old.db"
+    _v3_coordination_file(main)
+    store = SQLiteStore(f"sqlite:///{main}", clock=FakeClock())
+    await store.open()
+    try:
+        (before,) = await store.workers_list()
+        assert (before.id, before.concurrency_limit) == ("old-worker", None)
+        beat = await store.worker_heartbeat(
+            worker_id="old-worker", token=3, state="ready", in_flight=0, ttl=10, concurrency_limit=2
+        )
+        assert beat is not None
+        assert beat.concurrency_limit == 2
+    finally:
+        await store.close()
+    conn = sqlite3.connect(coord_path(main))
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == COORD_VERSION
+    finally:
+        conn.close()
+
+
+@pytest.mark.postgres
+async def test_postgres_migrates_a_0006_schema_for_limits(
+    postgres_server: str, postgres_schema: str, postgres_url: str
+) -> None:
+    """A schema at version 6 with a live worker is migrated on open: the worker is
+    listed without a limit and its heartbeat (same token) sets one."""
+    import psycopg
+    from psycopg import sql
+
+    from tokenline.stores.postgres import SCHEMA_VERSION as PG_SCHEMA_VERSION
+    from tokenline.stores.postgres import PostgresStore
+    from tokenline.stores.postgres._migrations import MIGRATIONS, compose
+
+    ident = sql.Identifier(postgres_schema)
+    with psycopg.connect(postgres_server, autocommit=True) as conn, conn.transaction():
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(ident))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {}.schema_version (version integer PRIMARY KEY, name text "
+                "NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+            ).format(ident)
+        )
+        for m in MIGRATIONS[:6]:
+            conn.execute(compose(m.sql, postgres_schema).encode())
+            conn.execute(
+                sql.SQL("INSERT INTO {}.schema_version (version, name) VALUES (%s, %s)").format(
+                    ident
+                ),
+                (m.version, m.name),
+            )
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {}.workers (id, host, pid, queues, concurrency, state, token, "
+                "started_at, heartbeat_at, expires_at) "
+                "VALUES ('old-worker', 'h', 1, '{{default}}', 4, 'ready', 3, 0, 0, 9e12)"
+            ).format(ident)
+        )
+    store = PostgresStore(postgres_url, clock=FakeClock())
+    await store.open()
+    try:
+        (before,) = await store.workers_list()
+        assert (before.id, before.concurrency_limit) == ("old-worker", None)
+        beat = await store.worker_heartbeat(
+            worker_id="old-worker", token=3, state="ready", in_flight=0, ttl=10, concurrency_limit=2
+        )
+        assert beat is not None
+        assert beat.concurrency_limit == 2
+    finally:
+        await store.close()
+    with psycopg.connect(postgres_server) as conn:
+        row = conn.execute(
+            sql.SQL("SELECT max(version) FROM {}.schema_version").format(ident)
+        ).fetchone()
+        assert row is not None
+        assert row[0] == PG_SCHEMA_VERSION
