@@ -85,6 +85,11 @@ class Settings:
     #: Upgrade an outdated store schema when first opened. Off: the store refuses it
     #: with a hint to run ``tokenline migrate`` (for deployments that migrate by hand).
     migrate: bool = True
+    #: Priority aging (seconds): a runnable job gains one priority point for every
+    #: this many seconds it has waited since its ``run_at``, by the store's clock, so
+    #: low-priority work cannot starve behind a steady stream of higher. Jobs that
+    #: waited less keep the order of their own priorities.
+    priority_aging: float = 60.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or not self.url:
@@ -97,6 +102,7 @@ class Settings:
         if self.retry_cap < self.retry_base:
             raise ConfigError("retry_cap", "must be >= retry_base")
         _positive("store_timeout", self.store_timeout)
+        _positive("priority_aging", self.priority_aging)
 
 
 #: The values of ``WorkerSettings.concurrency_control``.

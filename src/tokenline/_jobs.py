@@ -55,7 +55,9 @@ __all__ = [
     "attempts_problem",
     "can_transition",
     "check_queue_name",
+    "claim_key",
     "describe",
+    "effective_priority",
     "finish_transition",
     "priority_problem",
     "renewal_was_stale",
@@ -334,6 +336,32 @@ def finish_transition(fin: Finish) -> Transition:
     state = JobState.SCHEDULED if delay > 0 else JobState.QUEUED
     # A release gives the attempt back: the job did not fail, it was put aside.
     return Transition(state, delay, 1 if fin.outcome is Outcome.RELEASE else 0, False)
+
+
+# -- the order of a claim -------------------------------------------------------------------
+def effective_priority(priority: int, run_at: float, now: float, aging: float | None) -> int:
+    """A runnable job's priority as a claim ranks it: one point more per ``aging``
+    seconds since its ``run_at``, by the store's clock (``now``); ``None``: no aging.
+
+    Whole points only: a job that has waited less than ``aging`` keeps its own
+    priority, so jobs enqueued together keep the order their priorities give them,
+    while one left waiting climbs, and no stream of higher-priority work starves it.
+    """
+    if aging is None or run_at >= now:
+        return priority
+    return priority + math.floor((now - run_at) / aging)
+
+
+def claim_key(
+    priority: int, run_at: float, job_id: int, now: float, aging: float | None
+) -> tuple[int, float, int]:
+    """Sort key of a claim, the same in every store: highest effective priority first
+    (see :func:`effective_priority`), then oldest ``run_at``, then lowest id.
+
+    A rescued job keeps its ``run_at``, so it keeps its place, and the priority its
+    wait has earned.
+    """
+    return (-effective_priority(priority, run_at, now, aging), run_at, job_id)
 
 
 def renewal_was_stale(

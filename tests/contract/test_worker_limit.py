@@ -1,6 +1,6 @@
 """A worker's adaptive concurrency limit on its membership row, and the upgrades that
-bring it to stores made before it: SQLite coordination file 3 -> 4, PostgreSQL
-migration 0006 -> 0007."""
+bring it (and the priority-aging index) to stores made before them: SQLite coordination
+file 3 -> 4 and main file 4 -> 5, PostgreSQL migrations 0006 -> 0008."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from tokenline._clock import FakeClock
 from tokenline._jobs import WorkerRecord
 from tokenline.stores.sqlite import SQLiteStore
 from tokenline.stores.sqlite._connection import connect_coord, coord_path, statements
-from tokenline.stores.sqlite.store import COORD_VERSION, CQ
+from tokenline.stores.sqlite.ledger import LQ
+from tokenline.stores.sqlite.store import COORD_VERSION, CQ, SCHEMA_VERSION, Q
 
 
 def _record(wid: str = "w-1", limit: int | None = None) -> WorkerRecord:
@@ -82,15 +83,37 @@ def _v3_coordination_file(main: Path) -> None:
         conn.close()
 
 
-async def test_sqlite_upgrades_the_coordination_file_for_limits_in_place(
-    tmp_path: Path,
-) -> None:
-    """Opening a store whose coordination file predates concurrency limits (version 3)
-    adds the column in place: the worker registered before is listed without a limit,
-    and its heartbeat (same token as before) sets one."""
+def _v4_main_file(path: Path) -> None:
+    """A main file as tokenline left it before priority aging (version 4), with two
+    queued jobs: priority 0 enqueued at 0, priority 5 at 100."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        for script in (Q["schema"], LQ["schema_v2"], Q["schema_v3"], Q["schema_v4"]):
+            for statement in statements(script):
+                conn.execute(statement)
+        conn.execute(
+            "INSERT INTO tokenline_jobs (queue, task, args, priority, run_at, max_attempts, "
+            "state, created_at, updated_at) VALUES "
+            "('default', 'low', '[]', 0, 0, 5, 'queued', 0, 0), "
+            "('default', 'high', '[]', 5, 100, 5, 'queued', 100, 100)"
+        )
+        conn.execute("PRAGMA user_version = 4")
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+async def test_sqlite_upgrades_both_files_for_limits_and_aging_in_place(tmp_path: Path) -> None:
+    """Opening a store whose coordination file predates concurrency limits (3) and whose
+    main file predates priority aging (4) upgrades both in place: the worker registered
+    before is listed without a limit, its heartbeat (same token) sets one; the jobs
+    stored before are claimed by effective priority through the new index."""
     main = tmp_path / "old.db"
+    _v4_main_file(main)
     _v3_coordination_file(main)
-    store = SQLiteStore(f"sqlite:///{main}", clock=FakeClock())
+    clock = FakeClock(start=110.0)  # low has waited 110 s, high 10 s
+    store = SQLiteStore(f"sqlite:///{main}", clock=clock)
     await store.open()
     try:
         (before,) = await store.workers_list()
@@ -100,8 +123,20 @@ async def test_sqlite_upgrades_the_coordination_file_for_limits_in_place(
         )
         assert beat is not None
         assert beat.concurrency_limit == 2
+        claimed = await store.jobs_claim(
+            owner="w", queues=["default"], limit=2, ttl=10, priority_aging=10.0
+        )
+        # low: 0 + 11 points; high: 5 + 1
+        assert [c.job.task for c in claimed] == ["low", "high"]
     finally:
         await store.close()
+    conn = sqlite3.connect(main)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        index = "SELECT 1 FROM sqlite_master WHERE name = 'tokenline_jobs_ready_age'"
+        assert conn.execute(index).fetchone() == (1,)
+    finally:
+        conn.close()
     conn = sqlite3.connect(coord_path(main))
     try:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == COORD_VERSION
@@ -110,11 +145,13 @@ async def test_sqlite_upgrades_the_coordination_file_for_limits_in_place(
 
 
 @pytest.mark.postgres
-async def test_postgres_migrates_a_0006_schema_for_limits(
+async def test_postgres_migrates_a_0006_schema_for_limits_and_aging(
     postgres_server: str, postgres_schema: str, postgres_url: str
 ) -> None:
-    """A schema at version 6 with a live worker is migrated on open: the worker is
-    listed without a limit and its heartbeat (same token) sets one."""
+    """A schema at version 6 with a live worker and two queued jobs is migrated on open:
+    the worker is listed without a limit and its heartbeat (same token) sets one; the
+    jobs are claimed by effective priority, the oldest ready one found through the new
+    index."""
     import psycopg
     from psycopg import sql
 
@@ -146,7 +183,15 @@ async def test_postgres_migrates_a_0006_schema_for_limits(
                 "VALUES ('old-worker', 'h', 1, '{{default}}', 4, 'ready', 3, 0, 0, 9e12)"
             ).format(ident)
         )
-    store = PostgresStore(postgres_url, clock=FakeClock())
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {}.jobs (queue, task, args, priority, run_at, max_attempts, "
+                "state, created_at, updated_at) VALUES "
+                "('default', 'low', '[]', 0, 0, 5, 'queued', 0, 0), "
+                "('default', 'high', '[]', 5, 100, 5, 'queued', 100, 100)"
+            ).format(ident)
+        )
+    store = PostgresStore(postgres_url, clock=FakeClock(start=110.0))
     await store.open()
     try:
         (before,) = await store.workers_list()
@@ -156,6 +201,10 @@ async def test_postgres_migrates_a_0006_schema_for_limits(
         )
         assert beat is not None
         assert beat.concurrency_limit == 2
+        claimed = await store.jobs_claim(
+            owner="w", queues=["default"], limit=2, ttl=10, priority_aging=10.0
+        )
+        assert [c.job.task for c in claimed] == ["low", "high"]
     finally:
         await store.close()
     with psycopg.connect(postgres_server) as conn:
@@ -164,3 +213,8 @@ async def test_postgres_migrates_a_0006_schema_for_limits(
         ).fetchone()
         assert row is not None
         assert row[0] == PG_SCHEMA_VERSION
+        index = conn.execute(
+            "SELECT 1 FROM pg_indexes WHERE schemaname = %s AND indexname = 'jobs_ready_age'",
+            (postgres_schema,),
+        ).fetchone()
+        assert index == (1,)

@@ -288,12 +288,20 @@ class FaultStore(Store):
         )
 
     async def jobs_claim(
-        self, *, owner: str, queues: Sequence[str], limit: int, ttl: float
+        self,
+        *,
+        owner: str,
+        queues: Sequence[str],
+        limit: int,
+        ttl: float,
+        priority_aging: float | None = None,
     ) -> list[ClaimedJob]:
         """The inner store's, with the broker role's faults."""
         return await self._run(
             "jobs_claim",
-            lambda: self.inner.jobs_claim(owner=owner, queues=queues, limit=limit, ttl=ttl),
+            lambda: self.inner.jobs_claim(
+                owner=owner, queues=queues, limit=limit, ttl=ttl, priority_aging=priority_aging
+            ),
         )
 
     async def jobs_finish(self, *, finishes: Sequence[Finish]) -> list[bool]:

@@ -175,12 +175,23 @@ class Broker(abc.ABC):
 
     @abc.abstractmethod
     async def jobs_claim(
-        self, *, owner: str, queues: Sequence[str], limit: int, ttl: float
+        self,
+        *,
+        owner: str,
+        queues: Sequence[str],
+        limit: int,
+        ttl: float,
+        priority_aging: float | None = None,
     ) -> list[ClaimedJob]:
         """Lease up to ``limit`` ready jobs of unpaused ``queues`` to ``owner``.
 
-        Highest priority first, then oldest ``run_at``. Each job's attempt and token are
-        incremented; the lease expires ``ttl`` seconds from the store's now.
+        Highest priority first, then oldest ``run_at``, then lowest id. With
+        ``priority_aging`` (seconds, > 0), the priority is the effective one: a job
+        gains a point per ``priority_aging`` seconds since its ``run_at`` by the store's
+        clock (:func:`tokenline._jobs.claim_key`); ``None``: its own priority. The claim
+        still reads a bounded number of rows per queue, whatever the backlog. Each job's
+        attempt and token are incremented; the lease expires ``ttl`` seconds from the
+        store's now. The jobs are returned in that order.
         """
 
     @abc.abstractmethod

@@ -27,6 +27,7 @@ from ..._jobs import (
     StaleCommit,
     WorkerRecord,
     can_transition,
+    claim_key,
     finish_transition,
     renewal_was_stale,
     rescue_transition,
@@ -113,9 +114,15 @@ class MemoryStore(MemoryLedger, Store):
             return ids
 
     async def jobs_claim(
-        self, *, owner: str, queues: Sequence[str], limit: int, ttl: float
+        self,
+        *,
+        owner: str,
+        queues: Sequence[str],
+        limit: int,
+        ttl: float,
+        priority_aging: float | None = None,
     ) -> list[ClaimedJob]:
-        """Lease the best ready jobs to ``owner``."""
+        """Lease the best ready jobs to ``owner``, by effective priority."""
         with self._lock:
             now = self.clock.now()
             wanted = set(queues) - self._paused
@@ -124,7 +131,7 @@ class MemoryStore(MemoryLedger, Store):
                 for j in self._jobs.values()
                 if j.state in _READY and j.run_at <= now and j.queue in wanted
             ]
-            ready.sort(key=lambda j: (-j.priority, j.run_at, j.id))
+            ready.sort(key=lambda j: claim_key(j.priority, j.run_at, j.id, now, priority_aging))
             claimed = []
             for job in ready[:limit]:
                 token = job.lease_token + 1

@@ -201,3 +201,9 @@ ALTER TABLE {schema}.leases ADD COLUMN acquired_at double precision;
 -- Each worker's adaptive concurrency limit, as its heartbeat last reported it (NULL:
 -- not reported yet).
 ALTER TABLE {schema}.workers ADD COLUMN concurrency_limit integer;
+
+-- name: migration_0008_priority_aging
+-- Priority aging: the age of a queue's oldest ready job, read in one index step,
+-- bounds how far aging can lift any of its jobs (see the claim query).
+CREATE INDEX jobs_ready_age ON {schema}.jobs (queue, run_at)
+    WHERE state IN ('queued', 'scheduled');

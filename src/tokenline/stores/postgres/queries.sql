@@ -119,18 +119,28 @@ ORDER BY i.ord;
 -- name: claim
 -- SKIP LOCKED: concurrent claimers never wait on each other and never take the same
 -- row; the token bump and the attempt row happen in this same statement.
--- One ordered index scan of jobs_ready per unpaused queue (LATERAL), stopping at the
--- limit, then the best of those: never a scan and sort of the whole backlog, so a claim
--- costs the same with a million jobs queued as with ten. Rows locked by a queue's scan
--- but cut by the outer LIMIT stay untouched and are unlocked at the statement's end.
-WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
+-- Never a scan and sort of the whole backlog: a claim costs the same with a million
+-- jobs queued as with ten. Per unpaused queue (LATERAL), ordered index scans that stop
+-- at the limit read the rows the best `limit` by effective priority are among (the
+-- argument is in stores/sqlite/_claim.py, which reads the same rows):
+--   by_priority  the best `limit` by priority alone (jobs_ready), as without aging;
+--   reach        only for a queue whose by_priority is full, with %(aging)s set: how
+--                many points aging can lift any of its jobs, from the age of its oldest
+--                ready job (one step of jobs_ready_age);
+--   levels       the priorities present from the lowest of by_priority down to that
+--                many points below it, one seek per priority present (a loose index
+--                scan), never one per number in between;
+--   by_age       the `limit` oldest runnable jobs of each of those priorities.
+-- Rows locked by these scans but not picked stay untouched, unlocked when the claim's
+-- transaction ends.
+WITH RECURSIVE clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
 open_queues AS (
     SELECT q.name
     FROM unnest(%(queues)s::text[]) AS q (name)
     WHERE NOT EXISTS (SELECT 1 FROM {schema}.paused_queues AS p WHERE p.queue = q.name)
 ),
-picked AS MATERIALIZED (
-    SELECT cand.id
+by_priority AS MATERIALIZED (
+    SELECT oq.name AS queue, cand.id, cand.priority, cand.run_at
     FROM open_queues AS oq, clock AS c,
     LATERAL (
         SELECT j.id, j.priority, j.run_at
@@ -144,7 +154,69 @@ picked AS MATERIALIZED (
         -- open by a rescued attempt's paused or cut-off owner must not hide the job.
         FOR NO KEY UPDATE OF j SKIP LOCKED
     ) AS cand
-    ORDER BY cand.priority DESC, cand.run_at, cand.id
+),
+reach AS (
+    -- bigint, to compare with priorities inside the index; more points than the
+    -- whole range of priorities (2^32) would reach no further.
+    SELECT full_queue.queue, full_queue.lowest,
+           least(floor((c.now - oldest.run_at) / %(aging)s::double precision),
+                 4294967296)::bigint AS points
+    FROM (SELECT b.queue, min(b.priority) AS lowest
+          FROM by_priority AS b
+          GROUP BY b.queue
+          HAVING count(*) >= %(limit)s) AS full_queue,
+         clock AS c,
+    LATERAL (
+        SELECT j.run_at
+        FROM {schema}.jobs AS j
+        WHERE j.queue = full_queue.queue AND j.state IN ('queued', 'scheduled')
+        ORDER BY j.run_at
+        LIMIT 1
+    ) AS oldest
+    WHERE %(aging)s::double precision IS NOT NULL
+),
+levels (queue, priority, lowest) AS (
+    SELECT r.queue, r.lowest, r.lowest - r.points FROM reach AS r WHERE r.points > 0
+    UNION ALL
+    SELECT l.queue, nxt.priority, l.lowest
+    FROM levels AS l, clock AS c,
+    LATERAL (
+        SELECT j.priority
+        FROM {schema}.jobs AS j
+        WHERE j.queue = l.queue
+          AND j.state IN ('queued', 'scheduled')
+          AND j.run_at <= c.now
+          AND j.priority < l.priority
+          AND j.priority >= l.lowest
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT 1
+    ) AS nxt
+),
+by_age AS MATERIALIZED (
+    SELECT l.queue, cand.id, cand.priority, cand.run_at
+    FROM levels AS l, clock AS c,
+    LATERAL (
+        SELECT j.id, j.priority, j.run_at
+        FROM {schema}.jobs AS j
+        WHERE j.queue = l.queue
+          AND j.priority = l.priority
+          AND j.state IN ('queued', 'scheduled')
+          AND j.run_at <= c.now
+        ORDER BY j.run_at, j.id
+        LIMIT %(limit)s
+        FOR NO KEY UPDATE OF j SKIP LOCKED
+    ) AS cand
+),
+-- Effective priority, as tokenline._jobs.claim_key ranks it.
+picked AS MATERIALIZED (
+    SELECT u.id
+    FROM (SELECT id, priority, run_at FROM by_priority
+          UNION
+          SELECT id, priority, run_at FROM by_age) AS u,
+         clock AS c
+    ORDER BY u.priority
+             + COALESCE(floor((c.now - u.run_at) / %(aging)s::double precision), 0) DESC,
+             u.run_at, u.id
     LIMIT %(limit)s
 ),
 claimed AS (
@@ -163,7 +235,11 @@ attempt_rows AS (
     INSERT INTO {schema}.attempts (job_id, token, attempt, owner, started_at)
     SELECT id, lease_token, attempt, lease_owner, updated_at FROM claimed
 )
-SELECT * FROM claimed ORDER BY priority DESC, run_at, id;
+SELECT cl.*
+FROM claimed AS cl, clock AS c
+ORDER BY cl.priority
+         + COALESCE(floor((c.now - cl.run_at) / %(aging)s::double precision), 0) DESC,
+         cl.run_at, cl.id;
 
 -- name: job_leases_renew
 WITH input AS (

@@ -365,7 +365,13 @@ class PostgresStore(PostgresLedger, Store):
         await self._listener.wait(queues, timeout)
 
     async def jobs_claim(
-        self, *, owner: str, queues: Sequence[str], limit: int, ttl: float
+        self,
+        *,
+        owner: str,
+        queues: Sequence[str],
+        limit: int,
+        ttl: float,
+        priority_aging: float | None = None,
     ) -> list[ClaimedJob]:
         """Lease up to ``limit`` ready jobs to ``owner`` in one statement."""
         if limit <= 0 or not queues:
@@ -375,6 +381,7 @@ class PostgresStore(PostgresLedger, Store):
             "queues": list(queues),
             "limit": limit,
             "ttl": ttl,
+            "aging": priority_aging,
             "now": self._now(),
         }
         rows = await self._rows(self._q("claim"), params)

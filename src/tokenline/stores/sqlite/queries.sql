@@ -102,13 +102,45 @@ SELECT seq FROM sqlite_sequence WHERE name = 'tokenline_jobs';
 -- name: claim_candidates
 -- One queue at a time, so the scan follows tokenline_jobs_ready in order and stops at
 -- the limit (an IN over several queues would sort the whole backlog). The caller merges
--- the queues' candidates and claims the best, in the same write transaction.
-SELECT id, priority, run_at, lease_token FROM tokenline_jobs
+-- the queues' candidates and claims the best, in the same write transaction. INDEXED
+-- BY: without statistics, the planner would rather take tokenline_jobs_ready_age for
+-- its range on run_at, and sort every runnable job of the queue.
+SELECT id, priority, run_at, lease_token FROM tokenline_jobs INDEXED BY tokenline_jobs_ready
 WHERE queue = :queue
   AND state IN ('queued', 'scheduled')
   AND run_at <= :now
   AND NOT EXISTS (SELECT 1 FROM tokenline_paused_queues WHERE queue = :queue)
 ORDER BY priority DESC, run_at, id
+LIMIT :limit;
+
+-- name: claim_oldest
+-- The queue's oldest ready job (one step into tokenline_jobs_ready_age): no runnable
+-- job of the queue has waited longer, so none has aged by more priority points.
+SELECT run_at FROM tokenline_jobs
+WHERE queue = :queue AND state IN ('queued', 'scheduled')
+ORDER BY run_at
+LIMIT 1;
+
+-- name: claim_next_level
+-- The next lower priority that has a runnable job, down to :lowest: one seek in
+-- tokenline_jobs_ready per priority present, never a visit of each number between.
+SELECT priority FROM tokenline_jobs
+WHERE queue = :queue
+  AND state IN ('queued', 'scheduled')
+  AND run_at <= :now
+  AND priority < :below
+  AND priority >= :lowest
+ORDER BY priority DESC, run_at, id
+LIMIT 1;
+
+-- name: claim_level
+-- The oldest runnable jobs of one priority: within a priority, the oldest has aged most.
+SELECT id, priority, run_at, lease_token FROM tokenline_jobs
+WHERE queue = :queue
+  AND priority = :priority
+  AND state IN ('queued', 'scheduled')
+  AND run_at <= :now
+ORDER BY run_at, id
 LIMIT :limit;
 
 -- name: claim
@@ -290,3 +322,10 @@ DROP TABLE IF EXISTS tokenline_workers;
 -- A lost lease counts toward its own limit, not toward the job's attempts.
 ALTER TABLE tokenline_jobs ADD COLUMN lease_expiries INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE tokenline_jobs ADD COLUMN max_lease_expiries INTEGER NOT NULL DEFAULT 3;
+
+-- name: schema_v5
+-- Priority aging: the age of a queue's oldest ready job, read in one step, bounds how
+-- far aging can lift any of its jobs (see the claim).
+CREATE INDEX IF NOT EXISTS tokenline_jobs_ready_age
+    ON tokenline_jobs (queue, run_at)
+    WHERE state IN ('queued', 'scheduled');

@@ -66,6 +66,7 @@ from ..._jobs import (
     RescueCandidate,
     RescueReport,
     StaleCommit,
+    claim_key,
     finish_transition,
     rescue_transition,
 )
@@ -73,6 +74,7 @@ from ..._records import Fence
 from .._rows import attempt_from_row, job_from_row
 from .._sql import load_queries
 from ..base import Capabilities, Depth, FencedTransaction, Store
+from ._claim import claim_candidates
 from ._clock import Anchor, MachineClock, Uptime, WallClock, boot_id
 from ._connection import (
     attach_coord,
@@ -91,7 +93,7 @@ __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
 log = logging.getLogger("tokenline.store.sqlite")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 Q = load_queries(__name__.rpartition(".")[0])
 CQ = load_queries(__name__.rpartition(".")[0], "coord.sql")
 #: Version of the coordination file's schema (its own ``user_version``).
@@ -354,6 +356,7 @@ class SQLiteStore(SQLiteLeases, SQLiteLedger, Store):
                 (1, LQ["schema_v2"]),
                 (2, Q["schema_v3"]),
                 (3, Q["schema_v4"]),
+                (4, Q["schema_v5"]),
             ]
             for since, script in steps:
                 if version <= since:
@@ -513,7 +516,13 @@ class SQLiteStore(SQLiteLeases, SQLiteLedger, Store):
         return await self._call(run)
 
     async def jobs_claim(
-        self, *, owner: str, queues: Sequence[str], limit: int, ttl: float
+        self,
+        *,
+        owner: str,
+        queues: Sequence[str],
+        limit: int,
+        ttl: float,
+        priority_aging: float | None = None,
     ) -> list[ClaimedJob]:
         """Lease up to ``limit`` ready jobs to ``owner``: the lease rows first, then the
         claim, both under the main file's write lock."""
@@ -523,12 +532,12 @@ class SQLiteStore(SQLiteLeases, SQLiteLedger, Store):
                 now = self.clock.now()  # after the lock (see the docstring)
                 candidates = []
                 for queue in dict.fromkeys(queues):
-                    candidates += conn.execute(
-                        Q["claim_candidates"], {"queue": queue, "now": now, "limit": limit}
-                    ).fetchall()
+                    candidates += claim_candidates(
+                        conn, queue=queue, now=now, limit=limit, aging=priority_aging
+                    )
                 if not candidates:
                     return []
-                candidates.sort(key=lambda r: (-r[1], r[2], r[0]))
+                candidates.sort(key=lambda r: claim_key(r[1], r[2], r[0], now, priority_aging))
                 picked = candidates[:limit]
                 grants = json.dumps([[r[0], r[3] + 1] for r in picked])
                 with immediate(coord):
@@ -556,7 +565,8 @@ class SQLiteStore(SQLiteLeases, SQLiteLedger, Store):
                     ],
                 )
             jobs = sorted(
-                (job_from_row(r) for r in rows), key=lambda j: (-j.priority, j.run_at, j.id)
+                (job_from_row(r) for r in rows),
+                key=lambda j: claim_key(j.priority, j.run_at, j.id, now, priority_aging),
             )
             return [
                 ClaimedJob(j, Lease(j.id, owner, j.lease_token, j.lease_expires_at or now + ttl))
