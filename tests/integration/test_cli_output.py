@@ -286,6 +286,54 @@ def test_every_listing_prints_json_with_the_stored_data(url: str) -> None:
     ]
 
 
+def test_workers_show_their_adaptive_limit_and_a_drain_request_not_yet_begun(
+    tmp_path: Path,
+) -> None:
+    """`tokenline workers` shows each worker's adaptive limit out of its concurrency
+    ("-" before it reported one), and marks a worker asked to drain that has not begun
+    draining "(drain requested)"; --json has concurrency_limit and drain_requested."""
+    u = f"sqlite:///{tmp_path / 'workers.db'}"
+
+    async def seed(store: Store) -> None:
+        now = await store.store_time()
+        for wid, concurrency, state, limit, drain in (
+            ("w-busy", 10, "processing", 7, True),
+            ("w-new", 4, "ready", None, False),
+            ("w-going", 8, "draining", 2, True),
+        ):
+            rec = await store.worker_register(
+                record=WorkerRecord(wid, "h", 1, ("billing",), concurrency, state, 0, now, now,
+                                    now),
+                ttl=300,
+            )  # fmt: skip
+            await store.worker_heartbeat(
+                worker_id=wid, token=rec.token, state=state, in_flight=limit or 0, ttl=300,
+                concurrency_limit=limit,
+            )  # fmt: skip
+            if drain:
+                assert await store.worker_drain(worker_id=wid)
+
+    store_run(u, seed)
+    code, out = cli("workers", "--url", u)
+    assert code == 0, out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("w-")}
+    assert "processing (drain requested)" in rows["w-busy"]
+    assert " 7/10 " in rows["w-busy"]
+    assert " ready " in rows["w-new"]
+    assert "drain requested" not in rows["w-new"]
+    assert " -/4 " in rows["w-new"]
+    assert " draining " in rows["w-going"]
+    assert "drain requested" not in rows["w-going"]
+    assert " 2/8 " in rows["w-going"]
+    listed = {w["id"]: w for w in loads("workers", "--url", u, "--json")}
+    assert {wid: (w["state"], w["concurrency_limit"], w["drain_requested"])
+            for wid, w in listed.items()} == {
+        "w-busy": ("processing", 7, True),
+        "w-new": ("ready", None, False),
+        "w-going": ("draining", 2, True),
+    }  # fmt: skip
+
+
 # -- 5: status says what is true --------------------------------------------------------------
 def test_status_on_a_reachable_postgres_without_the_schema(postgres_server: str) -> None:
     """A PostgreSQL server that answers but has no tokenline schema (and migrating on

@@ -110,7 +110,9 @@ def worker_json(w: WorkerRecord, now: float) -> dict[str, Any]:
         "alive": alive(w, now),
         "queues": list(w.queues),
         "concurrency": w.concurrency,
+        "concurrency_limit": w.concurrency_limit,
         "in_flight": w.in_flight,
+        "drain_requested": w.drain_requested,
         "token": w.token,
         "started_at": w.started_at,
         "heartbeat_at": w.heartbeat_at,
@@ -202,12 +204,28 @@ def live(records: list[WorkerRecord], now: float) -> list[WorkerRecord]:
     return [w for w in records if alive(w, now)]
 
 
+def worker_state(w: WorkerRecord, now: float) -> str:
+    """The worker's state as a listing shows it: "(lost)" once its membership expired
+    unstopped, "(drain requested)" while an operator's drain request waits for it."""
+    if not alive(w, now):
+        return w.state if w.state == "stopped" else f"{w.state} (lost)"
+    if w.drain_requested and w.state not in ("draining", "stopped"):
+        return f"{w.state} (drain requested)"
+    return w.state
+
+
+def _limit(w: WorkerRecord) -> str:
+    """The adaptive limit out of the configured concurrency ("-" until reported)."""
+    return f"{'-' if w.concurrency_limit is None else w.concurrency_limit}/{w.concurrency}"
+
+
 def show_workers(records: list[WorkerRecord], now: float) -> None:
     """Workers, their membership leases judged by ``now`` (the store's clock)."""
     cols = [
         Col("worker"),
         Col("state"),
         Col("in flight", "wrap", justify="right"),
+        Col("limit", justify="right", optional=3),
         Col("queues", "wrap"),
         Col("heartbeat", "wrap"),
         Col("lease", "wrap"),
@@ -220,8 +238,9 @@ def show_workers(records: list[WorkerRecord], now: float) -> None:
         rows.append(
             [
                 w.id,
-                w.state if up or w.state == "stopped" else f"{w.state} (lost)",
+                worker_state(w, now),
                 str(w.in_flight),
+                _limit(w),
                 ", ".join(w.queues),
                 f"{ago(now - w.heartbeat_at)} ago",
                 f"expires in {ago(w.expires_at - now)}" if up else "expired",
@@ -287,13 +306,16 @@ def queues(app_spec: str | None, url: str | None, as_json: bool) -> None:
 @click.option("--all", "show_all", is_flag=True, help="Include stopped and expired workers.")
 @json_option
 def workers(app_spec: str | None, url: str | None, show_all: bool, as_json: bool) -> None:
-    """Workers with their state, in-flight jobs, lease and clock skew.
+    """Workers with their state, in-flight jobs, limit, lease and clock skew.
 
     A worker's membership lease follows the store's clock; its clock skew is its wall
-    clock minus the store's, as it measured it.
+    clock minus the store's, as it measured it. Its limit is the adaptive concurrency
+    limit it last reported, out of its configured concurrency ("-" until reported). A
+    worker asked to drain that has not begun shows "(drain requested)" after its state.
 
-    --json: a list of {id, host, pid, state, alive, queues, concurrency, in_flight,
-    token, started_at, heartbeat_at, expires_at, clock_skew (seconds, or null)}.
+    --json: a list of {id, host, pid, state, alive, queues, concurrency,
+    concurrency_limit (or null), in_flight, drain_requested, token, started_at,
+    heartbeat_at, expires_at, clock_skew (seconds, or null)}.
     """
 
     async def gather(store: Store) -> tuple[list[WorkerRecord], float]:
