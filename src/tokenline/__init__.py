@@ -22,6 +22,7 @@ from ._clock import Clock, FakeClock, SystemClock
 from ._config import DEFAULT_URL, Settings, WorkerSettings, load_settings
 from ._errors import (
     ConfigError,
+    DependencyOpenError,
     EffectPendingError,
     FencedError,
     InvalidInputError,
@@ -58,6 +59,7 @@ from ._jobs import (
 from ._records import MAX_KEY_LENGTH
 from ._tasks import Task
 from .classify import Decision, ErrorClass, classify
+from .dependencies import Dependency
 from .effects import EffectCall, current_effect, require_fenced
 from .retry import RetryPolicy
 from .worker import JobContext, Worker, WorkerState, run_worker
@@ -78,6 +80,8 @@ __all__ = [
     "Clock",
     "ConfigError",
     "Decision",
+    "Dependency",
+    "DependencyOpenError",
     "EffectCall",
     "EffectPendingError",
     "ErrorClass",

@@ -33,7 +33,20 @@ from ._jobs import (
 )
 from ._records import validate_key
 from ._tasks import Task
+from .backpressure.breaker import (
+    DEFAULT_BREAKER_WINDOW,
+    DEFAULT_FAILURE_RATE,
+    DEFAULT_OPEN_FOR,
+    DEFAULT_PROBE_CALLS,
+    MIN_CALLS,
+)
 from .classify import Classifier
+from .dependencies import (
+    DEFAULT_DEPENDENCY_TIMEOUT,
+    Dependency,
+    DependencyRegistry,
+    dependency_names,
+)
 from .retry import RetryPolicy
 from .stores import MemoryStore, Store, store_from_url
 
@@ -175,6 +188,8 @@ class App:
         self.classifier = classifier
         self.retry = RetryPolicy(base.retry_base, base.retry_cap)
         self._tasks: dict[str, Task] = {}
+        #: Named dependencies, each behind a circuit breaker (:meth:`dependency`).
+        self.dependencies = DependencyRegistry()
         self._portal = _Portal()
         # One in-memory store is shared by everything in the process: it *is* the data,
         # and this process's clock is its store clock.
@@ -205,6 +220,7 @@ class App:
         retry: RetryPolicy | None = None,
         classifier: Classifier | None = None,
         max_lease_expiries: int | None = None,
+        depends_on: Iterable[str] = (),
     ) -> Callable[[F], F]: ...
 
     def task(
@@ -219,12 +235,17 @@ class App:
         retry: RetryPolicy | None = None,
         classifier: Classifier | None = None,
         max_lease_expiries: int | None = None,
+        depends_on: Iterable[str] = (),
     ) -> F | Callable[[F], F]:
         """Register a handler. Used bare (``@app.task``) or with options.
 
         ``max_attempts`` bounds the attempts that fail; ``max_lease_expiries`` the times
         a worker running the job may lose its lease (default: the app's, 3).
+        ``depends_on``: names of :meth:`dependency` registrations; while one's circuit
+        breaker is open, the task's jobs wait, no attempt spent. The names are checked
+        when a worker starts, so they may be registered after the task.
         """
+        needs = dependency_names(depends_on)
 
         def register(func: F) -> F:
             task = Task(
@@ -237,6 +258,7 @@ class App:
                 retry=retry,
                 classifier=classifier,
                 max_lease_expiries=max_lease_expiries,
+                depends_on=needs,
             )
             if task.name in self._tasks and self._tasks[task.name].fn is not func:
                 raise InvalidInputError(f"a task named {task.name!r} is already registered")
@@ -244,6 +266,41 @@ class App:
             return func
 
         return register(fn) if fn is not None else register
+
+    def dependency(
+        self,
+        name: str,
+        *,
+        timeout: float = DEFAULT_DEPENDENCY_TIMEOUT,
+        failure_rate: float = DEFAULT_FAILURE_RATE,
+        slow_call: float | None = None,
+        window: float = DEFAULT_BREAKER_WINDOW,
+        min_calls: int = MIN_CALLS,
+        open_for: float = DEFAULT_OPEN_FOR,
+        probe_calls: int = DEFAULT_PROBE_CALLS,
+    ) -> Dependency:
+        """Register a named dependency with its circuit breaker and return it.
+
+        ``timeout``: seconds a call may take (``ctx.dependency(name)`` cancels an async
+        one, counts a sync one). The breaker opens when ``failure_rate`` of the calls
+        over the last ``window`` seconds were bad (failed, timed out, or slower than
+        ``slow_call``), with at least ``min_calls`` of them; it stays open ``open_for``
+        seconds, then lets ``probe_calls`` trial calls through, one worker at a time.
+        Each setting is validated here (:class:`ConfigError` naming it). Registering a
+        name again with the same settings is allowed, with others refused.
+        """
+        return self.dependencies.add(
+            Dependency(
+                name=name,
+                timeout=timeout,
+                failure_rate=failure_rate,
+                slow_call=slow_call,
+                window=window,
+                min_calls=min_calls,
+                open_for=open_for,
+                probe_calls=probe_calls,
+            )
+        )
 
     @property
     def tasks(self) -> Mapping[str, Task]:

@@ -13,6 +13,7 @@ this tree at its boundary, so callers never catch a driver exception::
     ├── NotSupportedError           the store lacks a capability
     ├── EffectPendingError          another live attempt is running the effect of that key
     ├── LeaseBusyError              the resource lease is held by someone else
+    ├── DependencyOpenError         a dependency's circuit breaker is open: not called
     ├── StoreError                  the store failed
     │   ├── StoreUnavailableError   cannot reach it / timed out (coordination)
     │   ├── StoreCorruptError       the file or schema is damaged
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigError",
+    "DependencyOpenError",
     "EffectPendingError",
     "FencedError",
     "InvalidInputError",
@@ -99,6 +101,26 @@ class EffectPendingError(TokenlineError):
 
 class LeaseBusyError(TokenlineError):
     """Another holder kept the resource lease for the whole of ``ctx.lease``'s ``wait``."""
+
+
+class DependencyOpenError(TokenlineError):
+    """A named dependency's circuit breaker did not let the call through: it is open,
+    or half-open with another worker trying it.
+
+    Not the job's fault, and no failure of the dependency either (it was not called):
+    the worker gives the job back without spending an attempt, to run again after
+    ``retry_after`` seconds, and neither its concurrency limit nor its error rate
+    counts it. ``state``: ``open`` or ``half_open``.
+    """
+
+    def __init__(self, dependency: str, *, retry_after: float, state: str = "open") -> None:
+        self.dependency = dependency
+        self.retry_after = retry_after
+        self.state = state
+        how = "open" if state == "open" else "being tried by another worker"
+        super().__init__(
+            f"dependency {dependency!r} is {how}: not called; the job waits {retry_after:.1f}s"
+        )
 
 
 class StoreError(TokenlineError):

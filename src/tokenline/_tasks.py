@@ -2,8 +2,11 @@
 
 A handler takes the job context first, then the job's JSON arguments::
 
-    @app.task(queue="billing", max_attempts=8, timeout=30)
+    @app.task(queue="billing", max_attempts=8, timeout=30, depends_on=["payments-api"])
     def send_invoice(ctx, order_id: int) -> None: ...
+
+``depends_on`` names dependencies registered with ``app.dependency``: while one's circuit
+breaker is open, the task's jobs wait instead of running (see ``dependencies.py``).
 
 Async handlers run on the worker's event loop; sync handlers run in its thread pool.
 """
@@ -25,6 +28,7 @@ from ._jobs import (
     seconds_problem,
 )
 from .classify import Classifier
+from .dependencies import dependency_names
 from .retry import RetryPolicy
 
 __all__ = ["TASK_NAME_RE", "Task"]
@@ -47,6 +51,9 @@ class Task:
     priority: int = 0
     retry: RetryPolicy | None = None
     classifier: Classifier | None = None
+    #: Dependencies whose open circuit breaker defers the task's jobs (checked for
+    #: existence when a worker starts).
+    depends_on: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # fullmatch: ``$`` alone would let a name end in a newline.
@@ -67,6 +74,7 @@ class Task:
             raise ConfigError("timeout", problem)
         if (problem := priority_problem(self.priority)) is not None:
             raise ConfigError("priority", problem)
+        object.__setattr__(self, "depends_on", dependency_names(self.depends_on))
 
     @property
     def is_async(self) -> bool:

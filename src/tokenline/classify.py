@@ -8,7 +8,9 @@ permanent      ``Permanent``, bad arguments (``TypeError``), dead at once, with 
                invalid input (``InvalidInputError``), an
                API used wrongly (``NotSupportedError``,
                ``ConfigError``)
-coordination   lease lost, store unreachable, cancelled      no ack, no attempt burned
+coordination   lease lost, store unreachable, cancelled,    no ack, no attempt burned
+               a dependency's breaker open                  (a breaker: after its delay)
+               (``DependencyOpenError``)
 =============  ===========================================  ==============================
 
 A user classifier runs first; returning ``None`` falls through to the defaults.
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 
 from ._errors import (
     ConfigError,
+    DependencyOpenError,
     FencedError,
     InvalidInputError,
     NotSupportedError,
@@ -69,6 +72,9 @@ def classify(exc: BaseException, user: Classifier | None = None) -> Decision:
         return Decision(ErrorClass.PERMANENT, exc.reason)
     if isinstance(exc, FencedError | StoreUnavailableError):
         return Decision(ErrorClass.COORDINATION, _describe(exc))
+    if isinstance(exc, DependencyOpenError):
+        # The dependency was not called: the job waits for the breaker, attempt intact.
+        return Decision(ErrorClass.COORDINATION, _describe(exc), exc.retry_after)
     if user is not None:
         verdict = user(exc)
         if isinstance(verdict, Decision):

@@ -25,8 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = [
+    "BreakerChanged",
     "ConcurrencyLimitChanged",
     "CoordinationFailed",
+    "DependencyCall",
     "DuplicateExecution",
     "Event",
     "Heartbeat",
@@ -182,6 +184,31 @@ class ConcurrencyLimitChanged(Event):
 
     old: int
     new: int
+
+
+@dataclass(frozen=True, slots=True)
+class DependencyCall(Event):
+    """A call to a named dependency (``ctx.dependency``) ended, or was not made.
+
+    ``outcome``: ``ok``, ``failed``, ``slow`` (succeeded past its ``slow_call``),
+    ``timeout`` (ran past its ``timeout``) or ``rejected`` (its circuit breaker held it
+    back, or a job that needs it was deferred); ``seconds``: how long it ran (0 when
+    rejected).
+    """
+
+    dependency: str
+    outcome: str
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerChanged(Event):
+    """The worker's circuit breaker of a dependency moved between ``closed``, ``open``
+    and ``half_open`` (by its own calls, or following the breaker shared in the store)."""
+
+    dependency: str
+    old: str
+    new: str
 
 
 #: A listener: called with every event, synchronously.

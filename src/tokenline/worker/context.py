@@ -1,24 +1,31 @@
-"""The handler's view of its job: identity, token, cancellation, fenced commits, and
-the ledger (``effect``, ``fenced``, ``lease``; see ``tokenline/effects.py`` and
-``worker/resources.py`` for how they work and what they guarantee)."""
+"""The handler's view of its job: identity, token, cancellation, fenced commits, the
+ledger (``effect``, ``fenced``, ``lease``; see ``tokenline/effects.py`` and
+``worker/resources.py`` for how they work and what they guarantee), and calls to named
+dependencies under their circuit breakers (``dependency``; see
+``tokenline/dependencies.py``)."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._clock import Clock
 from .._errors import (
+    DependencyOpenError,
     FencedError,
     JobCancelled,
     LeaseExpiredError,
     NotSupportedError,
+    Permanent,
     StaleTokenError,
 )
 from .._jobs import Lease
 from .._records import Fence, Start
+from ..backpressure import CallOutcome, Permit
+from ..dependencies import BreakerBoard, Dependency
 from ..effects import (
     DEFAULT_EFFECT_WAIT,
     EffectRun,
@@ -37,7 +44,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["JobContext", "LeaseHandle"]
+__all__ = ["DependencyScope", "JobContext", "LeaseHandle"]
 
 
 class JobContext:
@@ -55,8 +62,10 @@ class JobContext:
         clock: Clock,
         local_fencing: bool,
         settings: WorkerSettings | None = None,
+        board: BreakerBoard | None = None,
     ) -> None:
         self._slot = slot
+        self._board = board
         self._store = store
         self._clock = clock
         self._local_fencing = local_fencing
@@ -277,6 +286,21 @@ class JobContext:
             min_ttl=min_ttl,
         )
 
+    def dependency(self, name: str) -> DependencyScope:
+        """One call to the named dependency under its circuit breaker and timeout:
+        ``with ctx.dependency("payments-api"):`` in sync handlers, ``async with`` in async
+        ones, or ``.call(fn, *args)`` / ``await .call_async(fn, *args)``.
+
+        Raises :class:`~tokenline.DependencyOpenError` instead of calling while the
+        breaker is open (the job is given back, no attempt spent), and
+        :class:`~tokenline.InvalidInputError` for a name ``app.dependency`` did not
+        register. See ``tokenline/dependencies.py``.
+        """
+        board = self._board
+        if board is None:
+            raise NotSupportedError("this job context has no worker to keep breakers in")
+        return DependencyScope(self, board, name)
+
     def transaction(self, *, fence: str | Sequence[str] = ()) -> _ContextTransaction:
         """A store transaction that verifies this attempt's token first and completes the
         job on commit, together with your writes: the business effect happens once.
@@ -330,6 +354,107 @@ class LeaseHandle:
 
     def __repr__(self) -> str:
         return repr(self._ctx.job_lease)
+
+
+def _outcome(exc: BaseException | None) -> CallOutcome | None:
+    """How an exception out of a dependency block counts (see ``dependencies.py``)."""
+    if exc is None:
+        return CallOutcome.OK
+    if isinstance(exc, TimeoutError):
+        return CallOutcome.TIMEOUT
+    if not isinstance(exc, Exception) or isinstance(
+        exc, Permanent | FencedError | DependencyOpenError
+    ):
+        return None
+    return CallOutcome.FAILED
+
+
+class DependencyScope:
+    """``ctx.dependency(name)``: one call to a dependency under its breaker.
+
+    ``with`` in sync handlers, ``async with`` in async ones (each use is one call), or
+    :meth:`call` / :meth:`call_async`. Entering raises
+    :class:`~tokenline.DependencyOpenError` when the breaker holds the call back; the
+    outcome of the block is counted on leaving (see ``tokenline/dependencies.py``).
+    """
+
+    def __init__(self, ctx: JobContext, board: BreakerBoard, name: str) -> None:
+        self.dependency = board.dependencies.require(name)
+        self._ctx = ctx
+        self._board = board
+        self._permit: Permit | None = None
+        self._started = 0.0
+        self._timeout: asyncio.Timeout | None = None
+
+    def _check(self) -> None:
+        if self._permit is not None:
+            raise NotSupportedError("a ctx.dependency(...) scope is one call: ask for another")
+        self._ctx.check()  # a cancelled or fenced attempt calls nobody
+
+    def _begin(self, permit: Permit) -> None:
+        self._permit = permit
+        self._started = self._board.clock.monotonic()
+
+    def __enter__(self) -> Dependency:
+        if self._ctx._on_loop():
+            raise NotSupportedError(
+                "`with ctx.dependency()` in an async handler would block the event loop: "
+                "use `async with ctx.dependency(...)`"
+            )
+        self._check()
+        name = self.dependency.name
+        self._begin(self._ctx.run_sync(self._board.admit(name), "async with ctx.dependency()"))
+        return self.dependency
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        permit, seconds = self._permit, self._board.clock.monotonic() - self._started
+        assert permit is not None
+        outcome = _outcome(exc)
+        if outcome is not None and seconds > self.dependency.timeout:
+            outcome = CallOutcome.TIMEOUT  # a sync call is not interrupted, only counted
+        name = self.dependency.name
+        finish = self._board.finish(name, permit, outcome, seconds)
+        self._ctx.run_sync(finish, "async with ctx.dependency()")
+
+    async def __aenter__(self) -> Dependency:
+        self._check()
+        self._begin(await self._board.admit(self.dependency.name))
+        self._timeout = asyncio.timeout(self.dependency.timeout)
+        await self._timeout.__aenter__()
+        return self.dependency
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        permit, timeout = self._permit, self._timeout
+        assert permit is not None
+        assert timeout is not None
+        seconds = self._board.clock.monotonic() - self._started
+        name = self.dependency.name
+        try:
+            await timeout.__aexit__(exc_type, exc, tb)
+        except TimeoutError as expired:
+            await self._board.finish(name, permit, CallOutcome.TIMEOUT, seconds)
+            raise TimeoutError(
+                f"dependency {name!r} did not answer within {self.dependency.timeout:g}s"
+            ) from expired
+        outcome = _outcome(exc)
+        if outcome is None and isinstance(exc, asyncio.CancelledError):
+            self._board.finish_soon(name, permit)
+        else:
+            await self._board.finish(name, permit, outcome, seconds)
+
+    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` as one call to the dependency (sync handlers)."""
+        with self:
+            return fn(*args, **kwargs)
+
+    async def call_async(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, awaited if it returns an awaitable, as one call to the
+        dependency under its timeout (async handlers)."""
+        async with self:
+            result = fn(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
 
 
 class _ContextTransaction:

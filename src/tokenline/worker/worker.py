@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from .. import events
 from .._config import WorkerSettings
 from .._errors import (
+    DependencyOpenError,
     FencedError,
     StaleTokenError,
     StoreError,
@@ -45,6 +46,7 @@ from .._errors import (
 from .._jobs import ClaimedJob, Finish, Job, Outcome, WorkerRecord
 from ..backpressure import ErrorRateWindow, FailureKind, RetryBudget, make_limiter
 from ..classify import Decision, ErrorClass, classify
+from ..dependencies import BreakerBoard
 from ..retry import RetryPolicy
 from .completer import BatchCompleter
 from .context import JobContext, decode_args
@@ -82,6 +84,8 @@ class WorkerCounters:
     fenced: int = 0
     rescued: int = 0
     coordination_errors: int = 0
+    #: Jobs given back unrun because a dependency they need had its breaker open.
+    deferred: int = 0
 
     def summary(self) -> str:
         """The counters as one line of prose, for logs and the command line."""
@@ -97,6 +101,8 @@ class WorkerCounters:
             f"rescued {n(self.rescued, 'job')} of other workers",
             f"{n(self.coordination_errors, 'coordination error')}",
         ]
+        if self.deferred:
+            parts.append(f"deferred {n(self.deferred, 'job')} for an open circuit breaker")
         return "; ".join(parts)
 
 
@@ -145,6 +151,8 @@ class Worker:
         self._budget = RetryBudget(
             ratio=self.settings.retry_budget, window=self.settings.retry_budget_window
         )
+        #: A circuit breaker per dependency of the app, shared through the store.
+        self._board = BreakerBoard(app.dependencies, worker_id=self.id, clock=self.clock)
         #: Why the worker drains without a shutdown (``coordination``, ``error rate``):
         #: it returns to READY only once every reason has cleared.
         self._unhealthy: set[str] = set()
@@ -198,12 +206,17 @@ class Worker:
 
     # -- life cycle -----------------------------------------------------------------------
     async def run(self, *, install_signal_handlers: bool = False) -> None:
-        """Run until stopped (``request_shutdown``, or SIGTERM/SIGINT if installed)."""
+        """Run until stopped (``request_shutdown``, or SIGTERM/SIGINT if installed).
+
+        A task depending on a dependency the app did not register is a
+        :class:`~tokenline.ConfigError` here, before the store is opened."""
+        self.app.dependencies.check_tasks(self.app.tasks.values())
         self._stopped = asyncio.Event()
         self._slot_freed = asyncio.Event()
         if self._store is None:
             self._store = self.app.open_store(timeout=self.settings.call_timeout)
         await self._store.open()
+        self._board.bind(self._store)
         self._completer = BatchCompleter(self._store)
         self._completer.start()
         loop = asyncio.get_running_loop()
@@ -222,6 +235,8 @@ class Worker:
             asyncio.create_task(self._watchdog_loop(), name="tokenline-watchdog"),
             asyncio.create_task(self._maintenance_loop(), name="tokenline-maintenance"),
         ]
+        if self._board.active:
+            tasks.append(asyncio.create_task(self._board.watch(), name="tokenline-breakers"))
         stop_wait = asyncio.create_task(self._stopped.wait())
         failure: BaseException | None = None
         try:
@@ -362,6 +377,8 @@ class Worker:
                 continue
             if claimed and self.clock.monotonic() - sent_at > settings.renew_interval:
                 claimed, sent_at = await self._refreshed(claimed)
+            if claimed and self._board.active:
+                claimed = await self._defer_held_back(claimed)
             for c in claimed:
                 self._start(c, sent_at)
             if not claimed:
@@ -398,6 +415,46 @@ class Worker:
             log.warning(
                 "worker %s could not release %d claimed jobs: %s", self.id, len(claimed), exc
             )
+
+    async def _defer_held_back(self, claimed: list[ClaimedJob]) -> list[ClaimedJob]:
+        """Give back unrun the jobs whose task needs a dependency whose breaker is open
+        (or being tried by another worker), to run once it may let them through; return
+        the others. A release spends no attempt, and the limiter and the error window
+        never hear of these jobs: they did not run, so they say nothing of the load."""
+        tasks = self.app.tasks
+        if not any(t.depends_on for t in tasks.values()):
+            return claimed
+        await self._board.refresh_if_stale()
+        run: list[ClaimedJob] = []
+        later: list[Finish] = []
+        trials: dict[str, int] = {}
+        for c in claimed:
+            task = tasks.get(c.job.task)
+            held = self._board.hold_back(task.depends_on, trials) if task is not None else None
+            if held is None:
+                run.append(c)
+                continue
+            name, delay, state = held
+            why = f"dependency {name!r} is {state.value}: deferred {delay:.1f}s, not run"
+            later.append(Finish(c.lease, Outcome.RELEASE, delay, why, "coordination"))
+            self._board.rejected(name)
+        if later:
+            try:
+                done = await self.store.jobs_finish(finishes=later)
+            except StoreError as exc:
+                # Not run and not given back: their leases expire and they are rescued.
+                self._coordination_failed("deferral of held-back jobs", exc)
+                return run
+            self.counters.deferred += sum(done)
+            # Debug: the breaker's change of state is what an operator must see.
+            log.debug(
+                "worker %s: %d jobs deferred: %s",
+                self.id,
+                len(later),
+                later[0].error,
+                extra={"worker_id": self.id},
+            )
+        return run
 
     def _start(self, claimed: ClaimedJob, sent_at: float) -> None:
         slot = Slot(claimed=claimed, lease=claimed.lease, valid_until=self._valid_until(sent_at))
@@ -458,6 +515,7 @@ class Worker:
             clock=self.clock,
             local_fencing=self.settings.local_fencing,
             settings=self.settings,
+            board=self._board,
         )
         timeout = job.timeout or task.timeout or self.settings.job_timeout
         slot.deadline = self.clock.monotonic() + timeout
@@ -482,7 +540,9 @@ class Worker:
                 log.warning("job %s raised after its transaction committed: %r", job.id, exc)
                 return None
             decision = classify(exc, task.classifier or self.app.classifier)
-            slot.failure = FailureKind.from_error_class(decision.error_class)
+            # Held back by a breaker, the job did not fail: nothing for the limiter.
+            held_back = isinstance(exc, DependencyOpenError)
+            slot.failure = None if held_back else FailureKind.from_error_class(decision.error_class)
             if isinstance(exc, StoreError) and events.enabled():
                 # From a ctx call of the handler: a transaction, an effect, a fence.
                 events.emit(events.CoordinationFailed(self.id, "ledger", f"job {job.id}", str(exc)))
@@ -547,8 +607,10 @@ class Worker:
         if decision.error_class is ErrorClass.PERMANENT:
             return self._dead(slot, decision.reason, ErrorClass.PERMANENT)
         if decision.error_class is ErrorClass.COORDINATION:
-            # Not the job's fault: give the attempt back and let it run again.
-            return Finish(slot.lease, Outcome.RELEASE, 0.0, decision.reason, "coordination")
+            # Not the job's fault: give the attempt back and let it run again (after the
+            # delay of a dependency's open breaker, if that is what held it back).
+            delay = decision.delay or 0.0
+            return Finish(slot.lease, Outcome.RELEASE, delay, decision.reason, "coordination")
         if job.attempt >= job.max_attempts:
             return self._dead(
                 slot,
