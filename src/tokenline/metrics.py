@@ -58,6 +58,15 @@ Worker metrics (:class:`WorkerMetrics`)
     ``concurrency_floor`` and ``concurrency`` (falls on timeouts and overload errors).
 ``tokenline_clock_skew_seconds``
     gauge: the worker's wall clock minus the store's, as last measured.
+``tokenline_dependency_calls_total{dependency,outcome}``
+    counter: calls to a named dependency through ``ctx.dependency``; ``outcome``:
+    ``ok``, ``failed``, ``slow`` (past its ``slow_call``), ``timeout``, or ``rejected``
+    (held back by its circuit breaker: in the handler, or a job deferred unrun).
+``tokenline_dependency_timeouts_total{dependency}``
+    counter: calls that ran past the dependency's ``timeout``.
+``tokenline_breaker_state{dependency,state}``
+    gauge: 1 for the current state of the worker's circuit breaker of the dependency
+    (``closed``, ``open``, ``half_open``), 0 for the others; from its first change.
 
 A key or resource name is labelled by its prefix: the text before its first ``:``
 (the whole name if it has none), cut to 32 characters. Label values stay bounded:
@@ -97,6 +106,10 @@ has not expired and that did not stop.
     counter: duplicates the ledger has recorded (``repeat`` or ``stale``; the refused
     job commits are among the ``stale`` ones). Counted by the exporter from the store's
     records: all of them (up to 100,000) at its first read, then each new one once.
+``tokenline_breaker_open{dependency}``
+    gauge: 1 while the dependency's shared circuit breaker is open (its resource
+    lease ``tokenline:breaker:<name>`` is held): workers defer the jobs that need it.
+    A dependency appears once its breaker has opened at all.
 ``tokenline_exporter_view_age_seconds``
     gauge: how old the store view being served is (``+Inf`` before the first read).
 ``tokenline_exporter_store_up``
@@ -137,6 +150,8 @@ from ._clock import Clock, SystemClock
 from ._errors import ConfigError, NotSupportedError, TokenlineError
 from ._jobs import JobState, QueueStats, WorkerRecord
 from ._records import Duplicate
+from .backpressure.breaker import BreakerState
+from .dependencies import SharedBreaker, read_shared
 from .stores.base import Depth, Store
 from .worker.state import WorkerState
 
@@ -171,6 +186,7 @@ OTHER = "other"
 WORKER_STATES = tuple(s.value for s in WorkerState)
 _DEPTH_STATES = ("queued", "scheduled", "running")
 _CHANNELS = frozenset({"broker", "leases", "ledger"})
+BREAKER_STATES = tuple(s.value for s in BreakerState)
 
 
 def label_prefix(name: str) -> str:
@@ -256,6 +272,15 @@ class WorkerMetrics:
         self.concurrency_limit = gauge(
             p + "concurrency_limit", "Jobs the worker runs at once now (adaptive)."
         )
+        self.dependency_calls = counter(
+            p + "dependency_calls_total", "Calls to a dependency.", "dependency", "outcome"
+        )
+        self.dependency_timeouts = counter(
+            p + "dependency_timeouts_total", "Dependency calls past their timeout.", "dependency"
+        )
+        self.breaker_state = gauge(
+            p + "breaker_state", "1 for the breaker's current state.", "dependency", "state"
+        )
         for state in WORKER_STATES:
             self.state.labels(state).set(0)
         self._key_prefixes = _BoundedLabels()
@@ -297,6 +322,14 @@ class WorkerMetrics:
             case events.JobsRescued():
                 self.rescued.labels("requeued").inc(event.requeued)
                 self.rescued.labels("dead").inc(event.dead)
+            case events.DependencyCall():
+                self.dependency_calls.labels(event.dependency, event.outcome).inc()
+                if event.outcome == "timeout":
+                    self.dependency_timeouts.labels(event.dependency).inc()
+            case events.BreakerChanged():
+                for state in BREAKER_STATES:
+                    value = 1 if state == event.new else 0
+                    self.breaker_state.labels(event.dependency, state).set(value)
 
 
 def worker_health(worker: Worker) -> tuple[Check, Check]:
@@ -331,6 +364,7 @@ class _Reading:
     orphan_job_leases: int
     stale_commits: int
     duplicates: list[Duplicate] | None
+    breakers: Mapping[str, SharedBreaker] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -375,7 +409,8 @@ async def _read(store: Store, since: float | None) -> _Reading:
         )
     except NotSupportedError:
         duplicates = None
-    return _Reading(now, depth, queues, workers, orphans, stale_total, duplicates)
+    breakers = read_shared(await store.resource_leases_list(), now)
+    return _Reading(now, depth, queues, workers, orphans, stale_total, duplicates, breakers)
 
 
 class _LoopThread:
@@ -543,6 +578,7 @@ _STORE_FAMILIES: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (
     ("orphans", "gauge", "orphan_job_leases", "Expired job leases not rescued.", ()),
     ("stale", "counter", "stale_commits_recorded", "Stale job writes refused.", ()),
     ("dups", "counter", "duplicates_recorded", "Duplicates recorded.", ("kind",)),
+    ("breakers", "gauge", "breaker_open", "1 while the shared breaker is open.", ("dependency",)),
     ("view_age", "gauge", "exporter_view_age_seconds", "Age of the view served.", ()),
     ("store_up", "gauge", "exporter_store_up", "1 when the last read succeeded.", ()),
 )
@@ -576,6 +612,8 @@ def _fill(
     if view.duplicates is not None:
         for kind in sorted({"repeat", "stale"} | set(duplicates)):
             families["dups"].add_metric([kind], duplicates.get(kind, 0))
+    for name, breaker in sorted(view.breakers.items()):
+        families["breakers"].add_metric([name], 1 if breaker.state is BreakerState.OPEN else 0)
 
 
 # -- the HTTP server ------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from tokenline import (
     App,
@@ -24,6 +25,7 @@ from tokenline import (
     events,
 )
 from tokenline.backpressure import BreakerState, CallOutcome
+from tokenline.cli.status import _status
 from tokenline.dependencies import (
     PROBE_MARGIN,
     VIEW_MAX_AGE,
@@ -32,6 +34,7 @@ from tokenline.dependencies import (
     DependencyRegistry,
     read_shared,
 )
+from tokenline.metrics import StoreCollector, WorkerMetrics
 from tokenline.stores import MemoryStore, Store
 from tokenline.stores.base import ResourceLease
 from unit.test_worker import FAST, NO_BACKOFF, eventually, eventually_async, running
@@ -496,3 +499,45 @@ async def test_an_async_call_is_cancelled_at_its_timeout_and_the_attempt_retried
     assert time.monotonic() - started < 3
     (first, _) = await store.job_attempts(job_id=jid)
     assert "dependency 'payments-api' did not answer within 0.05s" in (first.error or "")
+
+
+async def test_worker_metrics_count_calls_timeouts_and_breaker_states() -> None:
+    """The worker metrics follow DependencyCall and BreakerChanged."""
+    registry = CollectorRegistry()
+    metrics = WorkerMetrics(registry)
+    metrics(events.DependencyCall("w", DEP, "timeout", 1.0))
+    metrics(events.DependencyCall("w", DEP, "rejected", 0.0))
+    metrics(events.BreakerChanged("w", DEP, "closed", "open"))
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert value("tokenline_dependency_calls_total", dependency=DEP, outcome="timeout") == 1
+    assert value("tokenline_dependency_calls_total", dependency=DEP, outcome="rejected") == 1
+    assert value("tokenline_dependency_timeouts_total", dependency=DEP) == 1
+    assert value("tokenline_breaker_state", dependency=DEP, state="open") == 1
+    assert value("tokenline_breaker_state", dependency=DEP, state="closed") == 0
+
+
+async def test_the_exporter_and_status_show_the_shared_breaker(clock: FakeClock) -> None:
+    """The store-wide view: tokenline_breaker_open is 1 while the open lease is held;
+    status reports each registered dependency as open (until when), probing or closed."""
+    store = MemoryStore(clock=clock)
+    await hold_open(store, 30.0)
+    collector = StoreCollector(store, max_age=0, clock=clock)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    try:
+        sample = registry.get_sample_value("tokenline_breaker_open", {"dependency": DEP})
+        assert sample == 1
+        report = await _status(store, 5.0, [DEP, "search"])
+        assert report["dependencies"] == {
+            DEP: {"state": "open", "open_until": clock.now() + 30.0, "prober": None},
+            "search": {"state": "closed", "open_until": None, "prober": None},
+        }
+        clock.advance(31.0)
+        assert registry.get_sample_value("tokenline_breaker_open", {"dependency": DEP}) == 0
+        report = await _status(store, 5.0, [DEP])
+        assert report["dependencies"][DEP]["state"] == "half_open"
+    finally:
+        collector.close()

@@ -17,13 +17,14 @@ import asyncio
 import contextlib
 import sqlite3
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 import click
 from rich.markup import escape
 
 from .._errors import SchemaVersionError, StoreError, StoreUnavailableError
+from ..dependencies import SharedBreaker, read_shared
 from ..drill.storefaults import InjectedFaultError
 from ..stores import Store
 from ._common import (
@@ -210,9 +211,14 @@ async def _close(store: Store, timeout: float) -> None:  # noqa: ASYNC109
         await _bounded(store.close(), timeout)
 
 
-async def _status(store: Store, timeout: float) -> dict[str, Any]:  # noqa: ASYNC109
+async def _status(
+    store: Store,
+    timeout: float,  # noqa: ASYNC109
+    dependencies: Sequence[str] = (),
+) -> dict[str, Any]:
     """Open ``store`` and probe its channels at once, each within ``timeout`` seconds;
-    what failed, and how, is said, not raised."""
+    what failed, and how, is said, not raised. ``dependencies``: names whose shared
+    circuit breakers to read with the leases channel."""
     failed = await _open(store, timeout)
     if failed is not None:
         return failed
@@ -221,8 +227,9 @@ async def _status(store: Store, timeout: float) -> dict[str, Any]:  # noqa: ASYN
     async def broker() -> tuple[Any, Any]:
         return await store.queues_stats(), await store.stale_commits(limit=5)
 
-    async def leases() -> tuple[float, Any]:
-        return await store.store_time(), await store.workers_list()
+    async def leases() -> tuple[float, Any, Any]:
+        named = await store.resource_leases_list() if dependencies else []
+        return await store.store_time(), await store.workers_list(), named
 
     async def ledger() -> None:
         if store.capabilities.ledger:
@@ -241,12 +248,39 @@ async def _status(store: Store, timeout: float) -> dict[str, Any]:  # noqa: ASYN
     if not store.capabilities.ledger:
         report["channels"]["ledger"] = dict(_NOT_PROVIDED)
     stats, stale = queues or ([], None)
-    now, records = membership or (None, [])
+    now, records, named = membership or (None, [], [])
     report["queues"] = stats
     report["now"] = now
+    if dependencies and now is not None:
+        shared = read_shared(named, now)
+        report["dependencies"] = {
+            name: {"state": "closed", "open_until": None, "prober": None}
+            | ({} if (b := shared.get(name)) is None else _breaker_json(b))
+            for name in dependencies
+        }
     report["workers"] = live(records, now) if now is not None else []
     report["stale_commits"] = stale
     return report
+
+
+def _breaker_json(b: SharedBreaker) -> dict[str, Any]:
+    return {"state": b.state.value, "open_until": b.open_until, "prober": b.prober}
+
+
+def _dependency_lines(breakers: dict[str, Any], now: float) -> None:
+    """One line per dependency: its circuit breaker as the workers share it."""
+    for name, b in breakers.items():
+        if b["state"] == "open":
+            left = b["open_until"] - now
+            verdict = f"[bold red]OPEN[/] until {when(b['open_until'])} ({left:.0f}s)"
+        elif b["prober"] is not None:
+            verdict = f"[yellow]half-open[/], probing: {escape(b['prober'])}"
+        elif b["state"] == "half_open":
+            verdict = "[yellow]half-open[/], waiting for a trial call"
+        else:
+            verdict = "[green]closed[/]"
+        what = "dependency: its shared circuit breaker"
+        console.print(f"{escape(name):<7} {verdict}  [dim]{what}[/]", highlight=False)
 
 
 def _status_json(url: str, r: dict[str, Any]) -> dict[str, Any]:
@@ -263,6 +297,8 @@ def _status_json(url: str, r: dict[str, Any]) -> dict[str, Any]:
             workers=[worker_json(w, r["now"]) for w in r["workers"]],
             stale_commits={"total": total, "recent": [stale_json(c) for c in recent]},
         )
+        if "dependencies" in r:
+            out["dependencies"] = r["dependencies"]
     return out
 
 
@@ -300,6 +336,8 @@ def _status_text(url: str, r: dict[str, Any]) -> None:
         return
     console.print(f"store   [green]reachable[/]  {escape(url)}", highlight=False)
     _channel_lines(r["channels"], errors=True)
+    if "dependencies" in r:
+        _dependency_lines(r["dependencies"], r["now"])
     show_queues(r["queues"])
     if r["now"] is not None:
         show_workers(r["workers"], r["now"])
@@ -343,11 +381,13 @@ def status(app_spec: str | None, url: str | None, timeout: float, as_json: bool)
     failure (null, "unreachable", "slow", "refusing" or "not migrated"), latency_ms,
     error; ok is null for a channel the store does not provide); and, once the store
     opened: queues (as in `queues --json`), workers (live ones, as in `workers
-    --json`), stale_commits (total, recent: job_id, token, owner, operation, at).
+    --json`), stale_commits (total, recent: job_id, token, owner, operation, at);
+    and when the --app registers dependencies, dependencies (each: state "closed",
+    "open" or "half_open", open_until, prober), one line each in the text output.
     """
     with reporting_errors():
         app = resolve_app(app_spec, url)
-        report = asyncio.run(_status(app.open_store(), timeout))
+        report = asyncio.run(_status(app.open_store(), timeout, tuple(app.dependencies)))
     if as_json:
         print_json(_status_json(app.url, report))
     else:
