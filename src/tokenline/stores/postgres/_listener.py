@@ -67,8 +67,12 @@ class Listener:
         self._waiters.add(waiter)
         try:
             self._ensure_running()
+            # asyncio.timeout, not wait_for: on Python 3.11, wait_for can turn the
+            # caller's cancellation into a TimeoutError, which this suppress would eat,
+            # and a worker's fetch loop would never stop.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiter.woken.wait(), timeout=max(0.0, seconds))
+                async with asyncio.timeout(max(0.0, seconds)):
+                    await waiter.woken.wait()
         finally:
             self._waiters.discard(waiter)
 
@@ -101,7 +105,8 @@ class Listener:
                     self._dispatch(notify.payload)
                 # Quiet for a while: prove the connection is alive. A peer that vanished
                 # without closing the socket would otherwise keep us listening to nothing.
-                await asyncio.wait_for(conn.execute("SELECT 1"), timeout=self._timeout)
+                async with asyncio.timeout(self._timeout):
+                    await conn.execute("SELECT 1")
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # whatever broke, waiters fall back to their timeouts
