@@ -26,6 +26,13 @@ counted as a timeout all the same. Any other exception out of the block counts a
 failure, except those that say nothing about the dependency: ``Permanent`` (the job's
 own fault), a lost lease or a cancelled job, which count as nothing.
 
+**The worker's own backpressure.** A job that fails with what its dependency's breaker
+counted (the exception out of the block, or one raised ``from`` it) spends its attempt
+and shrinks the concurrency limit like any failure (a timeout as a timeout), but stays
+out of the worker's error window: the breaker already holds back what needs that
+dependency, and pausing the whole worker would stop everything else as well. Jobs held
+back by a breaker count nowhere: they did not run.
+
 **Names** are 1 to 64 of ``A-Z a-z 0-9 _ . -``: each is part of lease names and a
 metric label. A task's ``depends_on`` is checked when a worker starts, so the
 dependency may be registered before or after the task: an unknown name stops the

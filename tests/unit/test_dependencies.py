@@ -454,6 +454,36 @@ async def test_dependency_open_error_in_a_handler_gives_the_job_back_after_the_d
     assert worker._errors.count(worker.clock.monotonic()) == 0
 
 
+async def test_dependency_failures_shrink_the_limit_but_do_not_pause_the_worker() -> None:
+    """Jobs failing from their dependency's timeouts spend attempts and shrink the
+    concurrency limit, but stay out of the error window (the breaker pauses what needs
+    the dependency); the same failure outside ctx.dependency still counts there."""
+    app, store = dep_app(timeout=0.02, min_calls=1000)
+
+    @app.task(name="t.dep_hangs", max_attempts=1)
+    async def hangs(ctx: JobContext) -> None:
+        try:
+            async with ctx.dependency(DEP):
+                await asyncio.sleep(1)
+        except TimeoutError as exc:
+            raise RuntimeError("payment failed") from exc
+
+    @app.task(name="t.dep_plain_fail", max_attempts=1)
+    async def plain(ctx: JobContext) -> None:
+        raise ConnectionError("refused")
+
+    worker = Worker(app, FAST)
+    ids = [await app.enqueue_async("t.dep_hangs", store=store) for _ in range(4)]
+    async with running(worker):
+        for jid in ids:
+            await eventually_async(lambda jid=jid: _state_is(store, jid, JobState.DEAD), "dead")
+        assert worker.concurrency_limit < FAST.concurrency
+        assert worker._errors.count(worker.clock.monotonic()) == 0
+        other = await app.enqueue_async("t.dep_plain_fail", store=store)
+        await eventually_async(lambda: _state_is(store, other, JobState.DEAD), "dead")
+        assert worker._errors.failures(worker.clock.monotonic()) == 1
+
+
 async def test_a_sync_call_past_its_timeout_is_counted_not_interrupted() -> None:
     """`with ctx.dependency()` in a sync handler: the call runs to its end and the job
     succeeds, but the breaker counts a timeout."""

@@ -66,6 +66,8 @@ class JobContext:
     ) -> None:
         self._slot = slot
         self._board = board
+        #: The last exception a dependency's breaker counted as that dependency's failure.
+        self._dependency_error: BaseException | None = None
         self._store = store
         self._clock = clock
         self._local_fencing = local_fencing
@@ -301,6 +303,19 @@ class JobContext:
             raise NotSupportedError("this job context has no worker to keep breakers in")
         return DependencyScope(self, board, name)
 
+    def blames_dependency(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is, or was raised from, a failure a dependency's breaker
+        counted (the worker leaves those out of its error window: the breaker is the
+        narrower pause)."""
+        current: BaseException | None = exc
+        for _ in range(8):  # a cause chain, not a cycle
+            if current is None:
+                return False
+            if current is self._dependency_error:
+                return True
+            current = current.__cause__
+        return False
+
     def transaction(self, *, fence: str | Sequence[str] = ()) -> _ContextTransaction:
         """A store transaction that verifies this attempt's token first and completes the
         job on commit, together with your writes: the business effect happens once.
@@ -414,7 +429,12 @@ class DependencyScope:
             outcome = CallOutcome.TIMEOUT  # a sync call is not interrupted, only counted
         name = self.dependency.name
         finish = self._board.finish(name, permit, outcome, seconds)
-        self._ctx.run_sync(finish, "async with ctx.dependency()")
+        counted = self._ctx.run_sync(finish, "async with ctx.dependency()")
+        self._blame(exc, counted)
+
+    def _blame(self, exc: BaseException | None, counted: CallOutcome | None) -> None:
+        if exc is not None and counted is not None and counted.is_bad:
+            self._ctx._dependency_error = exc
 
     async def __aenter__(self) -> Dependency:
         self._check()
@@ -432,15 +452,16 @@ class DependencyScope:
         try:
             await timeout.__aexit__(exc_type, exc, tb)
         except TimeoutError as expired:
-            await self._board.finish(name, permit, CallOutcome.TIMEOUT, seconds)
-            raise TimeoutError(
+            late = TimeoutError(
                 f"dependency {name!r} did not answer within {self.dependency.timeout:g}s"
-            ) from expired
+            )
+            self._blame(late, await self._board.finish(name, permit, CallOutcome.TIMEOUT, seconds))
+            raise late from expired
         outcome = _outcome(exc)
         if outcome is None and isinstance(exc, asyncio.CancelledError):
             self._board.finish_soon(name, permit)
         else:
-            await self._board.finish(name, permit, outcome, seconds)
+            self._blame(exc, await self._board.finish(name, permit, outcome, seconds))
 
     def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` as one call to the dependency (sync handlers)."""

@@ -28,6 +28,7 @@ import signal
 import socket
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -153,6 +154,8 @@ class Worker:
         )
         #: A circuit breaker per dependency of the app, shared through the store.
         self._board = BreakerBoard(app.dependencies, worker_id=self.id, clock=self.clock)
+        #: Attempts that failed with a failure their dependency's breaker counted.
+        self._blamed: weakref.WeakSet[Slot] = weakref.WeakSet()
         #: Why the worker drains without a shutdown (``coordination``, ``error rate``):
         #: it returns to READY only once every reason has cleared.
         self._unhealthy: set[str] = set()
@@ -534,6 +537,8 @@ class Worker:
             slot.cancel.set()  # the sync thread may run on; its ctx calls now refuse
             reason = str(exc) or f"hard timeout: attempt ran longer than {timeout:g}s"
             slot.failure = FailureKind.TIMEOUT
+            if ctx.blames_dependency(exc):
+                self._blamed.add(slot)
             return self._after_failure(slot, Decision(ErrorClass.TRANSIENT, reason))
         except BaseException as exc:
             if slot.completed_in_transaction:
@@ -543,6 +548,8 @@ class Worker:
             # Held back by a breaker, the job did not fail: nothing for the limiter.
             held_back = isinstance(exc, DependencyOpenError)
             slot.failure = None if held_back else FailureKind.from_error_class(decision.error_class)
+            if ctx.blames_dependency(exc):
+                self._blamed.add(slot)
             if isinstance(exc, StoreError) and events.enabled():
                 # From a ctx call of the handler: a transaction, an effect, a fence.
                 events.emit(events.CoordinationFailed(self.id, "ledger", f"job {job.id}", str(exc)))
@@ -728,7 +735,10 @@ class Worker:
             self._errors.record(True, now)
         elif slot.failure is not None:
             self._limiter.on_failure(slot.failure, started=slot.started_at)
-            self._errors.record(not slot.failure.is_overload, now)
+            # A dependency's breaker already counted this failure and pauses what needs
+            # that dependency; pausing the whole worker for it would stop the rest too.
+            if slot not in self._blamed:
+                self._errors.record(not slot.failure.is_overload, now)
         after = self._limiter.limit
         if after != before:
             level = logging.INFO if after < before else logging.DEBUG
