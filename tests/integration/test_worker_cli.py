@@ -11,6 +11,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from tokenline import App, JobState
 
 DEADLINE = 60.0
@@ -143,3 +145,20 @@ def test_worker_json_log_has_a_line_per_outcome_with_its_fields(tmp_path: Path) 
         assert r["worker_id"]
     moves = [(r["old_state"], r["new_state"]) for r in lines if "new_state" in r]
     assert ("ready", "draining") in moves or ("processing", "draining") in moves
+
+
+def test_an_app_moved_to_another_url_keeps_its_dependencies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tasks moved to the given store keep their options, depends_on included, and
+    the app's registered dependencies come along: a gated task must stay gated."""
+    from tokenline.cli import _common
+
+    built = App(f"sqlite:///{tmp_path / 'built.db'}")
+    built.dependency("payments-api", timeout=2)
+    built.task(name="shop.charge", max_attempts=4, depends_on=["payments-api"])(lambda ctx: 1)
+    monkeypatch.setattr(_common, "load_app", lambda spec: built)
+    moved = _common.resolve_app("x:app", f"sqlite:///{tmp_path / 'given.db'}")
+    task = moved.get_task("shop.charge")
+    assert (task.max_attempts, task.depends_on) == (4, ("payments-api",))
+    assert moved.dependencies["payments-api"] == built.dependencies["payments-api"]

@@ -80,7 +80,10 @@ def resolve_app(app_spec: str | None, url: str | None) -> App:
             retry=t.retry,
             classifier=t.classifier,
             max_lease_expiries=t.max_lease_expiries,
+            depends_on=t.depends_on,
         )(t.fn)
+    for dependency in app.dependencies.values():
+        moved.dependencies.add(dependency)
     err_console.print(
         f"note: {app_spec} was built for {app.url}; using {url} (from --url or TOKENLINE_URL)",
         highlight=False,
