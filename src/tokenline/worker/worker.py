@@ -318,9 +318,8 @@ class Worker:
         while self._slots and self.clock.monotonic() < deadline:
             self._slot_freed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._slot_freed.wait(), max(0.0, deadline - self.clock.monotonic())
-                )
+                async with asyncio.timeout(max(0.0, deadline - self.clock.monotonic())):
+                    await self._slot_freed.wait()
         if self.state is not WorkerState.DRAINING:
             return
         if self._slots:
@@ -361,14 +360,22 @@ class Worker:
             free = self._limiter.claim_batch(settings.concurrency - in_flight, in_flight=in_flight)
             if free <= 0:
                 self._slot_freed.clear()
+                # asyncio.timeout, never wait_for, around a suppressed TimeoutError: on
+                # Python 3.11, wait_for can turn the task's cancellation into a
+                # TimeoutError, and this loop would then never stop (seen under load).
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._slot_freed.wait(), settings.poll_interval)
+                    async with asyncio.timeout(settings.poll_interval):
+                        await self._slot_freed.wait()
                 continue
             limit = min(free, settings.claim_batch or free)
             sent_at = self.clock.monotonic()
             try:
                 claimed = await self.store.jobs_claim(
-                    owner=self.id, queues=settings.queues, limit=limit, ttl=settings.lease_ttl
+                    owner=self.id,
+                    queues=settings.queues,
+                    limit=limit,
+                    ttl=settings.lease_ttl,
+                    priority_aging=self.app.settings.priority_aging,
                 )
             except StoreError as exc:
                 self._coordination_failed("claim", exc)
@@ -528,7 +535,8 @@ class Worker:
             else:
                 call = functools.partial(self._in_thread, task.fn, ctx, *args, **kwargs)
                 fut = asyncio.get_running_loop().run_in_executor(self._pool, call)
-                await asyncio.wait_for(fut, timeout)
+                async with asyncio.timeout(timeout):
+                    await fut
         except asyncio.CancelledError:
             raise
         except TimeoutError as exc:
@@ -811,9 +819,8 @@ class Worker:
         if keep:
             finishes = [Finish(s.lease, Outcome.RELEASE, 0.0, reason, "coordination") for s in keep]
             try:
-                results = await asyncio.wait_for(
-                    self.store.jobs_finish(finishes=finishes), self.settings.call_timeout
-                )
+                async with asyncio.timeout(self.settings.call_timeout):
+                    results = await self.store.jobs_finish(finishes=finishes)
                 self.counters.released += sum(results)
             except (StoreError, TimeoutError) as exc:
                 log.warning("worker %s could not release %d jobs: %s", self.id, len(keep), exc)
@@ -881,6 +888,7 @@ class Worker:
                 in_flight=len(self._slots),
                 ttl=settings.lease_ttl,
                 skew=self.skew.value,
+                concurrency_limit=self.concurrency_limit,
             )
             if rec is not None:
                 self.skew.answered(beat_sent, rec.heartbeat_at)
