@@ -100,6 +100,10 @@ has not expired and that did not stop.
     gauge: running jobs whose lease has expired by the store's clock and that the
     maintenance leader has not rescued yet (counted among at most 10,000 running jobs).
     Above 0 for longer than a rescue period: no worker is doing maintenance.
+``tokenline_orphan_resource_leases``
+    gauge: resource leases still held by the store's clock whose owner is no live
+    worker (the owner's worker id: the part before its first ``/``; a worker that
+    crashed holding the lease). Each expires at its TTL; until then nobody else gets it.
 ``tokenline_stale_commits_recorded_total``
     counter: job writes the store has refused for a stale token, all workers together.
 ``tokenline_duplicates_recorded_total{kind}``
@@ -116,9 +120,6 @@ has not expired and that did not stop.
     gauge: 1 when the exporter's last read of the store succeeded, else 0. While the
     store is unreachable the last view is still served, with its age growing: judge
     the store metrics by this pair, never as fresh on their own.
-
-``tokenline_orphan_resource_leases`` is not exported: the store seam has no read of
-resource leases to count them from, and a constant would look like an answer.
 """
 
 from __future__ import annotations
@@ -365,6 +366,7 @@ class _Reading:
     stale_commits: int
     duplicates: list[Duplicate] | None
     breakers: Mapping[str, SharedBreaker] = field(default_factory=dict)
+    orphan_resource_leases: int = 0
 
 
 @dataclass(slots=True)
@@ -409,8 +411,15 @@ async def _read(store: Store, since: float | None) -> _Reading:
         )
     except NotSupportedError:
         duplicates = None
-    breakers = read_shared(await store.resource_leases_list(), now)
-    return _Reading(now, depth, queues, workers, orphans, stale_total, duplicates, breakers)
+    leases = await store.resource_leases_list()
+    breakers = read_shared(leases, now)
+    live = {w.id for w in workers if w.expires_at > now and w.state != "stopped"}
+    orphan_leases = sum(
+        1 for r in leases if r.expires_at > now and r.owner.split("/", 1)[0] not in live
+    )
+    return _Reading(
+        now, depth, queues, workers, orphans, stale_total, duplicates, breakers, orphan_leases
+    )
 
 
 class _LoopThread:
@@ -576,6 +585,7 @@ _STORE_FAMILIES: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (
     ("beat_age", "gauge", "worker_heartbeat_age_seconds", "Since last heartbeat.", ("worker",)),
     ("skew", "gauge", "worker_clock_skew_seconds", "Wall clock minus store's.", ("worker",)),
     ("orphans", "gauge", "orphan_job_leases", "Expired job leases not rescued.", ()),
+    ("orphan_res", "gauge", "orphan_resource_leases", "Held leases of no live worker.", ()),
     ("stale", "counter", "stale_commits_recorded", "Stale job writes refused.", ()),
     ("dups", "counter", "duplicates_recorded", "Duplicates recorded.", ("kind",)),
     ("breakers", "gauge", "breaker_open", "1 while the shared breaker is open.", ("dependency",)),
@@ -608,6 +618,7 @@ def _fill(
         if w.clock_skew is not None:
             families["skew"].add_metric([w.id], w.clock_skew)
     families["orphans"].add_metric([], view.orphan_job_leases)
+    families["orphan_res"].add_metric([], view.orphan_resource_leases)
     families["stale"].add_metric([], view.stale_commits)
     if view.duplicates is not None:
         for kind in sorted({"repeat", "stale"} | set(duplicates)):

@@ -58,6 +58,9 @@ async def seed(store: Store) -> None:
     )
     gone = await store.worker_register(record=record("w-gone"), ttl=30)
     await store.worker_deregister(worker_id="w-gone", token=gone.token)
+    # A resource lease of a live worker's job, and one of a worker that is gone.
+    assert await store.resource_lease_acquire(resource="acct:1", owner="w-live/job1/t1", ttl=60)
+    assert await store.resource_lease_acquire(resource="acct:2", owner="w-gone/job2/t1", ttl=60)
     forged = Lease(orphan.lease.job_id, "w-live", orphan.lease.token + 5, 0.0)
     assert await store.job_leases_renew(owner="w-live", leases=[forged], ttl=30) == [None]
     await asyncio.sleep(0.2)  # the orphan's lease expires by the store's clock
@@ -107,6 +110,7 @@ def test_the_store_view_on_sqlite(db_url: str) -> None:
         assert sample(registry, "tokenline_worker_heartbeat_age_seconds", worker="w-gone") is None
         assert sample(registry, "tokenline_worker_clock_skew_seconds", worker="w-live") == 0.25
         assert sample(registry, "tokenline_orphan_job_leases") == 1
+        assert sample(registry, "tokenline_orphan_resource_leases") == 1
         assert sample(registry, "tokenline_stale_commits_recorded_total") == 1
         assert sample(registry, "tokenline_duplicates_recorded_total", kind="stale") == 1
         assert sample(registry, "tokenline_duplicates_recorded_total", kind="repeat") == 0
