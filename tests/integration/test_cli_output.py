@@ -481,3 +481,14 @@ def test_command_listings_are_never_cut(group: str) -> None:
     for name in names:
         summary = " ".join(COMMANDS[name].get_short_help_str(limit=sys.maxsize).split())
         assert summary in " ".join(commands.split())
+
+
+def test_messages_never_break_a_path_at_the_terminal_width(tmp_path: Path) -> None:
+    """On a narrow terminal a message stays one line: a path or URL in it stays whole,
+    for whoever copies it or greps for it."""
+    deep = tmp_path / ("d" * 60) / "nowhere" / "store.db"
+    result = CliRunner().invoke(
+        main, ["status", "--url", f"sqlite:///{deep}"], env={"COLUMNS": "40"}
+    )
+    assert result.exit_code == 1
+    assert str(deep.parent) in result.output

@@ -35,8 +35,10 @@ from .._errors import TokenlineError
 from ..stores import Store
 
 T = TypeVar("T")
-console = Console()
-err_console = Console(stderr=True)
+# soft_wrap: a message is never broken at the terminal's width, so a path, a URL or an
+# id in it stays whole for whoever copies it or greps for it (tables lay out as before).
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 def load_app(spec: str) -> App:
