@@ -12,7 +12,8 @@
 On top of them, ``tokenline drill``: :mod:`.scenarios` (what is injected when, on whom),
 :mod:`.runner` (real worker processes on a fresh store, faults on a seeded schedule),
 :mod:`.checker` (the invariants of the README's "Guarantees, precisely", read back
-from the store alone) and :mod:`.app` (the jobs: one fenced business row each).
+from the store alone), :mod:`.app` (the jobs: one fenced business row each) and
+:mod:`.dependency` (the dependency some jobs call, which a scenario makes time out).
 """
 
 from __future__ import annotations

@@ -16,8 +16,16 @@ transaction open that long after the write (the ``long_transaction`` scenario).
 on a machine whose clock is wrong (the ``clock_skew`` scenario). Nothing the store
 decides reads it, which is what the scenario checks.
 
+The ``slow_dependency`` scenario's jobs (``drill.call``) call the drill's dependency
+(:mod:`tokenline.drill.dependency`) first, then do the same work. Their workers run
+one of two apps of their own: :data:`guarded` registers the dependency and its circuit
+breaker, and its task ``depends_on`` it and calls it through ``ctx.dependency``;
+:data:`unguarded` calls it with the same timeout and no breaker, for comparison. The
+other scenarios' app, :data:`app`, knows no dependency, so its workers keep no breaker
+and read no breaker's state from the store.
+
 Its stores take the faults the drill switches on: :class:`DrillApp` wraps them with
-:func:`~tokenline.drill.faultstore.wrap_from_env`. Only this app does.
+:func:`~tokenline.drill.faultstore.wrap_from_env`. Only these apps do.
 """
 
 from __future__ import annotations
@@ -33,17 +41,25 @@ from .._clock import SystemClock
 from .._errors import ConfigError
 from ..stores.base import Store
 from ..worker.context import JobContext
+from . import dependency
 from .faultstore import wrap_from_env
 
 __all__ = [
+    "CALL_TASK",
     "CLOCK_OFFSET_ENV",
     "COLUMNS",
+    "GUARDED",
     "QUEUE",
     "TABLE_ENV",
+    "UNGUARDED",
     "DrillApp",
     "ShiftedClock",
     "app",
     "business_table",
+    "call_guarded",
+    "call_unguarded",
+    "guarded",
+    "unguarded",
     "work",
 ]
 
@@ -118,3 +134,42 @@ async def work(
         if inspect.isawaitable(done):  # the async driver's (PostgreSQL)
             await done
         await asyncio.sleep(hold_ms / 1000)
+
+
+# -- the slow_dependency scenario's jobs ----------------------------------------------------
+CALL_TASK = "drill.call"
+#: The workers' apps (``--app``) of the jobs that call the dependency: with its breaker,
+#: and without.
+GUARDED = "tokenline.drill.app:guarded"
+UNGUARDED = "tokenline.drill.app:unguarded"
+
+
+async def call_guarded(ctx: JobContext, key: str, work_ms: float) -> None:
+    """Call the dependency through its circuit breaker, then work as ``drill.work``."""
+    async with ctx.dependency(dependency.NAME):
+        await dependency.Stub.from_env().call()
+    await work(ctx, key, work_ms)
+
+
+async def call_unguarded(ctx: JobContext, key: str, work_ms: float) -> None:
+    """Call the dependency with the same timeout and no breaker, then work."""
+    try:
+        async with asyncio.timeout(dependency.TIMEOUT):
+            await dependency.Stub.from_env().call()
+    except TimeoutError as exc:
+        # Worded as ctx.dependency words it: the drill counts attempts by this name.
+        raise TimeoutError(
+            f"dependency {dependency.NAME!r} did not answer within {dependency.TIMEOUT:g}s"
+        ) from exc
+    await work(ctx, key, work_ms)
+
+
+#: The drill's dependency behind its circuit breaker.
+guarded = DrillApp(clock=app.clock)
+guarded.dependency(dependency.NAME, **dependency.BREAKER)
+guarded.task(name=CALL_TASK, queue=QUEUE, max_attempts=25, depends_on=[dependency.NAME])(
+    call_guarded
+)
+#: The same calls without a breaker.
+unguarded = DrillApp(clock=app.clock)
+unguarded.task(name=CALL_TASK, queue=QUEUE, max_attempts=25)(call_unguarded)
