@@ -21,6 +21,9 @@ anything the workers said:
    ahead, say — and is a violation (checked when the runner names the workers hit).
 7. In scenarios that ask for it (``clock_skew``), **every worker works**: a worker that
    never started an attempt (one whose clock ran behind, say) is a violation.
+8. When the jobs call a dependency behind its circuit breaker (``slow_dependency``),
+   **no job is dead-lettered**, and **a job held back spends no attempt**: each job's
+   attempt count is at most the number of its attempts that ran (those not given back).
 
 It also measures the **recovery time** (fault injection → the affected jobs running
 again, from attempt timestamps) and counts **duplicate executions**, which are allowed:
@@ -80,6 +83,8 @@ class Snapshot:
     effects: list[tuple[str, int, int]]
     stale_refused: int
     ledger_duplicates: int
+    #: job id → attempts spent, as the job's row counts them (given-back ones refunded)
+    spent: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +110,10 @@ class Report:
     early_rescues: int = 0
     #: Workers (that had to work) which never started an attempt.
     idle_workers: int = 0
+    #: Jobs dead-lettered where none may be (behind a dependency's breaker).
+    dead_letters: int = 0
+    #: Attempts spent by jobs a dependency's breaker held back.
+    spent_by_deferrals: int = 0
     pending: int = 0
     stale_refused: int = 0
     ledger_duplicates: int = 0
@@ -130,6 +139,8 @@ class Report:
             or self.late_recoveries
             or self.early_rescues
             or self.idle_workers
+            or self.dead_letters
+            or self.spent_by_deferrals
             or self.pending
         )
 
@@ -147,12 +158,10 @@ class Report:
 def read_snapshot(scratch: ScratchStore) -> Snapshot:
     """Read what the checker needs from the store and the business table, nothing else."""
     t = scratch.tables
-    jobs = {
-        int(r[0]): (r[1], str(r[2]), int(r[3]), r[4])
-        for r in scratch.rows(
-            f"SELECT id, idempotency_key, state, lease_token, last_error FROM {t['jobs']}"
-        )
-    }
+    rows = scratch.rows(
+        f"SELECT id, idempotency_key, state, lease_token, last_error, attempt FROM {t['jobs']}"
+    )
+    jobs = {int(r[0]): (r[1], str(r[2]), int(r[3]), r[4]) for r in rows}
     attempts = [
         Attempt(
             int(r[0]),
@@ -176,6 +185,7 @@ def read_snapshot(scratch: ScratchStore) -> Snapshot:
         effects=effects,
         stale_refused=scratch.scalar(f"SELECT count(*) FROM {t['stale']}"),
         ledger_duplicates=scratch.scalar(f"SELECT count(*) FROM {t['duplicates']}"),
+        spent={int(r[0]): int(r[5]) for r in rows},
     )
 
 
@@ -189,6 +199,7 @@ def check(
     hit: frozenset[int] | None = None,
     workers: Sequence[int] | None = None,
     stall: float = 0.0,
+    guarded: bool = False,
 ) -> Report:
     """Verify the invariants over ``snap`` for the jobs enqueued with ``keys``.
 
@@ -196,7 +207,7 @@ def check(
     ``workers``: process ids that must each have started an attempt. ``stall``: how
     long the fault may keep *every* worker from writing to the store (a paused process
     holding SQLite's single write lock: the pause); rescues may wait that long, then one
-    rescue period.
+    rescue period. ``guarded``: the jobs call a dependency behind its breaker (8.).
     """
     report = Report(
         jobs=len(keys),
@@ -216,7 +227,24 @@ def check(
     _check_recovery(by_job, fault, report)
     _check_rescued_owners(snap.attempts, hit, report)
     _check_every_worker_works(snap.attempts, workers, report)
+    if guarded:
+        _check_guarded(snap, by_job, report)
     return report
+
+
+def _check_guarded(snap: Snapshot, by_job: dict[int, list[Attempt]], report: Report) -> None:
+    for job_id, (key, state, _, error) in snap.jobs.items():
+        if state == "dead":
+            report.dead_letters += 1
+            report.note(f"dead-lettered behind a breaker: job {job_id} ({key}): {error}")
+        ran = sum(1 for a in by_job.get(job_id, ()) if a.outcome != "release")
+        extra = snap.spent.get(job_id, 0) - ran
+        if extra > 0:
+            report.spent_by_deferrals += extra
+            report.note(
+                f"attempts spent while held back: job {job_id} ({key}) spent "
+                f"{snap.spent[job_id]}, ran {ran}"
+            )
 
 
 def _check_rescued_owners(
