@@ -13,11 +13,13 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
+from ..drill.dependency import NAME as DEPENDENCY
+from ..drill.dependency import TIMEOUT
 from ..drill.runner import Drill, DrillError, ScenarioResult
 from ..drill.scenarios import DRILL_SCENARIOS
 from ._common import console, err_console, plural
 
-__all__ = ["drill", "results_table"]
+__all__ = ["dependency_table", "drill", "results_table"]
 
 
 def _count(n: int, bad: bool = True) -> str:
@@ -50,6 +52,11 @@ def results_table(results: list[ScenarioResult], *, title: str) -> Table:
             verdict += f" ({r.backwards} backwards, {r.late_recoveries} late)"
         if r.idle_workers:
             verdict += f" ({plural(r.idle_workers, 'idle worker')})"
+        if r.dead_letters or r.spent_by_deferrals:
+            verdict += (
+                f" ({r.dead_letters} dead-lettered, "
+                f"{plural(r.spent_by_deferrals, 'attempt')} spent held back)"
+            )
         table.add_row(
             res.scenario,
             str(r.jobs),
@@ -62,6 +69,37 @@ def results_table(results: list[ScenarioResult], *, title: str) -> Table:
             rescued,
             recovery,
             verdict,
+        )
+    return table
+
+
+def dependency_table(results: list[ScenarioResult]) -> Table | None:
+    """What the drill's dependency went through, for the scenarios whose jobs call it
+    (``None``: none ran). "full throughput": from the heal to the first second that
+    finished 90% as many jobs as the second before the fault, or to the last job when
+    too few were left for that."""
+    rows = [r for r in results if r.dependency is not None]
+    if not rows:
+        return None
+    table = Table(title=f"dependency {DEPENDENCY} (timeout {TIMEOUT:g}s)")
+    table.add_column("scenario")
+    table.add_column("breakers")
+    for name in ("fault", "calls", "calls/min in fault", "attempts burned", "dead-lettered"):
+        table.add_column(name, justify="right")
+    table.add_column("full throughput after heal", justify="right")
+    for res in rows:
+        d = res.dependency
+        assert d is not None
+        after = "—" if d.full_throughput_after is None else f"{d.full_throughput_after:.1f}s"
+        table.add_row(
+            res.scenario,
+            "on" if d.breakers else "[yellow]off[/]",
+            f"{d.fault_seconds:.1f}s",
+            str(d.calls),
+            f"{d.calls_per_minute:,.0f}",
+            str(d.attempts_burned),
+            _count(d.dead_lettered, bad=d.breakers),
+            after,
         )
     return table
 
@@ -104,6 +142,15 @@ def results_table(results: list[ScenarioResult], *, title: str) -> Table:
     default=0,
     help="First port of the per-worker fault proxies (PostgreSQL); 0: any free port.",
 )
+@click.option(
+    "--breakers",
+    type=click.Choice(["on", "off"]),
+    default="on",
+    show_default=True,
+    help="Whether slow_dependency's jobs call their dependency behind its circuit breaker; "
+    "off, for comparison, they call it without one, and dead-lettered jobs and spent "
+    "attempts are reported, not failed on. Other scenarios are not affected.",
+)
 @click.option("--keep", is_flag=True, help="Keep the stores (schemas, files) for inspection.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def drill(
@@ -113,11 +160,20 @@ def drill(
     workers: int,
     seed: int,
     proxy_port: int,
+    breakers: str,
     keep: bool,
     as_json: bool,
 ) -> None:
     """Kill, pause, partition and slow real workers; check no job is lost or done twice."""
-    runner = Drill(url=url, jobs=jobs, workers=workers, seed=seed, proxy_port=proxy_port, keep=keep)
+    runner = Drill(
+        url=url,
+        jobs=jobs,
+        workers=workers,
+        seed=seed,
+        proxy_port=proxy_port,
+        keep=keep,
+        breakers=breakers == "on",
+    )
     try:
         chosen = runner.select(scenarios)
         runner.preflight()
@@ -161,7 +217,12 @@ def drill(
         click.echo(json.dumps([r.to_json() for r in results], indent=2))
     else:
         title = f"tokenline drill — {runner.scheme}, lease TTL {ttl:g}s, seed {seed}"
+        if not runner.breakers:
+            title += ", breakers off"
         console.print(results_table(results, title=title))
+        dependency = dependency_table(results)
+        if dependency is not None:
+            console.print(dependency)
         for res in failed:
             console.print(f"[bold red]{res.scenario}[/]:", highlight=False)
             for line in res.report.violations:

@@ -9,6 +9,10 @@ scenario's fault on the seed's schedule, waits until every job is finished and t
 fault is over, stops every process, and hands what the store says to
 :func:`~.checker.check`.
 
+A scenario whose jobs call the drill's dependency (``slow_dependency``) runs them
+behind its circuit breaker, or without one when ``breakers`` is off, and adds the
+dependency's figures (:mod:`.dependency`) to its result.
+
 Everything that can be refused is refused before a worker starts
 (:meth:`Drill.preflight`): unknown scenarios, a store that cannot be reached, a proxy
 port in use. Processes and proxies are stopped in ``finally`` blocks, so an exception or
@@ -32,6 +36,7 @@ from . import app as drill_app
 from ._fleet import Fleet, WorkerSettings
 from ._scratch import ScratchStore, scratch_for, upstream_of
 from .checker import FaultWindow, Report, check, read_snapshot
+from .dependency import DIR_ENV, WORKER_ENV, DependencyFigures, Stub, measure
 from .proxy import ThreadedFaultProxy
 from .scenarios import (
     DRILL_SCENARIOS,
@@ -65,6 +70,8 @@ class ScenarioResult:
     elapsed: float
     fault: FaultWindow | None = None
     log_tail: str = ""
+    #: What the drill's dependency went through (scenarios whose jobs call it).
+    dependency: DependencyFigures | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready summary (``tokenline drill --json``)."""
@@ -82,6 +89,8 @@ class ScenarioResult:
             "late_recoveries": r.late_recoveries,
             "early_rescues": r.early_rescues,
             "idle_workers": r.idle_workers,
+            "dead_letters_behind_breaker": r.dead_letters,
+            "attempts_spent_by_deferrals": r.spent_by_deferrals,
             "stale_commits_refused": r.stale_refused,
             "ledger_duplicates": r.ledger_duplicates,
             "reexecutions": r.reexecutions,
@@ -93,6 +102,7 @@ class ScenarioResult:
             "lease_ttl_seconds": self.lease_ttl,
             "elapsed_seconds": round(self.elapsed, 2),
             "violations": r.violations,
+            "dependency": None if self.dependency is None else self.dependency.to_json(),
         }
 
 
@@ -127,7 +137,12 @@ class Drill:
     kept: list[str] = field(default_factory=list, init=False)
     #: The workers' app (``module:attribute``), with the tasks of
     #: :mod:`tokenline.drill.app`; tests swap in a sabotaged one to show the drill fails.
+    #: Scenarios whose jobs call the dependency run :data:`~.app.GUARDED` or
+    #: :data:`~.app.UNGUARDED` instead.
     app: str = "tokenline.drill.app:app"
+    #: Whether jobs that call the drill's dependency do it behind its circuit breaker;
+    #: off, for comparison, dead-lettered jobs and spent attempts are only reported.
+    breakers: bool = True
 
     @property
     def scheme(self) -> str:
@@ -218,15 +233,22 @@ class Drill:
         """Run one scenario on a fresh store."""
         schedule = Schedule.draw(scenario, jobs=self.jobs, workers=self.workers, seed=self.seed)
         scratch = self._scratch(scenario)
+        stub = None
+        app = self.app
         try:
             scratch.prepare({"drill_effects": drill_app.COLUMNS})
+            env = {**self.worker_env, drill_app.TABLE_ENV: scratch.tables["drill_effects"]}
+            if scenario.calls_dependency:
+                stub = Stub(scratch.work_dir / "dependency").create()
+                env = {**WORKER_ENV, **env, DIR_ENV: str(stub.directory)}
+                app = drill_app.GUARDED if self.breakers else drill_app.UNGUARDED
             keys = self._enqueue(scratch, scenario, schedule)
             fleet = Fleet(
                 url=scratch.url,
                 workers=self.workers,
                 settings=self.settings,
                 work_dir=scratch.work_dir,
-                env={**self.worker_env, drill_app.TABLE_ENV: scratch.tables["drill_effects"]},
+                env=env,
                 upstream=upstream_of(scratch.url) if self.scheme == "postgresql" else None,
                 proxy_port=self.proxy_port,
                 seed=schedule.seed,
@@ -234,8 +256,8 @@ class Drill:
             )
             started = time.monotonic()
             with fleet:
-                fleet.spawn(self.app, drill_app.QUEUE, self._clocks(scenario, schedule))
-                window = _Controller(self, scenario, schedule, scratch, fleet).run()
+                fleet.spawn(app, drill_app.QUEUE, self._clocks(scenario, schedule))
+                window = _Controller(self, scenario, schedule, scratch, fleet, stub).run()
                 tail = fleet.log_tail()
                 pids = [fleet.pid(i) for i in range(self.workers)]
             elapsed = time.monotonic() - started
@@ -248,7 +270,11 @@ class Drill:
                 hit=_hit(scenario, schedule, pids),
                 workers=pids if scenario.every_worker_works else None,
                 stall=_stall(self.scheme, scenario, window),
+                guarded=scenario.calls_dependency and self.breakers,
             )
+            figures = None
+            if stub is not None:
+                figures = measure(stub, scratch, window, breakers=self.breakers)
         finally:
             self.kept.extend(scratch.cleanup())
         return ScenarioResult(
@@ -259,6 +285,7 @@ class Drill:
             elapsed,
             window,
             "" if report.ok else tail,
+            figures,
         )
 
     def _clocks(self, scenario: Scenario, schedule: Schedule) -> dict[int, dict[str, str]]:
@@ -272,11 +299,32 @@ class Drill:
         }
 
     def _enqueue(self, scratch: ScratchStore, scenario: Scenario, schedule: Schedule) -> list[str]:
-        """Enqueue the jobs; those around the fault's moment outlive a lease TTL, so the
-        fault catches some job mid-flight however fast the others are. A scenario that
-        holds transactions open has a few jobs, spread from that moment, hold theirs."""
+        """Enqueue the jobs (see :meth:`_items`)."""
         from .._app import App
 
+        keys = [f"drill:{scenario.name}:{i}" for i in range(self.jobs)]
+        task, items = self._items(keys, scenario, schedule)
+        app = App(scratch.url)
+        for t in [*drill_app.app.tasks.values(), *drill_app.guarded.tasks.values()]:
+            app.task(name=t.name, queue=t.queue, max_attempts=t.max_attempts)(t.fn)
+        try:
+            for first in range(0, len(items), 5000):
+                app.enqueue_many(task, items[first : first + 5000], keys=keys[first : first + 5000])
+        finally:
+            app.close()
+        return keys
+
+    def _items(
+        self, keys: Sequence[str], scenario: Scenario, schedule: Schedule
+    ) -> tuple[str, list[tuple[Any, ...]]]:
+        """The jobs' task and arguments. Those around the fault's moment outlive a lease
+        TTL, so the fault catches some job mid-flight however fast the others are. A
+        scenario that holds transactions open has a few jobs, spread from that moment,
+        hold theirs. Jobs that call the dependency have neither, and a re-run works as
+        long as the first run: a job deferred or retried is no zombie's victim."""
+        rng = random.Random(schedule.seed)
+        if scenario.calls_dependency:
+            return drill_app.CALL_TASK, [(key, rng.uniform(2, 12)) for key in keys]
         ttl = self.settings.lease_ttl
         slots = self.workers * self.settings.concurrency
         first_long = max(0, schedule.at_jobs - slots)
@@ -285,9 +333,6 @@ class Drill:
         if scenario.hold_ttls:
             long_jobs = set()
             held = {min(self.jobs - 1, schedule.at_jobs + k * slots) for k in range(HELD_JOBS)}
-        rng = random.Random(schedule.seed)
-        task = "drill.work"
-        keys = [f"drill:{scenario.name}:{i}" for i in range(self.jobs)]
         items = [
             (
                 key,
@@ -299,15 +344,7 @@ class Drill:
             )
             for i, key in enumerate(keys)
         ]
-        app = App(scratch.url)
-        for t in drill_app.app.tasks.values():
-            app.task(name=t.name, queue=t.queue, max_attempts=t.max_attempts)(t.fn)
-        try:
-            for first in range(0, len(items), 5000):
-                app.enqueue_many(task, items[first : first + 5000], keys=keys[first : first + 5000])
-        finally:
-            app.close()
-        return keys
+        return "drill.work", items
 
 
 def _hit(scenario: Scenario, schedule: Schedule, pids: Sequence[int]) -> frozenset[int] | None:
@@ -330,6 +367,7 @@ class _Controller:
         schedule: Schedule,
         scratch: ScratchStore,
         fleet: Fleet,
+        stub: Stub | None = None,
     ) -> None:
         self.drill = drill
         self.scenario = scenario
@@ -337,6 +375,7 @@ class _Controller:
         self.schedule = schedule
         self.scratch = scratch
         self.fleet = fleet
+        self.stub = stub
         inj = self.inj
         self.duration = inj.ttls * drill.settings.lease_ttl if inj is not None else 0.0
         self.targets = (
@@ -388,6 +427,10 @@ class _Controller:
             self.started = self.ended = time.time()
         elif action is Action.STOP:
             self._stop(victim)
+        elif action is Action.DEPENDENCY:
+            assert self.stub is not None, "a dependency fault needs the dependency"
+            self.stub.hang(True)
+            self.started = time.time()
         else:
             self._switch(on=True)
             self.started = time.time()
@@ -473,6 +516,8 @@ class _Controller:
         elif self.inj.action is Action.FAULT:
             with contextlib.suppress(RuntimeError):  # proxies already stopped
                 self._switch(on=False)
+        elif self.inj.action is Action.DEPENDENCY and self.stub is not None:
+            self.stub.hang(False)
         self.ended = time.time()
 
 

@@ -26,6 +26,13 @@ hour ahead and another an hour behind (their wall clocks, not the store's) and k
 one ahead mid-run; ``long_transaction`` has a few jobs keep their fenced transaction open
 for longer than the lease TTL. In both, a lease rescued from a worker the drill did not
 hit is an *early rescue*, and a violation.
+
+``slow_dependency`` leaves the store alone too: its jobs call the drill's dependency
+(:mod:`tokenline.drill.dependency`), which the fault makes time out for a while, for
+every worker at once. With breakers on (the default) no job may be dead-lettered and
+no job held back by the breaker may spend an attempt; with them off (a comparison the
+runner offers) the same calls go out without a breaker, and the report shows what that
+costs instead of failing on it.
 """
 
 from __future__ import annotations
@@ -66,6 +73,8 @@ class Action(enum.StrEnum):
     STOP = "stop"
     #: Switch faults on (FaultStore and/or proxy) for ``duration`` seconds.
     FAULT = "fault"
+    #: Make the drill's dependency hang past its timeout for ``duration`` seconds.
+    DEPENDENCY = "dependency"
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +118,8 @@ class Scenario:
     hold_ttls: float = 0.0
     #: Every worker must run jobs (a worker that never claims one is a violation).
     every_worker_works: bool = False
+    #: The jobs call the drill's dependency before their work.
+    calls_dependency: bool = False
 
     def applies_to(self, scheme: str) -> bool:
         """Whether the scenario runs on a store of this scheme."""
@@ -249,6 +260,14 @@ _SCENARIOS = (
         f"{HELD_JOBS} jobs keep their fenced transaction open for 1.5 lease TTLs",
         None,
         hold_ttls=1.5,
+    ),
+    Scenario(
+        "slow_dependency",
+        "the jobs' dependency times out for every worker for 2.5 lease TTLs, then heals",
+        # Longer than the breaker's window (1 TTL), so that it opens during the fault
+        # however many calls succeeded just before.
+        Injection(Action.DEPENDENCY, Target.ALL, at_done=0.3, ttls=2.5),
+        calls_dependency=True,
     ),
     Scenario(
         "pg_restart",
