@@ -302,6 +302,16 @@ class App:
             )
         )
 
+    def on(self, url: str) -> App:
+        """This app — its settings, clock, classifier, tasks and dependencies — on the
+        store at ``url`` (``tokenline worker --app … --url …``). The tasks are the same
+        objects, with every option they were registered with."""
+        moved = App(url, settings=self.settings, clock=self.clock, classifier=self.classifier)
+        moved._tasks.update(self._tasks)
+        for dependency in self.dependencies.values():
+            moved.dependencies.add(dependency)
+        return moved
+
     @property
     def tasks(self) -> Mapping[str, Task]:
         """Registered tasks by name."""

@@ -71,21 +71,7 @@ def resolve_app(app_spec: str | None, url: str | None) -> App:
     app = load_app(app_spec)
     if not url or url == app.url:
         return app
-    moved = App(url, settings=app.settings, clock=app.clock, classifier=app.classifier)
-    for t in app.tasks.values():
-        moved.task(
-            name=t.name,
-            queue=t.queue,
-            max_attempts=t.max_attempts,
-            timeout=t.timeout,
-            priority=t.priority,
-            retry=t.retry,
-            classifier=t.classifier,
-            max_lease_expiries=t.max_lease_expiries,
-            depends_on=t.depends_on,
-        )(t.fn)
-    for dependency in app.dependencies.values():
-        moved.dependencies.add(dependency)
+    moved = app.on(url)
     err_console.print(
         f"note: {app_spec} was built for {app.url}; using {url} (from --url or TOKENLINE_URL)",
         highlight=False,
