@@ -5,6 +5,7 @@ while it fails. Also the figures' definitions and the checks, on hand-made data.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -13,9 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
-from tokenline.drill.checker import Attempt, Snapshot, check
-from tokenline.drill.dependency import back_to_full
+from tokenline.cli.drill import dependency_table, results_table
+from tokenline.drill.checker import Attempt, Report, Snapshot, check
+from tokenline.drill.dependency import DependencyFigures, back_to_full
+from tokenline.drill.runner import ScenarioResult
 from tokenline.drill.scenarios import DRILL_SCENARIOS
 
 JOBS = 100
@@ -136,3 +140,33 @@ def test_behind_a_breaker_a_job_held_back_keeps_its_attempt() -> None:
                 rescue_interval=0.5, guarded=True)  # fmt: skip
     assert bad.spent_by_deferrals == 1
     assert not bad.ok
+
+
+def test_the_report_shows_the_dependency_figures_and_what_failed() -> None:
+    """The dependency's own table shows each run's figures, breakers on or off; a run
+    with breakers on that dead-lettered a job says so in its verdict."""
+    figures = DependencyFigures(True, 150, 5.0, 360.0, 30, 0, 1.5)
+    on = ScenarioResult(
+        "slow_dependency", "sqlite", Report(jobs=100, dead_letters=1, spent_by_deferrals=1),
+        lease_ttl=2.0, elapsed=9.0, dependency=figures,
+    )  # fmt: skip
+    off = ScenarioResult(
+        "slow_dependency", "sqlite", Report(jobs=100), lease_ttl=2.0, elapsed=9.0,
+        dependency=DependencyFigures(False, 190, 5.0, 1100.0, 90, 2, None),
+    )  # fmt: skip
+    kill9 = ScenarioResult("kill9", "sqlite", Report(jobs=100), lease_ttl=2.0, elapsed=9.0)
+    out = io.StringIO()
+    console = Console(file=out, width=200, color_system=None)
+    console.print(results_table([on, off, kill9], title="drill"))
+    table = dependency_table([on, off, kill9])
+    assert table is not None
+    console.print(table)
+    text = out.getvalue()
+    assert "(1 dead-lettered, 1 attempt spent held back)" in text
+    assert "calls/min in fault" in text
+    rows = [line for line in text.splitlines() if "slow_dependency" in line]
+    assert "│ on " in rows[-2]
+    assert "1.5s" in rows[-2]
+    assert "│ off " in rows[-1]
+    assert "1,100" in rows[-1]
+    assert dependency_table([kill9]) is None
