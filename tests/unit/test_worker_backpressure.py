@@ -14,6 +14,7 @@ from tokenline import (
     ConfigError,
     JobContext,
     JobState,
+    Settings,
     Worker,
     WorkerSettings,
     WorkerState,
@@ -176,3 +177,22 @@ def test_bad_backpressure_settings_are_refused_naming_them(setting: str, value: 
     a ConfigError that names the setting, before any worker starts."""
     with pytest.raises(ConfigError, match=setting):
         WorkerSettings(**{setting: value})  # type: ignore[arg-type]
+
+
+async def test_a_timed_out_attempt_is_retried_by_the_tasks_own_policy() -> None:
+    """A hard timeout is retried with the task's retry policy, like any transient error
+    (not the app's default backoff of a second and more)."""
+    # The app's own backoff is long: only the task's policy can retry within the test.
+    app = App("memory://", settings=Settings(url="memory://", retry_base=60.0, retry_cap=60.0))
+    store = app.open_store()
+    attempts: list[int] = []
+
+    @app.task(name="t.bp_to", timeout=0.05, max_attempts=3, retry=NO_BACKOFF)
+    async def slow(ctx: JobContext) -> None:
+        attempts.append(ctx.attempt)
+        await asyncio.sleep(5)
+
+    jid = await app.enqueue_async("t.bp_to", store=store)
+    async with running(Worker(app, dataclasses.replace(FAST, concurrency_control="fixed"))):
+        await eventually_dead(store, jid)
+    assert attempts == [1, 2, 3]

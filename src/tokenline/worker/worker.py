@@ -547,7 +547,7 @@ class Worker:
             slot.failure = FailureKind.TIMEOUT
             if ctx.blames_dependency(exc):
                 self._blamed.add(slot)
-            return self._after_failure(slot, Decision(ErrorClass.TRANSIENT, reason))
+            return self._after_failure(slot, Decision(ErrorClass.TRANSIENT, reason), task.retry)
         except BaseException as exc:
             if slot.completed_in_transaction:
                 log.warning("job %s raised after its transaction committed: %r", job.id, exc)
