@@ -561,6 +561,12 @@ async def test_the_exporter_and_status_show_the_shared_breaker(clock: FakeClock)
         sample = registry.get_sample_value("tokenline_breaker_open", {"dependency": DEP})
         assert sample == 1
         report = await _status(store, 5.0, [DEP, "search"])
+        # The dependency is the failing channel, and only it: the store's are ok.
+        assert {name: ch["ok"] for name, ch in report["channels"].items()} == {
+            "broker": True,
+            "leases": True,
+            "ledger": True,
+        }
         assert report["dependencies"] == {
             DEP: {"state": "open", "open_until": clock.now() + 30.0, "prober": None},
             "search": {"state": "closed", "open_until": None, "prober": None},
