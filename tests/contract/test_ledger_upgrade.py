@@ -12,6 +12,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from pg_schema import schema_at_version
 from tokenline._clock import FakeClock
 from tokenline._jobs import JobState, NewJob, Unique
 from tokenline._records import Start
@@ -118,22 +119,10 @@ async def test_postgres_migrates_a_0001_schema_to_0002(
     """A schema at version 1 (with a job in it) is migrated to 2 on open."""
     from tokenline.stores.postgres import SCHEMA_VERSION as PG_SCHEMA_VERSION
     from tokenline.stores.postgres import PostgresStore
-    from tokenline.stores.postgres._migrations import MIGRATIONS, compose
 
     schema = sql.Identifier(postgres_schema)
     with psycopg.connect(postgres_server, autocommit=True) as conn, conn.transaction():
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(schema))
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE {}.schema_version (version integer PRIMARY KEY, name text "
-                "NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-            ).format(schema)
-        )
-        conn.execute(compose(MIGRATIONS[0].sql, postgres_schema).encode())
-        conn.execute(
-            sql.SQL("INSERT INTO {}.schema_version (version, name) VALUES (1, %s)").format(schema),
-            (MIGRATIONS[0].name,),
-        )
+        schema_at_version(conn, postgres_schema, 1)
         conn.execute(
             sql.SQL(
                 "INSERT INTO {}.jobs (queue, task, args, run_at, max_attempts, state, "

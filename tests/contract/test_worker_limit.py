@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from pg_schema import schema_at_version
 from tokenline._clock import FakeClock
 from tokenline._jobs import WorkerRecord
 from tokenline.stores.sqlite import SQLiteStore
@@ -157,25 +158,10 @@ async def test_postgres_migrates_a_0006_schema_for_limits_and_aging(
 
     from tokenline.stores.postgres import SCHEMA_VERSION as PG_SCHEMA_VERSION
     from tokenline.stores.postgres import PostgresStore
-    from tokenline.stores.postgres._migrations import MIGRATIONS, compose
 
     ident = sql.Identifier(postgres_schema)
     with psycopg.connect(postgres_server, autocommit=True) as conn, conn.transaction():
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(ident))
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE {}.schema_version (version integer PRIMARY KEY, name text "
-                "NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-            ).format(ident)
-        )
-        for m in MIGRATIONS[:6]:
-            conn.execute(compose(m.sql, postgres_schema).encode())
-            conn.execute(
-                sql.SQL("INSERT INTO {}.schema_version (version, name) VALUES (%s, %s)").format(
-                    ident
-                ),
-                (m.version, m.name),
-            )
+        schema_at_version(conn, postgres_schema, 6)
         conn.execute(
             sql.SQL(
                 "INSERT INTO {}.workers (id, host, pid, queues, concurrency, state, token, "

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import pytest
 from click.testing import CliRunner
 
+from pg_schema import schema_at_version
 from tokenline._clock import FakeClock
 from tokenline._jobs import NewJob, WorkerRecord
 from tokenline.cli import main
@@ -106,27 +107,12 @@ async def test_postgres_migrates_a_0004_schema_for_drain_and_lease_ages(
     from psycopg import sql
 
     from tokenline.stores.postgres import SCHEMA_VERSION, PostgresStore
-    from tokenline.stores.postgres._migrations import MIGRATIONS, compose
 
     schema = f"tl_upgrade_{uuid.uuid4().hex[:8]}"
     ident = sql.Identifier(schema)
     try:
         with psycopg.connect(postgres_server, autocommit=True) as conn, conn.transaction():
-            conn.execute(sql.SQL("CREATE SCHEMA {}").format(ident))
-            conn.execute(
-                sql.SQL(
-                    "CREATE TABLE {}.schema_version (version integer PRIMARY KEY, name text "
-                    "NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-                ).format(ident)
-            )
-            for m in MIGRATIONS[:4]:
-                conn.execute(compose(m.sql, schema).encode())
-                conn.execute(
-                    sql.SQL("INSERT INTO {}.schema_version (version, name) VALUES (%s, %s)").format(
-                        ident
-                    ),
-                    (m.version, m.name),
-                )
+            schema_at_version(conn, schema, 4)
             conn.execute(
                 sql.SQL(
                     "INSERT INTO {}.workers (id, host, pid, queues, concurrency, state, token, "
