@@ -14,7 +14,7 @@ import json
 import logging
 from typing import Any
 
-__all__ = ["FIELDS", "JsonFormatter", "configure"]
+__all__ = ["FIELDS", "SUCCESS_LOGGER", "JsonFormatter", "configure"]
 
 #: Structured fields a record may carry, in the order the JSON line shows them.
 FIELDS = (
@@ -30,6 +30,9 @@ FIELDS = (
     "old_state",
     "new_state",
 )
+
+#: The worker's logger of succeeded jobs.
+SUCCESS_LOGGER = "tokenline.worker.succeeded"
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -57,13 +60,6 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str, ensure_ascii=False)
 
 
-class _NoSuccessLines(logging.Filter):
-    """Text logs: drop the per-job success lines (INFO, ``outcome="succeeded"``)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.__dict__.get("outcome") != "succeeded"
-
-
 def configure(level: str = "info", fmt: str = "text") -> None:
     """Send tokenline's (and everything else's) logs to stderr at ``level``, as ``text``
     or ``json``. At ``debug`` the text log keeps the success lines too."""
@@ -74,8 +70,10 @@ def configure(level: str = "info", fmt: str = "text") -> None:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter(TEXT_FORMAT))
-        if level.lower() != "debug":
-            handler.addFilter(_NoSuccessLines())
+    # The line per succeeded job (its own logger, so that a worker does not even build
+    # it unless asked): in JSON, and in text at debug.
+    quiet = fmt == "text" and level.lower() != "debug"
+    logging.getLogger(SUCCESS_LOGGER).setLevel(logging.WARNING if quiet else logging.NOTSET)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -29,7 +29,9 @@ def restore_root() -> Iterator[None]:
 def _outcome(outcome: str) -> None:
     fields = {"worker_id": "w-1", "job_id": 7, "token": 3, "attempt": 2, "outcome": outcome}
     fields["error_class"] = None if outcome == "succeeded" else "transient"
-    logging.getLogger("tokenline.worker").info("job 7 %s", outcome, extra=fields)
+    # As the worker does: the line per succeeded job has a logger of its own.
+    name = _logging.SUCCESS_LOGGER if outcome == "succeeded" else "tokenline.worker"
+    logging.getLogger(name).info("job 7 %s", outcome, extra=fields)
 
 
 @pytest.mark.usefixtures("restore_root")

@@ -45,6 +45,7 @@ from .._errors import (
     UnknownTaskError,
 )
 from .._jobs import ClaimedJob, Finish, Job, Outcome, WorkerRecord
+from .._logging import SUCCESS_LOGGER
 from ..backpressure import ErrorRateWindow, FailureKind, RetryBudget, make_limiter
 from ..classify import Decision, ErrorClass, classify
 from ..dependencies import BreakerBoard
@@ -64,6 +65,8 @@ if TYPE_CHECKING:
 __all__ = ["Worker", "WorkerCounters"]
 
 log = logging.getLogger("tokenline.worker")
+#: One line per succeeded job: for machine-read logs (``--log-format json``).
+success_log = logging.getLogger(SUCCESS_LOGGER)
 
 MAINTENANCE_LEASE = "tokenline:maintenance"
 _BUSY_STATES = frozenset({WorkerState.READY, WorkerState.PROCESSING})
@@ -691,6 +694,11 @@ class Worker:
         error window learn from it."""
         job, token, outcome = slot.claimed.job, slot.claimed.lease.token, finish.outcome
         self._learn(slot, outcome)
+        # A success line is wanted by machine-read logs only: the check keeps its cost
+        # (a record per job) off the hot path when nobody reads it.
+        if outcome is Outcome.SUCCEEDED and not success_log.isEnabledFor(logging.INFO):
+            self._announce_finished(slot, finish)
+            return
         what = f"job {job.id} ({job.task}) attempt {job.attempt}/{job.max_attempts}"
         cls = finish.error_class or "-"
         fields = {
@@ -705,10 +713,10 @@ class Worker:
             "error": finish.error,
         }
         # Every outcome is logged with its class and reason: a job that fails the same
-        # way on every attempt must be visible before it goes dead. Successes are for
-        # machine-read logs; the text log of `tokenline worker` leaves them out.
+        # way on every attempt must be visible before it goes dead. Successes go to a
+        # logger of their own, which the text log of `tokenline worker` leaves out.
         if outcome is Outcome.SUCCEEDED:
-            log.info("%s succeeded", what, extra=fields)
+            success_log.info("%s succeeded", what, extra=fields)
         elif outcome is Outcome.RETRY:
             again = f"it runs again in {finish.delay or 0.0:.1f}s"
             log.info("%s failed (%s): %s; %s", what, cls, finish.error, again, extra=fields)
@@ -718,8 +726,12 @@ class Worker:
             log.info(
                 "%s given back, no attempt spent (%s): %s", what, cls, finish.error, extra=fields
             )
+        self._announce_finished(slot, finish)
+
+    def _announce_finished(self, slot: Slot, finish: Finish) -> None:
         if not events.enabled():
             return
+        job, token, outcome = slot.claimed.job, slot.claimed.lease.token, finish.outcome
         events.emit(
             events.JobFinished(
                 worker_id=self.id,
