@@ -85,6 +85,22 @@ async def test_notify_wakes_wait_for_jobs_early(
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+async def test_a_blocking_enqueue_wakes_wait_for_jobs_too(
+    pg: PostgresStore, admin: psycopg.AsyncConnection[Any], postgres_schema: str, batch: int
+) -> None:
+    """The synchronous fast path (single-row statement or batch) notifies like the
+    async one, and only for the queue it enqueued on."""
+    waiter = asyncio.create_task(pg.wait_for_jobs(queues=["a"], timeout=30))
+    await listener_pid(admin, postgres_schema)
+    await asyncio.to_thread(pg.jobs_enqueue_blocking, jobs=[new("b")] * batch)
+    await asyncio.sleep(0.3)
+    assert not waiter.done()
+    ids = await asyncio.to_thread(pg.jobs_enqueue_blocking, jobs=[new("a")] * batch)
+    await asyncio.wait_for(waiter, timeout=5)
+    assert len(set(ids)) == batch
+
+
 async def test_lost_listener_falls_back_to_polling_and_comes_back(
     pg: PostgresStore, admin: psycopg.AsyncConnection[Any], postgres_schema: str
 ) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from tokenline._clock import FakeClock
 from tokenline._errors import JobNotFoundError, NotSupportedError, StaleTokenError
-from tokenline._jobs import Finish, JobState, Lease, NewJob, Outcome, WorkerRecord
+from tokenline._jobs import Finish, JobState, Lease, NewJob, Outcome, Unique, WorkerRecord
 
 Q = ["default"]
 
@@ -595,3 +595,98 @@ async def test_resource_leases_list_shows_holders_tokens_and_when_each_was_taken
     )
     assert (second.owner, second.token) == ("w1", b.token)
     assert second.expires_at <= clock.now()
+
+
+async def test_finish_and_claim_fences_each_finish_and_claims_the_next_jobs(
+    store: Any, clock: FakeClock
+) -> None:
+    """One request finishes a batch (each row fenced by its own token, a stale one
+    refused and recorded) and claims the next jobs with fresh tokens and attempts."""
+    a, b, c, d = await store.jobs_enqueue(jobs=[new(), new(), new(), new()])
+    first = await store.jobs_claim(owner="w1", queues=Q, limit=2, ttl=5)
+    assert [x.job.id for x in first] == [a, b]
+    stale = Lease(b, "w1", first[1].lease.token + 7, first[1].lease.expires_at)
+    done, claimed = await store.jobs_finish_and_claim(
+        finishes=[Finish(first[0].lease, Outcome.SUCCEEDED), Finish(stale, Outcome.SUCCEEDED)],
+        owner="w1",
+        queues=Q,
+        limit=2,
+        ttl=5,
+    )
+    assert done == [True, False]
+    assert [x.job.id for x in claimed] == [c, d]
+    assert all(x.job.state is JobState.RUNNING and x.job.attempt == 1 for x in claimed)
+    assert all(x.lease.owner == "w1" and x.lease.token >= 1 for x in claimed)
+    assert (await store.job_get(job_id=a)).state is JobState.SUCCEEDED
+    assert (await store.job_get(job_id=b)).state is JobState.RUNNING
+    total, recent = await store.stale_commits()
+    assert (total, recent[0].job_id, recent[0].token) == (1, b, stale.token)
+    for x in claimed:
+        (attempt,) = await store.job_attempts(job_id=x.job.id)
+        assert (attempt.token, attempt.owner) == (x.lease.token, "w1")
+    # The claimed jobs are held like any claim: their holder finishes them, nobody else.
+    done, none = await store.jobs_finish_and_claim(
+        finishes=[Finish(x.lease, Outcome.SUCCEEDED) for x in claimed],
+        owner="w1",
+        queues=Q,
+        limit=5,
+        ttl=5,
+    )
+    assert (done, none) == ([True, True], [])
+
+
+async def test_finish_and_claim_with_no_room_claims_nothing(store: Any) -> None:
+    """limit 0: the batch is finished and no job is taken."""
+    (_, b) = await store.jobs_enqueue(jobs=[new(), new()])
+    (first,) = await store.jobs_claim(owner="w1", queues=Q, limit=1, ttl=5)
+    done, claimed = await store.jobs_finish_and_claim(
+        finishes=[Finish(first.lease, Outcome.SUCCEEDED)], owner="w1", queues=Q, limit=0, ttl=5
+    )
+    assert (done, claimed) == ([True], [])
+    assert (await store.job_get(job_id=b)).state is JobState.QUEUED
+
+
+async def test_a_job_retried_at_once_may_be_claimed_by_the_same_request(
+    store: Any, clock: FakeClock
+) -> None:
+    """A retry without delay makes the job ready again: the claim in the same request
+    may take it back, as a new attempt with a higher token; the old token is dead."""
+    (a,) = await store.jobs_enqueue(jobs=[new(max_attempts=3)])
+    (first,) = await store.jobs_claim(owner="w1", queues=Q, limit=1, ttl=5)
+    done, (again,) = await store.jobs_finish_and_claim(
+        finishes=[Finish(first.lease, Outcome.RETRY, 0.0, "boom", "transient")],
+        owner="w1",
+        queues=Q,
+        limit=1,
+        ttl=5,
+    )
+    assert done == [True]
+    assert again.job.id == a
+    assert again.lease.token > first.lease.token
+    assert again.job.attempt == 2
+    assert await store.jobs_finish(finishes=[Finish(first.lease, Outcome.SUCCEEDED)]) == [False]
+
+
+async def test_blocking_enqueue_from_a_thread_is_the_same_enqueue(
+    store: Any, clock: FakeClock
+) -> None:
+    """A store that enqueues for synchronous callers on their own thread gives the same
+    ids, states and unique-key answers as ``jobs_enqueue``; one that cannot says so."""
+    if not store.capabilities.blocking_enqueue:
+        with pytest.raises(NotSupportedError):
+            store.jobs_enqueue_blocking(jobs=[new()])
+        return
+    (a,) = await asyncio.to_thread(store.jobs_enqueue_blocking, jobs=[new()])
+    b, c = await asyncio.to_thread(store.jobs_enqueue_blocking, jobs=[new(), new(delay=60)])
+    assert a < b < c
+    assert (await store.job_get(job_id=a)).state is JobState.QUEUED
+    later = await store.job_get(job_id=c)
+    assert later.state is JobState.SCHEDULED
+    assert later.run_at == pytest.approx(clock.now() + 60)
+    keyed = new(idempotency_key="k1", unique=Unique.ALWAYS)
+    (first,) = await asyncio.to_thread(store.jobs_enqueue_blocking, jobs=[keyed])
+    (again,) = await asyncio.to_thread(store.jobs_enqueue_blocking, jobs=[keyed])
+    assert first == again
+    assert await asyncio.to_thread(store.jobs_enqueue_blocking, jobs=[]) == []
+    claimed = await store.jobs_claim(owner="w", queues=Q, limit=10, ttl=5)
+    assert sorted(x.job.id for x in claimed) == [a, b, first]

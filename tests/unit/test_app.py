@@ -487,3 +487,39 @@ def test_task_is_directly_callable() -> None:
     """A Task object calls through to its handler (useful in tests)."""
     t = Task(name="t.call", fn=sample_task)
     assert t(None, 5) == 5
+
+
+@pytest.mark.parametrize("url", ["sqlite", "memory://"])
+def test_a_sync_enqueue_on_an_open_store_skips_the_event_loop(
+    url: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From ordinary code, once the store is open, a store that can enqueue on the
+    caller's thread does (no hop to the facade's loop and back); one that cannot goes
+    through the loop. Either way the jobs are there, in order."""
+    app = App(f"sqlite:///{tmp_path / 'fast.db'}" if url == "sqlite" else url)
+
+    @app.task(name="t.fast")
+    def handler(ctx: object, n: int) -> None:
+        """Never runs here."""
+
+    first = app.enqueue("t.fast", 0)  # opens the store, through the loop
+    through_loop: list[object] = []
+    real_run = app.run
+
+    def counting_run(fn: Any) -> Any:
+        through_loop.append(fn)
+        return real_run(fn)
+
+    monkeypatch.setattr(app, "run", counting_run)
+    ids = [app.enqueue("t.fast", n) for n in (1, 2)] + app.enqueue_many("t.fast", [(3,), (4,)])
+    fast = app.open_store().capabilities.blocking_enqueue
+    assert len(through_loop) == (0 if fast else 3)
+    assert url != "sqlite" or fast
+    assert [first, *ids] == sorted({first, *ids})
+    monkeypatch.undo()
+    jobs = app.run(lambda s: s.jobs_list(limit=10))
+    assert sorted(j.id for j in jobs) == [first, *ids]
+    app.close()
+    # Closed, the app opens its store again on the next enqueue.
+    assert app.enqueue("t.fast", 5) > ids[-1]
+    app.close()

@@ -867,3 +867,93 @@ async def test_placeholder_is_the_parameter_marker_of_the_stores_connection(
     from tokenline.stores import store_from_url
 
     assert store_from_url(store_url).capabilities.placeholder == marker
+
+
+# -- claims made with a batch of finishes ---------------------------------------------------
+
+
+class _CountingSlowClaims(MemoryStore):
+    """Counts claims, and makes each claim take a moment, so that the fetch loop's claim
+    and one made with a batch of finishes are in flight together."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+        self.claims = 0
+        self.finish_and_claims = 0
+
+    async def jobs_claim(self, **kwargs: Any) -> list[ClaimedJob]:
+        self.claims += 1
+        await asyncio.sleep(self.delay)
+        return await super().jobs_claim(**kwargs)
+
+    async def jobs_finish_and_claim(self, *, finishes: Any, limit: int, **kwargs: Any) -> Any:
+        self.finish_and_claims += 1
+        await asyncio.sleep(self.delay)
+        # The two steps of the memory store itself: not counted as the fetch loop's.
+        done = await MemoryStore.jobs_finish(self, finishes=finishes)
+        claimed = await MemoryStore.jobs_claim(self, limit=limit, **kwargs) if limit else []
+        return done, claimed
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+async def test_the_next_jobs_come_with_the_finish_and_never_exceed_the_concurrency(
+    concurrency: int,
+) -> None:
+    """A worker asks for its next jobs in the request that finishes the previous ones
+    (one round trip per job at concurrency 1), and the claims in flight together never
+    take more jobs than its concurrency."""
+    store = _CountingSlowClaims(delay=0.002)
+    app = App("memory://")
+    running_now = 0
+    most = 0
+
+    @app.task(name="t.count")
+    async def handler(ctx: JobContext) -> None:
+        nonlocal running_now, most
+        running_now += 1
+        most = max(most, running_now)
+        await asyncio.sleep(0.001)
+        running_now -= 1
+
+    n = 60
+    ids = [await app.enqueue_async("t.count", store=store) for _ in range(n)]
+    settings = WorkerSettings(
+        lease_ttl=30.0,
+        renew_interval=10.0,
+        poll_interval=0.02,
+        rescue_interval=10.0,
+        concurrency=concurrency,
+        concurrency_control="fixed",
+    )
+    worker = Worker(app, settings, store=store)
+    async with running(worker):
+        for jid in ids:
+            await job_in(store, jid, JobState.SUCCEEDED)
+    assert most <= concurrency
+    assert worker.counters.succeeded == n
+    # Most jobs arrived with a finish; the fetch loop claimed only to start and refill.
+    assert store.finish_and_claims >= n // (2 * concurrency)
+    if concurrency == 1:
+        assert store.claims <= n // 4
+
+
+def test_claims_in_flight_reserve_their_slots() -> None:
+    """The fetch loop's claim and one made with a batch of finishes can be in flight
+    together: each reserves the slots it asks for, so together they never ask for more
+    than the concurrency; a batch counts the slots it is about to free."""
+    app = App("memory://")
+    settings = WorkerSettings(concurrency=3, concurrency_control="fixed")
+    worker = Worker(app, settings, store=MemoryStore())
+    first = worker.reserve(0)
+    assert first == 3
+    assert worker.reserve(0) == 0
+    worker.release(first)
+    assert worker.reserve(0) == 3
+    worker.release(3)
+    # Two running jobs: one slot is free; a batch finishing both frees the other two.
+    worker._slots = {(1, 1): object(), (2, 1): object()}  # type: ignore[dict-item]
+    fetch = worker.reserve(0)
+    assert fetch == 1
+    assert worker.reserve(2) == 2
+    assert worker.reserve(2) == 0

@@ -308,6 +308,38 @@ class FaultStore(Store):
         """The inner store's, with the broker role's faults."""
         return await self._run("jobs_finish", lambda: self.inner.jobs_finish(finishes=finishes))
 
+    def jobs_enqueue_blocking(self, *, jobs: Sequence[NewJob]) -> list[int]:
+        """The inner store's, with the broker role's faults."""
+        plan = self._before_sync("jobs_enqueue_blocking")
+        ids = self.inner.jobs_enqueue_blocking(jobs=jobs)
+        if plan.fail_after:
+            raise self._inject("jobs_enqueue_blocking", "fail_after")
+        return ids
+
+    async def jobs_finish_and_claim(
+        self,
+        *,
+        finishes: Sequence[Finish],
+        owner: str,
+        queues: Sequence[str],
+        limit: int,
+        ttl: float,
+        priority_aging: float | None = None,
+    ) -> tuple[list[bool], list[ClaimedJob]]:
+        """The inner store's, with the broker role's faults: a ``fail_after`` loses the
+        answer to both, so the claimed jobs wait for their leases to expire."""
+        return await self._run(
+            "jobs_finish_and_claim",
+            lambda: self.inner.jobs_finish_and_claim(
+                finishes=finishes,
+                owner=owner,
+                queues=queues,
+                limit=limit,
+                ttl=ttl,
+                priority_aging=priority_aging,
+            ),
+        )
+
     async def job_complete(self, *, lease: Lease) -> None:
         """The inner store's, with the broker role's faults."""
         await self._run("job_complete", lambda: self.inner.job_complete(lease=lease))

@@ -92,6 +92,9 @@ class Capabilities:
     single_writer: bool = False
     #: The parameter marker of the connection a fenced transaction hands out.
     placeholder: str = "?"
+    #: ``jobs_enqueue_blocking``: an open store enqueues for a synchronous caller on the
+    #: caller's own thread, without an event loop in between.
+    blocking_enqueue: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +174,17 @@ class Broker(abc.ABC):
         (the outbox pattern). Stores that cannot do this raise NotSupportedError.
         """
 
+    def jobs_enqueue_blocking(self, *, jobs: Sequence[NewJob]) -> list[int]:
+        """:meth:`jobs_enqueue` for ordinary synchronous code, on the caller's thread
+        (any thread without a running event loop), once the store is open.
+
+        The same statement and guarantees as :meth:`jobs_enqueue`, without the hop to an
+        event loop: what makes a single enqueue from web code cheap. Stores that can
+        (``capabilities.blocking_enqueue``) override it; the others raise
+        :class:`NotSupportedError`, and the app goes through its event loop instead.
+        """
+        raise NotSupportedError(f"{type(self).__name__} has no blocking enqueue")
+
     # The timeout is the poll period, not a deadline for the caller to impose.
 
     @abc.abstractmethod
@@ -201,6 +215,32 @@ class Broker(abc.ABC):
         Returns, in order, whether each was accepted. Refused ones are recorded as stale
         commits.
         """
+
+    async def jobs_finish_and_claim(
+        self,
+        *,
+        finishes: Sequence[Finish],
+        owner: str,
+        queues: Sequence[str],
+        limit: int,
+        ttl: float,
+        priority_aging: float | None = None,
+    ) -> tuple[list[bool], list[ClaimedJob]]:
+        """:meth:`jobs_finish`, then :meth:`jobs_claim` of up to ``limit`` jobs: a
+        worker whose jobs just finished asks for the next ones in the same request.
+
+        Each finish is fenced by its own token exactly as in :meth:`jobs_finish`; the
+        claim is an ordinary claim. If the finish fails, nothing is claimed. Stores
+        override this to do both in one round trip (and one transaction); this default
+        makes the two calls.
+        """
+        done = await self.jobs_finish(finishes=finishes)
+        if limit <= 0:
+            return done, []
+        claimed = await self.jobs_claim(
+            owner=owner, queues=queues, limit=limit, ttl=ttl, priority_aging=priority_aging
+        )
+        return done, claimed
 
     @abc.abstractmethod
     async def jobs_rescue(self, *, limit: int = 1000) -> RescueReport:

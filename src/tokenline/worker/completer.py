@@ -2,25 +2,70 @@
 
 While one batch is in flight, new finishes queue up and go together in the next. Each
 row is still fenced by its own token inside the store.
+
+With a :class:`Refill`, a batch also claims the next jobs for the slots it frees
+(:meth:`~tokenline.stores.base.Broker.jobs_finish_and_claim`): a worker running one job
+at a time then pays one round trip per job instead of two. The claimed jobs are handed
+to the refill, which starts them, before the finished jobs' callers hear back, so the
+worker never sees a free slot that a claim in flight will fill.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
-from .._jobs import Finish
+from .._jobs import ClaimedJob, Finish
 from ..stores.base import Store
 
-__all__ = ["BatchCompleter"]
+__all__ = ["BatchCompleter", "ClaimArgs", "Refill"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimArgs:
+    """The claim's arguments besides its size (see ``Broker.jobs_claim``)."""
+
+    owner: str
+    queues: Sequence[str]
+    ttl: float
+    priority_aging: float | None
+
+
+class Refill(Protocol):
+    """Who claims with a batch: the worker, which knows its free slots."""
+
+    def reserve(self, freeing: int) -> int:
+        """How many jobs to claim with a batch that frees ``freeing`` slots, reserved
+        until :meth:`release` (0: none)."""
+        ...
+
+    def claim_args(self) -> ClaimArgs:
+        """The claim's arguments besides its size."""
+        ...
+
+    async def take(self, claimed: list[ClaimedJob], sent_at: float) -> None:
+        """Start the jobs claimed with a batch sent at monotonic time ``sent_at``."""
+        ...
+
+    def release(self, reserved: int) -> None:
+        """Give back a reservation of :meth:`reserve`."""
+        ...
+
+    def monotonic(self) -> float:
+        """The worker's monotonic clock."""
+        ...
 
 
 class BatchCompleter:
     """Collects :class:`Finish` requests and writes them in batches."""
 
-    def __init__(self, store: Store, *, max_batch: int = 500) -> None:
+    def __init__(self, store: Store, *, max_batch: int = 500, refill: Refill | None = None) -> None:
         self._store = store
         self._max_batch = max_batch
+        self._refill = refill
         self._pending: list[tuple[Finish, asyncio.Future[bool]]] = []
         self._wake = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
@@ -61,8 +106,28 @@ class BatchCompleter:
         del self._pending[: len(batch)]
         if not batch:
             return
+        finishes = [f for f, _ in batch]
+        refill = self._refill
+        limit = refill.reserve(len(batch)) if refill is not None else 0
         try:
-            results = await self._store.jobs_finish(finishes=[f for f, _ in batch])
+            try:
+                if refill is not None and limit > 0:
+                    sent_at = refill.monotonic()
+                    args = refill.claim_args()
+                    results, claimed = await self._store.jobs_finish_and_claim(
+                        finishes=finishes,
+                        owner=args.owner,
+                        queues=args.queues,
+                        limit=limit,
+                        ttl=args.ttl,
+                        priority_aging=args.priority_aging,
+                    )
+                    await refill.take(claimed, sent_at)
+                else:
+                    results = await self._store.jobs_finish(finishes=finishes)
+            finally:
+                if refill is not None and limit > 0:
+                    refill.release(limit)
         except Exception as exc:
             for _, fut in batch:
                 if not fut.done():

@@ -50,7 +50,7 @@ from ..backpressure import ErrorRateWindow, FailureKind, RetryBudget, make_limit
 from ..classify import Decision, ErrorClass, classify
 from ..dependencies import BreakerBoard
 from ..retry import RetryPolicy
-from .completer import BatchCompleter
+from .completer import BatchCompleter, ClaimArgs
 from .context import JobContext, decode_args
 from .guard import UNTRUSTED, Guarded, LeaseCheck
 from .resources import renew_resource_leases
@@ -136,6 +136,8 @@ class Worker:
         self._stop_requested = False
         self._stopped: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
+        #: Jobs asked for by claims in flight (see ``reserve``).
+        self._claiming = 0
         self._fencing = False
         self._drainer: asyncio.Task[None] | None = None
         self._completer: BatchCompleter | None = None
@@ -223,7 +225,7 @@ class Worker:
             self._store = self.app.open_store(timeout=self.settings.call_timeout)
         await self._store.open()
         self._board.bind(self._store)
-        self._completer = BatchCompleter(self._store)
+        self._completer = BatchCompleter(self._store, refill=self)
         self._completer.start()
         loop = asyncio.get_running_loop()
         if install_signal_handlers:
@@ -358,10 +360,8 @@ class Worker:
             if not self.state.may_fetch or self._stop_requested:
                 await asyncio.sleep(min(settings.poll_interval, 0.2))
                 continue
-            in_flight = len(self._slots)
-            # The adaptive limit, not only the configured concurrency, bounds the claim.
-            free = self._limiter.claim_batch(settings.concurrency - in_flight, in_flight=in_flight)
-            if free <= 0:
+            limit = self.reserve(0)
+            if limit <= 0:
                 self._slot_freed.clear()
                 # asyncio.timeout, never wait_for, around a suppressed TimeoutError: on
                 # Python 3.11, wait_for can turn the task's cancellation into a
@@ -370,34 +370,76 @@ class Worker:
                     async with asyncio.timeout(settings.poll_interval):
                         await self._slot_freed.wait()
                 continue
-            limit = min(free, settings.claim_batch or free)
             sent_at = self.clock.monotonic()
             try:
-                claimed = await self.store.jobs_claim(
-                    owner=self.id,
-                    queues=settings.queues,
-                    limit=limit,
-                    ttl=settings.lease_ttl,
-                    priority_aging=self.app.settings.priority_aging,
-                )
-            except StoreError as exc:
-                self._coordination_failed("claim", exc)
-                await asyncio.sleep(settings.poll_interval)
-                continue
-            if claimed and (not self.state.may_fetch or self._stop_requested):
-                # The worker fenced or began draining while the claim was in flight.
-                await self._release_unstarted(claimed)
-                continue
-            if claimed and self.clock.monotonic() - sent_at > settings.renew_interval:
-                claimed, sent_at = await self._refreshed(claimed)
-            if claimed and self._board.active:
-                claimed = await self._defer_held_back(claimed)
-            for c in claimed:
-                self._start(c, sent_at)
+                try:
+                    claimed = await self.store.jobs_claim(
+                        owner=self.id,
+                        queues=settings.queues,
+                        limit=limit,
+                        ttl=settings.lease_ttl,
+                        priority_aging=self.app.settings.priority_aging,
+                    )
+                except StoreError as exc:
+                    self._coordination_failed("claim", exc)
+                    await asyncio.sleep(settings.poll_interval)
+                    continue
+                await self.take(claimed, sent_at)
+            finally:
+                self.release(limit)
             if not claimed:
                 await self.store.wait_for_jobs(
                     queues=settings.queues, timeout=settings.poll_interval
                 )
+
+    # -- claims: the fetch loop's, and those the completer makes with a batch ------------
+    def reserve(self, freeing: int) -> int:
+        """How many jobs to claim now, once ``freeing`` running jobs have finished;
+        reserved until :meth:`release`, so that two claims in flight (the fetch loop's
+        and one made with a batch of finishes) never take more than the limit allows."""
+        if not self.state.may_fetch or self._stop_requested or self._fencing:
+            return 0
+        in_flight = len(self._slots) - freeing + self._claiming
+        # The adaptive limit, not only the configured concurrency, bounds the claim.
+        free = self._limiter.claim_batch(self.settings.concurrency - in_flight, in_flight=in_flight)
+        limit = min(free, self.settings.claim_batch or free)
+        if limit > 0:
+            self._claiming += limit
+        return limit
+
+    def release(self, reserved: int) -> None:
+        """Give back a reservation of :meth:`reserve`."""
+        if reserved > 0:
+            self._claiming -= reserved
+
+    def claim_args(self) -> ClaimArgs:
+        """This worker's claim, besides its size."""
+        return ClaimArgs(
+            owner=self.id,
+            queues=self.settings.queues,
+            ttl=self.settings.lease_ttl,
+            priority_aging=self.app.settings.priority_aging,
+        )
+
+    def monotonic(self) -> float:
+        """The worker's monotonic clock (when a claim was sent)."""
+        return self.clock.monotonic()
+
+    async def take(self, claimed: list[ClaimedJob], sent_at: float) -> None:
+        """Start jobs claimed by a request sent at ``sent_at`` (monotonic), unless the
+        worker stopped fetching meanwhile (then they are given back unrun)."""
+        if not claimed:
+            return
+        if not self.state.may_fetch or self._stop_requested or self._fencing:
+            # The worker fenced or began draining while the claim was in flight.
+            await self._release_unstarted(claimed)
+            return
+        if self.clock.monotonic() - sent_at > self.settings.renew_interval:
+            claimed, sent_at = await self._refreshed(claimed)
+        if claimed and self._board.active:
+            claimed = await self._defer_held_back(claimed)
+        for c in claimed:
+            self._start(c, sent_at)
 
     async def _refreshed(self, claimed: list[ClaimedJob]) -> tuple[list[ClaimedJob], float]:
         """Renew the leases of a claim that took long to answer (it waited for a store

@@ -116,6 +116,31 @@ FROM input AS i
      LEFT JOIN keys AS k ON i.uniq IS NOT NULL AND k.key = i.idempotency_key
 ORDER BY i.ord;
 
+-- name: enqueue_one
+-- One job without a unique key, the common single enqueue from web code: the same row
+-- and NOTIFY as enqueue, without its arrays and key table.
+WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
+timed AS (
+    SELECT c.now,
+           COALESCE(%(run_at)s::double precision,
+                    c.now + COALESCE(%(delay)s::double precision, 0)) AS run_at
+    FROM clock AS c
+),
+inserted AS (
+    INSERT INTO {schema}.jobs (queue, task, args, idempotency_key, priority, run_at,
+                               max_attempts, state, created_at, updated_at, timeout,
+                               max_lease_expiries)
+    SELECT %(queue)s::text, %(task)s::text, %(args)s::text, %(idempotency_key)s::text,
+           %(priority)s::integer, t.run_at, %(max_attempts)s::integer,
+           CASE WHEN t.run_at > t.now THEN 'scheduled' ELSE 'queued' END,
+           t.now, t.now, %(timeout)s::double precision, %(max_lease_expiries)s::integer
+    FROM timed AS t
+    RETURNING id, queue, state
+)
+-- NOTIFY is transactional: listeners hear of the job only once it is committed.
+SELECT id, CASE WHEN state = 'queued' THEN pg_notify(%(channel)s, queue) END
+FROM inserted;
+
 -- name: claim
 -- SKIP LOCKED: concurrent claimers never wait on each other and never take the same
 -- row; the token bump and the attempt row happen in this same statement.

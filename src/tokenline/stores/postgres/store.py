@@ -103,6 +103,7 @@ class PostgresStore(PostgresLedger, Store):
         notifications=True,
         ledger=True,
         placeholder="%s",
+        blocking_enqueue=True,
     )
 
     def __init__(
@@ -305,6 +306,27 @@ class PostgresStore(PostgresLedger, Store):
             await asyncio.to_thread(sync_pool.close)
 
     # -- broker ---------------------------------------------------------------------------
+    def _enqueue_statement(self, jobs: Sequence[NewJob]) -> tuple[str, dict[str, Any]]:
+        """The enqueue statement for ``jobs`` and its parameters: a lone job without a
+        unique key takes the single-row statement."""
+        if len(jobs) == 1 and jobs[0].unique is None:
+            j = jobs[0]
+            return self._q("enqueue_one"), {
+                "queue": j.queue,
+                "task": j.task,
+                "args": j.args,
+                "idempotency_key": j.idempotency_key,
+                "priority": j.priority,
+                "run_at": j.run_at,
+                "delay": j.delay,
+                "max_attempts": j.max_attempts,
+                "max_lease_expiries": j.max_lease_expiries,
+                "timeout": j.timeout,
+                "now": self._now(),
+                "channel": self.target.channel,
+            }
+        return self._q("enqueue"), self._enqueue_params(jobs)
+
     def _enqueue_params(self, jobs: Sequence[NewJob]) -> dict[str, Any]:
         return {
             "queue": [j.queue for j in jobs],
@@ -332,15 +354,15 @@ class PostgresStore(PostgresLedger, Store):
         """
         if not jobs:
             return []
-        params = self._enqueue_params(jobs)
+        query, params = self._enqueue_statement(jobs)
         if connection is None:
-            return [row[0] for row in await self._tuples(self._q("enqueue"), params)]
+            return [row[0] for row in await self._tuples(query, params)]
         if isinstance(connection, psycopg.Connection):
             # A sync caller (app.enqueue from ordinary code): blocking here is what
             # that caller asked for, on its own connection and thread.
             _require_transaction(connection)
             with self._translate():
-                rows = connection.cursor(row_factory=tuple_row).execute(self._q("enqueue"), params)
+                rows = connection.cursor(row_factory=tuple_row).execute(query, params)
                 return [row[0] for row in rows.fetchall()]
         if not isinstance(connection, psycopg.AsyncConnection):
             raise StoreError(
@@ -350,8 +372,24 @@ class PostgresStore(PostgresLedger, Store):
         _require_transaction(connection)
         with self._translate():
             cur = connection.cursor(row_factory=tuple_row)
-            await cur.execute(self._q("enqueue"), params)
+            await cur.execute(query, params)
             return [row[0] for row in await cur.fetchall()]
+
+    def jobs_enqueue_blocking(self, *, jobs: Sequence[NewJob]) -> list[int]:
+        """:meth:`jobs_enqueue` on a connection of the blocking pool, in the caller's
+        thread (the pool sync handlers' transactions use). Bounded by the statement
+        timeout; a server gone silent is noticed by the connection's keepalives."""
+        if not jobs:
+            return []
+        query, params = self._enqueue_statement(jobs)
+        pool, conn = self._checkout_sync()
+        try:
+            with self._translate():
+                cur = conn.cursor(row_factory=tuple_row)
+                cur.execute(query, params)
+                return [row[0] for row in cur.fetchall()]
+        finally:
+            pool.putconn(conn)
 
     async def wait_for_jobs(
         self,
@@ -376,7 +414,18 @@ class PostgresStore(PostgresLedger, Store):
         """Lease up to ``limit`` ready jobs to ``owner`` in one statement."""
         if limit <= 0 or not queues:
             return []
-        params = {
+        params = self._claim_params(owner, queues, limit, ttl, priority_aging)
+        return self._claimed(owner, await self._rows(self._q("claim"), params))
+
+    def _claim_params(
+        self,
+        owner: str,
+        queues: Sequence[str],
+        limit: int,
+        ttl: float,
+        priority_aging: float | None,
+    ) -> dict[str, Any]:
+        return {
             "owner": owner,
             "queues": list(queues),
             "limit": limit,
@@ -384,7 +433,9 @@ class PostgresStore(PostgresLedger, Store):
             "aging": priority_aging,
             "now": self._now(),
         }
-        rows = await self._rows(self._q("claim"), params)
+
+    @staticmethod
+    def _claimed(owner: str, rows: Sequence[DictRow]) -> list[ClaimedJob]:
         jobs = [job_from_row(r) for r in rows]
         return [
             ClaimedJob(j, Lease(j.id, owner, j.lease_token, j.lease_expires_at or 0.0))
@@ -437,8 +488,12 @@ class PostgresStore(PostgresLedger, Store):
 
     def _finish_steps(self, finishes: Sequence[Finish]) -> Steps[list[bool]]:
         """The fenced batch finish (one statement); whether each row was accepted."""
+        rows = yield from fetch_all(self._q("finish"), self._finish_params(finishes))
+        return self._accepted(finishes, rows)
+
+    def _finish_params(self, finishes: Sequence[Finish]) -> dict[str, Any]:
         moves = [finish_transition(f) for f in finishes]
-        params = {
+        return {
             "job_id": [f.lease.job_id for f in finishes],
             "token": [f.lease.token for f in finishes],
             "lease_owner": [f.lease.owner for f in finishes],
@@ -451,7 +506,10 @@ class PostgresStore(PostgresLedger, Store):
             "error_class": [f.error_class for f in finishes],
             "now": self._now(),
         }
-        accepted = {int(r[0]) for r in (yield from fetch_all(self._q("finish"), params))}
+
+    @staticmethod
+    def _accepted(finishes: Sequence[Finish], rows: Sequence[TupleRow]) -> list[bool]:
+        accepted = {int(r[0]) for r in rows}
         return [n + 1 in accepted for n in range(len(finishes))]
 
     async def jobs_finish(self, *, finishes: Sequence[Finish]) -> list[bool]:
@@ -459,6 +517,40 @@ class PostgresStore(PostgresLedger, Store):
         if not finishes:
             return []
         return await self._call(lambda conn: self._finish_on(conn, finishes))
+
+    async def jobs_finish_and_claim(
+        self,
+        *,
+        finishes: Sequence[Finish],
+        owner: str,
+        queues: Sequence[str],
+        limit: int,
+        ttl: float,
+        priority_aging: float | None = None,
+    ) -> tuple[list[bool], list[ClaimedJob]]:
+        """The fenced finish and the claim pipelined in one round trip: one
+        transaction (a single sync point), so one commit; a failed finish claims
+        nothing."""
+        if not finishes or limit <= 0 or not queues:
+            return await super().jobs_finish_and_claim(
+                finishes=finishes, owner=owner, queues=queues, limit=limit, ttl=ttl,
+                priority_aging=priority_aging,
+            )  # fmt: skip
+        finish_params = self._finish_params(finishes)
+        claim_params = self._claim_params(owner, queues, limit, ttl, priority_aging)
+
+        async def run(conn: AsyncConnection[Any]) -> tuple[list[bool], list[ClaimedJob]]:
+            # No sync between the two: the server runs them in one implicit transaction.
+            async with conn.pipeline():
+                fin = conn.cursor(row_factory=tuple_row)
+                await fin.execute(self._q("finish"), finish_params)
+                claim = conn.cursor(row_factory=dict_row)
+                await claim.execute(self._q("claim"), claim_params)
+                finished = await fin.fetchall()
+                claimed = await claim.fetchall()
+            return self._accepted(finishes, finished), self._claimed(owner, claimed)
+
+        return await self._call(run)
 
     async def _fence_check_on(self, conn: AsyncConnection[Any], lease: Lease) -> bool:
         """Lock the job row if ``lease`` still holds it (inside ``conn``'s transaction)."""

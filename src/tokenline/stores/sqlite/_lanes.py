@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from pathlib import Path
 from typing import TypeVar
 
@@ -91,19 +92,7 @@ class Lane:
         """Run ``fn`` on the lane's thread, abandoning it past ``deadline`` seconds
         (while ``keep_waiting(since)`` holds, the wait goes on)."""
         state = _Call()
-
-        def run() -> T:
-            with state.lock:
-                if state.abandoned:
-                    raise _Abandoned(f"SQLite store {str(path)!r}: call abandoned")
-                state.started = True
-            try:
-                return fn(lambda: state.abandoned)
-            finally:
-                with state.lock:
-                    state.finished = True
-
-        future = asyncio.ensure_future(self.run(run))
+        future = asyncio.ensure_future(self.run(self._guarded(fn, state, path)))
         try:
             while True:
                 began = time.monotonic()
@@ -118,6 +107,49 @@ class Lane:
             self._abandon(state)
             future.cancel()
             raise
+
+    def call_blocking(
+        self,
+        fn: Callable[[Callable[[], bool]], T],
+        *,
+        deadline: float,
+        path: Path,
+        keep_waiting: Callable[[float], bool] | None = None,
+    ) -> T:
+        """:meth:`call` for a synchronous caller on another thread (not the lane's)."""
+        state = _Call()
+        future = self.executor.submit(self._guarded(fn, state, path))
+        try:
+            while True:
+                began = time.monotonic()
+                try:
+                    return future.result(timeout=deadline)
+                except FutureTimeoutError:
+                    if keep_waiting is None or not keep_waiting(began):
+                        raise StoreUnavailableError(
+                            f"SQLite store {str(path)!r} did not answer within {deadline:g}s"
+                        ) from None
+        except BaseException:
+            self._abandon(state)
+            future.cancel()
+            raise
+
+    @staticmethod
+    def _guarded(
+        fn: Callable[[Callable[[], bool]], T], state: _Call, path: Path
+    ) -> Callable[[], T]:
+        def run() -> T:
+            with state.lock:
+                if state.abandoned:
+                    raise _Abandoned(f"SQLite store {str(path)!r}: call abandoned")
+                state.started = True
+            try:
+                return fn(lambda: state.abandoned)
+            finally:
+                with state.lock:
+                    state.finished = True
+
+        return run
 
     @staticmethod
     def _abandon(state: _Call) -> None:

@@ -154,7 +154,11 @@ class SQLiteStore(SQLiteLeases, SQLiteLedger, Store):
     """
 
     capabilities = Capabilities(
-        multi_process=True, transactional_completion=True, ledger=True, single_writer=True
+        multi_process=True,
+        transactional_completion=True,
+        ledger=True,
+        single_writer=True,
+        blocking_enqueue=True,
     )
 
     def __init__(
@@ -198,7 +202,24 @@ class SQLiteStore(SQLiteLeases, SQLiteLedger, Store):
 
     async def _on_main(self, call: Callable[[], T]) -> T:
         lane = self._lane(self._main)
+        return await lane.call(
+            self._waiting(call),
+            deadline=self._deadline,
+            keep_waiting=self._writers.held_since,
+            path=self.path,
+        )
 
+    def _on_main_blocking(self, call: Callable[[], T]) -> T:
+        """:meth:`_on_main` for a synchronous caller on its own thread."""
+        lane = self._lane(self._main)
+        return lane.call_blocking(
+            self._waiting(call),
+            deadline=self._deadline,
+            keep_waiting=self._writers.held_since,
+            path=self.path,
+        )
+
+    def _waiting(self, call: Callable[[], T]) -> Callable[[Callable[[], bool]], T]:
         def run(abandoned: Callable[[], bool]) -> T:
             # The connection's own busy wait is short (_POLL): the wait for another
             # connection's lock is this loop, so that it can end as soon as its caller
@@ -220,9 +241,7 @@ class SQLiteStore(SQLiteLeases, SQLiteLedger, Store):
                         continue
                     raise
 
-        return await lane.call(
-            run, deadline=self._deadline, keep_waiting=self._writers.held_since, path=self.path
-        )
+        return run
 
     async def _coord_call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` on the coordination thread (never behind a main-file call)."""
@@ -462,44 +481,6 @@ class SQLiteStore(SQLiteLeases, SQLiteLedger, Store):
         With ``connection`` (a ``sqlite3.Connection`` to this file inside the caller's
         open transaction) the rows are inserted in that transaction instead.
         """
-
-        def rows_for(now: float) -> list[dict[str, Any]]:
-            rows = []
-            for j in jobs:
-                run_at = j.run_at if j.run_at is not None else now + (j.delay or 0.0)
-                rows.append(
-                    {
-                        "queue": j.queue,
-                        "task": j.task,
-                        "args": j.args,
-                        "idempotency_key": j.idempotency_key,
-                        "priority": j.priority,
-                        "run_at": run_at,
-                        "max_attempts": j.max_attempts,
-                        "max_lease_expiries": j.max_lease_expiries,
-                        "state": "scheduled" if run_at > now else "queued",
-                        "now": now,
-                        "timeout": j.timeout,
-                    }
-                )
-            return rows
-
-        def run(conn: sqlite3.Connection) -> list[int]:
-            if any(j.unique is not None for j in jobs):
-                with self._write(conn):
-                    pairs = zip(rows_for(self.clock.now()), jobs, strict=True)
-                    return [insert_job(conn, Q["enqueue"], *rj) for rj in pairs]
-            with self._write(conn):
-                rows = rows_for(self.clock.now())
-                first = conn.execute(Q["last_job_id"]).fetchone()
-                conn.executemany(Q["enqueue"], rows)
-                last = conn.execute(Q["last_job_id"]).fetchone()[0]
-            start = (first[0] if first else 0) + 1
-            # AUTOINCREMENT under BEGIN IMMEDIATE: ids of this batch are contiguous.
-            if last - start + 1 != len(rows):
-                raise StoreError("enqueue ids are not contiguous; this is a bug")
-            return list(range(start, last + 1))
-
         if not jobs:
             return []
         if connection is not None:
@@ -510,10 +491,57 @@ class SQLiteStore(SQLiteLeases, SQLiteLedger, Store):
             with map_sqlite_errors(self.path):
                 # An unopened store (app.enqueue(connection=...)) reads the anchor only.
                 now = self.clock.now() if self._main is not None else self._peek_now()
-                rows = rows_for(now)
-                pairs = zip(rows, jobs, strict=True)
+                pairs = zip(self._enqueue_rows(jobs, now), jobs, strict=True)
                 return [insert_job(connection, Q["enqueue"], *rj) for rj in pairs]
-        return await self._call(run)
+        return await self._call(lambda conn: self._enqueue_on(conn, jobs))
+
+    @staticmethod
+    def _enqueue_rows(jobs: Sequence[NewJob], now: float) -> list[dict[str, Any]]:
+        rows = []
+        for j in jobs:
+            run_at = j.run_at if j.run_at is not None else now + (j.delay or 0.0)
+            rows.append(
+                {
+                    "queue": j.queue,
+                    "task": j.task,
+                    "args": j.args,
+                    "idempotency_key": j.idempotency_key,
+                    "priority": j.priority,
+                    "run_at": run_at,
+                    "max_attempts": j.max_attempts,
+                    "max_lease_expiries": j.max_lease_expiries,
+                    "state": "scheduled" if run_at > now else "queued",
+                    "now": now,
+                    "timeout": j.timeout,
+                }
+            )
+        return rows
+
+    def _enqueue_on(self, conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> list[int]:
+        """Insert ``jobs`` in one write transaction on ``conn`` (the main file's)."""
+        if len(jobs) == 1 or any(j.unique is not None for j in jobs):
+            # One row at a time, each id its own: a lone job needs nothing more.
+            with self._write(conn):
+                pairs = zip(self._enqueue_rows(jobs, self.clock.now()), jobs, strict=True)
+                return [insert_job(conn, Q["enqueue"], *rj) for rj in pairs]
+        with self._write(conn):
+            rows = self._enqueue_rows(jobs, self.clock.now())
+            first = conn.execute(Q["last_job_id"]).fetchone()
+            conn.executemany(Q["enqueue"], rows)
+            last = conn.execute(Q["last_job_id"]).fetchone()[0]
+        start = (first[0] if first else 0) + 1
+        # AUTOINCREMENT under BEGIN IMMEDIATE: ids of this batch are contiguous.
+        if last - start + 1 != len(rows):
+            raise StoreError("enqueue ids are not contiguous; this is a bug")
+        return list(range(start, last + 1))
+
+    def jobs_enqueue_blocking(self, *, jobs: Sequence[NewJob]) -> list[int]:
+        """:meth:`jobs_enqueue` on the store's own thread for the main file, the caller
+        waiting on its own thread (no event loop in between)."""
+        if not jobs:
+            return []
+        lane = self._lane(self._main)
+        return self._on_main_blocking(lambda: self._enqueue_on(lane.conns[0], jobs))
 
     async def jobs_claim(
         self,
@@ -529,51 +557,96 @@ class SQLiteStore(SQLiteLeases, SQLiteLedger, Store):
 
         def run(conn: sqlite3.Connection, coord: sqlite3.Connection) -> list[ClaimedJob]:
             with self._write(conn):
-                now = self.clock.now()  # after the lock (see the docstring)
-                candidates = []
-                for queue in dict.fromkeys(queues):
-                    candidates += claim_candidates(
-                        conn, queue=queue, now=now, limit=limit, aging=priority_aging
-                    )
-                if not candidates:
-                    return []
-                candidates.sort(key=lambda r: claim_key(r[1], r[2], r[0], now, priority_aging))
-                picked = candidates[:limit]
-                grants = json.dumps([[r[0], r[3] + 1] for r in picked])
-                with immediate(coord):
-                    coord.execute(
-                        CQ["job_leases_grant"],
-                        {"leases": grants, "owner": owner, "ttl": ttl, "now": now},
-                    )
-                ids = json.dumps([r[0] for r in picked])
-                params = {"owner": owner, "ids": ids, "ttl": ttl, "now": now}
-                rows = conn.execute(Q["claim"], params).fetchall()
-                granted = {r[0]: r[3] + 1 for r in picked}
-                if any(granted[r["id"]] != r["lease_token"] for r in rows):
-                    raise StoreError("a claim's token differs from its lease row; this is a bug")
-                conn.executemany(
-                    Q["attempt_start"],
-                    [
-                        {
-                            "job_id": r["id"],
-                            "token": r["lease_token"],
-                            "attempt": r["attempt"],
-                            "owner": owner,
-                            "now": now,
-                        }
-                        for r in rows
-                    ],
-                )
-            jobs = sorted(
-                (job_from_row(r) for r in rows),
-                key=lambda j: claim_key(j.priority, j.run_at, j.id, now, priority_aging),
-            )
-            return [
-                ClaimedJob(j, Lease(j.id, owner, j.lease_token, j.lease_expires_at or now + ttl))
-                for j in jobs
-            ]
+                return self._claim_in(conn, coord, owner, queues, limit, ttl, priority_aging)
 
         return await self._call_both(run)
+
+    async def jobs_finish_and_claim(
+        self,
+        *,
+        finishes: Sequence[Finish],
+        owner: str,
+        queues: Sequence[str],
+        limit: int,
+        ttl: float,
+        priority_aging: float | None = None,
+    ) -> tuple[list[bool], list[ClaimedJob]]:
+        """The fenced finish and the claim in one write transaction, one call."""
+
+        def run(
+            conn: sqlite3.Connection, coord: sqlite3.Connection
+        ) -> tuple[list[bool], list[ClaimedJob]]:
+            with self._write(conn):
+                done = self.finish_in(conn, finishes)
+                claimed = (
+                    self._claim_in(conn, coord, owner, queues, limit, ttl, priority_aging)
+                    if limit > 0
+                    else []
+                )
+                return done, claimed
+
+        if not finishes:
+            return [], await self.jobs_claim(
+                owner=owner, queues=queues, limit=limit, ttl=ttl, priority_aging=priority_aging
+            )
+        return await self._call_both(run)
+
+    def _claim_in(
+        self,
+        conn: sqlite3.Connection,
+        coord: sqlite3.Connection,
+        owner: str,
+        queues: Sequence[str],
+        limit: int,
+        ttl: float,
+        priority_aging: float | None,
+    ) -> list[ClaimedJob]:
+        """The claim, inside the caller's write transaction on the main file."""
+        if limit <= 0 or not queues:
+            return []
+        now = self.clock.now()  # after the lock (see the docstring)
+        candidates = []
+        for queue in dict.fromkeys(queues):
+            candidates += claim_candidates(
+                conn, queue=queue, now=now, limit=limit, aging=priority_aging
+            )
+        if not candidates:
+            return []
+        candidates.sort(key=lambda r: claim_key(r[1], r[2], r[0], now, priority_aging))
+        picked = candidates[:limit]
+        grants = json.dumps([[r[0], r[3] + 1] for r in picked])
+        with immediate(coord):
+            coord.execute(
+                CQ["job_leases_grant"],
+                {"leases": grants, "owner": owner, "ttl": ttl, "now": now},
+            )
+        ids = json.dumps([r[0] for r in picked])
+        params = {"owner": owner, "ids": ids, "ttl": ttl, "now": now}
+        rows = conn.execute(Q["claim"], params).fetchall()
+        granted = {r[0]: r[3] + 1 for r in picked}
+        if any(granted[r["id"]] != r["lease_token"] for r in rows):
+            raise StoreError("a claim's token differs from its lease row; this is a bug")
+        conn.executemany(
+            Q["attempt_start"],
+            [
+                {
+                    "job_id": r["id"],
+                    "token": r["lease_token"],
+                    "attempt": r["attempt"],
+                    "owner": owner,
+                    "now": now,
+                }
+                for r in rows
+            ],
+        )
+        jobs = sorted(
+            (job_from_row(r) for r in rows),
+            key=lambda j: claim_key(j.priority, j.run_at, j.id, now, priority_aging),
+        )
+        return [
+            ClaimedJob(j, Lease(j.id, owner, j.lease_token, j.lease_expires_at or now + ttl))
+            for j in jobs
+        ]
 
     @staticmethod
     def _record_stale(
