@@ -33,6 +33,8 @@ from tokenline.stores.sqlite import SQLiteStore
 
 #: The queries whose token checks the state-only stores remove.
 FENCED_QUERIES = ("finish", "fence_check", "transaction_begin", "job_leases_renew")
+#: PostgreSQL's effect_take checks the token itself too (effect_begin in one statement).
+POSTGRES_FENCED_QUERIES = (*FENCED_QUERIES, "effect_take")
 
 
 def without_fences(text: str) -> str:
@@ -73,7 +75,7 @@ def _state_only_postgres(url: str, **kwargs: Any) -> Store:
 
         def _q(self, name: str) -> str:
             text = super()._q(name)
-            return without_fences(text) if name in FENCED_QUERIES else text
+            return without_fences(text) if name in POSTGRES_FENCED_QUERIES else text
 
         async def _end_sessions(self, sessions: list[str]) -> None:
             # A state-only queue leaves a rescued attempt's transaction open, too.

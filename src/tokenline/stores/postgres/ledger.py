@@ -113,16 +113,22 @@ class PostgresLedger:
     async def effect_begin(self, *, lease: Lease, key: str) -> EffectBegin:
         """Take ``key`` for this attempt if allowed; see :meth:`Store.effect_begin`."""
 
+        params = {"key": key, **_lease_params(lease, self._now())}
+
         async def run(conn: AsyncConnection[Any]) -> EffectBegin:
+            cur = conn.cursor(row_factory=dict_row)
+            # The common case in one statement: the token holds and the key is free.
+            await cur.execute(self._q("effect_take"), params)
+            taken = await cur.fetchone()
+            if taken is not None:
+                return EffectBegin(Start.RUN, effect_from_row(taken))
+            # Otherwise a transaction finds out why, and records it.
             async with conn.transaction():
                 stale = by_attempt(key, DuplicateKind.STALE, "effect_begin", lease, 0.0)
                 if not await self._fence_check_on(conn, lease):
                     await self.record_duplicate_on(conn, stale)
                     return EffectBegin(Start.STALE, None)
-                cur = conn.cursor(row_factory=dict_row)
-                await cur.execute(
-                    self._q("effect_take"), {"key": key, **_lease_params(lease, self._now())}
-                )
+                await cur.execute(self._q("effect_take"), params)
                 taken = await cur.fetchone()
                 if taken is not None:
                     return EffectBegin(Start.RUN, effect_from_row(taken))

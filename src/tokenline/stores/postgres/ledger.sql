@@ -7,15 +7,26 @@
 -- by its newest committed version: two attempts racing for one key are serialised there.
 
 -- name: effect_take
--- Takes the key for (job_id, token) when may_take() in stores/memory/ledger.py allows it.
+-- Takes the key for (job_id, token) when may_take() in stores/memory/ledger.py allows it,
+-- and only while the attempt holds the job: its row is checked and locked first, as by
+-- fence_check, to the end of the statement's transaction (alone, in autocommit: a whole
+-- effect_begin in one round trip; no row, and the caller's transaction finds out why).
 -- The owner of a pending key is live while its job runs under that token, unexpired; our
 -- snapshot of another job can only be older than the truth, and an older view of a lease
 -- is never less live (an expired lease is never renewed back), so a live owner is never
 -- taken over.
-WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now)
+WITH fenced AS MATERIALIZED (
+    SELECT id FROM {schema}.jobs
+    WHERE id = %(job_id)s
+      AND lease_token = %(token)s AND lease_owner = %(owner)s  -- fence
+      AND state = 'running'
+    FOR NO KEY UPDATE
+),
+clock AS (SELECT {schema}.now_epoch(%(now)s) AS now)
 INSERT INTO {schema}.effects AS e (key, status, job_id, token, owner, runs, created_at,
                                    updated_at)
-SELECT %(key)s, 'pending', %(job_id)s, %(token)s, %(owner)s, 1, c.now, c.now FROM clock AS c
+SELECT %(key)s, 'pending', f.id, %(token)s, %(owner)s, 1, c.now, c.now
+FROM clock AS c, fenced AS f
 ON CONFLICT (key) DO UPDATE
 SET status = 'pending', job_id = excluded.job_id, token = excluded.token,
     owner = excluded.owner, runs = e.runs + 1, result = NULL, error = NULL,
