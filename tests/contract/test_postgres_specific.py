@@ -101,6 +101,24 @@ async def test_a_blocking_enqueue_wakes_wait_for_jobs_too(
     assert len(set(ids)) == batch
 
 
+async def test_a_copied_batch_is_all_or_nothing_and_notifies(
+    pg: PostgresStore, admin: psycopg.AsyncConnection[Any], postgres_schema: str
+) -> None:
+    """A large batch goes in by COPY in one transaction: a row the server refuses
+    leaves no job of the batch behind, and a batch that commits wakes waiters."""
+    bad = [new("a")] * 99 + [NewJob(queue="a", task="t", args='["\x00"]')]
+    with pytest.raises(StoreError):
+        await pg.jobs_enqueue(jobs=bad)
+    with pytest.raises(StoreError):
+        await asyncio.to_thread(pg.jobs_enqueue_blocking, jobs=bad)
+    assert await pg.jobs_list(limit=10) == []
+    waiter = asyncio.create_task(pg.wait_for_jobs(queues=["a"], timeout=30))
+    await listener_pid(admin, postgres_schema)
+    ids = await pg.jobs_enqueue(jobs=[new("a")] * 100)
+    await asyncio.wait_for(waiter, timeout=5)
+    assert len(ids) == 100
+
+
 async def test_lost_listener_falls_back_to_polling_and_comes_back(
     pg: PostgresStore, admin: psycopg.AsyncConnection[Any], postgres_schema: str
 ) -> None:

@@ -690,3 +690,26 @@ async def test_blocking_enqueue_from_a_thread_is_the_same_enqueue(
     assert await asyncio.to_thread(store.jobs_enqueue_blocking, jobs=[]) == []
     claimed = await store.jobs_claim(owner="w", queues=Q, limit=10, ttl=5)
     assert sorted(x.job.id for x in claimed) == [a, b, first]
+
+
+async def test_a_large_batch_keeps_order_times_and_states(store: Any, clock: FakeClock) -> None:
+    """A batch far larger than one job (copied in, where the store can) still returns
+    its ids in input order, runs each job by its own delay or run_at from the store's
+    clock, and can be claimed in that order."""
+    n = 300
+    jobs = [new(delay=30.0) if i % 3 == 0 else new(priority=i % 2) for i in range(n)]
+    ids = await store.jobs_enqueue(jobs=jobs)
+    assert len(set(ids)) == n
+    assert ids == sorted(ids)
+    scheduled = await store.job_get(job_id=ids[0])
+    assert scheduled.state is JobState.SCHEDULED
+    assert scheduled.run_at == pytest.approx(clock.now() + 30)
+    assert (await store.job_get(job_id=ids[1])).state is JobState.QUEUED
+    claimed = await store.jobs_claim(owner="w", queues=Q, limit=n, ttl=5)
+    ready = [i for n_, i in enumerate(ids) if n_ % 3 != 0]
+    assert sorted(c.job.id for c in claimed) == ready
+    # Priority 1 first, each priority in id order.
+    expected = [i for n_, i in enumerate(ids) if n_ % 3 and n_ % 2] + [
+        i for n_, i in enumerate(ids) if n_ % 3 and not n_ % 2
+    ]
+    assert [c.job.id for c in claimed] == expected

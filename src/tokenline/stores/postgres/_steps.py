@@ -14,7 +14,7 @@ of their answers exists once, in the steps.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
@@ -28,6 +28,7 @@ from ..._errors import StoreError
 __all__ = [
     "AsyncDriver",
     "Begin",
+    "Copy",
     "End",
     "InTransaction",
     "Query",
@@ -52,6 +53,14 @@ class Query:
 
 
 @dataclass(frozen=True, slots=True)
+class Copy:
+    """``COPY … FROM STDIN`` with ``rows`` (tuples in the statement's column order)."""
+
+    sql: str
+    rows: Sequence[tuple[Any, ...]]
+
+
+@dataclass(frozen=True, slots=True)
 class Begin:
     """Open a transaction (psycopg's ``conn.transaction()``, entered)."""
 
@@ -69,7 +78,7 @@ class InTransaction:
     """Answer whether the connection is inside a transaction (no round trip)."""
 
 
-Step: TypeAlias = Query | Begin | End | InTransaction
+Step: TypeAlias = Query | Copy | Begin | End | InTransaction
 #: A generator of steps returning ``T``.
 Steps: TypeAlias = Generator[Step, Any, T]
 
@@ -149,6 +158,11 @@ class SyncDriver:
             if step.fetch == "one":
                 return cur.fetchone()
             return cur.fetchall() if step.fetch == "all" else None
+        if isinstance(step, Copy):
+            with self.conn.cursor().copy(step.sql) as copy:
+                for row in step.rows:
+                    copy.write_row(row)
+            return None
         if isinstance(step, Begin):
             tx = self.conn.transaction()
             tx.__enter__()
@@ -192,6 +206,11 @@ class AsyncDriver:
             if step.fetch == "one":
                 return await cur.fetchone()
             return await cur.fetchall() if step.fetch == "all" else None
+        if isinstance(step, Copy):
+            async with self.conn.cursor().copy(step.sql) as copy:
+                for row in step.rows:
+                    await copy.write_row(row)
+            return None
         if isinstance(step, Begin):
             tx = self.conn.transaction()
             await tx.__aenter__()

@@ -141,6 +141,22 @@ inserted AS (
 SELECT id, CASE WHEN state = 'queued' THEN pg_notify(%(channel)s, queue) END
 FROM inserted;
 
+-- name: enqueue_ids
+-- A large batch without unique keys is copied in (enqueue_copy): its ids are drawn first,
+-- one per job, with the store's now for its run_at and state.
+SELECT nextval({job_ids}) AS id, {schema}.now_epoch(%(now)s) AS now
+FROM generate_series(1, %(n)s);
+
+-- name: enqueue_copy
+COPY {schema}.jobs (id, queue, task, args, idempotency_key, priority, run_at,
+                    max_attempts, state, created_at, updated_at, timeout,
+                    max_lease_expiries)
+FROM STDIN;
+
+-- name: enqueue_notify
+-- NOTIFY is transactional: listeners hear of the jobs only once they are committed.
+SELECT count(pg_notify(%(channel)s, q.queue)) FROM unnest(%(queues)s::text[]) AS q (queue);
+
 -- name: claim
 -- SKIP LOCKED: concurrent claimers never wait on each other and never take the same
 -- row; the token bump and the attempt row happen in this same statement.

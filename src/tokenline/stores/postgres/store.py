@@ -70,7 +70,17 @@ from ._migrations import (
     too_new,
     too_old,
 )
-from ._steps import AsyncDriver, Steps, execute, fetch_all, fetch_one
+from ._steps import (
+    AsyncDriver,
+    Begin,
+    Copy,
+    End,
+    Steps,
+    SyncDriver,
+    execute,
+    fetch_all,
+    fetch_one,
+)
 from ._target import Target, parse_url
 from ._transaction import PostgresFencedTransaction
 from .ledger import PostgresLedger
@@ -78,6 +88,9 @@ from .ledger import PostgresLedger
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
 log = logging.getLogger("tokenline.store.postgres")
+
+#: Batches of at least this many jobs without unique keys are copied in.
+COPY_THRESHOLD = 64
 
 T = TypeVar("T")
 
@@ -306,6 +319,12 @@ class PostgresStore(PostgresLedger, Store):
             await asyncio.to_thread(sync_pool.close)
 
     # -- broker ---------------------------------------------------------------------------
+    @staticmethod
+    def _copies(jobs: Sequence[NewJob]) -> bool:
+        """Whether ``jobs`` go in by COPY: a large batch without unique keys (a key
+        needs the statement's ON CONFLICT on the key table)."""
+        return len(jobs) >= COPY_THRESHOLD and all(j.unique is None for j in jobs)
+
     def _enqueue_statement(self, jobs: Sequence[NewJob]) -> tuple[str, dict[str, Any]]:
         """The enqueue statement for ``jobs`` and its parameters: a lone job without a
         unique key takes the single-row statement."""
@@ -345,6 +364,40 @@ class PostgresStore(PostgresLedger, Store):
             "channel": self.target.channel,
         }
 
+    def _enqueue_copy_steps(self, jobs: Sequence[NewJob]) -> Steps[list[int]]:
+        """A large batch without unique keys, in one transaction: ids drawn, rows
+        copied in (far cheaper per row than a statement's arrays), one NOTIFY per
+        queue with a job ready now."""
+        yield Begin()
+        try:
+            drawn = yield from fetch_all(
+                self._q("enqueue_ids"), {"n": len(jobs), "now": self._now()}
+            )
+            ids = sorted(int(r[0]) for r in drawn)
+            now = float(drawn[0][1])
+            rows = []
+            ready: set[str] = set()
+            for jid, j in zip(ids, jobs, strict=True):
+                run_at = j.run_at if j.run_at is not None else now + (j.delay or 0.0)
+                state = "scheduled" if run_at > now else "queued"
+                if state == "queued":
+                    ready.add(j.queue)
+                rows.append(
+                    (
+                        jid, j.queue, j.task, j.args, j.idempotency_key, j.priority, run_at,
+                        j.max_attempts, state, now, now, j.timeout, j.max_lease_expiries,
+                    )
+                )  # fmt: skip
+            yield Copy(self._q("enqueue_copy"), rows)
+            if ready:
+                params = {"channel": self.target.channel, "queues": sorted(ready)}
+                yield from execute(self._q("enqueue_notify"), params)
+        except BaseException as exc:
+            yield End(exc)
+            raise
+        yield End()
+        return ids
+
     async def jobs_enqueue(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[int]:
         """Insert all jobs with one statement and return their ids, in order.
 
@@ -354,6 +407,10 @@ class PostgresStore(PostgresLedger, Store):
         """
         if not jobs:
             return []
+        if connection is None and self._copies(jobs):
+            return await self._call(
+                lambda conn: AsyncDriver(conn).run(self._enqueue_copy_steps(jobs))
+            )
         query, params = self._enqueue_statement(jobs)
         if connection is None:
             return [row[0] for row in await self._tuples(query, params)]
@@ -385,6 +442,8 @@ class PostgresStore(PostgresLedger, Store):
         pool, conn = self._checkout_sync()
         try:
             with self._translate():
+                if self._copies(jobs):
+                    return SyncDriver(conn).run(self._enqueue_copy_steps(jobs))
                 cur = conn.cursor(row_factory=tuple_row)
                 cur.execute(query, params)
                 return [row[0] for row in cur.fetchall()]
