@@ -37,10 +37,18 @@ def _uri(path: Path, *, readonly: bool = False) -> str:
     return f"{uri}?mode=ro" if readonly else uri
 
 
+#: Pages of write-ahead log (4 KiB each) after which a commit checkpoints it into the file.
+#: SQLite's default, 1,000, had a job queue checkpoint every few dozen jobs, copying the
+#: same hot index pages back again and again inside the committing call: half of a
+#: claim's cost. Ten times that coalesces them (about 40 MB of log on disk).
+WAL_AUTOCHECKPOINT = 10_000
+
+
 def _tune(conn: sqlite3.Connection) -> sqlite3.Connection:
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA synchronous = NORMAL")
     conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT:d}")
     return conn
 
 
