@@ -74,6 +74,7 @@ from ._steps import AsyncDriver, Steps, execute, fetch_all, fetch_one
 from ._target import Target, parse_url
 from ._transaction import PostgresFencedTransaction
 from .ledger import PostgresLedger
+from .maintenance import PostgresMaintenance
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
@@ -87,7 +88,7 @@ _Q = {
 }
 
 
-class PostgresStore(PostgresLedger, Store):
+class PostgresStore(PostgresLedger, PostgresMaintenance, Store):
     """A store in a PostgreSQL schema (``postgresql://user@host/db?schema=name``).
 
     ``timeout`` bounds connecting, waiting for a pooled connection and each statement
