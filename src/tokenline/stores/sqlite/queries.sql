@@ -368,9 +368,11 @@ WHERE state IN ('succeeded', 'dead', 'cancelled')
   AND finished_at < :before;
 
 -- name: prune_jobs
+-- Rows picked in this same transaction; the state check is a second guard. Its "+"
+-- keeps SQLite on the primary key: by the state index it would scan every finished job.
 DELETE FROM tokenline_jobs
 WHERE id IN (SELECT value FROM json_each(:ids))
-  AND state IN ('succeeded', 'dead', 'cancelled');
+  AND +state IN ('succeeded', 'dead', 'cancelled');
 
 -- name: prune_attempts
 DELETE FROM tokenline_attempts WHERE job_id IN (SELECT value FROM json_each(:ids));
