@@ -48,6 +48,22 @@ def test_defaults_keep_dead_letters_longer_than_finished_jobs() -> None:
     )
 
 
+def test_services_take_their_settings() -> None:
+    """The pruner and the scheduler are built from the validated worker settings."""
+    from tokenline import App
+    from tokenline.maintenance.scheduler import Scheduler
+
+    settings = WorkerSettings(
+        retention_finished=100, retention_dead=200, retention_audit=300, prune_batch=7,
+        prune_interval=9, periodic_interval=0.5,
+    )  # fmt: skip
+    store = MemoryStore()
+    pruner = Pruner.from_settings(store, settings)
+    assert pruner.retention == Retention(100, 200, 300)
+    assert (pruner.batch, pruner.interval) == (7, 9)
+    assert Scheduler.from_settings(store, App("memory://"), settings).interval == 0.5
+
+
 async def test_run_once_prunes_in_batches_and_reports_counts(clock: FakeClock) -> None:
     """Every old finished job goes, batch after batch; dead ones wait for their own
     retention; the report and the counters say how many."""

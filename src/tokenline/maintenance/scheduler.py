@@ -44,6 +44,7 @@ from ._service import ServiceReport
 
 if TYPE_CHECKING:
     from .._app import App
+    from .._config import WorkerSettings
 
 __all__ = ["Scheduler"]
 
@@ -74,6 +75,11 @@ class Scheduler:
         self.grace = grace if grace is not None else 2 * interval
         self.max_per_pass = max_per_pass
         self.counters: Counter[str] = Counter()
+
+    @classmethod
+    def from_settings(cls, store: Store, app: App, settings: WorkerSettings) -> Scheduler:
+        """A scheduler of ``app``'s schedules, every ``settings.periodic_interval``."""
+        return cls(store, app, interval=settings.periodic_interval)
 
     async def run_once(
         self, *, leader: ResourceLease | None, dry_run: bool = False

@@ -33,20 +33,17 @@ from ..._jobs import (
     rescue_transition,
 )
 from ..._records import DuplicateKind, Fence
-from ..base import Capabilities, Depth, FencedTransaction, PruneKind, ResourceLease, Store
+from ..base import Capabilities, Depth, FencedTransaction, ResourceLease, Store
 from ._transaction import MemoryDatabase, MemoryFencedTransaction, refusal
 from .ledger import MemoryLedger
+from .maintenance import MemoryMaintenance
 
 __all__ = ["MemoryStore"]
 
 _READY = (JobState.QUEUED, JobState.SCHEDULED)
-_PRUNED = {
-    PruneKind.FINISHED: (JobState.SUCCEEDED, JobState.CANCELLED),
-    PruneKind.DEAD: (JobState.DEAD,),
-}
 
 
-class MemoryStore(MemoryLedger, Store):
+class MemoryStore(MemoryLedger, MemoryMaintenance, Store):
     """A store held in this process's memory; nothing survives the process."""
 
     capabilities = Capabilities(multi_process=False, transactional_completion=True, ledger=True)
@@ -502,79 +499,6 @@ class MemoryStore(MemoryLedger, Store):
         """Every named lease, held or not, by resource name."""
         with self._lock:
             return [self._leases[name] for name in sorted(self._leases)]
-
-    # -- maintenance ----------------------------------------------------------------------
-    def _check_leader(self, leader: ResourceLease, operation: str, now: float) -> None:
-        """Raise unless ``leader`` holds its lease now (called under the lock)."""
-        cur = self._leases.get(leader.resource)
-        if (
-            cur is None
-            or cur.owner != leader.owner
-            or cur.token != leader.token
-            or cur.expires_at <= now
-        ):
-            raise StaleTokenError(resource=leader.resource, token=leader.token, operation=operation)
-
-    def _prunable(self, kind: PruneKind, before: float) -> list[Any]:
-        """What ``kind`` holds older than ``before``, oldest first (under the lock)."""
-        if kind is PruneKind.STALE_COMMITS:
-            return [s for s in self._stale if s.at < before]
-        if kind is PruneKind.DUPLICATES:
-            return [d for d in self._duplicates if d.at < before]
-        states = _PRUNED[kind]
-        old = [
-            j
-            for j in self._jobs.values()
-            if j.state in states and j.finished_at is not None and j.finished_at < before
-        ]
-        return sorted(old, key=lambda j: (j.finished_at, j.id))
-
-    async def maintenance_prune(
-        self, *, leader: ResourceLease, kind: PruneKind, before: float, limit: int
-    ) -> int:
-        """Delete up to ``limit`` of the oldest rows of ``kind``; see the seam."""
-        with self._lock:
-            now = self.clock.now()
-            self._check_leader(leader, "prune", now)
-            victims = self._prunable(kind, before)[:limit]
-            if kind is PruneKind.STALE_COMMITS:
-                gone = {id(v) for v in victims}
-                self._stale = [s for s in self._stale if id(s) not in gone]
-            elif kind is PruneKind.DUPLICATES:
-                gone = {id(v) for v in victims}
-                self._duplicates = [d for d in self._duplicates if id(d) not in gone]
-            else:
-                ids = {j.id for j in victims}
-                for job_id in ids:
-                    del self._jobs[job_id]
-                    del self._attempts[job_id]
-                self._unique_forget(ids, now)
-            return len(victims)
-
-    async def maintenance_prunable(self, *, kind: PruneKind, before: float) -> int:
-        """How many rows of ``kind`` are older than ``before``."""
-        with self._lock:
-            return len(self._prunable(kind, before))
-
-    async def schedule_advance(
-        self, *, leader: ResourceLease, schedule: str, instant: float, job: NewJob | None
-    ) -> bool:
-        """Advance the schedule's mark to ``instant`` and enqueue ``job``, or nothing."""
-        with self._lock:
-            now = self.clock.now()
-            self._check_leader(leader, "schedule", now)
-            mark = self._marks.get(schedule)
-            if mark is not None and instant <= mark:
-                return False
-            self._marks[schedule] = instant
-            if job is not None:
-                self._insert(job, now)
-            return True
-
-    async def schedule_marks(self) -> dict[str, float]:
-        """Every schedule's mark."""
-        with self._lock:
-            return dict(self._marks)
 
     # -- transactions ---------------------------------------------------------------------
     def fenced_transaction(
