@@ -109,3 +109,12 @@ class Periodic:
             if nxt > after:  # croniter never goes back; this only guards the bound
                 found.append(nxt)
         return found
+
+    def latest(self, until: float) -> float:
+        """The schedule's last instant at or before ``until``."""
+        # Just after ``until``, so that an instant exactly at ``until`` counts.
+        it = croniter(self.cron, dt.datetime.fromtimestamp(until + 0.001, self.zone))
+        prev = float(it.get_prev(float))
+        while prev > until:
+            prev = float(it.get_prev(float))
+        return prev

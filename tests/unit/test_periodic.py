@@ -77,3 +77,27 @@ def test_two_different_schedules_cannot_share_a_name() -> None:
     with pytest.raises(ConfigError) as caught:
         register(app, cron="*/2 * * * *", name="n")
     assert caught.value.setting == "name"
+
+
+@pytest.mark.parametrize(("mode", "enqueued"), [("latest", 1), ("all", 1000)])
+async def test_after_a_long_outage_latest_runs_the_latest_instant(mode: str, enqueued: int) -> None:
+    """5,000 missed seconds: ``latest`` enqueues the last one (not the oldest of a
+    capped list); ``all`` catches up 1,000 per pass, oldest first."""
+    from tokenline._clock import FakeClock
+    from tokenline.maintenance.scheduler import Scheduler
+    from tokenline.stores import MemoryStore
+
+    clock = FakeClock()
+    app = App("memory://", clock=clock)
+    register(app, cron="* * * * * *", catch_up=mode)
+    store = MemoryStore(clock=clock)
+    lease = await store.resource_lease_acquire(resource="m", owner="a", ttl=1e6)
+    assert lease is not None
+    sched = Scheduler(store, app, max_per_pass=1000)
+    start = clock.now()
+    await sched.run_once(leader=lease)
+    clock.advance(5000)
+    report = await sched.run_once(leader=lease)
+    assert report.counts["periodic_enqueued"] == enqueued
+    marks = await store.schedule_marks()
+    assert marks["job"] == (clock.now() if mode == "latest" else start + 1000)

@@ -55,7 +55,8 @@ class Scheduler:
     ``grace``: in ``catch_up="skip"`` mode, how late (seconds, store time) an instant
     may be seen and still run; default twice the interval. ``max_per_pass``: most
     instants one schedule enqueues per pass (a long outage with ``"all"`` catches up
-    over several passes, in order).
+    over several passes, in order); in the other modes the latest instant is found
+    directly, and the skipped ones are counted up to this many.
     """
 
     name = "scheduler"
@@ -116,6 +117,11 @@ class Scheduler:
         due = schedule.instants(mark, now, self.max_per_pass)
         if not due:
             return
+        if schedule.catch_up != "all" and len(due) == self.max_per_pass:
+            # A long outage: the oldest instants are listed, the latest is what runs.
+            last = schedule.latest(now)
+            if last > due[-1]:
+                due.append(last)
         if schedule.catch_up == "all":
             run = due
         elif schedule.catch_up == "latest":
