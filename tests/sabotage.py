@@ -15,7 +15,11 @@ Worker processes import the apps below (``--app sabotage:…``) with this direct
   job's completion, which then goes through ``jobs_finish`` in a second commit — the
   effect and its ack apart, as in a queue without transactional completion;
 * **worker clock**: the worker's own wall clock handed to its store, as tokenline once
-  did.
+  did;
+* **markless stores**: a periodic schedule's high-water mark no longer refuses an
+  instant at or before it (the lines of ``schedule_advance`` ending in ``-- mark``
+  removed), so only the unique key — released once the job finishes — stands between a
+  finished instant and its second run.
 """
 
 from __future__ import annotations
