@@ -15,7 +15,11 @@ Worker processes import the apps below (``--app sabotage:…``) with this direct
   job's completion, which then goes through ``jobs_finish`` in a second commit — the
   effect and its ack apart, as in a queue without transactional completion;
 * **worker clock**: the worker's own wall clock handed to its store, as tokenline once
-  did.
+  did;
+* **markless stores**: a periodic schedule's high-water mark no longer refuses an
+  instant at or before it (the lines of ``schedule_advance`` ending in ``-- mark``
+  removed), so only the unique key — released once the job finishes — stands between a
+  finished instant and its second run.
 """
 
 from __future__ import annotations
@@ -163,3 +167,47 @@ unfenced = with_drill_tasks(SabotagedApp(state_only=True))
 split = with_drill_tasks(SabotagedApp(state_only=True, split=True))
 #: The drill's app with the worker's clock in the store (the clock_skew control).
 worker_clock = with_drill_tasks(WorkerClockApp(clock=drill.app.clock))
+
+
+# -- periodic jobs: the schedule's high-water mark check taken out ---------------------------
+def without_mark(text: str) -> str:
+    """``text`` without its lines that end in ``-- mark`` (there must be some)."""
+    lines = text.splitlines()
+    kept = [line for line in lines if not line.rstrip().endswith("-- mark")]
+    if len(kept) == len(lines):
+        raise ValueError("the schedule query has no line ending in '-- mark'")
+    return "\n".join(kept)
+
+
+class MarklessMemoryStore(MemoryStore):
+    """The in-memory store enqueuing every instant it is given, whatever the mark."""
+
+    async def schedule_advance(
+        self, *, leader: Any, schedule: str, instant: float, job: Any
+    ) -> bool:
+        with self._lock:
+            self._check_leader(leader, "schedule", self.clock.now())
+            self._marks[schedule] = max(instant, self._marks.get(schedule, instant))
+        if job is not None:
+            await self.jobs_enqueue(jobs=[job])
+        return True
+
+
+class MarklessSQLiteStore(SQLiteStore):
+    """The SQLite store whose schedule mark moves, and lets the job in, every time."""
+
+    def _q(self, name: str) -> str:
+        text = super()._q(name)
+        return without_mark(text) if name == "schedule_advance" else text
+
+
+def markless_postgres(url: str, **kwargs: Any) -> Store:
+    """A PostgreSQL store whose schedule mark never refuses an instant."""
+    from tokenline.stores.postgres import PostgresStore
+
+    class MarklessPostgresStore(PostgresStore):
+        def _q(self, name: str) -> str:
+            text = super()._q(name)
+            return without_mark(text) if name == "schedule_advance" else text
+
+    return MarklessPostgresStore(url, **kwargs)

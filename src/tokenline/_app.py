@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol, Self, TypeVar, overload
 
 from ._clock import Clock, SystemClock
 from ._config import Settings, load_settings
-from ._errors import InvalidInputError, PayloadError, UnknownTaskError
+from ._errors import ConfigError, InvalidInputError, PayloadError, UnknownTaskError
 from ._jobs import (
     MAX_INT_DIGITS,
     MAX_PAYLOAD_DEPTH,
@@ -31,6 +31,7 @@ from ._jobs import (
     run_at_problem,
     seconds_problem,
 )
+from ._periodic import Periodic
 from ._records import validate_key
 from ._tasks import Task
 from .backpressure.breaker import (
@@ -196,6 +197,7 @@ class App:
         self.classifier = classifier
         self.retry = RetryPolicy(base.retry_base, base.retry_cap)
         self._tasks: dict[str, Task] = {}
+        self._periodic: dict[str, Periodic] = {}
         #: Named dependencies, each behind a circuit breaker (:meth:`dependency`).
         self.dependencies = DependencyRegistry()
         self._portal = _Portal()
@@ -275,6 +277,68 @@ class App:
 
         return register(fn) if fn is not None else register
 
+    def periodic(
+        self,
+        *,
+        cron: str,
+        timezone: str = "UTC",
+        catch_up: str = "latest",
+        queue: str | None = None,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> Callable[[F], F]:
+        """Register a function as a task that the maintenance leader enqueues at every
+        instant of ``cron`` in ``timezone`` (an IANA name; never the machine's zone).
+
+        ``catch_up``: instants missed while no leader ran — ``"all"`` enqueues each,
+        ``"latest"`` the most recent only, ``"skip"`` none. ``args``/``kwargs`` are the
+        job's arguments, checked now like an enqueue's; ``queue`` overrides the task's.
+        ``name`` names the task and the schedule (default: the task's name). A function
+        already registered with :meth:`task` keeps its options. Each instant is
+        enqueued at most once, whatever happens to the leader (``scheduler.py``); a bad
+        cron, zone or mode is a :class:`ConfigError` naming it, here.
+        """
+
+        def register(func: F) -> F:
+            known = next((t for t in self._tasks.values() if t.fn is func), None)
+            task_name = known.name if known is not None else name
+            if task_name is None:
+                task_name = f"{func.__module__}.{func.__qualname__}"
+            # The schedule first: a bad one registers nothing, not even the task.
+            schedule = Periodic(
+                name=name or task_name,
+                task=task_name,
+                cron=cron,
+                timezone=timezone,
+                catch_up=catch_up,
+                queue=queue,
+                args=tuple(args),
+                kwargs=dict(kwargs or {}),
+            )
+            if schedule.name in self._periodic and self._periodic[schedule.name] != schedule:
+                raise ConfigError("name", f"a periodic schedule named {schedule.name!r} exists")
+            task = known
+            if task is None:
+                self.task(name=task_name)(func)
+                task = self._tasks[task_name]
+            try:
+                # The arguments must make a valid job: better now than at every instant.
+                self.build_job(task, schedule.args, schedule.kwargs, queue=queue)
+            except InvalidInputError:
+                if known is None:
+                    del self._tasks[task_name]
+                raise
+            self._periodic[schedule.name] = schedule
+            return func
+
+        return register
+
+    @property
+    def periodics(self) -> Mapping[str, Periodic]:
+        """Registered periodic schedules by name."""
+        return dict(self._periodic)
+
     def dependency(
         self,
         name: str,
@@ -316,6 +380,7 @@ class App:
         objects, with every option they were registered with."""
         moved = App(url, settings=self.settings, clock=self.clock, classifier=self.classifier)
         moved._tasks.update(self._tasks)
+        moved._periodic.update(self._periodic)
         for dependency in self.dependencies.values():
             moved.dependencies.add(dependency)
         return moved

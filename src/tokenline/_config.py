@@ -105,6 +105,13 @@ class Settings:
         _positive("priority_aging", self.priority_aging)
 
 
+#: Default retention of succeeded and cancelled jobs (seconds): 7 days.
+DEFAULT_RETENTION_FINISHED = 7 * 86_400.0
+#: Default retention of dead jobs (seconds): 30 days, for operators to inspect.
+DEFAULT_RETENTION_DEAD = 30 * 86_400.0
+#: Default retention of the audit rows: refused stale commits and duplicates (30 days).
+DEFAULT_RETENTION_AUDIT = 30 * 86_400.0
+
 #: The values of ``WorkerSettings.concurrency_control``.
 CONCURRENCY_CONTROLS = ("aimd", "gradient", "fixed")
 
@@ -161,6 +168,20 @@ class WorkerSettings:
     pause_window: float = 30.0
     #: Jobs needed in the window before the error rate may pause the worker.
     pause_min_jobs: int = 20
+    #: Retention (seconds) of succeeded and cancelled jobs, with their attempts and
+    #: released unique keys, counted from when they finished; at least ``lease_ttl``.
+    retention_finished: float = DEFAULT_RETENTION_FINISHED
+    #: Retention (seconds) of dead jobs, likewise; at least ``lease_ttl``.
+    retention_dead: float = DEFAULT_RETENTION_DEAD
+    #: Retention (seconds) of refused stale commits and recorded duplicates (the audit);
+    #: at least ``lease_ttl``. Effect records and fences are never pruned.
+    retention_audit: float = DEFAULT_RETENTION_AUDIT
+    #: Seconds between two prunes by the maintenance leader.
+    prune_interval: float = 60.0
+    #: Rows deleted per prune transaction: small, so no lock is held for long.
+    prune_batch: int = 1000
+    #: Seconds between two passes of the periodic-job scheduler (maintenance leader).
+    periodic_interval: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.queues, str):
@@ -222,6 +243,17 @@ class WorkerSettings:
             if getattr(self, name) > 1:
                 raise ConfigError(name, f"must be a share from 0 to 1, got {getattr(self, name)!r}")
         _positive_int("pause_min_jobs", self.pause_min_jobs)
+        for name in ("retention_finished", "retention_dead", "retention_audit"):
+            _positive(name, getattr(self, name))
+            if getattr(self, name) < self.lease_ttl:
+                raise ConfigError(
+                    name,
+                    f"must be at least lease_ttl ({self.lease_ttl:g}s): a row must outlive "
+                    f"every lease that may still write about it; got {getattr(self, name):g}s",
+                )
+        _positive("prune_interval", self.prune_interval)
+        _positive_int("prune_batch", self.prune_batch)
+        _positive("periodic_interval", self.periodic_interval)
 
     @property
     def call_timeout(self) -> float:

@@ -69,6 +69,7 @@ __all__ = [
     "FencedTransaction",
     "Leases",
     "Ledger",
+    "PruneKind",
     "ResourceLease",
     "Role",
     "Store",
@@ -159,6 +160,23 @@ class Role(enum.StrEnum):
     BROKER = "broker"
     LEASES = "leases"
     LEDGER = "ledger"
+
+
+class PruneKind(enum.StrEnum):
+    """What :meth:`Broker.maintenance_prune` deletes, each past its own retention.
+
+    ``finished``: succeeded and cancelled jobs; ``dead``: dead jobs (dead letters are
+    for operators: they get a retention of their own). A pruned job takes its attempts
+    and its released unique key with it (a key held for good, ``unique="always"``
+    without ``unique_for``, stays). ``stale_commits`` and ``duplicates``: audit rows.
+    Effect records and fences are never pruned: they are what refuses a repeated
+    business effect or a stale write, whatever their age.
+    """
+
+    FINISHED = "finished"
+    DEAD = "dead"
+    STALE_COMMITS = "stale_commits"
+    DUPLICATES = "duplicates"
 
 
 class Broker(abc.ABC):
@@ -298,6 +316,46 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     async def stale_commits(self, *, limit: int = 100) -> tuple[int, list[StaleCommit]]:
         """The total number of refused stale writes and the most recent ones."""
+
+    # -- maintenance (run by the leader; see maintenance/) -------------------------------
+    # Not abstract: a store without them says so (NotSupportedError), the rest of the
+    # contract still holds.
+
+    async def maintenance_prune(
+        self, *, leader: ResourceLease, kind: PruneKind, before: float, limit: int
+    ) -> int:
+        """Delete up to ``limit`` rows of ``kind`` (see :class:`PruneKind`) that
+        finished, or were recorded, before ``before`` (epoch seconds, the store's
+        clock), in one short transaction; return how many (jobs, for the
+        job kinds).
+
+        The transaction first checks that ``leader`` still holds its resource lease
+        (same owner and token, unexpired by the store's clock); if not, nothing is
+        deleted and :class:`StaleTokenError` is raised. A queued, scheduled or running
+        job, and a held unique key, are never touched.
+        """
+        raise NotSupportedError(f"{type(self).__name__} does not prune")
+
+    async def maintenance_prunable(self, *, kind: PruneKind, before: float) -> int:
+        """How many rows :meth:`maintenance_prune` would delete in all (dry runs)."""
+        raise NotSupportedError(f"{type(self).__name__} does not prune")
+
+    async def schedule_advance(
+        self, *, leader: ResourceLease, schedule: str, instant: float, job: NewJob | None
+    ) -> bool:
+        """Move ``schedule``'s high-water mark to ``instant`` and enqueue ``job`` (if
+        any) in the same transaction, only if the mark is below ``instant``.
+
+        ``True`` when the mark moved (and the job was enqueued); ``False`` when the
+        mark was already at or past ``instant``: that instant was handled before, by
+        this leader or another, and nothing is written. The transaction first checks
+        ``leader`` as :meth:`maintenance_prune` does (:class:`StaleTokenError`).
+        """
+        raise NotSupportedError(f"{type(self).__name__} does not run periodic jobs")
+
+    async def schedule_marks(self) -> dict[str, float]:
+        """Every schedule's high-water mark: the last instant it handled (epoch s)."""
+        raise NotSupportedError(f"{type(self).__name__} does not run periodic jobs")
 
     # -- conveniences built on the primitives ---------------------------------------------
     async def wait_for_jobs(self, *, queues: Sequence[str], timeout: float) -> None:  # noqa: ASYNC109

@@ -90,6 +90,15 @@ class MemoryLedger:
         job = self._jobs.get(held.job_id)
         return held.while_active and job is not None and job.state in _FINISHED
 
+    def _unique_forget(self, job_ids: set[int], now: float) -> None:
+        """Drop the keys of pruned ``job_ids`` that no longer keep anything out: a key
+        held for good (``always``, no ``unique_for``) stays."""
+        for key, held in list(self._unique.items()):
+            if held.job_id in job_ids and (
+                held.while_active or (held.held_until is not None and held.held_until <= now)
+            ):
+                del self._unique[key]
+
     # -- effects --------------------------------------------------------------------------
     def _duplicate(
         self, key: str, kind: DuplicateKind, operation: str, lease: Lease, now: float

@@ -36,13 +36,14 @@ from ..._records import DuplicateKind, Fence
 from ..base import Capabilities, Depth, FencedTransaction, ResourceLease, Store
 from ._transaction import MemoryDatabase, MemoryFencedTransaction, refusal
 from .ledger import MemoryLedger
+from .maintenance import MemoryMaintenance
 
 __all__ = ["MemoryStore"]
 
 _READY = (JobState.QUEUED, JobState.SCHEDULED)
 
 
-class MemoryStore(MemoryLedger, Store):
+class MemoryStore(MemoryLedger, MemoryMaintenance, Store):
     """A store held in this process's memory; nothing survives the process."""
 
     capabilities = Capabilities(multi_process=False, transactional_completion=True, ledger=True)
@@ -57,6 +58,7 @@ class MemoryStore(MemoryLedger, Store):
         self._stale: list[StaleCommit] = []
         self._workers: dict[str, WorkerRecord] = {}
         self._leases: dict[str, ResourceLease] = {}
+        self._marks: dict[str, float] = {}
         self._ledger_init()
         #: The business database handed to ``ctx.transaction()`` (in-memory SQLite).
         self.database = MemoryDatabase()
@@ -77,41 +79,41 @@ class MemoryStore(MemoryLedger, Store):
             raise NotSupportedError("the in-memory store has no transactions to enqueue in")
         with self._lock:
             now = self.clock.now()
-            ids = []
-            for new in jobs:
-                if new.unique is not None:
-                    holder = self._unique_holder(new, self._next_id, now)
-                    if holder is not None:
-                        ids.append(holder)
-                        continue
-                run_at = new.run_at if new.run_at is not None else now + (new.delay or 0.0)
-                job = Job(
-                    id=self._next_id,
-                    queue=new.queue,
-                    task=new.task,
-                    args=new.args,
-                    idempotency_key=new.idempotency_key,
-                    priority=new.priority,
-                    run_at=run_at,
-                    attempt=0,
-                    max_attempts=new.max_attempts,
-                    max_lease_expiries=new.max_lease_expiries,
-                    state=JobState.SCHEDULED if run_at > now else JobState.QUEUED,
-                    lease_owner=None,
-                    lease_token=0,
-                    lease_expires_at=None,
-                    last_error=None,
-                    error_class=None,
-                    created_at=now,
-                    updated_at=now,
-                    finished_at=None,
-                    timeout=new.timeout,
-                )
-                self._jobs[job.id] = job
-                self._attempts[job.id] = []
-                ids.append(job.id)
-                self._next_id += 1
-            return ids
+            return [self._insert(new, now) for new in jobs]
+
+    def _insert(self, new: NewJob, now: float) -> int:
+        """Insert one job under the lock; a unique job whose key is held: its holder."""
+        if new.unique is not None:
+            holder = self._unique_holder(new, self._next_id, now)
+            if holder is not None:
+                return holder
+        run_at = new.run_at if new.run_at is not None else now + (new.delay or 0.0)
+        job = Job(
+            id=self._next_id,
+            queue=new.queue,
+            task=new.task,
+            args=new.args,
+            idempotency_key=new.idempotency_key,
+            priority=new.priority,
+            run_at=run_at,
+            attempt=0,
+            max_attempts=new.max_attempts,
+            max_lease_expiries=new.max_lease_expiries,
+            state=JobState.SCHEDULED if run_at > now else JobState.QUEUED,
+            lease_owner=None,
+            lease_token=0,
+            lease_expires_at=None,
+            last_error=None,
+            error_class=None,
+            created_at=now,
+            updated_at=now,
+            finished_at=None,
+            timeout=new.timeout,
+        )
+        self._jobs[job.id] = job
+        self._attempts[job.id] = []
+        self._next_id += 1
+        return job.id
 
     async def jobs_claim(
         self,

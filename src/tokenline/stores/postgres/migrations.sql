@@ -207,3 +207,14 @@ ALTER TABLE {schema}.workers ADD COLUMN concurrency_limit integer;
 -- bounds how far aging can lift any of its jobs (see the claim query).
 CREATE INDEX jobs_ready_age ON {schema}.jobs (queue, run_at)
     WHERE state IN ('queued', 'scheduled');
+
+-- name: migration_0009_retention_schedules
+-- Retention: finished jobs are found per state and age in one index range. Periodic
+-- jobs: each schedule's high-water mark, the last instant it handled (scheduler.py).
+CREATE INDEX jobs_finished ON {schema}.jobs (state, finished_at)
+    WHERE state IN ('succeeded', 'dead', 'cancelled');
+CREATE TABLE {schema}.schedules (
+    name       text             PRIMARY KEY,
+    mark       double precision NOT NULL,
+    updated_at double precision NOT NULL
+);

@@ -645,3 +645,82 @@ ORDER BY resource COLLATE "C";
 UPDATE {schema}.leases
 SET expires_at = LEAST(expires_at, {schema}.now_epoch(%(now)s))
 WHERE resource = %(resource)s AND owner = %(owner)s AND token = %(token)s;
+
+-- name: leader_holds
+-- Run first in every maintenance write transaction. FOR SHARE keeps the lease row as it
+-- is until we commit: a takeover (an UPDATE of that row) waits for us, so our write
+-- lands wholly before the new leader's token exists.
+SELECT 1 FROM {schema}.leases
+WHERE resource = %(resource)s AND owner = %(owner)s AND token = %(token)s
+  AND expires_at > {schema}.now_epoch(%(now)s)
+FOR SHARE;
+
+-- name: prune_finished
+-- One batch of succeeded and cancelled jobs; their attempts go by ON DELETE CASCADE,
+-- their unique keys when they keep nothing out any more (a key held for good,
+-- unique='always' without unique_for, stays). States are literals so that the partial
+-- index jobs_finished serves every plan, prepared or not.
+WITH picked AS (
+    SELECT id, idempotency_key FROM {schema}.jobs
+    WHERE state IN ('succeeded', 'cancelled') AND finished_at < %(before)s
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+keys AS (
+    DELETE FROM {schema}.unique_keys AS k USING picked AS p
+    WHERE k.key = p.idempotency_key AND k.job_id = p.id
+      AND (k.while_active
+           OR (k.held_until IS NOT NULL AND k.held_until <= {schema}.now_epoch(%(now)s)))
+)
+DELETE FROM {schema}.jobs AS j USING picked AS p WHERE j.id = p.id;
+
+-- name: prune_dead
+WITH picked AS (
+    SELECT id, idempotency_key FROM {schema}.jobs
+    WHERE state = 'dead' AND finished_at < %(before)s
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+keys AS (
+    DELETE FROM {schema}.unique_keys AS k USING picked AS p
+    WHERE k.key = p.idempotency_key AND k.job_id = p.id
+      AND (k.while_active
+           OR (k.held_until IS NOT NULL AND k.held_until <= {schema}.now_epoch(%(now)s)))
+)
+DELETE FROM {schema}.jobs AS j USING picked AS p WHERE j.id = p.id;
+
+-- name: prune_finished_count
+SELECT count(*) FROM {schema}.jobs
+WHERE state IN ('succeeded', 'cancelled') AND finished_at < %(before)s;
+
+-- name: prune_dead_count
+SELECT count(*) FROM {schema}.jobs WHERE state = 'dead' AND finished_at < %(before)s;
+
+-- name: prune_stale_commits
+DELETE FROM {schema}.stale_commits
+WHERE id IN (SELECT id FROM {schema}.stale_commits WHERE at < %(before)s
+             ORDER BY id LIMIT %(limit)s);
+
+-- name: prune_stale_commits_count
+SELECT count(*) FROM {schema}.stale_commits WHERE at < %(before)s;
+
+-- name: prune_duplicates
+DELETE FROM {schema}.duplicates
+WHERE id IN (SELECT id FROM {schema}.duplicates WHERE at < %(before)s LIMIT %(limit)s);
+
+-- name: prune_duplicates_count
+SELECT count(*) FROM {schema}.duplicates WHERE at < %(before)s;
+
+-- name: schedule_advance
+-- Moves the mark only forwards: no row comes back when it is already at or past the
+-- instant, and then the caller enqueues nothing. The row lock of ON CONFLICT orders
+-- two writers of one schedule; the second sees the first's mark.
+WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now)
+INSERT INTO {schema}.schedules AS s (name, mark, updated_at)
+SELECT %(name)s, %(instant)s, c.now FROM clock AS c
+ON CONFLICT (name) DO UPDATE SET mark = excluded.mark, updated_at = excluded.updated_at
+WHERE s.mark < excluded.mark  -- mark
+RETURNING s.name;
+
+-- name: schedule_marks
+SELECT name, mark FROM {schema}.schedules ORDER BY name COLLATE "C";

@@ -84,6 +84,7 @@ from ._steps import (
 from ._target import Target, parse_url
 from ._transaction import PostgresFencedTransaction
 from .ledger import PostgresLedger
+from .maintenance import PostgresMaintenance
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
@@ -100,7 +101,7 @@ _Q = {
 }
 
 
-class PostgresStore(PostgresLedger, Store):
+class PostgresStore(PostgresLedger, PostgresMaintenance, Store):
     """A store in a PostgreSQL schema (``postgresql://user@host/db?schema=name``).
 
     ``timeout`` bounds connecting, waiting for a pooled connection and each statement

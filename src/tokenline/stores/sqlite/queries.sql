@@ -329,3 +329,83 @@ ALTER TABLE tokenline_jobs ADD COLUMN max_lease_expiries INTEGER NOT NULL DEFAUL
 CREATE INDEX IF NOT EXISTS tokenline_jobs_ready_age
     ON tokenline_jobs (queue, run_at)
     WHERE state IN ('queued', 'scheduled');
+
+-- name: schema_v6
+-- Retention: finished jobs are found per state and age in one index range. Periodic
+-- jobs: each schedule's high-water mark, the last instant it handled (scheduler.py).
+CREATE INDEX IF NOT EXISTS tokenline_jobs_finished
+    ON tokenline_jobs (state, finished_at)
+    WHERE state IN ('succeeded', 'dead', 'cancelled');
+CREATE TABLE IF NOT EXISTS tokenline_schedules (
+    name       TEXT PRIMARY KEY,
+    mark       REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+
+-- name: leader_holds
+-- Run first in every maintenance write transaction (BEGIN IMMEDIATE on the main file).
+-- The coordination file says whether the lease is held and unexpired; the main file's
+-- highest issued token, read under its write lock, says no newer leader exists: a
+-- takeover raises it under that same lock, so it lands wholly before or after us.
+SELECT 1 FROM coord.resource_leases AS l
+WHERE l.resource = :resource AND l.owner = :owner AND l.token = :token
+  AND l.expires_at > :now
+  AND NOT EXISTS (SELECT 1 FROM tokenline_lease_tokens AS t
+                  WHERE t.resource = :resource AND t.token > :token);
+
+-- name: prune_jobs_pick
+-- The first IN repeats the partial index's condition, so that SQLite may use it.
+SELECT id, idempotency_key FROM tokenline_jobs
+WHERE state IN ('succeeded', 'dead', 'cancelled')
+  AND state IN (SELECT value FROM json_each(:states))
+  AND finished_at < :before
+LIMIT :limit;
+
+-- name: prune_jobs_count
+SELECT count(*) FROM tokenline_jobs
+WHERE state IN ('succeeded', 'dead', 'cancelled')
+  AND state IN (SELECT value FROM json_each(:states))
+  AND finished_at < :before;
+
+-- name: prune_jobs
+-- Rows picked in this same transaction; the state check is a second guard. Its "+"
+-- keeps SQLite on the primary key: by the state index it would scan every finished job.
+DELETE FROM tokenline_jobs
+WHERE id IN (SELECT value FROM json_each(:ids))
+  AND +state IN ('succeeded', 'dead', 'cancelled');
+
+-- name: prune_attempts
+DELETE FROM tokenline_attempts WHERE job_id IN (SELECT value FROM json_each(:ids));
+
+-- name: prune_unique_keys
+-- Only keys the pruned jobs held and that keep nothing out any more: a key held for
+-- good (unique="always" without unique_for) stays.
+DELETE FROM tokenline_unique_keys
+WHERE key IN (SELECT value FROM json_each(:keys))
+  AND job_id IN (SELECT value FROM json_each(:ids))
+  AND (while_active OR (held_until IS NOT NULL AND held_until <= :now));
+
+-- name: prune_stale_commits
+DELETE FROM tokenline_stale_commits
+WHERE id IN (SELECT id FROM tokenline_stale_commits WHERE at < :before ORDER BY id LIMIT :limit);
+
+-- name: prune_stale_commits_count
+SELECT count(*) FROM tokenline_stale_commits WHERE at < :before;
+
+-- name: prune_duplicates
+DELETE FROM tokenline_duplicates
+WHERE id IN (SELECT id FROM tokenline_duplicates WHERE at < :before LIMIT :limit);
+
+-- name: prune_duplicates_count
+SELECT count(*) FROM tokenline_duplicates WHERE at < :before;
+
+-- name: schedule_advance
+-- Moves the mark only forwards: no row comes back when it is already at or past the
+-- instant, and then the caller enqueues nothing.
+INSERT INTO tokenline_schedules (name, mark, updated_at) VALUES (:name, :instant, :now)
+ON CONFLICT (name) DO UPDATE SET mark = excluded.mark, updated_at = excluded.updated_at
+WHERE tokenline_schedules.mark < excluded.mark  -- mark
+RETURNING name;
+
+-- name: schedule_marks
+SELECT name, mark FROM tokenline_schedules ORDER BY name;

@@ -88,12 +88,13 @@ from ._errors import SQLiteBusyError, map_sqlite_errors
 from ._lanes import Lane, Writers
 from .leases import SQLiteLeases
 from .ledger import LQ, SQLiteLedger, insert_job
+from .maintenance import SQLiteMaintenance
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
 log = logging.getLogger("tokenline.store.sqlite")
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 Q = load_queries(__name__.rpartition(".")[0])
 CQ = load_queries(__name__.rpartition(".")[0], "coord.sql")
 #: Version of the coordination file's schema (its own ``user_version``).
@@ -146,7 +147,7 @@ def finish_params(fin: Finish, now: float) -> dict[str, Any]:
     }
 
 
-class SQLiteStore(SQLiteLeases, SQLiteLedger, Store):
+class SQLiteStore(SQLiteLeases, SQLiteLedger, SQLiteMaintenance, Store):
     """A store in one SQLite file and its coordination file (``sqlite:///path.db``).
 
     ``clock`` replaces the store's own clock (tests); by default it is the machine's
@@ -376,6 +377,7 @@ class SQLiteStore(SQLiteLeases, SQLiteLedger, Store):
                 (2, Q["schema_v3"]),
                 (3, Q["schema_v4"]),
                 (4, Q["schema_v5"]),
+                (5, Q["schema_v6"]),
             ]
             for since, script in steps:
                 if version <= since:

@@ -1,0 +1,120 @@
+"""Periodic jobs: a task, a cron expression, an explicit time zone, a catch-up mode.
+
+``@app.periodic(cron="*/5 * * * *", timezone="Europe/Paris", catch_up="latest")``
+registers the function as a task and as a schedule; the maintenance leader's scheduler
+(``maintenance/scheduler.py``) enqueues one job per instant.
+
+* **cron**: five fields (minute hour day month weekday), or six with seconds last
+  (``"*/10 * * * * *"``: every 10 seconds), parsed by ``croniter``.
+* **timezone**: an IANA zone name (``"UTC"``, ``"Europe/Paris"``), never the machine's:
+  the cron's times are wall-clock times in that zone. Across daylight saving time, the
+  instants are croniter's: a time that a spring-forward skips runs at the first valid
+  time after it (02:30 → 03:00), a time that a fall-back repeats runs at both of its
+  instants (they are an hour apart).
+* **catch_up**: what to do with instants missed while no leader ran the scheduler
+  (:data:`CATCH_UP`): ``"all"`` enqueues every one, ``"latest"`` only the most recent,
+  ``"skip"`` none — only an instant seen on time (within the scheduler's grace) runs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+
+from ._errors import ConfigError
+from ._jobs import check_queue_name, describe
+from ._records import MAX_KEY_LENGTH
+
+__all__ = ["CATCH_UP", "Periodic"]
+
+#: The values of ``catch_up``.
+CATCH_UP = ("all", "latest", "skip")
+
+
+@dataclass(frozen=True, slots=True)
+class Periodic:
+    """One schedule: which task runs, with which arguments, at which instants.
+
+    ``name`` identifies the schedule in the store (its high-water mark) and in each
+    job's idempotency key (``periodic:<name>:<instant in UTC>``); it defaults to the
+    task's name. Every field is checked here: a bad one is a :class:`ConfigError`
+    naming it, when the decorator runs (at import, before any worker starts).
+    """
+
+    name: str
+    task: str
+    cron: str
+    timezone: str = "UTC"
+    catch_up: str = "latest"
+    queue: str | None = None
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    zone: ZoneInfo = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cron, str) or not croniter.is_valid(self.cron):
+            raise ConfigError(
+                "cron",
+                f"not a valid cron expression: {describe(self.cron)} (five fields: minute "
+                "hour day month weekday; or six, with seconds last)",
+            )
+        if not isinstance(self.timezone, str) or not self.timezone:
+            raise ConfigError(
+                "timezone", f"must be an IANA zone name, got {describe(self.timezone)}"
+            )
+        try:
+            zone = ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ConfigError(
+                "timezone",
+                f"unknown time zone {describe(self.timezone)} (an IANA name such as "
+                "'UTC' or 'Europe/Paris')",
+            ) from None
+        object.__setattr__(self, "zone", zone)
+        if self.catch_up not in CATCH_UP:
+            raise ConfigError(
+                "catch_up", f"must be one of {', '.join(CATCH_UP)}, got {describe(self.catch_up)}"
+            )
+        if self.queue is not None:
+            try:
+                check_queue_name(self.queue)
+            except ValueError as exc:
+                raise ConfigError("queue", str(exc)) from None
+        if not isinstance(self.name, str) or not self.name or len(self.key(0.0)) > MAX_KEY_LENGTH:
+            raise ConfigError(
+                "name", f"must be a short non-empty string, got {describe(self.name)}"
+            )
+        object.__setattr__(self, "args", tuple(self.args))
+        object.__setattr__(self, "kwargs", dict(self.kwargs))
+
+    def key(self, instant: float) -> str:
+        """The idempotency key of the job of ``instant`` (epoch seconds)."""
+        when = dt.datetime.fromtimestamp(instant, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return f"periodic:{self.name}:{when}"
+
+    def instants(self, after: float, until: float, limit: int) -> list[float]:
+        """The schedule's instants in ``(after, until]``, oldest first, at most
+        ``limit`` of them (the oldest)."""
+        it = croniter(self.cron, dt.datetime.fromtimestamp(after, self.zone))
+        found: list[float] = []
+        while len(found) < limit:
+            nxt = float(it.get_next(float))
+            if nxt > until:
+                break
+            if nxt > after:  # croniter never goes back; this only guards the bound
+                found.append(nxt)
+        return found
+
+    def latest(self, until: float) -> float:
+        """The schedule's last instant at or before ``until``."""
+        # Just after ``until``, so that an instant exactly at ``until`` counts.
+        it = croniter(self.cron, dt.datetime.fromtimestamp(until + 0.001, self.zone))
+        prev = float(it.get_prev(float))
+        while prev > until:
+            prev = float(it.get_prev(float))
+        return prev

@@ -1,0 +1,103 @@
+"""``@app.periodic``: bad input is refused at registration, naming the setting."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tokenline import App
+from tokenline._errors import ConfigError, InvalidInputError
+
+
+def register(app: App, **options: Any) -> None:
+    def job(ctx: Any) -> None:
+        """A periodic task."""
+
+    app.periodic(**{"name": "job", **options})(job)
+
+
+@pytest.mark.parametrize(
+    ("options", "setting"),
+    [
+        ({"cron": "61 * * * *"}, "cron"),
+        ({"cron": "every minute"}, "cron"),
+        ({"cron": ""}, "cron"),
+        ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "timezone"),
+        ({"cron": "* * * * *", "timezone": ""}, "timezone"),
+        ({"cron": "* * * * *", "timezone": "../etc/passwd"}, "timezone"),
+        ({"cron": "* * * * *", "catch_up": "some"}, "catch_up"),
+        ({"cron": "* * * * *", "queue": "bad queue"}, "queue"),
+    ],
+)
+def test_bad_schedule_settings_are_refused_by_name(options: dict[str, Any], setting: str) -> None:
+    """An invalid cron, zone, catch-up mode or queue is a ConfigError naming it."""
+    app = App("memory://")
+    with pytest.raises(ConfigError) as caught:
+        register(app, **options)
+    assert caught.value.setting == setting
+    assert app.periodics == {}
+    assert app.tasks == {}
+
+
+def test_arguments_are_checked_like_an_enqueue() -> None:
+    """Arguments that could not make a job are refused at registration."""
+    app = App("memory://")
+    with pytest.raises(InvalidInputError):
+        register(app, cron="* * * * *", args=[object()])
+    assert app.tasks == {}
+    assert app.periodics == {}
+
+
+def test_a_schedule_registers_its_task_and_keeps_its_options() -> None:
+    """The function becomes a task; the schedule names it, with its zone and mode."""
+    app = App("memory://")
+
+    @app.periodic(
+        cron="*/5 * * * *", timezone="Europe/Paris", catch_up="all", args=[1], name="report"
+    )
+    def report(ctx: Any, n: int) -> None:
+        """A periodic task."""
+
+    (schedule,) = app.periodics.values()
+    assert schedule.task in app.tasks
+    assert (schedule.cron, schedule.timezone, schedule.catch_up, schedule.args) == (
+        "*/5 * * * *",
+        "Europe/Paris",
+        "all",
+        (1,),
+    )
+    assert app.on("memory://").periodics == app.periodics
+
+
+def test_two_different_schedules_cannot_share_a_name() -> None:
+    """Each name has one mark in the store: a second schedule of that name is refused."""
+    app = App("memory://")
+    register(app, cron="* * * * *", name="n")
+    with pytest.raises(ConfigError) as caught:
+        register(app, cron="*/2 * * * *", name="n")
+    assert caught.value.setting == "name"
+
+
+@pytest.mark.parametrize(("mode", "enqueued"), [("latest", 1), ("all", 1000)])
+async def test_after_a_long_outage_latest_runs_the_latest_instant(mode: str, enqueued: int) -> None:
+    """5,000 missed seconds: ``latest`` enqueues the last one (not the oldest of a
+    capped list); ``all`` catches up 1,000 per pass, oldest first."""
+    from tokenline._clock import FakeClock
+    from tokenline.maintenance.scheduler import Scheduler
+    from tokenline.stores import MemoryStore
+
+    clock = FakeClock()
+    app = App("memory://", clock=clock)
+    register(app, cron="* * * * * *", catch_up=mode)
+    store = MemoryStore(clock=clock)
+    lease = await store.resource_lease_acquire(resource="m", owner="a", ttl=1e6)
+    assert lease is not None
+    sched = Scheduler(store, app, max_per_pass=1000)
+    start = clock.now()
+    await sched.run_once(leader=lease)
+    clock.advance(5000)
+    report = await sched.run_once(leader=lease)
+    assert report.counts["periodic_enqueued"] == enqueued
+    marks = await store.schedule_marks()
+    assert marks["job"] == (clock.now() if mode == "latest" else start + 1000)
