@@ -101,6 +101,39 @@ _Q = {
 }
 
 
+def fuse_finish_claim(finish: str, claim: str) -> str:
+    """One statement that runs the ``finish`` query's steps, then the ``claim`` query's
+    (queries.sql), answering each claimed row with the finished rows' ordinals beside it
+    (``finished_ords``; one row with a NULL ``id`` when nothing was claimed).
+
+    Both are lists of CTEs over one ``clock``; the claim's are kept whole, the finish's
+    join them without their own clock. One statement sees one snapshot: a job the finish
+    makes ready again is not among the claim's candidates (the next claim takes it). The
+    rows they update are apart: the finish's are running, the claim's queued. Built from
+    the two texts rather than written a third time; a change of their shape that this
+    cannot follow is an error at the first use, not a different statement.
+    """
+    head, tail = "WITH ", "\nSELECT ord FROM done;"
+    claim_head, claim_tail = "WITH RECURSIVE ", "\nSELECT cl.*\nFROM claimed AS cl, clock AS c\n"
+    if not (finish.startswith(head) and finish.endswith(tail)):
+        raise StoreError("the finish query no longer has the shape finish_claim expects")
+    if not (claim.startswith(claim_head) and claim_tail in claim):
+        raise StoreError("the claim query no longer has the shape finish_claim expects")
+    finish_ctes = [
+        line
+        for line in finish[len(head) : -len(tail)].split("\n")
+        if not line.startswith("clock AS (")
+    ]
+    claim_ctes, order = claim[len(claim_head) :].split(claim_tail, 1)
+    return (
+        f"{claim_head}{claim_ctes},\n"
+        + "\n".join(finish_ctes)
+        + "\nSELECT (SELECT array_agg(ord) FROM done) AS finished_ords, cl.*\n"
+        + "FROM (SELECT 1) AS one LEFT JOIN claimed AS cl ON true, clock AS c\n"
+        + order
+    )
+
+
 class PostgresStore(PostgresLedger, PostgresMaintenance, Store):
     """A store in a PostgreSQL schema (``postgresql://user@host/db?schema=name``).
 
@@ -139,6 +172,7 @@ class PostgresStore(PostgresLedger, PostgresMaintenance, Store):
         self.migrate_on_open = migrate
         self.max_connections = max_connections
         self._queries = {name: compose(text, self.schema) for name, text in _Q.items()}
+        self._finish_claim: str | None = None
         self._schema_tag = f"{zlib.crc32(self.schema.encode()):08x}"
         self._pool: AsyncConnectionPool[AsyncConnection[TupleRow]] | None = None
         # Sync handlers' fenced transactions run in their own threads: they get blocking
@@ -588,29 +622,25 @@ class PostgresStore(PostgresLedger, PostgresMaintenance, Store):
         ttl: float,
         priority_aging: float | None = None,
     ) -> tuple[list[bool], list[ClaimedJob]]:
-        """The fenced finish and the claim pipelined in one round trip: one
-        transaction (a single sync point), so one commit; a failed finish claims
-        nothing."""
+        """The fenced finish and the claim in one statement (see :func:`fuse_finish_claim`):
+        one round trip, one commit; a failed finish claims nothing."""
         if not finishes or limit <= 0 or not queues:
             return await super().jobs_finish_and_claim(
                 finishes=finishes, owner=owner, queues=queues, limit=limit, ttl=ttl,
                 priority_aging=priority_aging,
             )  # fmt: skip
-        finish_params = self._finish_params(finishes)
-        claim_params = self._claim_params(owner, queues, limit, ttl, priority_aging)
-
-        async def run(conn: AsyncConnection[Any]) -> tuple[list[bool], list[ClaimedJob]]:
-            # No sync between the two: the server runs them in one implicit transaction.
-            async with conn.pipeline():
-                fin = conn.cursor(row_factory=tuple_row)
-                await fin.execute(self._q("finish"), finish_params)
-                claim = conn.cursor(row_factory=dict_row)
-                await claim.execute(self._q("claim"), claim_params)
-                finished = await fin.fetchall()
-                claimed = await claim.fetchall()
-            return self._accepted(finishes, finished), self._claimed(owner, claimed)
-
-        return await self._call(run)
+        if self._finish_claim is None:
+            # From _q's texts, so a subclass that rewrites those rewrites this too.
+            self._finish_claim = fuse_finish_claim(self._q("finish"), self._q("claim"))
+        params = {
+            **self._finish_params(finishes),
+            **self._claim_params(owner, queues, limit, ttl, priority_aging),
+        }
+        rows = await self._rows(self._finish_claim, params)
+        accepted = set(rows[0]["finished_ords"] or ())
+        done = [n + 1 in accepted for n in range(len(finishes))]
+        claimed = [r for r in rows if r["id"] is not None]
+        return done, self._claimed(owner, claimed)
 
     async def _fence_check_on(self, conn: AsyncConnection[Any], lease: Lease) -> bool:
         """Lock the job row if ``lease`` still holds it (inside ``conn``'s transaction)."""
