@@ -10,12 +10,17 @@ breaker open, the ``emails`` queue paused.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from tokenline import App
 from tokenline._jobs import NewJob, WorkerRecord
 from tokenline.stores import Store, store_from_url
+
+T = TypeVar("T")
 
 #: The resource lease the tests release.
 LEASE_KEY = "account:42"
@@ -75,6 +80,13 @@ async def _fill(store: Store, faulty: bool) -> Filled:
     return queued, [r.job_id for r in running], doomed.job_id, lease.token, states
 
 
+def run_apart(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """``fn()`` run to completion on an event loop of its own thread: callable where a
+    loop already runs (Playwright's sync API keeps one on the main thread)."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(fn())).result()
+
+
 def populate(tmp_path: Path, *, faulty: bool = False) -> State:
     """A store in ``tmp_path`` as described in the module docstring, and its app."""
     url = f"sqlite:///{tmp_path / 'dash.db'}"
@@ -87,7 +99,7 @@ def populate(tmp_path: Path, *, faulty: bool = False) -> State:
         finally:
             await store.close()
 
-    queued, running, dead, token, workers = asyncio.run(run())
+    queued, running, dead, token, workers = run_apart(run)
     app = App(url)
     app.dependency(BREAKER)
     return State(url, app, queued, running, dead, token, workers)
