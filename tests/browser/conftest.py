@@ -2,13 +2,12 @@
 Chromium through Playwright.
 
 One browser per test module; one store and one server per test (a fresh SQLite store
-in ``tmp_path``, see ``dashboard_state``). Chromium is Debian's (``/usr/bin/chromium``,
-or ``TOKENLINE_TEST_CHROMIUM``): Playwright's own browser download is never used. A
-missing browser or Playwright skips the tests, and fails them in CI.
+in ``tmp_path``, see ``dashboard_state``). Chromium is Debian's: see the ``chromium``
+fixture of the root conftest.
 
-Screenshots go to ``TOKENLINE_TEST_SCREENSHOTS`` when set (``make`` ignores nothing
-there: choose a directory outside the repository or a git-ignored one), else to the
-test's ``tmp_path``; every path written is listed at the end of the run.
+Screenshots go to ``TOKENLINE_TEST_SCREENSHOTS`` when set (a directory outside the
+repository, or a git-ignored one: screenshots are artefacts, never committed), else to
+the test's ``tmp_path``; every path written is listed at the end of the run.
 """
 
 from __future__ import annotations
@@ -23,10 +22,8 @@ from typing import Any
 
 import pytest
 
-from conftest import unavailable
 from dashboard_state import State, populate
 
-CHROMIUM = os.environ.get("TOKENLINE_TEST_CHROMIUM", "/usr/bin/chromium")
 TOKEN = "browser-operator-token"
 #: Longest a page, a server start or a refresh may take on a slow, shared machine.
 DEADLINE = 60.0
@@ -35,16 +32,12 @@ _SCREENSHOTS: list[Path] = []
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+def browser(chromium: str) -> Iterator[Any]:
     """A headless Chromium, shared by the tests of one module."""
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        unavailable("playwright is not installed: pip install -e '.[dev]'")
-    if not Path(CHROMIUM).exists():
-        unavailable(f"no Chromium at {CHROMIUM}: apt-get install chromium")
+    from playwright.sync_api import sync_playwright
+
     with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True)
+        b = pw.chromium.launch(executable_path=chromium, headless=True)
         try:
             yield b
         finally:

@@ -152,8 +152,14 @@ def test_screenshot_of_the_overview_during_a_fault(
     """The overview during a fault (a worker fenced, a breaker open, a queue paused, a
     dead letter) says so, and is kept as a screenshot."""
     page.goto("/")
+    # A second look a moment later gives the charts two samples to draw (not checked).
+    page.wait_for_timeout(1100)
+    page.reload()
     verdict = page.locator("#verdict").inner_text()
     assert "Dependency down" in verdict
+    findings = ("payments", "fenced: w-fenced", "draining: w-draining", "paused: emails")
+    for finding in (*findings, "dead letters: 1 in default"):
+        assert finding in verdict
     assert "FAILING" not in page.locator("#channels").inner_text()
     path = screenshot_dir / "overview-during-fault.png"
     page.screenshot(path=str(path), full_page=True)

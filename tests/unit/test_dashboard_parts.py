@@ -98,6 +98,20 @@ def test_verdict_tells_coordination_from_compute(change: dict[str, str], headlin
         o.channels[change["failing"]] = {**OK, "ok": False, "failure": "slow"}
     if "breaker" in change:
         o.dependencies = {"payments": {"state": "open", "open_until": 200.0, "prober": None}}
-    level, title, _ = o.verdict()
+    level, title, findings = o.verdict()
     assert title == headline
     assert (level == "ok") == (headline == "All channels healthy")
+    assert ("Adding workers will not help." in findings) == (level == "bad")
+
+
+def test_verdict_names_every_finding_gravest_first() -> None:
+    """An open breaker heads the verdict; the fenced worker and the paused queue are
+    still named under it."""
+    o = _overview(
+        workers=[_worker("w1", "fenced")],
+        queues=[QueueRow("mail", 0, 0, 0, 0, 0, None, True)],
+    )
+    o.dependencies = {"payments": {"state": "open", "open_until": 200.0, "prober": None}}
+    _, title, findings = o.verdict()
+    assert title == "Dependency down"
+    assert findings[:3] == ["circuit breaker open: payments", "fenced: w1", "queue paused: mail"]

@@ -118,43 +118,34 @@ class Overview:
             groups[w.group].append(w)
         return groups
 
-    def verdict(self) -> tuple[str, str, str]:
-        """The answer to "compute or coordination?": a level ("ok", "warn" or "bad"), a
-        headline and a sentence, from the first of these that holds: the store or a
-        channel fails, a dependency's breaker is open, workers are fenced or draining,
-        an alert condition holds; else all is well."""
+    def verdict(self) -> tuple[str, str, list[str]]:
+        """The answer to "compute or coordination?": a level ("ok", "warn" or "bad"),
+        a headline (from the gravest finding) and every finding, gravest first: the
+        store or a channel failing, a dependency's breaker open, workers fenced or
+        draining, paused queues, dead letters, alert conditions."""
         if self.store != "ok":
-            return "bad", f"Store {self.store}", self.error or ""
+            return "bad", f"Store {self.store}", [self.error or ""]
+        bad: list[tuple[str, str]] = []
         failing = [n for n, c in self.channels.items() if c["ok"] is False]
         if failing:
-            return (
-                "bad",
-                "Coordination problem",
-                f"failing: {', '.join(failing)}. Adding workers will not help.",
-            )
+            bad.append(("Coordination problem", f"failing channel: {', '.join(failing)}"))
         tripped = [n for n, b in self.dependencies.items() if b["state"] == "open"]
         if tripped:
-            return (
-                "bad",
-                "Dependency down",
-                f"circuit breaker open: {', '.join(tripped)}. Work behind it waits; adding "
-                "workers will not help.",
-            )
+            bad.append(("Dependency down", f"circuit breaker open: {', '.join(tripped)}"))
         groups = self.workers_by_state()
-        troubled = [w for s in ("fenced", "draining") for w in groups[s] if w.alive]
-        if troubled:
-            return (
-                "bad",
-                "Coordination problem",
-                f"{len(troubled)} worker(s) fenced or draining: they lost, or doubt, their leases.",
-            )
-        if self.alerts:
-            return "warn", "Attention", f"{len(self.alerts)} alert condition(s) hold."
-        return (
-            "ok",
-            "All channels healthy",
-            "Any backlog is a question of compute, not coordination.",
-        )
+        for state in ("fenced", "draining"):
+            ids = [w.record.id for w in groups[state] if w.alive]
+            if ids:
+                bad.append(("Coordination problem", f"{state}: {', '.join(ids)}"))
+        notes = [f"queue paused: {q.name}" for q in self.queues if q.paused]
+        notes += [f"dead letters: {q.dead} in {q.name}" for q in self.queues if q.dead]
+        notes += [f"{a.name}: {a.subject}" for a in self.alerts]
+        if bad:
+            findings = [why for _, why in bad] + notes
+            return "bad", bad[0][0], [*findings, "Adding workers will not help."]
+        if notes:
+            return "warn", "Attention", notes
+        return "ok", "All channels healthy", ["Any backlog is a question of compute."]
 
     @property
     def healthy(self) -> bool:
