@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from .._config import validate_queue_name
 from .._errors import JobNotFoundError, QueueNameError
 from .._jobs import JobState
-from ..cli.inspect import alive
-from ..cli.leases import _mismatch
+from ..health import alive, lease_mismatch
 from ..stores import Store
 
 __all__ = ["ACTIONS", "Action", "Outcome", "Params", "parse"]
@@ -145,7 +144,7 @@ async def _release(store: Store, p: Params) -> Outcome:
     if not found:
         return Outcome(404, f"no resource lease named {key!r}: nothing changed")
     (current,) = found
-    wrong = _mismatch(current, owner, token)
+    wrong = lease_mismatch(current, owner, token)
     if wrong is not None:
         return Outcome(409, f"lease {key!r} not released: {wrong}; nothing changed")
     if current.expires_at <= await store.store_time():

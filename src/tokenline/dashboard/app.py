@@ -27,8 +27,7 @@ from .._app import App
 from .._errors import JobNotFoundError, StoreError
 from .._jobs import JobState
 from ..cli._common import ago, when
-from ..cli.inspect import alive, worker_state
-from ..cli.status import CHANNELS
+from ..health import CHANNELS, alive, worker_state
 from . import data
 from .actions import ACTIONS, Action, BadInput, Outcome, parse
 from .charts import Sample, Samples, svg_chart

@@ -20,8 +20,7 @@ from typing import Any
 from .._app import App
 from .._errors import StoreError
 from .._jobs import JobState, QueueStats, WorkerRecord
-from ..cli.inspect import alive
-from ..cli.status import _status
+from ..health import alive, read_status
 from ..stores import Store
 
 __all__ = [
@@ -222,7 +221,7 @@ async def _memberships(app: App, now: float) -> tuple[list[WorkerRecord], int]:
 async def read_overview(app: App, timeout: float) -> Overview:  # noqa: ASYNC109
     """Channels (each probed within ``timeout`` seconds), breakers, queues, every worker
     membership and the alert conditions, as ``tokenline status`` reads them."""
-    report = await _status(app.open_store(), timeout, tuple(app.dependencies))
+    report = await read_status(app.open_store(), timeout, tuple(app.dependencies))
     o = Overview(store=report["store"], error=report["error"], channels=report["channels"])
     if report["store"] != "ok" or report.get("now") is None:
         o.alerts = firing_alerts(o)
