@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 from pathlib import Path
 
 import click
@@ -88,7 +89,12 @@ def dashboard(
             soft_wrap=True,
         )
         logging.getLogger("tokenline.dashboard").info("dashboard started: %s", mode)
+        # uvicorn shuts down on SIGINT/SIGTERM, then raises the signal again for the
+        # handler it found: this one, so the command ends like `exporter`, with status 0.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda signum, frame: None)
         try:
             uvicorn.run(web, host=host, port=port, log_level="warning")
         finally:
             app.close()
+    console.print("tokenline dashboard stopped", markup=False, highlight=False)
