@@ -1,21 +1,31 @@
 """The dashboard in a real browser: each view against a store with real jobs and
 workers, each action through its confirmation page (the store changes), a refusal
-without the operator token (the store does not), refresh in place, and pages that
-work without JavaScript. A screenshot of the overview during a fault is kept.
+without the operator token (the store does not), refresh in place, pages that work
+without JavaScript, and a real worker process drained from its page. A screenshot of
+the overview during a fault is kept.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from browser.conftest import DEADLINE, TOKEN, Served, keep_screenshot
 from dashboard_state import LEASE_KEY, State, run_apart
 from integration.test_dashboard_routes import fingerprint
+from tokenline._jobs import WorkerRecord
 
 pytestmark = pytest.mark.timeout(300)
+
+T = TypeVar("T")
+HERE = Path(__file__).parent
 
 
 def store_now(state: State) -> tuple[Any, ...]:
@@ -166,3 +176,70 @@ def test_screenshot_of_the_overview_during_a_fault(
     assert path.stat().st_size > 10_000
     keep_screenshot(path)
     print(f"screenshot: {path}")
+
+
+def wait_for(what: str, probe: Callable[[], T | None]) -> T:
+    """``probe()``'s first answer that is not ``None``, polled until the deadline."""
+    deadline = time.monotonic() + DEADLINE
+    while (found := probe()) is None:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+    return found
+
+
+def test_a_real_worker_is_seen_processing_and_drained_from_the_browser(
+    page: Any, state: State, tmp_path: Path
+) -> None:
+    """A worker process (the real CLI) claims a job and shows under PROCESSING; drained
+    from its page, it turns DRAINING at its next heartbeat, finishes the job once let go,
+    and stops: the overview then lists it under STOPPED."""
+    release = tmp_path / "release"
+    env = {
+        **os.environ,
+        "TOKENLINE_URL": state.url,
+        "WORKERAPP_RELEASE": str(release),
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [
+        sys.executable, "-m", "tokenline", "worker", "--app", "workerapp:app",
+        "--queues", "default", "--concurrency", "1", "--lease-ttl", "6",
+        "--renew-interval", "0.5", "--poll-interval", "0.05", "--drain-timeout", "120",
+    ]  # fmt: skip
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=out)
+    try:
+
+        def worker(states: tuple[str, ...]) -> WorkerRecord | None:
+            records = run_apart(lambda: _workers(state.url))
+            return next(
+                (w for w in records if w.id not in state.workers and w.state in states), None
+            )
+
+        wid = wait_for("the worker to process a job", lambda: worker(("processing",))).id
+        page.goto("/")
+        assert wid in page.locator('[data-group="processing"]').inner_text()
+
+        confirm(page, f"/workers/{wid}", "drain-worker")
+        assert "asked worker" in page.locator(".outcome").inner_text()
+        wait_for("the worker to drain", lambda: worker(("draining",)))
+        release.touch()
+        assert proc.wait(DEADLINE) == 0, log.read_text(errors="replace")
+        page.goto("/")
+        assert wid in page.locator('[data-group="stopped"]').inner_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(DEADLINE)
+
+
+async def _workers(url: str) -> list[WorkerRecord]:
+    from tokenline.stores import store_from_url
+
+    store = store_from_url(url)
+    await store.open()
+    try:
+        return await store.workers_list()
+    finally:
+        await store.close()
