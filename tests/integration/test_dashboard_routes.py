@@ -405,3 +405,20 @@ def test_fingerprint_sees_a_change(state: State) -> None:
         return await fingerprint(state.url) != before
 
     assert asyncio.run(run())
+
+
+async def test_the_store_refuses_a_release_whose_token_moved_on_after_the_read(
+    client: httpx.AsyncClient, state: State, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the lease changes hands between the dashboard's read and its release (here:
+    the read's verdict forced to "matches"), the store itself refuses the stale owner
+    and token: 409, the lease still held by its holder."""
+    from tokenline.dashboard import actions
+
+    monkeypatch.setattr(actions, "lease_mismatch", lambda *args: None)
+    before = await fingerprint(state.url)
+    for lease in (_lease("w-busy", state.lease_token - 1), _lease("w-other", state.lease_token)):
+        answer = await act(client, "release-lease", lease)
+        assert answer.status_code == 409
+        assert "changed hands meanwhile" in answer.text
+    assert await fingerprint(state.url) == before

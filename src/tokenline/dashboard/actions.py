@@ -16,6 +16,7 @@ from .._errors import JobNotFoundError, QueueNameError
 from .._jobs import JobState
 from ..health import alive, lease_mismatch
 from ..stores import Store
+from ..stores.base import ResourceLease
 
 __all__ = ["ACTIONS", "Action", "Outcome", "Params", "parse"]
 
@@ -149,9 +150,11 @@ async def _release(store: Store, p: Params) -> Outcome:
         return Outcome(409, f"lease {key!r} not released: {wrong}; nothing changed")
     if current.expires_at <= await store.store_time():
         return Outcome(409, f"lease {key!r} has already expired: nothing to release")
-    # Fenced in the store: a lease renewed under a new token, or taken over, since it
-    # was read above is refused, never released blindly.
-    if not await store.resource_lease_release(lease=current):
+    # The store decides, on the owner and token the operator gave (the check above only
+    # words the refusal): a lease renewed under a new token, or taken over, since it was
+    # read is refused, never released blindly.
+    claimed = ResourceLease(resource=key, owner=owner, token=token, expires_at=current.expires_at)
+    if not await store.resource_lease_release(lease=claimed):
         return Outcome(409, f"lease {key!r} changed hands meanwhile: nothing changed")
     return Outcome(200, f"released lease {key!r} (owner {owner!r}, token {token})")
 
