@@ -103,3 +103,20 @@ def populate(tmp_path: Path, *, faulty: bool = False) -> State:
     app = App(url)
     app.dependency(BREAKER)
     return State(url, app, queued, running, dead, token, workers)
+
+
+async def fingerprint(url: str) -> tuple[Any, ...]:
+    """Everything an action could change: job states, paused queues, drain requests,
+    resource lease holders and whether each is held."""
+    store = store_from_url(url)
+    await store.open()
+    try:
+        jobs = sorted((j.id, j.state.value, j.attempt) for j in await store.jobs_list(limit=1000))
+        paused = sorted(s.queue for s in await store.queues_stats() if s.paused)
+        drains = sorted((w.id, w.drain_requested) for w in await store.workers_list())
+        now = await store.store_time()
+        named = await store.resource_leases_list()
+        leases = sorted((r.resource, r.owner, r.token, r.expires_at > now) for r in named)
+        return jobs, paused, drains, leases
+    finally:
+        await store.close()

@@ -18,8 +18,7 @@ from typing import Any, TypeVar
 import pytest
 
 from browser.conftest import DEADLINE, TOKEN, Served, keep_screenshot
-from dashboard_state import LEASE_KEY, State, run_apart
-from integration.test_dashboard_routes import fingerprint
+from dashboard_state import LEASE_KEY, State, fingerprint, run_apart
 from tokenline._jobs import WorkerRecord
 
 pytestmark = pytest.mark.timeout(300)

@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from dashboard_state import LEASE_KEY, State, populate
+from dashboard_state import LEASE_KEY, State, fingerprint, populate
 from tokenline.dashboard import create_app
-from tokenline.stores import Store, store_from_url
+from tokenline.stores import store_from_url
 
 TOKEN = "s3cret-operator-token"
 BASE = "http://dash.test"
@@ -42,23 +42,6 @@ async def client(state: State) -> AsyncIterator[httpx.AsyncClient]:
     """A client of a dashboard with actions enabled."""
     async with _client(state) as c:
         yield c
-
-
-async def fingerprint(url: str) -> tuple[Any, ...]:
-    """Everything an action could change: job states, paused queues, drain requests,
-    resource lease holders and whether each is held."""
-    store: Store = store_from_url(url)
-    await store.open()
-    try:
-        jobs = sorted((j.id, j.state.value, j.attempt) for j in await store.jobs_list(limit=1000))
-        paused = sorted(s.queue for s in await store.queues_stats() if s.paused)
-        drains = sorted((w.id, w.drain_requested) for w in await store.workers_list())
-        now = await store.store_time()
-        named = await store.resource_leases_list()
-        leases = sorted((r.resource, r.owner, r.token, r.expires_at > now) for r in named)
-        return jobs, paused, drains, leases
-    finally:
-        await store.close()
 
 
 async def csrf_of(client: httpx.AsyncClient, path: str) -> str:
