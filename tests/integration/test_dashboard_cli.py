@@ -30,6 +30,14 @@ def test_a_malformed_bind_is_refused(bind: str) -> None:
     assert repr(bind) in result.output
 
 
+def test_a_missing_extra_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the dashboard's dependencies the command says which extra to install."""
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    result = CliRunner().invoke(main, ["dashboard", "--url", "memory://"])
+    assert result.exit_code == 1
+    assert "pip install 'tokenline[dashboard]'" in result.output
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -69,12 +69,14 @@ def dashboard(
     """
     import os
 
+    from ..dashboard import INSTALL_HINT
+
     try:
         import uvicorn
 
         from ..dashboard import create_app
     except ImportError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(f"{INSTALL_HINT} ({exc})") from None
     configure_logging("info", "text")
     token = os.environ.get(TOKEN_ENV) or None
     host, port = bind
