@@ -122,6 +122,20 @@ async def test_each_page_shows_the_store(
     assert expected in page.text
 
 
+@pytest.mark.parametrize(
+    "path", ["/", "/actions/retry-job?job=1", "/jobs/abc", "/static/dashboard.js"]
+)
+async def test_every_answer_forbids_framing_and_caching(
+    client: httpx.AsyncClient, path: str
+) -> None:
+    """No page may be framed by another site (a confirm button under a decoy), nor
+    kept in a cache (forms carry the CSRF token)."""
+    answer = await client.get(path)
+    assert answer.headers["x-frame-options"] == "DENY"
+    assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+    assert answer.headers["cache-control"] == "no-store"
+
+
 async def test_fragment_is_the_content_without_the_layout(client: httpx.AsyncClient) -> None:
     """What the refresh script swaps in: the page's content, no <html> around it."""
     fragment = await client.get("/?fragment=1")

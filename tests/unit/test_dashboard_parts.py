@@ -28,6 +28,17 @@ def test_samples_keep_one_per_interval_and_derive_throughput() -> None:
     assert s.rate() is None
 
 
+def test_per_queue_rate_needs_the_queue_at_both_ends() -> None:
+    """A queue's rate is its own finished jobs over the samples' span; a queue missing
+    from the first or last sample has none yet."""
+    s = Samples(min_interval=0.0)
+    s.add(Sample(at=0.0, queued=0, running=0, finished=0, finished_by_queue={"a": 0}))
+    s.add(Sample(at=10.0, queued=0, running=0, finished=50, finished_by_queue={"a": 20, "b": 30}))
+    assert s.rate() == pytest.approx(5.0)
+    assert s.rate("a") == pytest.approx(2.0)
+    assert s.rate("b") is None
+
+
 def test_chart_draws_every_point_and_escapes_its_label() -> None:
     """The polyline has one vertex per point; the label cannot inject markup."""
     svg = svg_chart([(0, 1), (1, 3), (2, 2)], label="<script>x</script>")

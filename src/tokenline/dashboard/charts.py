@@ -12,8 +12,8 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 __all__ = ["Sample", "Samples", "svg_chart"]
 
@@ -27,6 +27,8 @@ class Sample:
     running: int
     #: Jobs finished so far (succeeded and dead): its growth is the throughput.
     finished: int
+    #: The same, per queue.
+    finished_by_queue: Mapping[str, int] = field(default_factory=dict)
 
 
 class Samples:
@@ -66,12 +68,20 @@ class Samples:
                 out.append((b.at, max(b.finished - a.finished, 0) / dt))
         return out
 
-    def rate(self) -> float | None:
-        """Jobs finished per second over the samples kept (``None``: fewer than two)."""
+    def rate(self, queue: str | None = None) -> float | None:
+        """Jobs finished per second over the samples kept, in ``queue`` or in all
+        (``None``: fewer than two samples, or none with the queue in both ends)."""
         items = self.items()
         if len(items) < 2 or items[-1].at <= items[0].at:
             return None
-        return max(items[-1].finished - items[0].finished, 0) / (items[-1].at - items[0].at)
+        first, last = items[0], items[-1]
+        if queue is None:
+            done = last.finished - first.finished
+        elif queue in first.finished_by_queue and queue in last.finished_by_queue:
+            done = last.finished_by_queue[queue] - first.finished_by_queue[queue]
+        else:
+            return None
+        return max(done, 0) / (last.at - first.at)
 
 
 def svg_chart(

@@ -31,6 +31,7 @@ __all__ = [
     "WorkerRow",
     "firing_alerts",
     "opened",
+    "queue_row",
     "read_drill_results",
     "read_overview",
 ]
@@ -152,7 +153,8 @@ class Overview:
         return self.store == "ok" and all(c["ok"] is not False for c in self.channels.values())
 
 
-def _queue_row(s: QueueStats) -> QueueRow:
+def queue_row(s: QueueStats) -> QueueRow:
+    """A queue's counts as the pages show them."""
     return QueueRow(
         name=s.queue,
         queued=s.count(JobState.QUEUED),
@@ -229,7 +231,7 @@ async def read_overview(app: App, timeout: float) -> Overview:  # noqa: ASYNC109
     now = float(report["now"])
     o.now = now
     o.dependencies = report.get("dependencies", {})
-    o.queues = [_queue_row(s) for s in report["queues"] or []]
+    o.queues = [queue_row(s) for s in report["queues"] or []]
     stale = report.get("stale_commits")
     o.stale_total = None if stale is None else stale[0]
     # Every membership, not only the live ones status lists: a fenced or stopped worker
