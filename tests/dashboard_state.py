@@ -2,7 +2,8 @@
 
 Every row is written through the store's own operations, as a worker and an enqueuer
 write them: jobs enqueued, claimed under a registered worker's name (running, with a
-lease and a token), one dead-lettered, workers in each state, a resource lease held.
+lease and a token), one dead-lettered, workers in each state (one stopped), a resource
+lease held.
 ``faulty=True`` adds what an incident looks like: a worker FENCED, the ``payments``
 breaker open, the ``emails`` queue paused.
 """
@@ -70,6 +71,8 @@ async def _fill(store: Store, faulty: bool) -> Filled:
         await store.worker_heartbeat(
             worker_id=wid, token=tokens[wid], state=state, in_flight=in_flight, ttl=TTL
         )
+    gone = await store.worker_register(record=_record("w-gone"), ttl=TTL)
+    await store.worker_deregister(worker_id="w-gone", token=gone.token)
     lease = await store.resource_lease_acquire(resource=LEASE_KEY, owner="w-busy", ttl=TTL)
     assert lease is not None
     if faulty:

@@ -66,6 +66,7 @@ def test_overview_groups_workers_by_state_with_charts(page: Any) -> None:
     page.goto("/")
     assert "w-fenced" in page.locator('[data-group="fenced"]').inner_text()
     assert "w-busy" in page.locator('[data-group="processing"]').inner_text()
+    assert "w-gone" in page.locator('[data-group="stopped"]').inner_text()
     assert page.locator("svg.chart").count() == 2
     assert "paused" in page.locator('[data-queue="emails"]').inner_text()
 

@@ -223,6 +223,7 @@ def _lease(owner: str, token: Any) -> dict[str, Any]:
         ("pause-queue", {"queue": "emails"}, 409, "already paused"),
         ("resume-queue", {"queue": "default"}, 409, "not paused"),
         ("drain-worker", {"worker": "nobody"}, 404, "no worker with id"),
+        ("drain-worker", {"worker": "w-gone"}, 409, "it has stopped"),
         (
             "release-lease",
             {"key": LEASE_KEY, "owner": "w-busy", "lease_token": "stale"},
