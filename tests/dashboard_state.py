@@ -91,8 +91,12 @@ def run_apart(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
 
 
 def populate(tmp_path: Path, *, faulty: bool = False) -> State:
-    """A store in ``tmp_path`` as described in the module docstring, and its app."""
-    url = f"sqlite:///{tmp_path / 'dash.db'}"
+    """A SQLite store in ``tmp_path`` as described in the module docstring, and its app."""
+    return populate_url(f"sqlite:///{tmp_path / 'dash.db'}", faulty=faulty)
+
+
+def populate_url(url: str, *, faulty: bool = False) -> State:
+    """The store at ``url`` filled as described in the module docstring, and its app."""
 
     async def run() -> Filled:
         store = store_from_url(url)
