@@ -420,3 +420,18 @@ async def test_the_store_refuses_a_release_whose_token_moved_on_after_the_read(
         assert answer.status_code == 409
         assert "changed hands meanwhile" in answer.text
     assert await fingerprint(state.url) == before
+
+
+async def test_an_action_on_an_unreadable_store_is_a_logged_503(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An action whose store cannot be opened answers 503 and is logged as failed."""
+    from tokenline import App
+
+    (tmp_path / "dir.db").mkdir()
+    web = create_app(App(f"sqlite:///{tmp_path / 'dir.db'}"), operator_token=TOKEN)
+    caplog.set_level(logging.INFO, logger="tokenline.dashboard")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=web), base_url=BASE) as c:
+        answer = await act(c, "pause-queue", {"queue": "default"})
+    assert answer.status_code == 503
+    assert any("failed: store error" in r.getMessage() for r in caplog.records)

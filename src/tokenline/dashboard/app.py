@@ -285,8 +285,12 @@ async def act(dash: _Dashboard, request: Request) -> Response:
     except BadInput as exc:
         logger.warning("action %s by %s refused: %s", action.name, who, exc)
         return dash.problem(request, 400, "Bad request", str(exc))
-    async with data.opened(dash.app) as store:
-        outcome: Outcome = await action.run(store, params)
+    try:
+        async with data.opened(dash.app) as store:
+            outcome: Outcome = await action.run(store, params)
+    except (StoreError, TimeoutError) as exc:  # answered 503 by the route's guard
+        logger.warning("action %s %s by %s failed: store error: %s", action.name, params, who, exc)
+        raise
     log = logger.info if outcome.done else logger.warning
     log("action %s %s by %s: %s %s", action.name, params, who, outcome.status, outcome.message)
     context = {"action": action, "outcome": outcome}
