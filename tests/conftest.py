@@ -59,3 +59,18 @@ def libfaketime() -> str:
     if not found:
         unavailable("libfaketime is not installed (Debian package faketime)")
     return found[0]
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's Chromium (or ``TOKENLINE_TEST_CHROMIUM``) for Playwright to drive;
+    skips (fails in CI) when it or Playwright is missing. Playwright's own browser
+    download is never used."""
+    path = os.environ.get("TOKENLINE_TEST_CHROMIUM", "/usr/bin/chromium")
+    try:
+        import playwright  # noqa: F401
+    except ModuleNotFoundError:
+        unavailable("playwright is not installed: pip install -e '.[dev]'")
+    if not os.path.exists(path):
+        unavailable(f"no Chromium at {path}: apt-get install chromium")
+    return path

@@ -30,6 +30,7 @@ from ._common import (
 )
 from .audit import audit
 from .bench import bench
+from .dashboard import dashboard
 from .demo import demo
 from .dlq import dlq
 from .drill import drill
@@ -292,6 +293,7 @@ for command in (
     bench,
     drill,
     exporter,
+    dashboard,
     scale_hint_command,
 ):
     main.add_command(command)

@@ -16,6 +16,7 @@ from rich.markup import escape
 
 from .._jobs import Attempt, Job, JobState, QueueStats, StaleCommit, WorkerRecord
 from .._records import Duplicate, EffectRecord
+from ..health import alive, live, worker_state
 from ..stores import Store
 from ._common import (
     Col,
@@ -192,26 +193,6 @@ def show_queues(stats: list[QueueStats]) -> None:
 
 def _skew(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:+.3f}s"
-
-
-def alive(w: WorkerRecord, now: float) -> bool:
-    """Whether the worker's membership lease is live by ``now`` (the store's clock)."""
-    return w.expires_at > now and w.state != "stopped"
-
-
-def live(records: list[WorkerRecord], now: float) -> list[WorkerRecord]:
-    """The workers that are alive by ``now``."""
-    return [w for w in records if alive(w, now)]
-
-
-def worker_state(w: WorkerRecord, now: float) -> str:
-    """The worker's state as a listing shows it: "(lost)" once its membership expired
-    unstopped, "(drain requested)" while an operator's drain request waits for it."""
-    if not alive(w, now):
-        return w.state if w.state == "stopped" else f"{w.state} (lost)"
-    if w.drain_requested and w.state not in ("draining", "stopped"):
-        return f"{w.state} (drain requested)"
-    return w.state
 
 
 def _limit(w: WorkerRecord) -> str:

@@ -16,6 +16,7 @@ import click
 
 from .._errors import InvalidInputError, JobNotFoundError, StaleTokenError
 from .._jobs import Job, JobState
+from ..health import alive, lease_mismatch
 from ..stores import Store
 from ..stores.base import ResourceLease
 from ._common import (
@@ -33,7 +34,6 @@ from ._common import (
     url_option,
     with_store,
 )
-from .inspect import alive
 
 __all__ = ["drain", "lease", "leases"]
 
@@ -201,17 +201,6 @@ def lease() -> None:
     """Act on a named resource lease (see `tokenline leases`)."""
 
 
-def _mismatch(current: ResourceLease, owner: str, token: int) -> str | None:
-    """What of ``owner`` and ``token`` does not match the lease's holder, if anything."""
-    wrong = []
-    if owner != current.owner:
-        wrong.append(f"owner {owner!r} is not its owner ({current.owner!r})")
-    if token != current.token:
-        older = " (a stale one)" if token < current.token else ""
-        wrong.append(f"token {token}{older} is not its token ({current.token})")
-    return " and ".join(wrong) or None
-
-
 async def _release(store: Store, key: str, owner: str, token: int) -> tuple[bool, float]:
     """Release ``key`` if ``owner`` and ``token`` hold it: (released, how long ago it
     expired when it was no longer held)."""
@@ -219,7 +208,7 @@ async def _release(store: Store, key: str, owner: str, token: int) -> tuple[bool
     if not found:
         raise InvalidInputError(f"no resource lease named {key!r}: nothing changed")
     (current,) = found
-    wrong = _mismatch(current, owner, token)
+    wrong = lease_mismatch(current, owner, token)
     if wrong is not None:
         raise InvalidInputError(f"lease {key!r} not released: {wrong}; nothing changed")
     now = await store.store_time()

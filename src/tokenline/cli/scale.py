@@ -11,10 +11,10 @@ from typing import Any
 import click
 
 from .._jobs import JobState, QueueStats, WorkerRecord
+from ..health import read_status as _status
 from ..scaling import Hint, Snapshot, WorkerLoad, scale_hint
 from ..stores import Store
 from ._common import app_option, console, reporting_errors, resolve_app, url_option
-from .status import _status
 
 __all__ = ["BREAKER_PREFIX", "ScaleHinter", "scale_hint_command", "snapshot"]
 

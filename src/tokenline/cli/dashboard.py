@@ -1,0 +1,102 @@
+"""``tokenline dashboard``: serve the operator's web dashboard until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+
+import click
+
+from .._logging import configure as configure_logging
+from ._common import app_option, console, reporting_errors, resolve_app, url_option
+
+__all__ = ["dashboard"]
+
+#: The environment variable holding the operator token; unset: a read-only dashboard.
+TOKEN_ENV = "TOKENLINE_DASHBOARD_TOKEN"
+
+
+def _bind(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise click.BadParameter(f"{value!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
+    return host.strip("[]"), int(port)
+
+
+@click.command()
+@app_option
+@url_option
+@click.option(
+    "--bind",
+    default="127.0.0.1:8080",
+    show_default=True,
+    envvar="TOKENLINE_DASHBOARD_BIND",
+    show_envvar=True,
+    callback=_bind,
+    help="HOST:PORT to listen on (0.0.0.0:PORT: every interface).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=5.0,
+    show_default=True,
+    help="Longest each channel probe of the overview may take, seconds.",
+)
+@click.option(
+    "--drill-results",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="TOKENLINE_DASHBOARD_DRILL_RESULTS",
+    show_envvar=True,
+    help="A file written by `tokenline drill --json`, shown on the drills page.",
+)
+def dashboard(
+    app_spec: str | None,
+    url: str | None,
+    bind: tuple[str, int],
+    timeout: float,
+    drill_results: Path | None,
+) -> None:
+    """Serve the operator's web dashboard until SIGINT or SIGTERM.
+
+    Shows queues, workers by state, channel and breaker health, firing alert
+    conditions, jobs, leases, dead letters, the duplicate audit and drill results.
+    Actions (pause/resume, drain, retry/discard dead jobs, release a lease) need the
+    operator token set in TOKENLINE_DASHBOARD_TOKEN and given with each action; without
+    it the dashboard is read-only. Each action is logged on the tokenline.dashboard
+    logger.
+    """
+    import os
+
+    from ..dashboard import INSTALL_HINT
+
+    try:
+        import uvicorn
+
+        from ..dashboard import create_app
+    except ImportError as exc:
+        raise click.ClickException(f"{INSTALL_HINT} ({exc})") from None
+    configure_logging("info", "text")
+    token = os.environ.get(TOKEN_ENV) or None
+    host, port = bind
+    with reporting_errors():
+        app = resolve_app(app_spec, url)
+        web = create_app(app, operator_token=token, timeout=timeout, drill_results=drill_results)
+        mode = "actions enabled" if token else f"read-only (set {TOKEN_ENV} to enable actions)"
+        console.print(
+            f"tokenline dashboard on http://{host}:{port}/ : {mode}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        logging.getLogger("tokenline.dashboard").info("dashboard started: %s", mode)
+        # uvicorn shuts down on SIGINT/SIGTERM, then raises the signal again for the
+        # handler it found: this one, so the command ends like `exporter`, with status 0.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda signum, frame: None)
+        try:
+            uvicorn.run(web, host=host, port=port, log_level="warning")
+        finally:
+            app.close()
+    console.print("tokenline dashboard stopped", markup=False, highlight=False)

@@ -1,0 +1,375 @@
+"""The dashboard's web application: pages over the store's read API, and actions.
+
+Every page is rendered on the server and works without JavaScript; with it, a page
+marked for refresh fetches itself again as a fragment (``?fragment=1``: the page's
+content without the surrounding layout) every few seconds and swaps it in.
+
+Status codes: 400 for a malformed id or field, 404 for an unknown job, worker, queue
+or action, 401/403 for a refused action (see :mod:`.security`), 409 for an action that
+does not apply, 503 when the store cannot be read; each with a readable page.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.datastructures import MutableHeaders
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .._app import App
+from .._errors import JobNotFoundError, StoreError
+from .._jobs import JobState
+from ..cli._common import ago, when
+from ..health import CHANNELS, alive, worker_state
+from . import data
+from .actions import ACTIONS, Action, BadInput, Outcome, parse
+from .charts import Sample, Samples, svg_chart
+from .security import Guard, Refusal
+
+__all__ = ["create_app"]
+
+logger = logging.getLogger("tokenline.dashboard")
+
+_HERE = Path(__file__).parent
+#: Seconds between two refreshes of a page, in the browser.
+REFRESH_SECONDS = 5
+
+
+class _Dashboard:
+    """The state one dashboard process keeps: the app, the guard, the samples."""
+
+    def __init__(
+        self, app: App, guard: Guard, *, timeout: float, drill_results: Path | None
+    ) -> None:
+        self.app = app
+        self.guard = guard
+        self.timeout = timeout
+        self.drill_results = drill_results
+        self.samples = Samples()
+        self.templates = Jinja2Templates(directory=str(_HERE / "templates"))
+        env = self.templates.env
+        env.globals.update(
+            ago=ago,
+            when=when,
+            channels=CHANNELS,
+            refresh_seconds=REFRESH_SECONDS,
+            worker_state=worker_state,
+        )
+
+    # -- rendering ------------------------------------------------------------------------
+    def page(
+        self,
+        request: Request,
+        name: str,
+        context: Mapping[str, Any],
+        *,
+        status: int = 200,
+        refresh: bool = False,
+    ) -> Response:
+        """``name`` rendered whole, or as a fragment when the refresh script asks."""
+        fragment = request.query_params.get("fragment") == "1"
+        ctx = {
+            "layout": "fragment.html" if fragment else "base.html",
+            "refresh": refresh,
+            "read_only": self.guard.read_only,
+            **context,
+        }
+        return self.templates.TemplateResponse(request, name, ctx, status_code=status)
+
+    def problem(self, request: Request, status: int, title: str, why: str) -> Response:
+        """A readable error page."""
+        return self.page(request, "problem.html", {"title": title, "why": why}, status=status)
+
+    def refused(self, request: Request, r: Refusal) -> Response:
+        """An action refused by the guard."""
+        response = self.problem(request, r.status, r.title, r.why)
+        if r.status == 401:
+            response.headers["WWW-Authenticate"] = 'Bearer realm="tokenline dashboard"'
+        return response
+
+
+def _store_guard(
+    view: Callable[[_Dashboard, Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """``view`` as a route; a store that cannot be read gives a 503 page, not a trace."""
+
+    async def endpoint(request: Request) -> Response:
+        dash: _Dashboard = request.app.state.dashboard
+        try:
+            return await view(dash, request)
+        except (StoreError, TimeoutError) as exc:
+            why = str(exc) or type(exc).__name__
+            return dash.problem(request, 503, "The store cannot be read", why)
+
+    return endpoint
+
+
+# -- views --------------------------------------------------------------------------------
+async def overview(dash: _Dashboard, request: Request) -> Response:
+    """Queues, workers by state, channels, breakers, firing alerts, charts."""
+    o = await data.read_overview(dash.app, dash.timeout)
+    if o.now is not None:
+        dash.samples.add(
+            Sample(
+                at=o.now,
+                queued=sum(q.queued for q in o.queues),
+                running=sum(q.running for q in o.queues),
+                finished=sum(q.succeeded + q.dead for q in o.queues),
+                finished_by_queue={q.name: q.succeeded + q.dead for q in o.queues},
+            )
+        )
+    charts = {
+        "depth": svg_chart(dash.samples.depth(), label="jobs queued, all queues"),
+        "throughput": svg_chart(dash.samples.throughput(), label="jobs finished per second"),
+    }
+    context = {
+        "o": o,
+        "charts": charts,
+        "rate": dash.samples.rate(),
+        "rates": {q.name: dash.samples.rate(q.name) for q in o.queues},
+        "groups": o.workers_by_state(),
+    }
+    return dash.page(request, "overview.html", context, refresh=True)
+
+
+async def queue_view(dash: _Dashboard, request: Request) -> Response:
+    """One queue: its counts and its newest jobs."""
+    name = request.path_params["name"]
+    async with data.opened(dash.app) as store:
+        stats = [s for s in await store.queues_stats() if s.queue == name]
+        jobs = await store.jobs_list(queue=name, limit=50)
+    if not stats and not jobs:
+        return dash.problem(request, 404, "No such queue", f"no queue named {name!r} has jobs")
+    row = data.queue_row(stats[0]) if stats else None
+    return dash.page(request, "queue.html", {"name": name, "q": row, "jobs": jobs}, refresh=True)
+
+
+def _job_id(raw: str) -> int | None:
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 19 else None
+
+
+async def job_view(dash: _Dashboard, request: Request) -> Response:
+    """One job: its fields, every attempt with its token, its effects."""
+    raw = request.path_params["job_id"]
+    jid = _job_id(raw)
+    if jid is None:
+        return dash.problem(request, 400, "Not a job id", f"{raw!r} is not a job id (a number)")
+    async with data.opened(dash.app) as store:
+        try:
+            job = await store.job_get(job_id=jid)
+        except JobNotFoundError:
+            return dash.problem(request, 404, "No such job", f"there is no job with id {jid}")
+        attempts = await store.job_attempts(job_id=jid)
+        effects = await store.effects_list(job_id=jid) if store.capabilities.ledger else []
+    context = {"job": job, "attempts": attempts, "effects": effects, "dead": JobState.DEAD}
+    return dash.page(request, "job.html", context, refresh=True)
+
+
+async def worker_view(dash: _Dashboard, request: Request) -> Response:
+    """One worker's membership and the jobs it holds leases on."""
+    wid = request.path_params["worker_id"]
+    async with data.opened(dash.app) as store:
+        found = [w for w in await store.workers_list() if w.id == wid]
+        if not found:
+            return dash.problem(request, 404, "No such worker", f"no worker has id {wid!r}")
+        now = await store.store_time()
+        running = await store.jobs_list(state=JobState.RUNNING, limit=1000)
+    w = found[0]
+    held = [j for j in running if j.lease_owner == wid]
+    context = {"w": w, "now": now, "alive": alive(w, now), "held": held}
+    return dash.page(request, "worker.html", context, refresh=True)
+
+
+async def leases_view(dash: _Dashboard, request: Request) -> Response:
+    """Job leases (running jobs) and resource leases, by the store's clock."""
+    async with data.opened(dash.app) as store:
+        now = await store.store_time()
+        running = await store.jobs_list(state=JobState.RUNNING, limit=1000)
+        named = await store.resource_leases_list()
+    context = {"now": now, "running": running, "named": named}
+    return dash.page(request, "leases.html", context, refresh=True)
+
+
+async def dlq_view(dash: _Dashboard, request: Request) -> Response:
+    """Dead jobs, newest first, with their reasons."""
+    async with data.opened(dash.app) as store:
+        dead = await store.jobs_list(state=JobState.DEAD, limit=200)
+    return dash.page(request, "dlq.html", {"dead": dead}, refresh=True)
+
+
+async def audit_view(dash: _Dashboard, request: Request) -> Response:
+    """Recorded duplicates and stale commits the store refused."""
+    async with data.opened(dash.app) as store:
+        dups = await store.duplicates_list(limit=200) if store.capabilities.ledger else []
+        stale_total, stale = await store.stale_commits(limit=50)
+    context = {"dups": dups, "stale_total": stale_total, "stale": stale}
+    return dash.page(request, "audit.html", context, refresh=True)
+
+
+async def drills_view(dash: _Dashboard, request: Request) -> Response:
+    """The scenarios of the last ``tokenline drill --json`` written to the results file."""
+    results, problem = data.read_drill_results(dash.drill_results)
+    context = {"results": results, "problem": problem, "path": dash.drill_results}
+    return dash.page(request, "drills.html", context, refresh=True)
+
+
+# -- actions ------------------------------------------------------------------------------
+def _action(dash: _Dashboard, request: Request) -> Action | Response:
+    found = ACTIONS.get(request.path_params["action"])
+    if found is None:
+        name = request.path_params["action"]
+        return dash.problem(request, 404, "No such action", f"there is no action {name!r}")
+    return found
+
+
+async def confirm(dash: _Dashboard, request: Request) -> Response:
+    """The confirmation form of an action (a GET: it changes nothing)."""
+    action = _action(dash, request)
+    if isinstance(action, Response):
+        return action
+    try:
+        params = parse(action, request.query_params)
+    except BadInput as exc:
+        return dash.problem(request, 400, "Bad request", str(exc))
+    context = {
+        "action": action,
+        "params": params,
+        "text": action.describe(params),
+        "csrf": dash.guard.csrf_token,
+    }
+    return dash.page(request, "confirm.html", context)
+
+
+def _client(request: Request) -> str:
+    c = request.client
+    return f"{c.host}:{c.port}" if c else "unknown client"
+
+
+def _own_origin(request: Request) -> str:
+    return f"{request.url.scheme}://{request.headers.get('host', request.url.netloc)}"
+
+
+async def act(dash: _Dashboard, request: Request) -> Response:
+    """Carry an action out, once the guard lets it through; every attempt is logged."""
+    action = _action(dash, request)
+    if isinstance(action, Response):
+        return action
+    who = _client(request)
+    refusal = dash.guard.check_origin(
+        origin=request.headers.get("origin"),
+        fetch_site=request.headers.get("sec-fetch-site"),
+        own_origin=_own_origin(request),
+    )
+    form: dict[str, str] = {}
+    if refusal is None:
+        form = {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
+        refusal = dash.guard.check_csrf(form.get("csrf"))
+    if refusal is None:
+        bearer = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        refusal = dash.guard.check_operator(form.get("operator_token") or bearer or None)
+    if refusal is not None:
+        logger.warning("action %s by %s refused: %s", action.name, who, refusal.why)
+        return dash.refused(request, refusal)
+    try:
+        params = parse(action, form)
+    except BadInput as exc:
+        logger.warning("action %s by %s refused: %s", action.name, who, exc)
+        return dash.problem(request, 400, "Bad request", str(exc))
+    try:
+        async with data.opened(dash.app) as store:
+            outcome: Outcome = await action.run(store, params)
+    except (StoreError, TimeoutError) as exc:  # answered 503 by the route's guard
+        logger.warning("action %s %s by %s failed: store error: %s", action.name, params, who, exc)
+        raise
+    log = logger.info if outcome.done else logger.warning
+    log("action %s %s by %s: %s %s", action.name, params, who, outcome.status, outcome.message)
+    context = {"action": action, "outcome": outcome}
+    return dash.page(request, "done.html", context, status=outcome.status)
+
+
+async def not_found(request: Request, exc: Exception) -> Response:
+    """A readable page for a path that names nothing."""
+    dash: _Dashboard = request.app.state.dashboard
+    return dash.problem(request, 404, "Not found", f"nothing here: {request.url.path}")
+
+
+#: Sent with every answer: no framing (a confirm button under a hidden frame), no script
+#: or style from elsewhere, no page kept in a cache (forms carry the CSRF token), no
+#: URL leaked to another site ("no-referrer" would make Chromium send "Origin: null" on
+#: our own forms, which the origin check refuses).
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; form-action 'self'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+class _SecurityHeaders:
+    """ASGI middleware adding :data:`SECURITY_HEADERS` to every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    headers.setdefault(name, value)
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+def create_app(
+    app: App,
+    *,
+    operator_token: str | None = None,
+    timeout: float = 5.0,
+    drill_results: Path | None = None,
+) -> Starlette:
+    """The dashboard of ``app``'s store as an ASGI application.
+
+    ``operator_token``: the secret actions need (``None`` or empty: read-only).
+    ``timeout``: how long each channel probe of the overview may take, seconds.
+    ``drill_results``: a file ``tokenline drill --json`` wrote, for the drills page.
+    """
+    dash = _Dashboard(
+        app, Guard(operator_token or None), timeout=timeout, drill_results=drill_results
+    )
+    routes = [
+        Route("/", _store_guard(overview)),
+        Route("/queues/{name}", _store_guard(queue_view)),
+        Route("/jobs/{job_id}", _store_guard(job_view)),
+        Route("/workers/{worker_id}", _store_guard(worker_view)),
+        Route("/leases", _store_guard(leases_view)),
+        Route("/dlq", _store_guard(dlq_view)),
+        Route("/audit", _store_guard(audit_view)),
+        Route("/drills", _store_guard(drills_view)),
+        Route("/actions/{action}", _store_guard(confirm), methods=["GET"]),
+        Route("/actions/{action}", _store_guard(act), methods=["POST"]),
+        Mount("/static", StaticFiles(directory=str(_HERE / "static")), name="static"),
+    ]
+    web = Starlette(
+        routes=routes,
+        exception_handlers={404: not_found},
+        middleware=[Middleware(_SecurityHeaders)],
+    )
+    web.state.dashboard = dash
+    return web

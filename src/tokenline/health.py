@@ -1,0 +1,297 @@
+"""The store's health as operators see it, for the command line and the dashboard:
+each channel probed on its own, worker memberships judged alive by the store's clock,
+and whether a lease's holder is who an operator names.
+
+Each channel (DESIGN.md's three roles) is probed on its own, with its own deadline, and
+a failing one says how it fails:
+
+* **unreachable**: no connection, or the store said it is unavailable;
+* **slow**: no answer within the caller's timeout (or the store's own statement timeout);
+* **refusing**: the store answered, with an error (a missing privilege, say);
+* **not migrated**: the store answers but its schema is not installed, or is older.
+
+When the store cannot even be opened, every channel fails the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
+
+from ._errors import SchemaVersionError, StoreError, StoreUnavailableError
+from ._jobs import WorkerRecord
+from .dependencies import SharedBreaker, read_shared
+from .drill.storefaults import InjectedFaultError
+from .stores import Store
+from .stores.base import ResourceLease
+
+__all__ = [
+    "CHANNELS",
+    "FAILURES",
+    "alive",
+    "failure_kind",
+    "lease_mismatch",
+    "live",
+    "read_status",
+    "worker_state",
+]
+
+T = TypeVar("T")
+
+#: What each channel of the store carries (DESIGN.md's three roles).
+CHANNELS = {
+    "broker": "the queue: enqueue, claim, finish",
+    "leases": "job ownership: lease renewal, workers, the store's clock",
+    "ledger": "effects and fenced writes",
+}
+
+UNREACHABLE, SLOW, REFUSING, NOT_MIGRATED = "unreachable", "slow", "refusing", "not migrated"
+#: The ways a channel fails, as status names them.
+FAILURES = (UNREACHABLE, SLOW, REFUSING, NOT_MIGRATED)
+
+#: How long a probe given up on may take to end before status goes on without it.
+_GRACE = 1.0
+
+# The drivers' own codes, read from the cause the store kept when it translated the
+# error: the exception tree says "unavailable" for both a refused connection and a
+# missing privilege, which an operator fixes in different places.
+_SLOW_SQLSTATES = frozenset({"57014"})  # query_canceled: statement_timeout
+_REFUSED_SQLSTATES = frozenset({"42501", "28000", "28P01"})  # privilege, authorisation
+_UNMIGRATED_SQLSTATES = frozenset({"3F000", "42P01", "42883"})  # no schema, table, function
+_REFUSED_SQLITE = frozenset({sqlite3.SQLITE_PERM, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_AUTH})
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from, innermost last."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _cause_kind(exc: BaseException) -> str | None:
+    sqlstate = getattr(exc, "sqlstate", None)
+    code = getattr(exc, "sqlite_errorcode", None)
+    hung = isinstance(exc, InjectedFaultError) and exc.kind == "hang"
+    if hung or isinstance(exc, TimeoutError) or sqlstate in _SLOW_SQLSTATES:
+        return SLOW
+    if sqlstate in _UNMIGRATED_SQLSTATES:
+        return NOT_MIGRATED
+    if isinstance(exc, PermissionError) or sqlstate in _REFUSED_SQLSTATES:
+        return REFUSING
+    if isinstance(code, int) and code & 0xFF in _REFUSED_SQLITE:
+        return REFUSING
+    return None
+
+
+def failure_kind(exc: BaseException) -> str:
+    """How a store call failed, one of :data:`FAILURES`."""
+    if isinstance(exc, SchemaVersionError):
+        return NOT_MIGRATED
+    for e in _chain(exc):
+        kind = _cause_kind(e)
+        if kind is not None:
+            return kind
+    return UNREACHABLE if isinstance(exc, StoreUnavailableError) else REFUSING
+
+
+async def _bounded(coro: Coroutine[Any, Any, T], timeout: float) -> T:  # noqa: ASYNC109
+    """``coro``'s result, or :class:`TimeoutError` after ``timeout`` seconds; a call
+    given up on gets a moment to end, never as long as it likes."""
+    task = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        task.cancel()
+        await asyncio.wait({task}, timeout=_GRACE)
+        raise TimeoutError(f"no answer within {timeout:g}s")
+    return task.result()
+
+
+class _Probe:
+    """One channel's answer: how long it took, and how it failed if it did."""
+
+    def __init__(self) -> None:
+        self.latency: float | None = None
+        self.failure: str | None = None
+        self.error: str | None = None
+
+    def failed(self, exc: BaseException) -> None:
+        self.failure = failure_kind(exc)
+        self.error = str(exc) or type(exc).__name__
+
+    async def run(self, call: Callable[[], Coroutine[Any, Any, T]], timeout: float) -> T | None:  # noqa: ASYNC109
+        started = time.monotonic()
+        try:
+            return await _bounded(call(), timeout)
+        except (StoreError, TimeoutError) as exc:
+            self.failed(exc)
+            return None
+        finally:
+            self.latency = time.monotonic() - started
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "ok": self.error is None,
+            "failure": self.failure,
+            "latency_ms": None if self.latency is None else round(self.latency * 1000, 3),
+            "error": self.error,
+        }
+
+
+def _missing_sqlite_file(store: Store) -> str | None:
+    """The path of a SQLite store's file when it does not exist in a directory that
+    does (opening would create it, and an empty store at a mistyped path would look
+    healthy). A missing directory is left to ``open``: the store is unreachable."""
+    from .stores.sqlite import SQLiteStore
+
+    inner = getattr(store, "inner", store)  # a store wrapped for faults
+    if isinstance(inner, SQLiteStore) and inner.path.parent.is_dir() and not inner.path.exists():
+        return str(inner.path)
+    return None
+
+
+#: The store's verdict when opening it failed in this way.
+_STORE_STATE = {
+    UNREACHABLE: "unreachable",
+    SLOW: "slow",
+    REFUSING: "refusing",
+    NOT_MIGRATED: "schema not ready",
+}
+
+
+#: The ledger channel of a store without one.
+_NOT_PROVIDED: dict[str, Any] = {"ok": None, "failure": None, "latency_ms": None, "error": None}
+
+
+def _all_failing(store: Store, kind: str, error: str) -> dict[str, Any]:
+    """Every channel failing as the store did."""
+    failing = {"ok": False, "failure": kind, "latency_ms": None, "error": error}
+    channels = {name: dict(failing) for name in CHANNELS}
+    if not store.capabilities.ledger:
+        channels["ledger"] = dict(_NOT_PROVIDED)
+    return channels
+
+
+async def _open(store: Store, timeout: float) -> dict[str, Any] | None:  # noqa: ASYNC109
+    """Open ``store``; ``None`` when it opened, else the report of how it failed."""
+    missing = _missing_sqlite_file(store)
+    if missing is not None:
+        error = (
+            f"there is no store file at {missing!r}: check the URL (a worker, an enqueue "
+            "or `tokenline migrate` creates it)"
+        )
+        return {
+            "store": "missing",
+            "error": error,
+            "channels": _all_failing(store, NOT_MIGRATED, error),
+        }
+    try:
+        await _bounded(store.open(), timeout)
+    except (StoreError, TimeoutError) as exc:
+        kind = failure_kind(exc)
+        error = str(exc) or type(exc).__name__
+        return {
+            "store": _STORE_STATE[kind],
+            "error": error,
+            "channels": _all_failing(store, kind, error),
+        }
+    return None
+
+
+async def _close(store: Store, timeout: float) -> None:  # noqa: ASYNC109
+    # Best effort: what status had to say is said; a store that will not close is not news.
+    with contextlib.suppress(StoreError, TimeoutError):
+        await _bounded(store.close(), timeout)
+
+
+async def read_status(
+    store: Store,
+    timeout: float,  # noqa: ASYNC109
+    dependencies: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Open ``store`` and probe its channels at once, each within ``timeout`` seconds;
+    what failed, and how, is said, not raised. ``dependencies``: names whose shared
+    circuit breakers to read with the leases channel."""
+    failed = await _open(store, timeout)
+    if failed is not None:
+        return failed
+    probes = {name: _Probe() for name in CHANNELS}
+
+    async def broker() -> tuple[Any, Any]:
+        return await store.queues_stats(), await store.stale_commits(limit=5)
+
+    async def leases() -> tuple[float, Any, Any]:
+        named = await store.resource_leases_list() if dependencies else []
+        return await store.store_time(), await store.workers_list(), named
+
+    async def ledger() -> None:
+        if store.capabilities.ledger:
+            await store.duplicates_list(limit=1)
+
+    try:
+        queues, membership, _ = await asyncio.gather(
+            probes["broker"].run(broker, timeout),
+            probes["leases"].run(leases, timeout),
+            probes["ledger"].run(ledger, timeout),
+        )
+    finally:
+        await _close(store, timeout)
+    report: dict[str, Any] = {"store": "ok", "error": None}
+    report["channels"] = {name: p.json() for name, p in probes.items()}
+    if not store.capabilities.ledger:
+        report["channels"]["ledger"] = dict(_NOT_PROVIDED)
+    stats, stale = queues or ([], None)
+    now, records, named = membership or (None, [], [])
+    report["queues"] = stats
+    report["now"] = now
+    if dependencies and now is not None:
+        shared = read_shared(named, now)
+        report["dependencies"] = {
+            name: {"state": "closed", "open_until": None, "prober": None}
+            | ({} if (b := shared.get(name)) is None else _breaker_json(b))
+            for name in dependencies
+        }
+    report["workers"] = live(records, now) if now is not None else []
+    report["stale_commits"] = stale
+    return report
+
+
+def _breaker_json(b: SharedBreaker) -> dict[str, Any]:
+    return {"state": b.state.value, "open_until": b.open_until, "prober": b.prober}
+
+
+def alive(w: WorkerRecord, now: float) -> bool:
+    """Whether the worker's membership lease is live by ``now`` (the store's clock)."""
+    return w.expires_at > now and w.state != "stopped"
+
+
+def live(records: list[WorkerRecord], now: float) -> list[WorkerRecord]:
+    """The workers that are alive by ``now``."""
+    return [w for w in records if alive(w, now)]
+
+
+def worker_state(w: WorkerRecord, now: float) -> str:
+    """The worker's state as a listing shows it: "(lost)" once its membership expired
+    unstopped, "(drain requested)" while an operator's drain request waits for it."""
+    if not alive(w, now):
+        return w.state if w.state == "stopped" else f"{w.state} (lost)"
+    if w.drain_requested and w.state not in ("draining", "stopped"):
+        return f"{w.state} (drain requested)"
+    return w.state
+
+
+def lease_mismatch(current: ResourceLease, owner: str, token: int) -> str | None:
+    """What of ``owner`` and ``token`` does not match the lease's holder, if anything."""
+    wrong = []
+    if owner != current.owner:
+        wrong.append(f"owner {owner!r} is not its owner ({current.owner!r})")
+    if token != current.token:
+        older = " (a stale one)" if token < current.token else ""
+        wrong.append(f"token {token}{older} is not its token ({current.token})")
+    return " and ".join(wrong) or None

@@ -1,0 +1,437 @@
+"""The dashboard's routes over a SQLite store with real jobs, workers and leases.
+
+Each page answers with what the store holds; each action changes the store as asked,
+once the guard lets it through; every refusal (a missing or wrong operator token, a
+forged or cross-site form, a read-only dashboard, an unknown or malformed id) answers
+with the right status and a readable page, and leaves the store exactly as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from dashboard_state import LEASE_KEY, State, fingerprint, populate
+from tokenline.dashboard import create_app
+from tokenline.stores import store_from_url
+
+TOKEN = "s3cret-operator-token"
+BASE = "http://dash.test"
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> State:
+    """A store with jobs queued, running and dead, workers and a resource lease."""
+    return populate(tmp_path, faulty=True)
+
+
+def _client(state: State, token: str | None = TOKEN, **kwargs: Any) -> httpx.AsyncClient:
+    web = create_app(state.app, operator_token=token, **kwargs)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=web), base_url=BASE)
+
+
+@pytest.fixture
+async def client(state: State) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of a dashboard with actions enabled."""
+    async with _client(state) as c:
+        yield c
+
+
+async def csrf_of(client: httpx.AsyncClient, path: str) -> str:
+    """The CSRF token of the confirmation form at ``path``."""
+    page = await client.get(path)
+    assert page.status_code == 200, page.text
+    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert found, page.text
+    return found.group(1)
+
+
+async def act(
+    client: httpx.AsyncClient,
+    action: str,
+    fields: dict[str, Any],
+    *,
+    token: str | None = TOKEN,
+    csrf: str | None = "fetch",
+    headers: dict[str, str] | None = None,
+) -> httpx.Response:
+    """POST ``action`` as the confirmation form would, with what is given."""
+    form = {k: str(v) for k, v in fields.items()}
+    if csrf == "fetch":
+        csrf = await csrf_of(client, f"/actions/{action}?{httpx.QueryParams(form)}")
+    if csrf is not None:
+        form["csrf"] = csrf
+    if token is not None:
+        form["operator_token"] = token
+    sent = {"sec-fetch-site": "same-origin", "origin": BASE} | (headers or {})
+    return await client.post(f"/actions/{action}", data=form, headers=sent)
+
+
+# -- pages ----------------------------------------------------------------------------------
+async def test_overview_shows_queues_workers_by_state_channels_and_the_open_breaker(
+    client: httpx.AsyncClient,
+) -> None:
+    """The overview names each queue with its depth, each worker under its state, each
+    channel's health, the open breaker as the verdict, and the paused queue."""
+    page = await client.get("/")
+    assert page.status_code == 200
+    html = page.text
+    assert 'data-queue="default"' in html
+    assert re.search(r'data-queue="emails">.*?paused', html, re.S)
+    for group, worker in (("ready", "w-ready"), ("processing", "w-busy"), ("fenced", "w-fenced")):
+        section = html.split(f'data-group="{group}"')[1].split('data-group="')[0]
+        assert f'data-worker="{worker}"' in section, group
+    for channel in ("broker", "leases", "ledger"):
+        assert re.search(rf'data-channel="{channel}">.*?<span class="good">ok', html, re.S)
+    assert "Dependency down" in html
+    assert "breaker OPEN" in html
+
+
+async def test_job_page_lists_attempts_with_tokens(client: httpx.AsyncClient, state: State) -> None:
+    """A running job's page shows its owner and the token of its attempt."""
+    page = await client.get(f"/jobs/{state.running[0]}")
+    assert page.status_code == 200
+    assert 'data-token="' in page.text
+    assert "w-busy" in page.text
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/queues/default", "billing.charge"),
+        ("/workers/w-busy", "Jobs it holds"),
+        ("/leases", LEASE_KEY),
+        ("/dlq", "card declined"),
+        ("/audit", "Stale commits refused"),
+        ("/drills", "No results file given"),
+    ],
+)
+async def test_each_page_shows_the_store(
+    client: httpx.AsyncClient, path: str, expected: str
+) -> None:
+    """Every page answers 200 with what the store holds."""
+    page = await client.get(path)
+    assert page.status_code == 200
+    assert expected in page.text
+
+
+@pytest.mark.parametrize(
+    "path", ["/", "/actions/retry-job?job=1", "/jobs/abc", "/static/dashboard.js"]
+)
+async def test_every_answer_forbids_framing_and_caching(
+    client: httpx.AsyncClient, path: str
+) -> None:
+    """No page may be framed by another site (a confirm button under a decoy), nor
+    kept in a cache (forms carry the CSRF token)."""
+    answer = await client.get(path)
+    assert answer.headers["x-frame-options"] == "DENY"
+    assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+    assert answer.headers["cache-control"] == "no-store"
+
+
+async def test_fragment_is_the_content_without_the_layout(client: httpx.AsyncClient) -> None:
+    """What the refresh script swaps in: the page's content, no <html> around it."""
+    fragment = await client.get("/?fragment=1")
+    assert fragment.status_code == 200
+    assert "<html" not in fragment.text
+    assert 'id="verdict"' in fragment.text
+
+
+async def test_drills_page_reads_a_drill_json_file(state: State, tmp_path: Path) -> None:
+    """The drills page lists the scenarios of a `tokenline drill --json` file."""
+    results = tmp_path / "drill.json"
+    results.write_text('[{"scenario": "partition", "store": "sqlite", "ok": false, "lost": 0}]')
+    async with _client(state, drill_results=results) as c:
+        page = await c.get("/drills")
+    assert "partition" in page.text
+    assert "FAIL" in page.text
+
+
+# -- bad input ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("path", "status", "says"),
+    [
+        ("/jobs/abc", 400, "not a job id"),
+        ("/jobs/-1", 400, "not a job id"),
+        ("/jobs/99999", 404, "no job with id 99999"),
+        ("/workers/nobody", 404, "no worker has id"),
+        ("/queues/nothing-here", 404, "no queue named"),
+        ("/actions/explode", 404, "no action"),
+        ("/actions/retry-job?job=abc", 400, "job must be a whole number"),
+        ("/actions/pause-queue", 400, "queue is missing"),
+        ("/no/such/page", 404, "nothing here"),
+    ],
+)
+async def test_bad_urls_get_a_readable_page(
+    client: httpx.AsyncClient, path: str, status: int, says: str
+) -> None:
+    """An unknown or malformed id answers 400 or 404 with a page saying what was wrong."""
+    page = await client.get(path)
+    assert page.status_code == status
+    assert says in page.text
+    assert "<h1>" in page.text
+
+
+# -- actions ------------------------------------------------------------------------------
+async def test_each_action_changes_the_store(client: httpx.AsyncClient, state: State) -> None:
+    """Retry, discard, pause, resume, drain and release each do what they say."""
+    before = await fingerprint(state.url)
+    assert (await act(client, "retry-job", {"job": state.dead})).status_code == 200
+    assert (await act(client, "pause-queue", {"queue": "default"})).status_code == 200
+    assert (await act(client, "resume-queue", {"queue": "emails"})).status_code == 200
+    assert (await act(client, "drain-worker", {"worker": "w-ready"})).status_code == 200
+    released = await act(
+        client,
+        "release-lease",
+        {"key": LEASE_KEY, "owner": "w-busy", "lease_token": state.lease_token},
+    )
+    assert released.status_code == 200, released.text
+    jobs, paused, drains, leases = await fingerprint(state.url)
+    assert {j: s for j, s, _ in jobs}[state.dead] == "queued"
+    assert paused == ["default"]
+    assert dict(drains)["w-ready"] is True
+    assert (LEASE_KEY, "w-busy", state.lease_token, True) in before[3]
+    assert (LEASE_KEY, "w-busy", state.lease_token, False) in leases
+    # The retried job is no longer dead: discarding it does not apply.
+    assert (await act(client, "discard-job", {"job": state.dead})).status_code == 409
+
+
+async def test_discard_cancels_a_dead_job(client: httpx.AsyncClient, state: State) -> None:
+    """Discard moves a dead job to cancelled."""
+    assert (await act(client, "discard-job", {"job": state.dead})).status_code == 200
+    jobs, *_ = await fingerprint(state.url)
+    assert {j: s for j, s, _ in jobs}[state.dead] == "cancelled"
+
+
+def _lease(owner: str, token: Any) -> dict[str, Any]:
+    return {"key": LEASE_KEY, "owner": owner, "lease_token": token}
+
+
+@pytest.mark.parametrize(
+    ("action", "fields", "status", "says"),
+    [
+        ("retry-job", {"job": "running"}, 409, "is not dead"),
+        ("retry-job", {"job": 99999}, 404, "no job with id 99999"),
+        ("retry-job", {"job": "1x"}, 400, "whole number"),
+        ("pause-queue", {"queue": "emails"}, 409, "already paused"),
+        ("resume-queue", {"queue": "default"}, 409, "not paused"),
+        ("drain-worker", {"worker": "nobody"}, 404, "no worker with id"),
+        ("drain-worker", {"worker": "w-gone"}, 409, "it has stopped"),
+        (
+            "release-lease",
+            {"key": LEASE_KEY, "owner": "w-busy", "lease_token": "stale"},
+            409,
+            "stale",
+        ),
+        (
+            "release-lease",
+            {"key": LEASE_KEY, "owner": "w-other", "lease_token": "current"},
+            409,
+            "owner",
+        ),
+        (
+            "release-lease",
+            {"key": "nothing", "owner": "w-busy", "lease_token": 1},
+            404,
+            "no resource",
+        ),
+        ("release-lease", {"key": LEASE_KEY, "owner": "w-busy", "lease_token": "x"}, 400, "whole"),
+    ],
+)
+async def test_an_action_that_does_not_apply_changes_nothing(
+    client: httpx.AsyncClient,
+    state: State,
+    action: str,
+    fields: dict[str, Any],
+    status: int,
+    says: str,
+) -> None:
+    """A job not dead, an unknown id, a paused queue paused again, a lease under a stale
+    token or another owner: refused with 409, 404 or 400, and the store is unchanged."""
+    fields = dict(fields)
+    if fields.get("job") == "running":
+        fields["job"] = state.running[0]
+    if fields.get("lease_token") == "current":
+        fields["lease_token"] = state.lease_token
+    elif fields.get("lease_token") == "stale":
+        fields["lease_token"] = state.lease_token - 1
+    before = await fingerprint(state.url)
+    form = {k: str(v) for k, v in fields.items()}
+    csrf = await csrf_of(client, "/actions/pause-queue?queue=default")
+    answer = await act(client, action, form, csrf=csrf)
+    assert answer.status_code == status, answer.text
+    assert says in answer.text
+    assert await fingerprint(state.url) == before
+
+
+@pytest.mark.parametrize(
+    ("token", "csrf", "headers", "status", "says"),
+    [
+        (None, "fetch", {}, 401, "no operator token"),
+        ("wrong", "fetch", {}, 401, "operator token is wrong"),
+        (TOKEN[:-1], "fetch", {}, 401, "operator token is wrong"),
+        (TOKEN, None, {}, 403, "CSRF token is missing"),
+        (TOKEN, "forged-token", {}, 403, "CSRF token is missing"),
+        (TOKEN, "fetch", {"sec-fetch-site": "cross-site"}, 403, "cross-site page"),
+        (TOKEN, "fetch", {"sec-fetch-site": "same-site"}, 403, "same-site page"),
+        (TOKEN, "fetch", {"origin": "http://evil.test"}, 403, "evil.test"),
+        (TOKEN, "fetch", {"origin": "null"}, 403, "not from this dashboard"),
+    ],
+)
+async def test_a_refused_action_changes_nothing(
+    client: httpx.AsyncClient,
+    state: State,
+    token: str | None,
+    csrf: str | None,
+    headers: dict[str, str],
+    status: int,
+    says: str,
+) -> None:
+    """A missing or wrong operator token (401), a missing or forged CSRF token, a
+    cross-site or foreign-origin request (403): a readable refusal, nothing changed."""
+    before = await fingerprint(state.url)
+    answer = await act(
+        client, "retry-job", {"job": state.dead}, token=token, csrf=csrf, headers=headers
+    )
+    assert answer.status_code == status
+    assert says in answer.text
+    assert "<h1>" in answer.text
+    assert await fingerprint(state.url) == before
+
+
+async def test_a_forged_cross_site_form_is_refused(client: httpx.AsyncClient, state: State) -> None:
+    """A form posted from another site, as a browser sends it (Origin and Sec-Fetch-Site
+    of that site, no CSRF token of ours, even with the right operator token): 403."""
+    before = await fingerprint(state.url)
+    answer = await client.post(
+        "/actions/pause-queue",
+        data={"queue": "default", "operator_token": TOKEN, "csrf": "guess"},
+        headers={"origin": "https://attacker.example", "sec-fetch-site": "cross-site"},
+    )
+    assert answer.status_code == 403
+    assert await fingerprint(state.url) == before
+
+
+async def test_a_bearer_token_is_accepted_in_place_of_the_form_field(
+    client: httpx.AsyncClient, state: State
+) -> None:
+    """A script may give the operator token as ``Authorization: Bearer``."""
+    answer = await act(
+        client,
+        "pause-queue",
+        {"queue": "default"},
+        token=None,
+        headers={"authorization": f"Bearer {TOKEN}"},
+    )
+    assert answer.status_code == 200
+    assert (await fingerprint(state.url))[1] == ["default", "emails"]
+
+
+async def test_a_read_only_dashboard_refuses_every_action_and_says_how_to_enable(
+    state: State,
+) -> None:
+    """Started without an operator token, the dashboard shows no action form and refuses
+    an action with 403, naming TOKENLINE_DASHBOARD_TOKEN; nothing changes."""
+    before = await fingerprint(state.url)
+    async with _client(state, token=None) as c:
+        confirm = await c.get(f"/actions/retry-job?job={state.dead}")
+        assert "TOKENLINE_DASHBOARD_TOKEN" in confirm.text
+        assert 'name="csrf"' not in confirm.text
+        csrf = c._transport.app.state.dashboard.guard.csrf_token  # type: ignore[attr-defined]
+        for token in (None, "", "anything"):
+            answer = await act(c, "retry-job", {"job": state.dead}, token=token, csrf=csrf)
+            assert answer.status_code == 403
+            assert "TOKENLINE_DASHBOARD_TOKEN" in answer.text
+    assert await fingerprint(state.url) == before
+
+
+async def test_get_never_acts(client: httpx.AsyncClient, state: State) -> None:
+    """The confirmation page is a GET and changes nothing, even with every field."""
+    before = await fingerprint(state.url)
+    page = await client.get(f"/actions/retry-job?job={state.dead}&operator_token={TOKEN}")
+    assert page.status_code == 200
+    assert await fingerprint(state.url) == before
+
+
+async def test_actions_and_refusals_are_logged(
+    client: httpx.AsyncClient, state: State, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each action is logged on tokenline.dashboard: who, what, and the result."""
+    caplog.set_level(logging.INFO, logger="tokenline.dashboard")
+    await act(client, "pause-queue", {"queue": "default"})
+    await act(client, "pause-queue", {"queue": "default"}, token="wrong")
+    lines = [r.getMessage() for r in caplog.records if r.name == "tokenline.dashboard"]
+    assert any("pause-queue" in m and "200 paused queue 'default'" in m for m in lines), lines
+    assert any("pause-queue" in m and "refused" in m and "wrong" in m for m in lines), lines
+
+
+async def test_an_unreadable_store_gives_a_503_page(tmp_path: Path) -> None:
+    """A store that cannot be opened answers 503 with the store's error, not a trace."""
+    from tokenline import App
+
+    (tmp_path / "dir.db").mkdir()
+    app = App(f"sqlite:///{tmp_path / 'dir.db'}")
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(app)), base_url=BASE
+    ) as c:
+        page = await c.get("/leases")
+        overview = await c.get("/")
+    assert page.status_code == 503
+    assert "cannot be read" in page.text
+    assert overview.status_code == 200
+    assert "FAILING" in overview.text
+
+
+def test_fingerprint_sees_a_change(state: State) -> None:
+    """The store comparison above can fail: pausing a queue changes the fingerprint."""
+
+    async def run() -> bool:
+        before = await fingerprint(state.url)
+        store = store_from_url(state.url)
+        await store.open()
+        try:
+            await store.queue_pause(queue="default")
+        finally:
+            await store.close()
+        return await fingerprint(state.url) != before
+
+    assert asyncio.run(run())
+
+
+async def test_the_store_refuses_a_release_whose_token_moved_on_after_the_read(
+    client: httpx.AsyncClient, state: State, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the lease changes hands between the dashboard's read and its release (here:
+    the read's verdict forced to "matches"), the store itself refuses the stale owner
+    and token: 409, the lease still held by its holder."""
+    from tokenline.dashboard import actions
+
+    monkeypatch.setattr(actions, "lease_mismatch", lambda *args: None)
+    before = await fingerprint(state.url)
+    for lease in (_lease("w-busy", state.lease_token - 1), _lease("w-other", state.lease_token)):
+        answer = await act(client, "release-lease", lease)
+        assert answer.status_code == 409
+        assert "changed hands meanwhile" in answer.text
+    assert await fingerprint(state.url) == before
+
+
+async def test_an_action_on_an_unreadable_store_is_a_logged_503(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An action whose store cannot be opened answers 503 and is logged as failed."""
+    from tokenline import App
+
+    (tmp_path / "dir.db").mkdir()
+    web = create_app(App(f"sqlite:///{tmp_path / 'dir.db'}"), operator_token=TOKEN)
+    caplog.set_level(logging.INFO, logger="tokenline.dashboard")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=web), base_url=BASE) as c:
+        answer = await act(c, "pause-queue", {"queue": "default"})
+    assert answer.status_code == 503
+    assert any("failed: store error" in r.getMessage() for r in caplog.records)

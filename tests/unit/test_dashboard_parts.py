@@ -1,0 +1,128 @@
+"""The dashboard's pure parts: samples and charts, the guard, alerts and the verdict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tokenline._jobs import WorkerRecord
+from tokenline.dashboard.charts import Sample, Samples, svg_chart
+from tokenline.dashboard.data import Overview, QueueRow, WorkerRow, firing_alerts
+from tokenline.dashboard.security import Guard
+
+OK = {"ok": True, "failure": None, "latency_ms": 1.0, "error": None}
+
+
+def test_samples_keep_one_per_interval_and_derive_throughput() -> None:
+    """Samples closer than the interval are dropped; throughput is finished jobs per
+    second between kept samples; a clock that goes back starts over."""
+    s = Samples(size=3, min_interval=1.0)
+    for at, finished in ((0.0, 0), (0.5, 5), (2.0, 10), (4.0, 30), (6.0, 30)):
+        s.add(Sample(at=at, queued=int(at), running=0, finished=finished))
+    assert [x.at for x in s.items()] == [2.0, 4.0, 6.0]  # 0.5 dropped, 0.0 rotated out
+    assert s.throughput() == [(4.0, 10.0), (6.0, 0.0)]
+    assert s.rate() == pytest.approx(5.0)
+    s.add(Sample(at=1.0, queued=0, running=0, finished=0))
+    assert [x.at for x in s.items()] == [1.0]
+    assert s.rate() is None
+
+
+def test_per_queue_rate_needs_the_queue_at_both_ends() -> None:
+    """A queue's rate is its own finished jobs over the samples' span; a queue missing
+    from the first or last sample has none yet."""
+    s = Samples(min_interval=0.0)
+    s.add(Sample(at=0.0, queued=0, running=0, finished=0, finished_by_queue={"a": 0}))
+    s.add(Sample(at=10.0, queued=0, running=0, finished=50, finished_by_queue={"a": 20, "b": 30}))
+    assert s.rate() == pytest.approx(5.0)
+    assert s.rate("a") == pytest.approx(2.0)
+    assert s.rate("b") is None
+
+
+def test_chart_draws_every_point_and_escapes_its_label() -> None:
+    """The polyline has one vertex per point; the label cannot inject markup."""
+    svg = svg_chart([(0, 1), (1, 3), (2, 2)], label="<script>x</script>")
+    (points,) = svg.split('points="')[1:]
+    assert len(points.split('"')[0].split()) == 3
+    assert "<script>" not in svg
+    assert "&lt;script&gt;" in svg
+    assert "collecting samples" in svg_chart([(0, 1)], label="one")
+
+
+def test_guard_compares_tokens_and_is_read_only_without_one() -> None:
+    """Only the exact operator token passes; without one configured nothing does."""
+    g = Guard("right")
+    assert g.check_operator("right") is None
+    refusal = g.check_operator("righ")
+    assert refusal is not None
+    assert refusal.status == 401
+    refusal = Guard(None).check_operator("right")
+    assert refusal is not None
+    assert refusal.status == 403
+    assert g.check_csrf(g.csrf_token) is None
+    assert g.check_csrf(Guard("right").csrf_token) is not None  # another process's form
+    own = "http://127.0.0.1:8080"
+    assert g.check_origin(origin=own, fetch_site="same-origin", own_origin=own) is None
+    assert g.check_origin(origin=None, fetch_site=None, own_origin=own) is None
+    assert g.check_origin(origin="http://127.0.0.1:9", fetch_site=None, own_origin=own)
+
+
+def _worker(wid: str, state: str, skew: float | None = None) -> WorkerRow:
+    rec = WorkerRecord(wid, "h", 1, ("default",), 4, state, 1, 0.0, 99.0, 1e12, clock_skew=skew)
+    return WorkerRow(rec, alive=True, heartbeat_gap=1.0)
+
+
+def _overview(**kw: Any) -> Overview:
+    channels = {"broker": dict(OK), "leases": dict(OK), "ledger": dict(OK)}
+    return Overview(store="ok", error=None, channels=channels, now=100.0, **kw)
+
+
+def test_alerts_fire_on_queued_jobs_without_workers_old_jobs_and_skew() -> None:
+    """The conditions of the alert rules hold when their figures say so, and only then."""
+    q = QueueRow("default", 3, 0, 0, 0, 0, 400.0, False)
+    o = _overview(queues=[q], workers=[_worker("w1", "draining", skew=5.0)])
+    names = {a.name for a in firing_alerts(o)}
+    assert names == {
+        "TokenlineJobsQueuedWithoutWorkers",
+        "TokenlineJobAgeOverSLA",
+        "TokenlineClockSkewPastLeaseMargin",
+    }
+    calm = _overview(queues=[QueueRow("default", 3, 0, 0, 0, 0, 1.0, False)],
+                     workers=[_worker("w1", "ready")])  # fmt: skip
+    assert firing_alerts(calm) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "headline"),
+    [
+        ({}, "All channels healthy"),
+        ({"failing": "leases"}, "Coordination problem"),
+        ({"breaker": "open"}, "Dependency down"),
+        ({"worker": "fenced"}, "Coordination problem"),
+    ],
+)
+def test_verdict_tells_coordination_from_compute(change: dict[str, str], headline: str) -> None:
+    """A failing channel, an open breaker or a fenced worker is a coordination problem;
+    otherwise a backlog is a question of compute."""
+    o = _overview(workers=[_worker("w1", change.get("worker", "processing"))])
+    if "failing" in change:
+        o.channels[change["failing"]] = {**OK, "ok": False, "failure": "slow"}
+    if "breaker" in change:
+        o.dependencies = {"payments": {"state": "open", "open_until": 200.0, "prober": None}}
+    level, title, findings = o.verdict()
+    assert title == headline
+    assert (level == "ok") == (headline == "All channels healthy")
+    assert ("Adding workers will not help." in findings) == (level == "bad")
+
+
+def test_verdict_names_every_finding_gravest_first() -> None:
+    """An open breaker heads the verdict; the fenced worker and the paused queue are
+    still named under it."""
+    o = _overview(
+        workers=[_worker("w1", "fenced")],
+        queues=[QueueRow("mail", 0, 0, 0, 0, 0, None, True)],
+    )
+    o.dependencies = {"payments": {"state": "open", "open_until": 200.0, "prober": None}}
+    _, title, findings = o.verdict()
+    assert title == "Dependency down"
+    assert findings[:3] == ["circuit breaker open: payments", "fenced: w1", "queue paused: mail"]
