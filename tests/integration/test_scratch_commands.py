@@ -114,6 +114,7 @@ def test_bench_ignores_tokenline_url_and_leaves_nothing(sandbox: Sandbox) -> Non
     result = sandbox.tokenline("bench", "--jobs", "100", "--workers", "1", "--latency-samples", "3")
     assert result.returncode == 0, _explain(result)
     assert "throughput: 100 no-op jobs" in result.stdout
+    assert re.search(r"worker CPU: [\d,]+ µs per job", result.stdout), result.stdout
     assert f"machine: {os.cpu_count()} cores, load average (1/5/15 min) " in result.stdout
     assert "left behind" not in result.stdout
     assert sandbox.left() == []

@@ -86,6 +86,22 @@ def _latency(a: App, samples: int) -> list[float]:
     return delays
 
 
+def _cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> float | None:
+    """User plus system CPU seconds the processes have used so far (Linux's /proc;
+    ``None`` where it cannot be read)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for p in procs:
+        try:
+            with open(f"/proc/{p.pid}/stat", encoding="ascii") as f:
+                # The fields after the command name (in parentheses, which may hold spaces).
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            return None
+        total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
 def _load() -> str:
     """The load average over 1, 5 and 15 minutes."""
     try:
@@ -200,6 +216,7 @@ def _measure(
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                 raise click.ClickException("the workers did not start")
             time.sleep(0.05)
+        cpu = _cpu_seconds(procs)
         t = time.perf_counter()
         a.run(lambda s: s.queue_resume(queue=QUEUE))
         if backlog:
@@ -216,11 +233,18 @@ def _measure(
                     raise click.ClickException("a worker process exited early")
                 time.sleep(0.1)
             took = time.perf_counter() - t
+        spent = _cpu_seconds(procs)
         console.print(
             f"throughput: {jobs:,} no-op jobs, {workers} worker processes x {concurrency}, "
             f"in {took:.2f}s = {jobs / took:,.0f} jobs/s"
             + (f" (queue {backlog:,} deep)" if backlog else "")
         )
+        if cpu is not None and spent is not None:
+            # A little of it is idle heartbeats; over thousands of jobs, nearly nothing.
+            console.print(
+                f"worker CPU: {(spent - cpu) / jobs * 1e6:,.0f} µs per job "
+                "(user + system time of the worker processes, all their threads)"
+            )
         if latency_samples and not backlog:
             delays = sorted(_latency(a, latency_samples))
             if delays:
