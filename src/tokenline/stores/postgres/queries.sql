@@ -144,8 +144,8 @@ FROM inserted;
 -- name: enqueue_ids
 -- A large batch without unique keys is copied in (enqueue_copy): its ids are drawn first,
 -- one per job, with the store's now for its run_at and state.
-SELECT nextval({job_ids}) AS id, {schema}.now_epoch(%(now)s) AS now
-FROM generate_series(1, %(n)s);
+SELECT ARRAY(SELECT nextval({job_ids}) FROM generate_series(1, %(n)s)) AS ids,
+       {schema}.now_epoch(%(now)s) AS now;
 
 -- name: enqueue_copy
 COPY {schema}.jobs (id, queue, task, args, idempotency_key, priority, run_at,

@@ -405,11 +405,12 @@ class PostgresStore(PostgresLedger, PostgresMaintenance, Store):
         queue with a job ready now."""
         yield Begin()
         try:
-            drawn = yield from fetch_all(
+            drawn = yield from fetch_one(
                 self._q("enqueue_ids"), {"n": len(jobs), "now": self._now()}
             )
-            ids = sorted(int(r[0]) for r in drawn)
-            now = float(drawn[0][1])
+            assert drawn is not None  # one row, always
+            ids = sorted(drawn[0])
+            now = float(drawn[1])
             rows = []
             ready: set[str] = set()
             for jid, j in zip(ids, jobs, strict=True):
