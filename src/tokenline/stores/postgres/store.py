@@ -74,6 +74,7 @@ from ._steps import AsyncDriver, Steps, execute, fetch_all, fetch_one
 from ._target import Target, parse_url
 from ._transaction import PostgresFencedTransaction
 from .ledger import PostgresLedger
+from .maintenance import PostgresMaintenance, check_leader
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
@@ -87,7 +88,7 @@ _Q = {
 }
 
 
-class PostgresStore(PostgresLedger, Store):
+class PostgresStore(PostgresMaintenance, PostgresLedger, Store):
     """A store in a PostgreSQL schema (``postgresql://user@host/db?schema=name``).
 
     ``timeout`` bounds connecting, waiting for a pooled connection and each statement
@@ -496,9 +497,12 @@ class PostgresStore(PostgresLedger, Store):
         ``lease``: unique per schema, job and token, under PostgreSQL's 63 bytes."""
         return f"tokenline {self._schema_tag} {lease.job_id}.{lease.token}"
 
-    async def jobs_rescue(self, *, limit: int = 1000) -> RescueReport:
+    async def jobs_rescue(
+        self, *, limit: int = 1000, leader: ResourceLease | None = None
+    ) -> RescueReport:
         """Requeue or dead-letter running jobs whose lease expired by the store's clock,
-        as the core decides, then end the fenced transactions those attempts left open.
+        as the core decides, then end the fenced transactions those attempts left open;
+        only if ``leader`` (when given) still holds the maintenance lease.
 
         An expired job whose row its attempt's transaction still locks (paused between
         its completion and its commit) is skipped, and that session ended: the next
@@ -508,6 +512,7 @@ class PostgresStore(PostgresLedger, Store):
         async def run(conn: AsyncConnection[Any]) -> list[TupleRow]:
             cur = conn.cursor(row_factory=tuple_row)
             async with conn.transaction():
+                await check_leader(cur, self._q("leader_holds"), leader, "rescue", self._now())
                 await cur.execute(
                     self._q("rescue_candidates"), {"limit": limit, "now": self._now()}
                 )
