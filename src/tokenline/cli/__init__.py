@@ -107,6 +107,18 @@ def _env(name: str) -> dict[str, Any]:
     **_env("RESCUE_INTERVAL"),
 )
 @click.option(
+    "--reconcile-interval",
+    type=float,
+    help="Period of the reconciler's pass [default: 30].",
+    **_env("RECONCILE_INTERVAL"),
+)
+@click.option(
+    "--effect-pending-deadline",
+    type=float,
+    help="Seconds an effect may stay pending after its lease is lost [default: 300].",
+    **_env("EFFECT_PENDING_DEADLINE"),
+)
+@click.option(
     "--store-timeout",
     type=float,
     help="Per-call store timeout [default: TTL/3].",

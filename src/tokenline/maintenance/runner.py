@@ -1,0 +1,110 @@
+"""The runner: stands for election, and while leader runs each service on its interval.
+
+One task keeps the term (:meth:`Leadership.elect` every ``renew_interval``), and one task
+per service sleeps its own interval, then runs it once with the lease the leadership
+trusts *now* (never a lease read before the sleep). A service whose write the store
+refused (a newer term exists) makes the leader step down at once. The worker runs one
+of these beside its control plane; ``tokenline maintenance`` runs one alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+
+from .. import events
+from .._errors import StoreError
+from ._service import Service, ServiceReport
+from .leader import Leadership
+
+__all__ = ["MaintenanceRunner"]
+
+log = logging.getLogger("tokenline.maintenance")
+
+
+class MaintenanceRunner:
+    """Run ``services`` while ``leadership`` holds its term.
+
+    ``may_lead``: asked before standing and before each run (a fenced or stopping worker
+    answers no). ``on_report``: called with each report that did something.
+    """
+
+    def __init__(
+        self,
+        leadership: Leadership,
+        services: Sequence[Service],
+        *,
+        renew_interval: float,
+        may_lead: Callable[[], bool] = lambda: True,
+        on_report: Callable[[ServiceReport], None] | None = None,
+    ) -> None:
+        self.leadership = leadership
+        self.services = list(services)
+        self.renew_interval = renew_interval
+        self.may_lead = may_lead
+        self.on_report = on_report
+
+    async def run_once(self) -> list[ServiceReport] | None:
+        """Stand (or renew), then, if leader, run every service once; ``None`` if not
+        leader. For tests and one-off passes."""
+        if not self.may_lead() or await self.leadership.elect() is None:
+            return None
+        return [await self._run(service) for service in self.services]
+
+    async def run(self) -> None:
+        """Stand and run the services until cancelled; then give the lease back."""
+        tasks = [asyncio.create_task(self._keep_term(), name="tokenline-leader")]
+        tasks += [
+            asyncio.create_task(self._loop(s), name=f"tokenline-{s.name}") for s in self.services
+        ]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.leadership.resign()
+
+    async def _keep_term(self) -> None:
+        while True:
+            before = self.leadership.term
+            if self.may_lead():
+                try:
+                    await self.leadership.elect()
+                except StoreError as exc:
+                    log.warning("maintenance election failed: %s", exc)
+            else:
+                self.leadership.step_down("this process may not lead now")
+            after = self.leadership.term
+            if after != before and events.enabled():
+                events.emit(events.LeaderChanged(self.leadership.owner, after))
+            await asyncio.sleep(self.renew_interval)
+
+    async def _loop(self, service: Service) -> None:
+        while True:
+            await asyncio.sleep(service.interval)
+            if not self.may_lead() or self.leadership.current() is None:
+                continue
+            try:
+                await self._run(service)
+            except StoreError as exc:
+                log.warning("maintenance %s failed: %s", service.name, exc)
+
+    async def _run(self, service: Service) -> ServiceReport:
+        lease = self.leadership.current()
+        if lease is None:
+            return ServiceReport(service.name, refused=True)
+        report = await service.run_once(leader=lease)
+        if report.refused:
+            self.leadership.step_down(f"the store refused the {service.name}'s write")
+        for line in report.lines:
+            log.warning("%s (term %d): %s", service.name, lease.token, line)
+        if events.enabled():
+            for kind, n in report.counts.items():
+                events.emit(
+                    events.MaintenanceRepaired(self.leadership.owner, service.name, kind, n)
+                )
+        if self.on_report is not None and (report.total or report.refused):
+            self.on_report(report)
+        return report
