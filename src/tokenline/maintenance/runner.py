@@ -50,6 +50,11 @@ class MaintenanceRunner:
         leader. For tests and one-off passes."""
         if not self.may_lead() or await self.leadership.elect() is None:
             return None
+        return await self.run_services()
+
+    async def run_services(self) -> list[ServiceReport]:
+        """Run every service once with the term held now, without standing first (a
+        service run without a trusted term is reported refused)."""
         return [await self._run(service) for service in self.services]
 
     async def run(self) -> None:
