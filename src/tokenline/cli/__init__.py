@@ -36,6 +36,7 @@ from .drill import drill
 from .exporter import exporter
 from .inspect import job, jobs, queues, workers
 from .leases import drain, lease, leases
+from .maintenance import maintenance, reconcile
 from .scale import scale_hint_command
 from .status import status
 
@@ -308,5 +309,5 @@ for command in (
 ):
     main.add_command(command)
 main.add_command(audit)
-for command in (leases, lease, drain):
+for command in (leases, lease, drain, maintenance, reconcile):
     main.add_command(command)
