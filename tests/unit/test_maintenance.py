@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+from tokenline import events
 from tokenline._clock import FakeClock
 from tokenline._jobs import JobState, NewJob
 from tokenline.maintenance import (
@@ -112,3 +113,24 @@ async def test_the_runner_gives_its_lease_back_when_stopped() -> None:
     other = await store.resource_lease_acquire(resource=MAINTENANCE_LEASE, owner="b", ttl=TTL)
     assert other is not None
     assert other.token == runs[0][1] + 1
+
+
+async def test_the_runner_reports_repairs_and_terms_as_events(clock: FakeClock) -> None:
+    """Each kind a service repaired is an event (for the metrics), and so is the term
+    the runner's candidacy wins."""
+    seen: list[events.Event] = []
+    events.add_hook(seen.append)
+    try:
+        store = MemoryStore(clock=clock)
+        await store.jobs_enqueue(jobs=[NewJob(queue="q", task="t", args="[]")])
+        await store.jobs_claim(owner="w", queues=["q"], limit=1, ttl=1)
+        clock.advance(2)
+        r = runner(store, "a", clock, Rescuer(store, interval=1))
+        await r.run_once()
+        clock.advance(TTL)  # past its term by its own clock: it steps down
+        await r.run_once()
+    finally:
+        events.remove_hook(seen.append)
+    assert events.MaintenanceRepaired("a", "rescuer", "requeued", 1) in seen
+    terms = [e.term for e in seen if isinstance(e, events.LeaderChanged)]
+    assert terms == [1, 2]  # won, then (past its term by its own clock) a new term

@@ -44,11 +44,15 @@ class MaintenanceRunner:
         self.renew_interval = renew_interval
         self.may_lead = may_lead
         self.on_report = on_report
+        # The term last announced (LeaderChanged), so each change is announced once.
+        self._announced: int | None = None
 
     async def run_once(self) -> list[ServiceReport] | None:
         """Stand (or renew), then, if leader, run every service once; ``None`` if not
         leader. For tests and one-off passes."""
-        if not self.may_lead() or await self.leadership.elect() is None:
+        lease = await self.leadership.elect() if self.may_lead() else None
+        self._announce()
+        if lease is None:
             return None
         return await self.run_services()
 
@@ -73,7 +77,6 @@ class MaintenanceRunner:
 
     async def _keep_term(self) -> None:
         while True:
-            before = self.leadership.term
             if self.may_lead():
                 try:
                     await self.leadership.elect()
@@ -81,10 +84,15 @@ class MaintenanceRunner:
                     log.warning("maintenance election failed: %s", exc)
             else:
                 self.leadership.step_down("this process may not lead now")
-            after = self.leadership.term
-            if after != before and events.enabled():
-                events.emit(events.LeaderChanged(self.leadership.owner, after))
+            self._announce()
             await asyncio.sleep(self.renew_interval)
+
+    def _announce(self) -> None:
+        term = self.leadership.term
+        if term != self._announced:
+            self._announced = term
+            if events.enabled():
+                events.emit(events.LeaderChanged(self.leadership.owner, term))
 
     async def _loop(self, service: Service) -> None:
         while True:
