@@ -38,6 +38,9 @@ class WorkerSettings:
 
     lease_ttl: float = 2.0
     rescue_interval: float = 0.5
+    #: The reconciler runs often, so a drift a fault leaves is repaired (and counted)
+    #: within the run, and a false repair would show in the checker's verdict.
+    reconcile_interval: float = 1.0
     concurrency: int = 4
     poll_interval: float = 0.05
     drain_timeout: float = 2.0
@@ -49,6 +52,7 @@ class WorkerSettings:
             "--concurrency", str(self.concurrency), "--lease-ttl", str(self.lease_ttl),
             "--renew-interval", str(self.lease_ttl / 4),
             "--rescue-interval", str(self.rescue_interval),
+            "--reconcile-interval", str(self.reconcile_interval),
             "--poll-interval", str(self.poll_interval),
             "--drain-timeout", str(self.drain_timeout),
         ]  # fmt: skip

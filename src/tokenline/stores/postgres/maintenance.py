@@ -60,7 +60,7 @@ class PostgresMaintenance:
     async def reconcile_find(
         self, *, pending_deadline: float, limit: int = 1000
     ) -> list[Inconsistency]:
-        """Every disagreement of each kind, in one repeatable-read snapshot."""
+        """Every disagreement of each kind, read in one transaction."""
 
         async def run(conn: AsyncConnection[Any]) -> list[Inconsistency]:
             cur = conn.cursor(row_factory=tuple_row)
