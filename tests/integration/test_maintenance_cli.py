@@ -169,3 +169,20 @@ def test_maintenance_process_leads_repairs_and_stops_cleanly(url: str, tmp_path:
     after = _lease(url)
     assert after is not None
     assert after.expires_at <= time.time() + 1  # released, not left to expire
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("RECONCILE_INTERVAL", "0"), ("RESCUE_INTERVAL", "nan"), ("EFFECT_PENDING_DEADLINE", "1")],
+)
+def test_maintenance_settings_that_cannot_work_are_refused_at_start(
+    url: str, name: str, value: str
+) -> None:
+    """A zero or NaN interval, or a pending-effect deadline under the lease TTL, stops
+    both commands before they touch the store, naming the setting."""
+    for command in (["maintenance"], ["reconcile"]):
+        result = CliRunner().invoke(
+            main, [*command, "--url", url], env={f"TOKENLINE_{name}": value}
+        )
+        assert result.exit_code == 1, result.output
+        assert name.lower() in result.output

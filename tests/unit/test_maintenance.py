@@ -4,10 +4,14 @@ write makes the leader step down, and settings that cannot work are refused."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import Counter
+
+import pytest
 
 from tokenline import events
 from tokenline._clock import FakeClock
+from tokenline._errors import ConfigError
 from tokenline._jobs import JobState, NewJob
 from tokenline.maintenance import (
     MAINTENANCE_LEASE,
@@ -134,3 +138,43 @@ async def test_the_runner_reports_repairs_and_terms_as_events(clock: FakeClock) 
     assert events.MaintenanceRepaired("a", "rescuer", "requeued", 1) in seen
     terms = [e.term for e in seen if isinstance(e, events.LeaderChanged)]
     assert terms == [1, 2]  # won, then (past its term by its own clock) a new term
+
+
+def test_a_service_interval_that_cannot_work_is_refused_at_start_up(clock: FakeClock) -> None:
+    """A service whose interval is zero, negative, NaN or not a number is a ConfigError
+    naming the service's interval, before anything runs."""
+    store = MemoryStore(clock=clock)
+    for bad in (0, -1.0, math.nan, math.inf, "5", True):
+        service = Rescuer(store, interval=bad)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=r"rescuer\.interval"):
+            runner(store, "a", clock, service)
+
+
+async def test_a_leader_that_may_not_lead_gives_its_term_back() -> None:
+    """A leading worker that becomes fenced (may_lead answers no) releases the lease at
+    its next tick instead of holding it to its expiry."""
+    store = MemoryStore()
+    allowed = [True]
+    r = MaintenanceRunner(
+        # A TTL far past the test's deadline: only a release can let b in.
+        Leadership(store, owner="a", ttl=1000.0, margin=1.0, clock=store.clock),
+        [],
+        renew_interval=0.01,
+        may_lead=lambda: allowed[0],
+    )
+    task = asyncio.create_task(r.run())
+    try:
+        async with asyncio.timeout(DEADLINE):
+            while r.leadership.term is None:  # noqa: ASYNC110 (polling: no event)
+                await asyncio.sleep(0.01)
+            allowed[0] = False
+            taken = None
+            while taken is None:
+                await asyncio.sleep(0.01)
+                taken = await store.resource_lease_acquire(
+                    resource=MAINTENANCE_LEASE, owner="b", ttl=TTL
+                )
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert r.leadership.term is None

@@ -150,8 +150,10 @@ class Leadership:
         self._trusted_until = sent + self.ttl - self.margin
 
     async def resign(self) -> None:
-        """Give the lease back (best effort), so another candidate leads at once."""
-        lease, self._lease = self._lease, None
+        """Step down and give the lease back (best effort, and only if this term still
+        holds it), so another candidate leads at once."""
+        lease = self._lease or self._stale
+        self._lease = self._stale = None
         if lease is not None:
             try:
                 await self.store.resource_lease_release(lease=lease)

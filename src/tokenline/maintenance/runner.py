@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Sequence
 
 from .. import events
-from .._errors import StoreError
+from .._errors import ConfigError, StoreError
 from ._service import Service, ServiceReport
 from .leader import Leadership
 
@@ -39,6 +40,15 @@ class MaintenanceRunner:
         may_lead: Callable[[], bool] = lambda: True,
         on_report: Callable[[ServiceReport], None] | None = None,
     ) -> None:
+        for service in services:
+            interval = service.interval
+            if isinstance(interval, bool) or not isinstance(interval, int | float):
+                raise ConfigError(f"{service.name}.interval", f"must be a number, got {interval!r}")
+            if not math.isfinite(interval) or interval <= 0:
+                raise ConfigError(
+                    f"{service.name}.interval",
+                    f"must be a positive finite number of seconds, got {interval!r}",
+                )
         self.leadership = leadership
         self.services = list(services)
         self.renew_interval = renew_interval
@@ -82,8 +92,10 @@ class MaintenanceRunner:
                     await self.leadership.elect()
                 except StoreError as exc:
                     log.warning("maintenance election failed: %s", exc)
-            else:
+            elif self.leadership.current() is not None:
+                # Fenced or stopping: give the term back now rather than at its expiry.
                 self.leadership.step_down("this process may not lead now")
+                await self.leadership.resign()
             self._announce()
             await asyncio.sleep(self.renew_interval)
 
