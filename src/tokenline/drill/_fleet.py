@@ -45,12 +45,17 @@ class WorkerSettings:
     poll_interval: float = 0.05
     drain_timeout: float = 2.0
 
+    @property
+    def renew_interval(self) -> float:
+        """The workers' renewal and election period: a quarter of the lease TTL."""
+        return self.lease_ttl / 4
+
     def argv(self, app: str, queue: str) -> list[str]:
         """The ``tokenline worker`` command line."""
         return [
             sys.executable, "-m", "tokenline", "worker", "--app", app, "--queues", queue,
             "--concurrency", str(self.concurrency), "--lease-ttl", str(self.lease_ttl),
-            "--renew-interval", str(self.lease_ttl / 4),
+            "--renew-interval", str(self.renew_interval),
             "--rescue-interval", str(self.rescue_interval),
             "--reconcile-interval", str(self.reconcile_interval),
             "--poll-interval", str(self.poll_interval),

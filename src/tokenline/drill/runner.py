@@ -286,6 +286,7 @@ class Drill:
                 workers=pids if scenario.every_worker_works else None,
                 stall=_stall(self.scheme, scenario, window),
                 guarded=scenario.calls_dependency and self.breakers,
+                renew_interval=self.settings.renew_interval if scenario.leader_victim else None,
             )
             figures = None
             if stub is not None:
