@@ -291,3 +291,36 @@ async def test_reconciler_closes_an_attempt_left_open(
     assert report.counts == {Drift.ATTEMPT_OPEN.value: 1}
     outcomes = {a.token: a.outcome for a in await store.job_attempts(job_id=claimed.job.id)}
     assert outcomes == {0: "lost", claimed.lease.token: None}
+
+
+async def test_a_repair_of_something_that_changed_since_it_was_seen_is_not_applied(
+    store: Any, clock: FakeClock, request: pytest.FixtureRequest
+) -> None:
+    """Each repair is conditional on what was seen: a job claimed again, or a lease
+    taken over, between the find and the repair is left as it now is."""
+    leader = await leader_of(store, clock)
+    (jid,) = await store.jobs_enqueue(jobs=[new()])
+    await _insert_attempt(store, request, jid, 0, "succeeded")
+    rec = WorkerRecord("w-gone", "host", 1, ("default",), 4, "ready", 0, 0.0, 0.0, 0.0)
+    rec = await store.worker_register(record=rec, ttl=TTL)
+    held = await store.resource_lease_acquire(resource="acct:2", owner="w-gone", ttl=TTL)
+    assert held is not None
+    await store.worker_deregister(worker_id="w-gone", token=rec.token)
+    found = await store.reconcile_find(pending_deadline=DEADLINE)
+    assert sorted(f.kind.value for f in found) == ["job_unacknowledged", "lease_orphaned"]
+    # Meanwhile: a worker claims the job; the lease lapses and someone else takes it.
+    (claimed,) = await store.jobs_claim(owner="w2", queues=Q, limit=1, ttl=1000)
+    clock.advance(TTL + 1)
+    assert await store.resource_lease_acquire(resource="acct:2", owner="w3", ttl=1000)
+    leader = await elector(store, "leader", clock).elect()
+    assert leader is not None
+    assert await store.reconcile_repair(leader=leader, found=found) == [False, False]
+    job = await store.job_get(job_id=jid)
+    assert (job.state, job.lease_token, job.lease_owner) == (
+        JobState.RUNNING,
+        claimed.lease.token,
+        "w2",
+    )
+    leases = {lease.resource: lease for lease in await store.resource_leases_list()}
+    assert leases["acct:2"].owner == "w3"
+    assert leases["acct:2"].token == held.token + 1
