@@ -132,9 +132,10 @@ class Leadership:
         stale = self._stale
         if stale is not None:
             # A term this candidate stopped trusting is never resumed: give it back (a
-            # no-op if it is already gone) so that winning again means a new term.
-            self._stale = None
+            # no-op if it is already gone) so that winning again means a new term. If
+            # the release fails, it is tried again before the next stand.
             await self.store.resource_lease_release(lease=stale)
+            self._stale = None
         lease = await self.store.resource_lease_acquire(
             resource=self.resource, owner=self.owner, ttl=self.ttl
         )

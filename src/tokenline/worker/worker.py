@@ -118,7 +118,11 @@ class WorkerCounters:
 
 
 class Worker:
-    """Runs jobs of ``app`` from ``settings.queues`` until asked to stop."""
+    """Runs jobs of ``app`` from ``settings.queues`` until asked to stop.
+
+    ``services``: the maintenance services this worker runs while it leads maintenance
+    (default: :func:`tokenline.maintenance.standard_services`).
+    """
 
     def __init__(
         self,
