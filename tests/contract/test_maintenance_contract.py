@@ -3,6 +3,7 @@ reconciler check finding and repairing an inconsistency made directly in the sto
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -109,15 +110,15 @@ async def test_sabotage_without_the_leader_check_the_deposed_rescue_is_applied(
 async def test_two_candidates_racing_get_one_term_each(
     store_pair: tuple[Any, Any], clock: FakeClock
 ) -> None:
-    """Two candidates standing every tick, through lapses: at each tick at most one
-    leads, each term has one owner, and terms only increase."""
+    """Two candidates standing at once every tick, through lapses: at each tick exactly
+    one leads, each term has one owner, and terms only increase."""
     a, b = store_pair
     candidates = [elector(a, "m-a", clock), elector(b, "m-b", clock)]
     owners: dict[int, set[str]] = {}
     last = 0
     for tick in range(12):
-        for c in candidates if tick % 2 else reversed(candidates):
-            await c.elect()
+        # Both at once, each on its own connection where the store has several.
+        await asyncio.gather(*(c.elect() for c in candidates))
         leading = [(c.owner, c.term) for c in candidates if c.term is not None]
         assert len(leading) == 1, leading
         owner, term = leading[0]

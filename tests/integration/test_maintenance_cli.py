@@ -186,3 +186,63 @@ def test_maintenance_settings_that_cannot_work_are_refused_at_start(
         )
         assert result.exit_code == 1, result.output
         assert name.lower() in result.output
+
+
+def _spawn_maintenance(url: str, tmp_path: Path) -> subprocess.Popen[str]:
+    env = {
+        **os.environ,
+        "TOKENLINE_LEASE_TTL": "4",
+        "TOKENLINE_RENEW_INTERVAL": "1",
+        "TOKENLINE_EFFECT_PENDING_DEADLINE": "5",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "tokenline", "maintenance", "--url", url],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for_leader(url: str, owner_pid: int, newer_than: int = 0) -> ResourceLease:
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        lease = _lease(url)
+        if (
+            lease is not None
+            and f"-{owner_pid}-" in lease.owner
+            and lease.token > newer_than
+            and lease.expires_at > time.time()
+        ):
+            return lease
+        time.sleep(0.1)
+    raise AssertionError(f"process {owner_pid} never led (last lease: {_lease(url)})")
+
+
+def test_two_maintenance_processes_one_leads_the_other_takes_over_when_it_dies(
+    url: str, tmp_path: Path
+) -> None:
+    """Two dedicated maintenance processes: one leads; the other never holds that term;
+    killed -9, the leader is succeeded by the other in a newer term."""
+    first = _spawn_maintenance(url, tmp_path)
+    second: subprocess.Popen[str] | None = None
+    try:
+        led = _wait_for_leader(url, first.pid)
+        second = _spawn_maintenance(url, tmp_path)
+        for _ in range(15):  # the second stands every renew interval, and loses
+            time.sleep(0.1)
+            now = _lease(url)
+            assert now is not None
+            assert (now.owner, now.token) == (led.owner, led.token)
+        first.kill()
+        first.communicate(timeout=DEADLINE)
+        _wait_for_leader(url, second.pid, newer_than=led.token)
+        second.send_signal(signal.SIGTERM)
+        second.communicate(timeout=DEADLINE)
+        assert second.returncode == 0
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate()
