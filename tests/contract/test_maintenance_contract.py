@@ -39,6 +39,14 @@ async def running_job(store: Any, key: str | None = None, ttl: float = 5.0) -> A
     return claimed
 
 
+async def requeued_job(store: Any, clock: FakeClock) -> int:
+    """A job that ran once, lost its lease and was rescued: queued again."""
+    claimed = await running_job(store, ttl=1)
+    clock.advance(2)
+    assert list((await store.jobs_rescue()).requeued) == [claimed.job.id]
+    return int(claimed.job.id)
+
+
 async def leader_of(store: Any, clock: FakeClock) -> ResourceLease:
     lease = await elector(store, "leader", clock).elect()
     assert lease is not None
@@ -234,8 +242,10 @@ async def test_reconciler_acknowledges_a_job_whose_transaction_committed(
     is acknowledged; a job whose lease is still live is left to its owner."""
     live = await running_job(store, ttl=1000)
     await _insert_attempt(store, request, live.job.id, 99, "succeeded")
-    (jid,) = await store.jobs_enqueue(jobs=[new()])
+    jid = await requeued_job(store, clock)
     await _insert_attempt(store, request, jid, 0, "succeeded")
+    never_ran = (await store.jobs_enqueue(jobs=[new()]))[0]
+    await _insert_attempt(store, request, never_ran, 7, "succeeded")  # not even looked at
     report = await reconcile(store, clock)
     assert report.counts == {Drift.JOB_UNACKNOWLEDGED.value: 1}
     assert (await store.job_get(job_id=jid)).state is JobState.SUCCEEDED
@@ -299,8 +309,7 @@ async def test_a_repair_of_something_that_changed_since_it_was_seen_is_not_appli
 ) -> None:
     """Each repair is conditional on what was seen: a job claimed again, or a lease
     taken over, between the find and the repair is left as it now is."""
-    leader = await leader_of(store, clock)
-    (jid,) = await store.jobs_enqueue(jobs=[new()])
+    jid = await requeued_job(store, clock)
     await _insert_attempt(store, request, jid, 0, "succeeded")
     rec = WorkerRecord("w-gone", "host", 1, ("default",), 4, "ready", 0, 0.0, 0.0, 0.0)
     rec = await store.worker_register(record=rec, ttl=TTL)

@@ -99,6 +99,7 @@ class MemoryMaintenance:
             Inconsistency(Drift.JOB_UNACKNOWLEDGED, job.id, job.lease_token, state=job.state.value)
             for job in sorted(self._jobs.values(), key=lambda j: j.id)
             if job.state in _UNACKED_STATES
+            and job.lease_token > 0  # only a job that ran can have committed
             and not self._lease_live(job.id, job.lease_token, now)
             and self._committed(job)
         ]

@@ -620,6 +620,7 @@ FOR SHARE;
 -- (keyed by their idempotency key) completed, still waiting or running on a dead lease.
 SELECT j.id, j.lease_token, j.state FROM {schema}.jobs AS j
 WHERE j.state IN ('queued', 'scheduled', 'running')
+  AND j.lease_token > 0  -- only a job that ran can have committed: not the backlog
   AND NOT (j.state = 'running' AND j.lease_expires_at > {schema}.now_epoch(%(now)s))
   AND (EXISTS (SELECT 1 FROM {schema}.attempts AS a
                WHERE a.job_id = j.id AND a.outcome = 'succeeded')

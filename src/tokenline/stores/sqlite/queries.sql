@@ -342,6 +342,7 @@ WHERE resource = :resource AND owner = :owner AND token = :token AND expires_at 
 -- (keyed by their idempotency key) completed, still waiting or running on a dead lease.
 SELECT j.id, j.lease_token, j.state FROM tokenline_jobs AS j
 WHERE j.state IN ('queued', 'scheduled', 'running')
+  AND j.lease_token > 0  -- only a job that ran can have committed: not the backlog
   AND NOT EXISTS (
       SELECT 1 FROM coord.job_leases AS l
       WHERE j.state = 'running' AND l.job_id = j.id AND l.token = j.lease_token
