@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from .. import events
-from .._errors import ConfigError, StoreError
+from .._errors import ConfigError, TokenlineError
 from ._service import Service, ServiceReport
 from .leader import Leadership
 
@@ -90,7 +90,7 @@ class MaintenanceRunner:
             if self.may_lead():
                 try:
                     await self.leadership.elect()
-                except StoreError as exc:
+                except TokenlineError as exc:
                     log.warning("maintenance election failed: %s", exc)
             elif self.leadership.current() is not None:
                 # Fenced or stopping: give the term back now rather than at its expiry.
@@ -113,7 +113,9 @@ class MaintenanceRunner:
                 continue
             try:
                 await self._run(service)
-            except StoreError as exc:
+            except TokenlineError as exc:
+                # A service that fails (a store error, a store that lacks what it needs)
+                # is retried at its next interval; it never takes the worker down.
                 log.warning("maintenance %s failed: %s", service.name, exc)
 
     async def _run(self, service: Service) -> ServiceReport:
