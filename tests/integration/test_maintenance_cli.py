@@ -4,13 +4,16 @@ workers``, against a real SQLite store."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -138,10 +141,15 @@ def _lease(url: str) -> ResourceLease | None:
 
 def test_maintenance_process_leads_repairs_and_stops_cleanly(url: str, tmp_path: Path) -> None:
     """tokenline maintenance takes the leadership, its reconciler repairs the open
-    attempt, and on SIGTERM it exits 0 having given the lease back."""
+    attempt, its metrics count the repair and show the term, and on SIGTERM it exits 0
+    having given the lease back."""
     env = {**os.environ, "TOKENLINE_RECONCILE_INTERVAL": "0.2"}
+    with socket.socket() as s:  # a port that was free a moment ago
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = ["maintenance", "--url", url, "--metrics-port", str(port)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tokenline", "maintenance", "--url", url],
+        [sys.executable, "-m", "tokenline", *command],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -157,6 +165,14 @@ def test_maintenance_process_leads_repairs_and_stops_cleanly(url: str, tmp_path:
         held = _lease(url)
         assert held is not None
         assert held.owner.startswith("maintenance-")
+        repaired = 'tokenline_maintenance_repairs_total{kind="attempt_open",service="reconciler"}'
+        text = ""
+        while f"{repaired} 1.0" not in text:
+            assert time.monotonic() < deadline, f"no repair in the metrics: {text}"
+            time.sleep(0.1)
+            with contextlib.suppress(OSError):
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+        assert f"tokenline_maintenance_leader_term {float(held.token)}" in text
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=DEADLINE)
     finally:

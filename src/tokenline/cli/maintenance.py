@@ -9,12 +9,14 @@ import os
 import signal
 import socket
 import uuid
+from collections.abc import Iterator
 
 import click
 from rich.markup import escape
 
 from .._clock import Clock
 from .._config import WorkerSettings, load_settings
+from .._errors import ConfigError
 from .._logging import configure as configure_logging
 from ..maintenance import (
     MAINTENANCE_LEASE,
@@ -74,7 +76,30 @@ config_option = click.option(
 @url_option
 @config_option
 @click.option("--log-level", default="info", show_default=True, help="Logging level.")
-def maintenance(app_spec: str | None, url: str | None, config: str | None, log_level: str) -> None:
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    envvar="TOKENLINE_METRICS_PORT",
+    show_envvar=True,
+    help="Serve /metrics (repairs by service and kind, the leader term) on this port.",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    envvar="TOKENLINE_METRICS_HOST",
+    show_envvar=True,
+    help="Address the metrics port listens on.",
+)
+def maintenance(
+    app_spec: str | None,
+    url: str | None,
+    config: str | None,
+    log_level: str,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
     """Run the maintenance services alone: stand for leadership and, while leader, run
     the rescuer and the reconciler, each on its interval. Stops on SIGTERM or SIGINT,
     giving the lease back. Settings (lease_ttl, renew_interval, rescue_interval,
@@ -86,8 +111,31 @@ def maintenance(app_spec: str | None, url: str | None, config: str | None, log_l
         owner = _owner("maintenance")
         console.print(f"maintenance {owner} standing for leadership", highlight=False)
         store = app.open_store(timeout=settings.call_timeout)
-        asyncio.run(_serve(store, settings, owner, app.clock))
+        with contextlib.ExitStack() as stack:
+            if metrics_port is not None:
+                stack.enter_context(_metrics(metrics_port, metrics_host))
+            asyncio.run(_serve(store, settings, owner, app.clock))
     console.print("maintenance stopped", highlight=False)
+
+
+@contextlib.contextmanager
+def _metrics(port: int, host: str) -> Iterator[None]:
+    """Serve the maintenance metrics on ``host:port`` while the block runs."""
+    try:
+        import prometheus_client as prom
+
+        from .. import events, metrics
+    except ImportError as exc:
+        raise ConfigError("metrics_port", str(exc)) from None
+    registry = prom.CollectorRegistry()
+    hook = metrics.WorkerMetrics(registry)
+    server = metrics.serve(port, host=host, registry=registry)
+    events.add_hook(hook)
+    try:
+        yield
+    finally:
+        events.remove_hook(hook)
+        server.close()
 
 
 async def _serve(store: Store, settings: WorkerSettings, owner: str, clock: Clock) -> None:
