@@ -20,6 +20,10 @@ Worker processes import the apps below (``--app sabotage:…``) with this direct
   instant at or before it (the lines of ``schedule_advance`` ending in ``-- mark``
   removed), so only the unique key — released once the job finishes — stands between a
   finished instant and its second run.
+* **leaderless stores**: maintenance writes without the leader check (``leader_holds``
+  always answers yes; the in-memory store skips it): a deposed leader's rescue or
+  repair is applied, as in a queue that uses its maintenance lease only as "do I have
+  it".
 """
 
 from __future__ import annotations
@@ -64,6 +68,33 @@ class StateOnlySQLiteStore(SQLiteStore):
     def _q(self, name: str) -> str:
         text = super()._q(name)
         return without_fences(text) if name in FENCED_QUERIES else text
+
+
+class LeaderlessMemoryStore(MemoryStore):
+    """The in-memory store, applying maintenance writes of any leader, deposed or not."""
+
+    def _check_leader(self, leader: Any, operation: str, now: float) -> None:
+        return None
+
+
+class LeaderlessSQLiteStore(SQLiteStore):
+    """The SQLite store without its leader check on maintenance writes."""
+
+    def _q(self, name: str) -> str:
+        return "SELECT 1" if name == "leader_holds" else super()._q(name)
+
+
+def leaderless_postgres(url: str, **kwargs: Any) -> Store:
+    """A PostgreSQL store without its leader check (psycopg imported only here)."""
+    from tokenline.stores.postgres import PostgresStore
+
+    class LeaderlessPostgresStore(PostgresStore):
+        """The PostgreSQL store without its leader check on maintenance writes."""
+
+        def _q(self, name: str) -> str:
+            return "SELECT 1" if name == "leader_holds" else super()._q(name)
+
+    return LeaderlessPostgresStore(url, **kwargs)
 
 
 def state_only_postgres(url: str, **kwargs: Any) -> Store:

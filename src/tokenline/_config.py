@@ -139,6 +139,12 @@ class WorkerSettings:
     drain_timeout: float = 30.0
     #: Period of the rescue of expired leases by the maintenance leader (seconds).
     rescue_interval: float = 5.0
+    #: Period of the reconciler's pass by the maintenance leader (seconds).
+    reconcile_interval: float = 30.0
+    #: How long an effect key may stay ``pending`` after its attempt lost its lease
+    #: before the reconciler marks it failed so the job may run it again (seconds; at
+    #: least ``lease_ttl``).
+    effect_pending_deadline: float = 300.0
     #: Per-call timeout for store operations of this worker (seconds); a slower answer
     #: counts as a coordination failure. ``None``: a third of the lease TTL.
     store_timeout: float | None = None
@@ -201,6 +207,8 @@ class WorkerSettings:
             "job_timeout",
             "drain_timeout",
             "rescue_interval",
+            "reconcile_interval",
+            "effect_pending_deadline",
             "clock_skew_warning",
         ):
             _positive(name, getattr(self, name))
@@ -210,6 +218,13 @@ class WorkerSettings:
                 "renew_interval",
                 f"must be at most lease_ttl / 3 ({self.lease_ttl / 3:g}s) so that two "
                 f"renewals can fail before the lease expires; got {self.renew_interval:g}s",
+            )
+        if self.effect_pending_deadline < self.lease_ttl:
+            raise ConfigError(
+                "effect_pending_deadline",
+                f"must be at least lease_ttl ({self.lease_ttl:g}s): an effect is only judged "
+                "abandoned once its attempt's lease is gone; "
+                f"got {self.effect_pending_deadline:g}s",
             )
         if self.lease_margin is not None:
             _positive("lease_margin", self.lease_margin)

@@ -36,7 +36,9 @@ __all__ = [
     "JobFinished",
     "JobStarted",
     "JobsRescued",
+    "LeaderChanged",
     "LeaseRenewalFailed",
+    "MaintenanceRepaired",
     "ResourceLeaseBusy",
     "StaleCommitRefused",
     "StaleRead",
@@ -159,6 +161,23 @@ class JobsRescued(Event):
 
     requeued: int
     dead: int
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceRepaired(Event):
+    """As maintenance leader, a service repaired ``count`` things of one ``kind``
+    (``requeued`` by the rescuer, ``effect_pending_expired`` by the reconciler, …)."""
+
+    service: str
+    kind: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderChanged(Event):
+    """This process became maintenance leader (``term``), or stopped being (``None``)."""
+
+    term: int | None
 
 
 @dataclass(frozen=True, slots=True)

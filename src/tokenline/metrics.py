@@ -48,6 +48,12 @@ Worker metrics (:class:`WorkerMetrics`)
 ``tokenline_jobs_rescued_total{outcome}``
     counter: jobs rescued from expired leases by this worker as maintenance leader;
     ``outcome``: ``requeued`` or ``dead``.
+``tokenline_maintenance_repairs_total{service,kind}``
+    counter: what each maintenance service repaired as leader, by kind (the rescuer's
+    ``requeued`` and ``dead``; the reconciler's ``job_unacknowledged``,
+    ``effect_pending_expired``, ``lease_orphaned``, ``attempt_open``).
+``tokenline_maintenance_leader_term``
+    gauge: the maintenance term this process leads, 0 when it is not the leader.
 ``tokenline_worker_state{state}``
     gauge: 1 for the worker's current state, 0 for the others (``ready``,
     ``processing``, ``draining``, ``fenced``, ``stopped``).
@@ -267,6 +273,12 @@ class WorkerMetrics:
             p + "coordination_errors_total", "Failed store calls.", "channel"
         )
         self.rescued = counter(p + "jobs_rescued_total", "Jobs rescued as leader.", "outcome")
+        self.repairs = counter(
+            p + "maintenance_repairs_total", "Repairs by maintenance services.", "service", "kind"
+        )
+        self.leader_term = gauge(
+            p + "maintenance_leader_term", "Maintenance term this process leads (0: none)."
+        )
         self.state = gauge(p + "worker_state", "1 for the current state.", "state")
         self.heartbeat_gap = gauge(p + "heartbeat_gap_seconds", "Gap between heartbeats.")
         self.clock_skew = gauge(p + "clock_skew_seconds", "Wall clock minus the store's.")
@@ -323,6 +335,10 @@ class WorkerMetrics:
             case events.JobsRescued():
                 self.rescued.labels("requeued").inc(event.requeued)
                 self.rescued.labels("dead").inc(event.dead)
+            case events.MaintenanceRepaired():
+                self.repairs.labels(event.service, event.kind).inc(event.count)
+            case events.LeaderChanged():
+                self.leader_term.set(event.term or 0)
             case events.DependencyCall():
                 self.dependency_calls.labels(event.dependency, event.outcome).inc()
                 if event.outcome == "timeout":

@@ -1,224 +1,336 @@
-"""The maintenance contract: retention batches and periodic schedules, on every store.
-
-Every write here is fenced by the maintenance leader's lease, checked by the store in
-the same transaction as the write.
-"""
+"""Maintenance contract: one leader per term, deposed leaders' writes refused, and each
+reconciler check finding and repairing an inconsistency made directly in the store."""
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sabotage import LeaderlessMemoryStore, LeaderlessSQLiteStore, leaderless_postgres
 from tokenline._clock import FakeClock
-from tokenline._errors import JobNotFoundError, StaleTokenError
-from tokenline._jobs import Finish, JobState, Lease, NewJob, Outcome, Unique
-from tokenline.stores.base import PruneKind, ResourceLease
+from tokenline._errors import StaleTokenError
+from tokenline._jobs import Attempt, JobState, NewJob, WorkerRecord
+from tokenline._records import EffectStatus, Start
+from tokenline.maintenance import MAINTENANCE_LEASE, Leadership, Reconciler, Rescuer
+from tokenline.stores import MemoryStore, Store
+from tokenline.stores.base import Drift, ResourceLease
+from tokenline.stores.sqlite import SQLiteStore
 
+TTL = 10.0
+DEADLINE = 60.0
 Q = ["default"]
-MAINT = "tokenline:maintenance"
 
 
-def new(task: str = "t", **kw: Any) -> NewJob:
-    return NewJob(queue="default", task=task, args="[]", **kw)
+def new(key: str | None = None) -> NewJob:
+    return NewJob(queue="default", task="t", args="[]", idempotency_key=key)
 
 
-async def leader(store: Any, owner: str = "leader-a", ttl: float = 30.0) -> ResourceLease:
-    lease = await store.resource_lease_acquire(resource=MAINT, owner=owner, ttl=ttl)
+def elector(store: Any, owner: str, clock: FakeClock) -> Leadership:
+    return Leadership(store, owner=owner, ttl=TTL, margin=1.0, clock=clock)
+
+
+async def running_job(store: Any, key: str | None = None, ttl: float = 5.0) -> Any:
+    await store.jobs_enqueue(jobs=[new(key)])
+    (claimed,) = await store.jobs_claim(owner="w1", queues=Q, limit=1, ttl=ttl)
+    return claimed
+
+
+async def requeued_job(store: Any, clock: FakeClock) -> int:
+    """A job that ran once, lost its lease and was rescued: queued again."""
+    claimed = await running_job(store, ttl=1)
+    clock.advance(2)
+    assert list((await store.jobs_rescue()).requeued) == [claimed.job.id]
+    return int(claimed.job.id)
+
+
+async def leader_of(store: Any, clock: FakeClock) -> ResourceLease:
+    lease = await elector(store, "leader", clock).elect()
     assert lease is not None
     return lease
 
 
-async def finish(store: Any, outcome: Outcome, **kw: Any) -> int:
-    """Enqueue one job, claim it and finish it with ``outcome``; its id."""
-    (jid,) = await store.jobs_enqueue(jobs=[new(**kw)])
-    (claimed,) = await store.jobs_claim(owner="w", queues=Q, limit=1, ttl=10)
-    assert claimed.job.id == jid
-    (ok,) = await store.jobs_finish(finishes=[Finish(claimed.lease, outcome, None, "e", "x")])
-    assert ok
-    return jid
-
-
-async def gone(store: Any, job_id: int) -> bool:
+# -- election and fencing ---------------------------------------------------------------
+async def _deposed_rescue(a: Any, b: Any, clock: FakeClock) -> tuple[bool, int, int]:
+    """Leader A's term passes while it is paused; B takes a new term; A, resumed, rescues
+    with its old term. Returns (A refused, job id, the job's token after)."""
+    old, new_ = elector(a, "m-a", clock), elector(b, "m-b", clock)
+    first = await old.elect()
+    assert first is not None
+    assert await new_.elect() is None  # one leader per term
+    claimed = await running_job(a)
+    clock.advance(TTL + 1)  # A paused past its term; the job's lease expired meanwhile
+    second = await new_.elect()
+    assert second is not None
+    assert second.token > first.token
+    assert old.current() is None  # A's own clock says so, too
     try:
-        await store.job_get(job_id=job_id)
-    except JobNotFoundError:
-        return True
-    return False
+        await a.jobs_rescue(leader=first)
+        refused = False
+    except StaleTokenError as exc:
+        refused = (exc.resource, exc.token) == (MAINTENANCE_LEASE, first.token)
+    job = await a.job_get(job_id=claimed.job.id)
+    return refused, claimed.job.id, job.lease_token
 
 
-async def test_prune_takes_only_finished_jobs_past_their_retention(
-    store: Any, clock: FakeClock
+async def test_a_deposed_leaders_rescue_is_refused(
+    store_pair: tuple[Any, Any], clock: FakeClock
 ) -> None:
-    """Old succeeded and cancelled jobs go with their attempts; dead ones only with
-    their own kind; queued, scheduled, running and recent jobs are never touched."""
-    ok = await finish(store, Outcome.SUCCEEDED)
-    dead = await finish(store, Outcome.DEAD)
-    (cancelled, waiting, later) = await store.jobs_enqueue(jobs=[new(), new(), new(delay=10_000)])
-    assert await store.jobs_cancel(job_ids=[cancelled], reason="no") == 1
-    (running,) = await store.jobs_enqueue(jobs=[new()])
-    claimed = await store.jobs_claim(owner="w", queues=Q, limit=5, ttl=10_000)
-    assert {c.job.id for c in claimed} == {waiting, running}
-    clock.advance(1000)
-    recent = await finish(store, Outcome.SUCCEEDED)
-    lead = await leader(store)
-    now = await store.store_time()
-
-    assert await store.maintenance_prunable(kind=PruneKind.FINISHED, before=now - 500) == 2
-    n = await store.maintenance_prune(
-        leader=lead, kind=PruneKind.FINISHED, before=now - 500, limit=100
-    )
-    assert n == 2
-    assert await gone(store, ok)
-    assert await gone(store, cancelled)
-    with pytest.raises(JobNotFoundError):
-        await store.job_attempts(job_id=ok)
-    for kept in (dead, waiting, later, running, recent):
-        assert not await gone(store, kept)
-    assert (await store.job_get(job_id=waiting)).state is JobState.RUNNING
-
-    n = await store.maintenance_prune(leader=lead, kind=PruneKind.DEAD, before=now - 500, limit=9)
-    assert n == 1
-    assert await gone(store, dead)
-    assert await store.maintenance_prunable(kind=PruneKind.FINISHED, before=now - 500) == 0
+    """Once a newer term exists, a rescue under the old one is refused and changes
+    nothing; the new leader's rescue takes the job."""
+    a, b = store_pair
+    refused, jid, token = await _deposed_rescue(a, b, clock)
+    assert refused
+    assert token == 1  # not rescued by the deposed leader
+    leader = (await b.resource_leases_list())[0]
+    report = await Rescuer(b, interval=1).run_once(leader=leader)
+    assert (report.refused, report.counts["requeued"]) == (False, 1)
+    assert (await b.job_get(job_id=jid)).state is JobState.QUEUED
 
 
-async def test_prune_goes_in_batches_of_at_most_limit(store: Any, clock: FakeClock) -> None:
-    """Each call deletes at most ``limit`` rows; the last batch comes back short."""
-    for _ in range(5):
-        await finish(store, Outcome.SUCCEEDED)
-    clock.advance(100)
-    lead = await leader(store)
-    before = await store.store_time()
-    got = [
-        await store.maintenance_prune(leader=lead, kind=PruneKind.FINISHED, before=before, limit=2)
-        for _ in range(4)
-    ]
-    assert got == [2, 2, 1, 0]
+def _leaderless(backend: str, clock: FakeClock, tmp_path: Path, request: Any) -> Store:
+    if backend == "memory":
+        return LeaderlessMemoryStore(clock=clock)
+    if backend == "sqlite":
+        return LeaderlessSQLiteStore(f"sqlite:///{tmp_path / 'leaderless.db'}", clock=clock)
+    return leaderless_postgres(request.getfixturevalue("postgres_url"), clock=clock)
 
 
-async def test_prune_frees_released_unique_keys_and_keeps_held_ones(
-    store: Any, clock: FakeClock
+async def test_sabotage_without_the_leader_check_the_deposed_rescue_is_applied(
+    store: Any, clock: FakeClock, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """A pruned job's released key can be taken again; a key held for good still
-    returns its holder after the prune."""
-    active = await finish(store, Outcome.SUCCEEDED, idempotency_key="a", unique=Unique.ACTIVE)
-    always = await finish(store, Outcome.SUCCEEDED, idempotency_key="b", unique=Unique.ALWAYS)
-    clock.advance(100)
-    lead = await leader(store)
-    before = await store.store_time()
-    assert (
-        await store.maintenance_prune(leader=lead, kind=PruneKind.FINISHED, before=before, limit=10)
-        == 2
-    )
-    (again,) = await store.jobs_enqueue(jobs=[new(idempotency_key="a", unique=Unique.ACTIVE)])
-    assert again != active
-    assert not await gone(store, again)
-    (held,) = await store.jobs_enqueue(jobs=[new(idempotency_key="b", unique=Unique.ALWAYS)])
-    assert held == always
-
-
-async def test_prune_removes_old_audit_rows_only(store: Any, clock: FakeClock) -> None:
-    """Refused stale commits and duplicates go past their retention, not before."""
-    (jid,) = await store.jobs_enqueue(jobs=[new()])
-    (claimed,) = await store.jobs_claim(owner="w", queues=Q, limit=1, ttl=10)
-    forged = Lease(jid, "w", claimed.lease.token + 1, claimed.lease.expires_at)
-    assert await store.jobs_finish(finishes=[Finish(forged, Outcome.SUCCEEDED)]) == [False]
-    await store.effect_begin(lease=forged, key="k")
-    assert len(await store.duplicates_list()) == 2  # the ledger's and the refused commit
-    lead = await leader(store)
-    past = await store.store_time() - 1
-    for kind in (PruneKind.STALE_COMMITS, PruneKind.DUPLICATES):
-        assert await store.maintenance_prune(leader=lead, kind=kind, before=past, limit=10) == 0
-    clock.advance(10)
-    before = await store.store_time()
-    for kind in (PruneKind.STALE_COMMITS, PruneKind.DUPLICATES):
-        assert await store.maintenance_prunable(kind=kind, before=before) == 1
-        assert await store.maintenance_prune(leader=lead, kind=kind, before=before, limit=10) == 1
-    assert (await store.stale_commits())[0] == 0
-    assert await store.duplicates_list() == []
-
-
-async def test_a_deposed_or_expired_leader_prunes_nothing(store: Any, clock: FakeClock) -> None:
-    """The store checks the leader's lease in the prune's own transaction."""
-    jid = await finish(store, Outcome.SUCCEEDED)
-    old = await leader(store, "leader-a", ttl=5)
-    clock.advance(6)
-    before = await store.store_time()
-    with pytest.raises(StaleTokenError):
-        await store.maintenance_prune(leader=old, kind=PruneKind.FINISHED, before=before, limit=9)
-    await leader(store, "leader-b", ttl=5)
-    with pytest.raises(StaleTokenError):
-        await store.maintenance_prune(leader=old, kind=PruneKind.FINISHED, before=before, limit=9)
-    assert not await gone(store, jid)
-
-
-async def test_schedule_mark_moves_forwards_only_with_its_job(store: Any) -> None:
-    """An instant at or before the mark enqueues nothing; a later one moves the mark
-    and enqueues its job in the same transaction."""
-    lead = await leader(store)
-    job = new("tick", idempotency_key="periodic:tick:100", unique=Unique.ACTIVE)
-    assert await store.schedule_advance(leader=lead, schedule="tick", instant=100.0, job=job)
-    assert not await store.schedule_advance(leader=lead, schedule="tick", instant=100.0, job=job)
-    assert not await store.schedule_advance(leader=lead, schedule="tick", instant=50.0, job=job)
-    assert await store.schedule_advance(leader=lead, schedule="tick", instant=160.0, job=None)
-    assert await store.schedule_marks() == {"tick": 160.0}
-    jobs = await store.jobs_list()
-    assert [j.idempotency_key for j in jobs] == ["periodic:tick:100"]
-
-
-async def test_a_deposed_leader_cannot_advance_a_schedule(store: Any, clock: FakeClock) -> None:
-    """The schedule's write is fenced by the leader's lease like every maintenance write."""
-    old = await leader(store, "leader-a", ttl=5)
-    clock.advance(6)
-    await leader(store, "leader-b", ttl=5)
-    with pytest.raises(StaleTokenError):
-        await store.schedule_advance(leader=old, schedule="tick", instant=1.0, job=new())
-    assert await store.schedule_marks() == {}
-    assert await store.jobs_list() == []
-
-
-async def instant_runs(store: Any, mark_checked: bool) -> int:
-    """Leader A enqueues an instant, the job runs and finishes (its unique key is
-    released), then leader B — which does not know — submits the same instant."""
-    clock_store = store
-    a = await leader(clock_store, "leader-a", ttl=5)
-    job = new("tick", idempotency_key="periodic:tick:60", unique=Unique.ACTIVE)
-    assert await store.schedule_advance(leader=a, schedule="tick", instant=60.0, job=job)
-    (claimed,) = await store.jobs_claim(owner="w", queues=Q, limit=1, ttl=10)
-    await store.job_complete(lease=claimed.lease)
-    assert await store.resource_lease_release(lease=a)
-    b = await leader(store, "leader-b", ttl=5)
-    advanced = await store.schedule_advance(leader=b, schedule="tick", instant=60.0, job=job)
-    assert advanced is not mark_checked
-    return len(await store.jobs_list())
-
-
-async def test_an_instant_that_ran_is_never_enqueued_again(store: Any) -> None:
-    """The high-water mark, not the (released) unique key, keeps a finished instant
-    from running twice across a leader change."""
-    assert await instant_runs(store, mark_checked=True) == 1
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-async def markless(request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path) -> Any:
-    import sabotage
-
-    if request.param == "memory":
-        s = sabotage.MarklessMemoryStore(clock=clock)
-    elif request.param == "sqlite":
-        s = sabotage.MarklessSQLiteStore(f"sqlite:///{tmp_path / 'm.db'}", clock=clock)
-    else:
-        s = sabotage.markless_postgres(request.getfixturevalue("postgres_url"), clock=clock)
-    await s.open()
+    """The control: with the store's leader check removed, the same deposed leader's
+    rescue goes through — the check is what refuses it."""
+    backend = request.node.callspec.params["store"]
+    sabotaged = _leaderless(backend, clock, tmp_path, request)
+    await sabotaged.open()
     try:
-        yield s
+        refused, _, token = await _deposed_rescue(sabotaged, sabotaged, clock)
     finally:
-        await s.close()
+        await sabotaged.close()
+    assert not refused
+    assert token == 2  # the deposed leader's write was applied
 
 
-async def test_control_without_the_mark_the_instant_runs_twice(markless: Any) -> None:
-    """Control experiment: with the mark check taken out (tests/sabotage.py), the same
-    sequence enqueues the finished instant a second time."""
-    assert await instant_runs(markless, mark_checked=False) == 2
+async def test_two_candidates_racing_get_one_term_each(
+    store_pair: tuple[Any, Any], clock: FakeClock
+) -> None:
+    """Two candidates standing at once every tick, through lapses: at each tick exactly
+    one leads, each term has one owner, and terms only increase."""
+    a, b = store_pair
+    candidates = [elector(a, "m-a", clock), elector(b, "m-b", clock)]
+    owners: dict[int, set[str]] = {}
+    last = 0
+    for tick in range(12):
+        # Both at once, each on its own connection where the store has several.
+        await asyncio.gather(*(c.elect() for c in candidates))
+        leading = [(c.owner, c.term) for c in candidates if c.term is not None]
+        assert len(leading) == 1, leading
+        owner, term = leading[0]
+        assert term is not None
+        assert term >= last
+        last = term
+        owners.setdefault(term, set()).add(owner)
+        # Every third tick the leader is "paused" past its term.
+        clock.advance(TTL + 1 if tick % 3 == 2 else 1)
+    assert all(len(o) == 1 for o in owners.values())
+    assert len(owners) >= 4  # the lapses made new terms
+
+
+async def test_a_leader_that_stops_trusting_its_term_stands_for_a_new_one(
+    store: Any, clock: FakeClock
+) -> None:
+    """Past TTL - margin on its own clock the leader steps down; standing again, even
+    with no rival, gives it a new (higher) term, never the old one back."""
+    me = elector(store, "m", clock)
+    first = await me.elect()
+    assert first is not None
+    clock.advance(TTL - 0.5)  # still valid in the store, not trusted by the leader
+    assert me.current() is None
+    second = await me.elect()
+    assert second is not None
+    assert second.token > first.token
+
+
+async def test_a_deposed_leaders_repair_is_refused(store: Any, clock: FakeClock) -> None:
+    """reconcile_repair under an old term is refused and repairs nothing."""
+    old = await leader_of(store, clock)
+    claimed = await running_job(store)
+    await store.effect_begin(lease=claimed.lease, key="fx")
+    clock.advance(TTL + DEADLINE + 1)
+    assert await elector(store, "other", clock).elect() is not None
+    found = await store.reconcile_find(pending_deadline=DEADLINE)
+    assert [f.kind for f in found] == [Drift.EFFECT_PENDING]
+    report = await Reconciler(store, interval=1, pending_deadline=DEADLINE).run_once(leader=old)
+    assert report.refused
+    assert report.total == 0
+    (effect,) = await store.effects_list(key="fx")
+    assert effect.status is EffectStatus.PENDING
+
+
+# -- the reconciler's checks --------------------------------------------------------------
+async def _insert_attempt(
+    store: Any, request: Any, job_id: int, token: int, outcome: str | None
+) -> None:
+    """An attempt row written straight into the store, behind its API."""
+    now = store.clock.now()
+    finished = None if outcome is None else now
+    if isinstance(store, MemoryStore):
+        row = Attempt(job_id, 1, token, "lost-worker", now, finished, outcome, None, None)
+        store._attempts.setdefault(job_id, []).append(row)
+        return
+    params = (job_id, token, 1, "lost-worker", now, finished, outcome)
+    if isinstance(store, SQLiteStore):
+        with sqlite3.connect(store.path) as conn:
+            conn.execute(
+                "INSERT INTO tokenline_attempts (job_id, token, attempt, owner, started_at, "
+                "finished_at, outcome) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                params,
+            )
+        return
+    import psycopg
+    from psycopg import sql
+
+    query = sql.SQL(
+        "INSERT INTO {}.attempts (job_id, token, attempt, owner, started_at, finished_at, "
+        "outcome) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+    ).format(sql.Identifier(store.schema))
+    server = request.getfixturevalue("postgres_server")
+    async with await psycopg.AsyncConnection.connect(server, autocommit=True) as admin:
+        await admin.execute(query, params)
+
+
+async def reconcile(store: Any, clock: FakeClock) -> Any:
+    leader = await leader_of(store, clock)
+    service = Reconciler(store, interval=1, pending_deadline=DEADLINE)
+    dry = await service.run_once(leader=None, dry_run=True)
+    report = await service.run_once(leader=leader)
+    assert not report.refused
+    assert dry.counts == report.counts  # the dry run saw what the pass repaired
+    again = await service.run_once(leader=leader)
+    assert again.total == 0, again.lines  # repaired once
+    return report
+
+
+async def test_reconciler_acknowledges_a_job_whose_effect_completed(
+    store: Any, clock: FakeClock
+) -> None:
+    """A job whose own effect completed, its ack lost and its lease gone, is found and
+    acknowledged (running on an expired lease, and again once rescued to queued)."""
+    for rescued in (False, True):
+        claimed = await running_job(store, key=f"invoice:{rescued}")
+        begun = await store.effect_begin(lease=claimed.lease, key=f"invoice:{rescued}")
+        assert begun.start is Start.RUN
+        assert await store.effect_finish(lease=claimed.lease, key=f"invoice:{rescued}", result="1")
+        clock.advance(6)  # the ack was lost and the lease expired
+        if rescued:
+            assert list((await store.jobs_rescue()).requeued) == [claimed.job.id]
+        report = await reconcile(store, clock)
+        assert report.counts == {Drift.JOB_UNACKNOWLEDGED.value: 1}
+        job = await store.job_get(job_id=claimed.job.id)
+        assert job.state is JobState.SUCCEEDED
+        assert await store.jobs_claim(owner="w2", queues=Q, limit=1, ttl=5) == []
+
+
+async def test_reconciler_acknowledges_a_job_whose_transaction_committed(
+    store: Any, clock: FakeClock, request: pytest.FixtureRequest
+) -> None:
+    """A queued job with a succeeded attempt recorded (its fenced transaction committed)
+    is acknowledged; a job whose lease is still live is left to its owner."""
+    live = await running_job(store, ttl=1000)
+    await _insert_attempt(store, request, live.job.id, 99, "succeeded")
+    jid = await requeued_job(store, clock)
+    await _insert_attempt(store, request, jid, 0, "succeeded")
+    never_ran = (await store.jobs_enqueue(jobs=[new()]))[0]
+    await _insert_attempt(store, request, never_ran, 7, "succeeded")  # not even looked at
+    report = await reconcile(store, clock)
+    assert report.counts == {Drift.JOB_UNACKNOWLEDGED.value: 1}
+    assert (await store.job_get(job_id=jid)).state is JobState.SUCCEEDED
+    assert (await store.job_get(job_id=live.job.id)).state is JobState.RUNNING
+
+
+async def test_reconciler_fails_an_abandoned_pending_effect(store: Any, clock: FakeClock) -> None:
+    """An effect left pending by an attempt whose lease is gone is marked failed only
+    past the deadline; then the job's next attempt may run it."""
+    claimed = await running_job(store)
+    await store.effect_begin(lease=claimed.lease, key="charge:7")
+    clock.advance(6)  # lease gone, deadline not yet passed
+    assert await store.reconcile_find(pending_deadline=DEADLINE) == []
+    clock.advance(DEADLINE)
+    report = await reconcile(store, clock)
+    assert report.counts == {Drift.EFFECT_PENDING.value: 1}
+    assert "charge:7" in report.lines[0]
+    (effect,) = await store.effects_list(key="charge:7")
+    assert effect.status is EffectStatus.FAILED
+    await store.jobs_rescue()
+    (again,) = await store.jobs_claim(owner="w2", queues=Q, limit=1, ttl=5)
+    assert (await store.effect_begin(lease=again.lease, key="charge:7")).start is Start.RUN
+
+
+async def test_reconciler_expires_an_orphaned_lease_by_token_bump(
+    store: Any, clock: FakeClock
+) -> None:
+    """A resource lease held by a stopped worker is expired with a higher token: the
+    gone holder can no longer renew it, and the next holder gets a newer token."""
+    rec = WorkerRecord("w-gone", "host", 1, ("default",), 4, "ready", 0, 0.0, 0.0, 0.0)
+    rec = await store.worker_register(record=rec, ttl=TTL)
+    held = await store.resource_lease_acquire(resource="acct:1", owner="w-gone", ttl=1000)
+    assert held is not None
+    assert await store.reconcile_find(pending_deadline=DEADLINE) == []  # owner alive
+    await store.worker_deregister(worker_id="w-gone", token=rec.token)
+    report = await reconcile(store, clock)
+    assert report.counts == {Drift.LEASE_ORPHANED.value: 1}
+    leases = {lease.resource: lease for lease in await store.resource_leases_list()}
+    assert leases["acct:1"].token == held.token + 1
+    assert await store.resource_lease_renew(lease=held, ttl=10) is None
+    taken = await store.resource_lease_acquire(resource="acct:1", owner="w-new", ttl=10)
+    assert taken is not None
+    assert taken.token > held.token + 1
+
+
+async def test_reconciler_closes_an_attempt_left_open(
+    store: Any, clock: FakeClock, request: pytest.FixtureRequest
+) -> None:
+    """An attempt without an outcome whose job moved on is closed as lost; the running
+    attempt of a live job is left alone."""
+    claimed = await running_job(store, ttl=1000)
+    await _insert_attempt(store, request, claimed.job.id, 0, None)
+    report = await reconcile(store, clock)
+    assert report.counts == {Drift.ATTEMPT_OPEN.value: 1}
+    outcomes = {a.token: a.outcome for a in await store.job_attempts(job_id=claimed.job.id)}
+    assert outcomes == {0: "lost", claimed.lease.token: None}
+
+
+async def test_a_repair_of_something_that_changed_since_it_was_seen_is_not_applied(
+    store: Any, clock: FakeClock, request: pytest.FixtureRequest
+) -> None:
+    """Each repair is conditional on what was seen: a job claimed again, or a lease
+    taken over, between the find and the repair is left as it now is."""
+    jid = await requeued_job(store, clock)
+    await _insert_attempt(store, request, jid, 0, "succeeded")
+    rec = WorkerRecord("w-gone", "host", 1, ("default",), 4, "ready", 0, 0.0, 0.0, 0.0)
+    rec = await store.worker_register(record=rec, ttl=TTL)
+    held = await store.resource_lease_acquire(resource="acct:2", owner="w-gone", ttl=TTL)
+    assert held is not None
+    await store.worker_deregister(worker_id="w-gone", token=rec.token)
+    found = await store.reconcile_find(pending_deadline=DEADLINE)
+    assert sorted(f.kind.value for f in found) == ["job_unacknowledged", "lease_orphaned"]
+    # Meanwhile: a worker claims the job; the lease lapses and someone else takes it.
+    (claimed,) = await store.jobs_claim(owner="w2", queues=Q, limit=1, ttl=1000)
+    clock.advance(TTL + 1)
+    assert await store.resource_lease_acquire(resource="acct:2", owner="w3", ttl=1000)
+    leader = await elector(store, "leader", clock).elect()
+    assert leader is not None
+    assert await store.reconcile_repair(leader=leader, found=found) == [False, False]
+    job = await store.job_get(job_id=jid)
+    assert (job.state, job.lease_token, job.lease_owner) == (
+        JobState.RUNNING,
+        claimed.lease.token,
+        "w2",
+    )
+    leases = {lease.resource: lease for lease in await store.resource_leases_list()}
+    assert leases["acct:2"].owner == "w3"
+    assert leases["acct:2"].token == held.token + 1

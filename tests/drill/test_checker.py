@@ -106,3 +106,13 @@ def test_a_stall_of_the_whole_store_extends_the_recovery_bound() -> None:
     assert plain.recovery_bound == 2 * 2.0 + 0.5 + SLACK
     assert stalled.recovery_bound == 8.0 + 0.5 + SLACK
     assert short.recovery_bound == plain.recovery_bound
+
+
+def test_with_the_leader_hit_the_bound_is_one_ttl_and_an_election_period() -> None:
+    """When the fault hit the maintenance leader, the bound is the README's: lease TTL +
+    renew (election) interval + rescue period (+ slack), not a second whole TTL."""
+    snap = _clean()
+    plain = check(snap, keys=KEYS, lease_ttl=TTL, rescue_interval=0.5)
+    leader = check(snap, keys=KEYS, lease_ttl=TTL, rescue_interval=0.5, renew_interval=0.5)
+    assert plain.recovery_bound == 2 * TTL + 0.5 + SLACK
+    assert leader.recovery_bound == TTL + 0.5 + 0.5 + SLACK

@@ -49,6 +49,14 @@ def _explain(result: ScenarioResult) -> str:
     return f"{result.to_json()}\n{result.log_tail}"
 
 
+def _check_leader_victim(name: str, result: ScenarioResult) -> None:
+    """With the leader as victim, another worker was elected, in a newer term."""
+    if DRILL_SCENARIOS[name].leader_victim:
+        assert result.leader_terms is not None, "no leader was struck"
+        struck, last = result.leader_terms
+        assert last > struck, _explain(result)
+
+
 @pytest.mark.parametrize("name", [s.name for s in scenarios_for("sqlite")])
 def test_scenario_keeps_every_invariant_on_sqlite(name: str, tmp_path: Path) -> None:
     """Under each fault no job is lost, no effect is applied twice or by a stale token,
@@ -57,6 +65,7 @@ def test_scenario_keeps_every_invariant_on_sqlite(name: str, tmp_path: Path) -> 
     assert result.report.ok, _explain(result)
     if DRILL_SCENARIOS[name].injection is not None:
         assert result.fault is not None, "the fault was never injected"
+    _check_leader_victim(name, result)
 
 
 @pytest.mark.postgres
@@ -69,6 +78,7 @@ def test_scenario_keeps_every_invariant_on_postgres(
     assert result.report.ok, _explain(result)
     if DRILL_SCENARIOS[name].injection is not None:
         assert result.fault is not None, "the fault was never injected"
+    _check_leader_victim(name, result)
 
 
 def _stores() -> list[object]:

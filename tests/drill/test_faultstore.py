@@ -100,6 +100,8 @@ CALLS: dict[str, Callable[[World], Awaitable[Any]]] = {
     "job_dead": lambda w: w.store.job_dead(lease=w.lease, error="e"),
     "job_snooze": lambda w: w.store.job_snooze(lease=w.lease, delay=0),
     "jobs_rescue": lambda w: w.store.jobs_rescue(),
+    "reconcile_find": lambda w: w.store.reconcile_find(pending_deadline=60),
+    "reconcile_repair": lambda w: w.store.reconcile_repair(leader=w.named, found=[]),
     "queue_pause": lambda w: w.store.queue_pause(queue="other"),
     "queue_resume": lambda w: w.store.queue_resume(queue="other"),
     "queues_stats": lambda w: w.store.queues_stats(),

@@ -198,3 +198,21 @@ def test_tokenline_imports_without_prometheus_client_and_metrics_names_the_extra
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert "pip install 'tokenline[metrics]'" in out.stdout
+
+
+def test_maintenance_repairs_count_by_service_and_kind_and_the_term_is_a_gauge(
+    registry: CollectorRegistry, metrics: WorkerMetrics
+) -> None:
+    """Repairs add up per service and kind; the leader term gauge follows the term this
+    process leads, back to 0 when it steps down."""
+    metrics(events.MaintenanceRepaired("w", "reconciler", "effect_pending_expired", 2))
+    metrics(events.MaintenanceRepaired("w", "reconciler", "effect_pending_expired", 1))
+    metrics(events.MaintenanceRepaired("w", "rescuer", "requeued", 5))
+    repairs = "tokenline_maintenance_repairs_total"
+    kind = "effect_pending_expired"
+    assert value(registry, repairs, service="reconciler", kind=kind) == 3
+    assert value(registry, repairs, service="rescuer", kind="requeued") == 5
+    metrics(events.LeaderChanged("w", 7))
+    assert value(registry, "tokenline_maintenance_leader_term") == 7
+    metrics(events.LeaderChanged("w", None))
+    assert value(registry, "tokenline_maintenance_leader_term") == 0

@@ -37,6 +37,7 @@ from .drill import drill
 from .exporter import exporter
 from .inspect import job, jobs, queues, workers
 from .leases import drain, lease, leases
+from .maintenance import maintenance, reconcile
 from .scale import scale_hint_command
 from .status import status
 
@@ -106,6 +107,18 @@ def _env(name: str) -> dict[str, Any]:
     type=float,
     help="Period of the expired-lease rescue [default: 5].",
     **_env("RESCUE_INTERVAL"),
+)
+@click.option(
+    "--reconcile-interval",
+    type=float,
+    help="Period of the reconciler's pass [default: 30].",
+    **_env("RECONCILE_INTERVAL"),
+)
+@click.option(
+    "--effect-pending-deadline",
+    type=float,
+    help="Seconds an effect may stay pending after its lease is lost [default: 300].",
+    **_env("EFFECT_PENDING_DEADLINE"),
 )
 @click.option(
     "--store-timeout",
@@ -298,5 +311,5 @@ for command in (
 ):
     main.add_command(command)
 main.add_command(audit)
-for command in (leases, lease, drain):
+for command in (leases, lease, drain, maintenance, reconcile):
     main.add_command(command)

@@ -18,6 +18,7 @@ from .._jobs import Attempt, Job, JobState, QueueStats, StaleCommit, WorkerRecor
 from .._records import Duplicate, EffectRecord
 from ..health import alive, live, worker_state
 from ..stores import Store
+from ..stores.base import ResourceLease
 from ._common import (
     Col,
     ago,
@@ -296,19 +297,41 @@ def workers(app_spec: str | None, url: str | None, show_all: bool, as_json: bool
 
     --json: a list of {id, host, pid, state, alive, queues, concurrency,
     concurrency_limit (or null), in_flight, drain_requested, token, started_at,
-    heartbeat_at, expires_at, clock_skew (seconds, or null)}.
+    heartbeat_at, expires_at, clock_skew (seconds, or null), leader_term (the
+    maintenance term this worker leads, or null)}.
+
+    Below the table: the maintenance leader (a worker, or a dedicated ``tokenline
+    maintenance`` process) and its term, or that none leads now.
     """
 
-    async def gather(store: Store) -> tuple[list[WorkerRecord], float]:
-        return await store.workers_list(), await store.store_time()
+    async def gather(store: Store) -> tuple[list[WorkerRecord], ResourceLease | None, float]:
+        from .maintenance import current_leader
+
+        leader, now = await current_leader(store)
+        return await store.workers_list(), leader, now
 
     with reporting_errors():
-        records, now = with_store(resolve_app(app_spec, url), gather)
+        records, leader, now = with_store(resolve_app(app_spec, url), gather)
     shown = records if show_all else live(records, now)
     if as_json:
-        print_json([worker_json(w, now) for w in shown])
+        print_json([_with_term(worker_json(w, now), w, leader) for w in shown])
     else:
         show_workers(shown, now)
+        if leader is None:
+            console.print("maintenance leader: none now", highlight=False)
+        else:
+            console.print(
+                f"maintenance leader: {escape(leader.owner)}, term {leader.token} "
+                f"(lease expires in {ago(leader.expires_at - now)})",
+                highlight=False,
+            )
+
+
+def _with_term(
+    row: dict[str, Any], w: WorkerRecord, leader: ResourceLease | None
+) -> dict[str, Any]:
+    row["leader_term"] = leader.token if leader is not None and leader.owner == w.id else None
+    return row
 
 
 #: ``--limit`` of the job listings.

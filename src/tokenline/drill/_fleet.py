@@ -38,17 +38,26 @@ class WorkerSettings:
 
     lease_ttl: float = 2.0
     rescue_interval: float = 0.5
+    #: The reconciler runs often, so a drift a fault leaves is repaired (and counted)
+    #: within the run, and a false repair would show in the checker's verdict.
+    reconcile_interval: float = 1.0
     concurrency: int = 4
     poll_interval: float = 0.05
     drain_timeout: float = 2.0
+
+    @property
+    def renew_interval(self) -> float:
+        """The workers' renewal and election period: a quarter of the lease TTL."""
+        return self.lease_ttl / 4
 
     def argv(self, app: str, queue: str) -> list[str]:
         """The ``tokenline worker`` command line."""
         return [
             sys.executable, "-m", "tokenline", "worker", "--app", app, "--queues", queue,
             "--concurrency", str(self.concurrency), "--lease-ttl", str(self.lease_ttl),
-            "--renew-interval", str(self.lease_ttl / 4),
+            "--renew-interval", str(self.renew_interval),
             "--rescue-interval", str(self.rescue_interval),
+            "--reconcile-interval", str(self.reconcile_interval),
             "--poll-interval", str(self.poll_interval),
             "--drain-timeout", str(self.drain_timeout),
         ]  # fmt: skip

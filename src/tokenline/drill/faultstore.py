@@ -76,7 +76,7 @@ from .._jobs import (
     WorkerRecord,
 )
 from .._records import Duplicate, EffectBegin, EffectRecord, Fence
-from ..stores.base import Depth, FencedTransaction, ResourceLease, Store
+from ..stores.base import Depth, FencedTransaction, Inconsistency, ResourceLease, Store
 from ._spec import check_number
 from .storefaults import FaultFile, InjectedFaultError, Role, RoleFaults, StoreFaults, role_of
 
@@ -368,9 +368,13 @@ class FaultStore(Store):
             "job_snooze", lambda: self.inner.job_snooze(lease=lease, delay=delay, reason=reason)
         )
 
-    async def jobs_rescue(self, *, limit: int = 1000) -> RescueReport:
+    async def jobs_rescue(
+        self, *, limit: int = 1000, leader: ResourceLease | None = None
+    ) -> RescueReport:
         """The inner store's, with the broker role's faults."""
-        return await self._run("jobs_rescue", lambda: self.inner.jobs_rescue(limit=limit))
+        return await self._run(
+            "jobs_rescue", lambda: self.inner.jobs_rescue(limit=limit, leader=leader)
+        )
 
     async def queue_pause(self, *, queue: str) -> None:
         """The inner store's, with the broker role's faults."""
@@ -547,6 +551,23 @@ class FaultStore(Store):
         """The inner store's, with the ledger role's faults."""
         return await self._run(
             "duplicates_list", lambda: self.inner.duplicates_list(since=since, limit=limit)
+        )
+
+    async def reconcile_find(
+        self, *, pending_deadline: float, limit: int = 1000
+    ) -> list[Inconsistency]:
+        """The inner store's, with the ledger role's faults."""
+        return await self._run(
+            "reconcile_find",
+            lambda: self.inner.reconcile_find(pending_deadline=pending_deadline, limit=limit),
+        )
+
+    async def reconcile_repair(
+        self, *, leader: ResourceLease, found: Sequence[Inconsistency]
+    ) -> list[bool]:
+        """The inner store's, with the ledger role's faults."""
+        return await self._run(
+            "reconcile_repair", lambda: self.inner.reconcile_repair(leader=leader, found=found)
         )
 
     def fenced_transaction(self, *, lease: Lease, **options: Any) -> FencedTransaction:

@@ -21,7 +21,9 @@ a Ctrl-C (``KeyboardInterrupt``) leaves nothing running.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import random
 import signal
 import time
@@ -32,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import TokenlineError
+from ..maintenance import MAINTENANCE_LEASE
+from ..stores import store_from_url
+from ..stores.base import ResourceLease
 from . import app as drill_app
 from ._fleet import Fleet, WorkerSettings
 from ._scratch import ScratchStore, scratch_for, upstream_of
@@ -72,6 +77,9 @@ class ScenarioResult:
     log_tail: str = ""
     #: What the drill's dependency went through (scenarios whose jobs call it).
     dependency: DependencyFigures | None = None
+    #: With the leader as victim: its maintenance term when struck, and the term at the
+    #: end of the run (higher: another worker was elected).
+    leader_terms: tuple[int, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready summary (``tokenline drill --json``)."""
@@ -103,6 +111,7 @@ class ScenarioResult:
             "elapsed_seconds": round(self.elapsed, 2),
             "violations": r.violations,
             "dependency": None if self.dependency is None else self.dependency.to_json(),
+            "leader_terms": None if self.leader_terms is None else list(self.leader_terms),
         }
 
 
@@ -257,7 +266,13 @@ class Drill:
             started = time.monotonic()
             with fleet:
                 fleet.spawn(app, drill_app.QUEUE, self._clocks(scenario, schedule))
-                window = _Controller(self, scenario, schedule, scratch, fleet, stub).run()
+                controller = _Controller(self, scenario, schedule, scratch, fleet, stub)
+                window = controller.run()
+                schedule = controller.schedule  # the victim, if chosen when it struck
+                terms = None
+                if controller.victim_term is not None:
+                    last = asyncio.run(_maintenance_lease(scratch.url))
+                    terms = (controller.victim_term, last.token if last else 0)
                 tail = fleet.log_tail()
                 pids = [fleet.pid(i) for i in range(self.workers)]
             elapsed = time.monotonic() - started
@@ -271,6 +286,7 @@ class Drill:
                 workers=pids if scenario.every_worker_works else None,
                 stall=_stall(self.scheme, scenario, window),
                 guarded=scenario.calls_dependency and self.breakers,
+                renew_interval=self.settings.renew_interval if scenario.leader_victim else None,
             )
             figures = None
             if stub is not None:
@@ -286,6 +302,7 @@ class Drill:
             window,
             "" if report.ok else tail,
             figures,
+            terms,
         )
 
     def _clocks(self, scenario: Scenario, schedule: Schedule) -> dict[int, dict[str, str]]:
@@ -347,6 +364,21 @@ class Drill:
         return "drill.work", items
 
 
+async def _maintenance_lease(url: str, *, held: bool = False) -> ResourceLease | None:
+    """The maintenance lease's record (with ``held``: only if held now, by the store's
+    clock)."""
+    store = store_from_url(url)
+    await store.open()
+    try:
+        now = await store.store_time()
+        for lease in await store.resource_leases_list():
+            if lease.resource == MAINTENANCE_LEASE and (lease.expires_at > now or not held):
+                return lease
+        return None
+    finally:
+        await store.close()
+
+
 def _hit(scenario: Scenario, schedule: Schedule, pids: Sequence[int]) -> frozenset[int] | None:
     """The process ids the scenario's fault hits (``None``: every worker may be hit)."""
     inj = scenario.injection
@@ -389,6 +421,8 @@ class _Controller:
         self._on = False
         self._held: list[tuple[int, int]] = []
         self.stop_tries = 0
+        #: The victim's maintenance term when struck (leader-victim scenarios).
+        self.victim_term: int | None = None
 
     def done(self) -> int:
         return self.scratch.scalar(
@@ -418,9 +452,25 @@ class _Controller:
         assert self.ended is not None
         return FaultWindow(self.started, self.ended, self.inj.target is Target.ALL)
 
+    def _leader(self) -> int:
+        """The fleet index of the worker holding the maintenance lease now."""
+        pids = [self.fleet.pid(i) for i in range(self.drill.workers)]
+        deadline = time.monotonic() + max(10.0, 3 * self.drill.settings.lease_ttl)
+        while time.monotonic() < deadline:
+            lease = asyncio.run(_maintenance_lease(self.scratch.url, held=True))
+            for i, pid in enumerate(pids):
+                if lease is not None and f"-{pid}-" in lease.owner:
+                    self.victim_term = lease.token
+                    return i
+            time.sleep(_TICK)
+        raise DrillError("no worker of the drill became maintenance leader")
+
     def _start(self) -> None:
         assert self.inj is not None
         action = self.inj.action
+        if self.scenario.leader_victim:
+            self.schedule = dataclasses.replace(self.schedule, victim=self._leader())
+            self.targets = [self.schedule.victim]
         victim = self.schedule.victim
         if action is Action.KILL:
             self.fleet.signal(victim, signal.SIGKILL)

@@ -27,6 +27,11 @@ one ahead mid-run; ``long_transaction`` has a few jobs keep their fenced transac
 for longer than the lease TTL. In both, a lease rescued from a worker the drill did not
 hit is an *early rescue*, and a violation.
 
+``kill9_leader`` and ``sigstop_leader`` are ``kill9`` and ``sigstop`` with the
+maintenance leader as the victim (whoever holds ``tokenline:maintenance`` when the fault
+strikes): the others must elect a new leader, in a new term, and rescue the victim's
+jobs within the same bound, and the resumed leader's maintenance writes are refused.
+
 ``slow_dependency`` leaves the store alone too: its jobs call the drill's dependency
 (:mod:`tokenline.drill.dependency`), which the fault makes time out for a while, for
 every worker at once. With breakers on (the default) no job may be dead-lettered and
@@ -120,6 +125,8 @@ class Scenario:
     every_worker_works: bool = False
     #: The jobs call the drill's dependency before their work.
     calls_dependency: bool = False
+    #: The victim is the maintenance leader when the fault strikes, not a drawn worker.
+    leader_victim: bool = False
 
     def applies_to(self, scheme: str) -> bool:
         """Whether the scenario runs on a store of this scheme."""
@@ -178,6 +185,18 @@ _SCENARIOS = (
         "sigstop",
         "SIGSTOP a worker past its lease; SIGCONT once its jobs were re-leased",
         Injection(Action.STOP, at_done=0.3, ttls=4.0),
+    ),
+    Scenario(
+        "kill9_leader",
+        "kill -9 the maintenance leader mid-job; another is elected and rescues its jobs",
+        Injection(Action.KILL, at_done=0.3),
+        leader_victim=True,
+    ),
+    Scenario(
+        "sigstop_leader",
+        "SIGSTOP the maintenance leader past its lease; another leads; SIGCONT later",
+        Injection(Action.STOP, at_done=0.3, ttls=4.0),
+        leader_victim=True,
     ),
     Scenario(
         "lost_ack",

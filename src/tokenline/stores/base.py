@@ -66,13 +66,16 @@ __all__ = [
     "Broker",
     "Capabilities",
     "Depth",
+    "Drift",
     "FencedTransaction",
+    "Inconsistency",
     "Leases",
     "Ledger",
     "PruneKind",
     "ResourceLease",
     "Role",
     "Store",
+    "leader_refused",
 ]
 
 
@@ -125,6 +128,64 @@ class Depth:
     task: str
     state: str
     count: int
+
+
+class Drift(enum.StrEnum):
+    """The kinds of disagreement the reconciler looks for (DESIGN.md section 7)."""
+
+    #: The job's fenced transaction committed (an attempt ``succeeded``), or its effect
+    #: (the effect keyed by its idempotency key) completed, yet the job is still queued,
+    #: scheduled, or running under an expired lease: acknowledge it.
+    JOB_UNACKNOWLEDGED = "job_unacknowledged"
+    #: An effect key left ``pending`` by an attempt whose lease is gone, for longer than
+    #: the deadline: mark it ``failed`` so that the job's next attempt may run it.
+    EFFECT_PENDING = "effect_pending_expired"
+    #: A resource lease still held by a worker whose membership is over: expire it by
+    #: bumping its token (never a delete: the counter must survive).
+    LEASE_ORPHANED = "lease_orphaned"
+    #: An attempt with no outcome whose job has moved on (another token, or finished):
+    #: close it as lost.
+    ATTEMPT_OPEN = "attempt_open"
+
+
+@dataclass(frozen=True, slots=True)
+class Inconsistency:
+    """One disagreement found by :meth:`Ledger.reconcile_find`, with what was seen.
+
+    The repair is conditional on what was seen: ``token`` (the job's lease token, the
+    effect's token, or the resource lease's token) and ``state`` (the job's), so a
+    repair of something that changed since is refused, never applied blindly.
+    """
+
+    kind: Drift
+    #: The job concerned (``None`` for a resource lease).
+    job_id: int | None
+    token: int
+    #: The effect key or the resource name (``None`` for a job or an attempt).
+    key: str | None = None
+    #: The owner seen: of the attempt, effect or resource lease.
+    owner: str | None = None
+    #: The job's state seen (``None`` where no job is concerned).
+    state: str | None = None
+
+    def describe(self) -> str:
+        """One line naming what disagrees, for logs and ``tokenline reconcile``."""
+        if self.kind is Drift.JOB_UNACKNOWLEDGED:
+            return f"job {self.job_id} ({self.state}, token {self.token}) already committed"
+        if self.kind is Drift.EFFECT_PENDING:
+            return (
+                f"effect {self.key!r} pending under job {self.job_id} token {self.token} "
+                f"of {self.owner}, whose lease is gone"
+            )
+        if self.kind is Drift.LEASE_ORPHANED:
+            return f"lease {self.key!r} (token {self.token}) held by {self.owner}, who is gone"
+        return f"attempt of job {self.job_id} token {self.token} by {self.owner} left open"
+
+
+def leader_refused(leader: ResourceLease, operation: str) -> StaleTokenError:
+    """The error of a maintenance write refused because ``leader`` no longer holds the
+    maintenance lease (a newer leader exists, or the lease expired)."""
+    return StaleTokenError(resource=leader.resource, token=leader.token, operation=operation)
 
 
 class FencedTransaction(abc.ABC):
@@ -261,10 +322,19 @@ class Broker(abc.ABC):
         return done, claimed
 
     @abc.abstractmethod
-    async def jobs_rescue(self, *, limit: int = 1000) -> RescueReport:
+    async def jobs_rescue(
+        self, *, limit: int = 1000, leader: ResourceLease | None = None
+    ) -> RescueReport:
         """Return running jobs whose lease expired to the queue, bumping their token.
 
         The lost attempt counts: a job on its last attempt goes dead instead.
+
+        ``leader``: the maintenance lease the caller holds. The store checks, in the
+        same transaction as the rescue, that it still holds it (owner, token, unexpired
+        by the store's clock), and raises :class:`StaleTokenError` having changed
+        nothing when it does not: a deposed leader's rescue is refused. ``None``: an
+        unfenced pass (tests, operators); each row is still taken only if its lease
+        expired, inside one statement, so no live job is ever taken.
         """
 
     @abc.abstractmethod
@@ -534,6 +604,25 @@ class Ledger(abc.ABC):
 
         ``False`` (recorded as a stale duplicate) when the job's lease or the resource
         lease is lost, or a higher token of the same issuer has already written.
+        """
+
+    @abc.abstractmethod
+    async def reconcile_find(
+        self, *, pending_deadline: float, limit: int = 1000
+    ) -> list[Inconsistency]:
+        """Read-only: every :class:`Inconsistency` of each :class:`Drift` kind, by the
+        store's clock (an effect is judged once pending longer than
+        ``pending_deadline`` seconds), at most ``limit`` of each kind."""
+
+    @abc.abstractmethod
+    async def reconcile_repair(
+        self, *, leader: ResourceLease, found: Sequence[Inconsistency]
+    ) -> list[bool]:
+        """Repair each of ``found`` in one transaction that first checks that ``leader``
+        holds the maintenance lease (else :class:`StaleTokenError`, nothing changed).
+
+        Each repair is conditional on what was seen (its token and state); returns, in
+        order, whether each was applied (``False``: it changed since, left alone).
         """
 
     @abc.abstractmethod

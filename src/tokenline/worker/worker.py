@@ -3,8 +3,8 @@
 Control plane (own tasks, never behind handlers): the membership heartbeat, one batched
 renewal of every in-flight lease per ``renew_interval``, a watchdog that fences the
 worker as soon as its monotonic clock says a lease can no longer be trusted (a resumed
-``SIGSTOP``, a long GC or VM stall), and maintenance (rescue of expired leases) when
-this worker holds the maintenance lease.
+``SIGSTOP``, a long GC or VM stall), and maintenance: the worker stands for election
+and, while leader, runs the maintenance services (``tokenline.maintenance``).
 
 Data plane: claim jobs while the state allows it, run them (async handlers on the loop,
 sync ones in a thread pool), classify failures and commit each outcome through the
@@ -29,7 +29,7 @@ import socket
 import threading
 import uuid
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -49,6 +49,14 @@ from .._logging import SUCCESS_LOGGER
 from ..backpressure import ErrorRateWindow, FailureKind, RetryBudget, make_limiter
 from ..classify import Decision, ErrorClass, classify
 from ..dependencies import BreakerBoard
+from ..maintenance import (
+    MAINTENANCE_LEASE,
+    Leadership,
+    MaintenanceRunner,
+    Service,
+    ServiceReport,
+    standard_services,
+)
 from ..retry import RetryPolicy
 from .completer import BatchCompleter, ClaimArgs
 from .context import JobContext, decode_args
@@ -62,13 +70,12 @@ if TYPE_CHECKING:
     from .._app import App
     from ..stores.base import Store
 
-__all__ = ["Worker", "WorkerCounters"]
+__all__ = ["MAINTENANCE_LEASE", "Worker", "WorkerCounters"]
 
 log = logging.getLogger("tokenline.worker")
 #: One line per succeeded job: for machine-read logs (``--log-format json``).
 success_log = logging.getLogger(SUCCESS_LOGGER)
 
-MAINTENANCE_LEASE = "tokenline:maintenance"
 _BUSY_STATES = frozenset({WorkerState.READY, WorkerState.PROCESSING})
 #: Name prefix of the threads that run sync handlers.
 HANDLER_THREAD_PREFIX = "tokenline-job"
@@ -111,7 +118,12 @@ class WorkerCounters:
 
 
 class Worker:
-    """Runs jobs of ``app`` from ``settings.queues`` until asked to stop."""
+    """Runs jobs of ``app`` from ``settings.queues`` until asked to stop.
+
+    ``services``: the maintenance services this worker runs while it leads maintenance
+    (default: :func:`tokenline.maintenance.standard_services`, with the app's periodic
+    jobs).
+    """
 
     def __init__(
         self,
@@ -120,6 +132,7 @@ class Worker:
         *,
         store: Store | None = None,
         worker_id: str | None = None,
+        services: Sequence[Service] | None = None,
     ) -> None:
         self.app = app
         self.settings = settings or WorkerSettings()
@@ -140,6 +153,9 @@ class Worker:
         self._claiming = 0
         self._fencing = False
         self._drainer: asyncio.Task[None] | None = None
+        # None: the standard services, built on the store once it is open.
+        self._services = services
+        self._maintenance: MaintenanceRunner | None = None
         self._completer: BatchCompleter | None = None
         self._coordination_failures = 0
         #: Monotonic time of the last membership heartbeat the store accepted.
@@ -241,7 +257,7 @@ class Worker:
             asyncio.create_task(self._fetch_loop(), name="tokenline-fetch"),
             asyncio.create_task(self._control_loop(), name="tokenline-control"),
             asyncio.create_task(self._watchdog_loop(), name="tokenline-watchdog"),
-            asyncio.create_task(self._maintenance_loop(), name="tokenline-maintenance"),
+            asyncio.create_task(self.maintenance.run(), name="tokenline-maintenance"),
         ]
         if self._board.active:
             tasks.append(asyncio.create_task(self._board.watch(), name="tokenline-breakers"))
@@ -1005,40 +1021,42 @@ class Worker:
                     "(was the process paused or cut off?)"
                 )
 
-    async def _maintenance_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.rescue_interval)
-            if self.state in (WorkerState.STOPPED, WorkerState.FENCED):
-                continue
-            try:
-                await self.maintenance_once()
-            except StoreError as exc:
-                log.warning("worker %s: maintenance failed: %s", self.id, exc)
+    @property
+    def maintenance(self) -> MaintenanceRunner:
+        """The worker's candidacy for maintenance leadership and the services it runs
+        as leader (the rescuer and the reconciler unless given others)."""
+        if self._maintenance is None:
+            leadership = Leadership(
+                self.store,
+                owner=self.id,
+                ttl=self.settings.lease_ttl,
+                margin=self.settings.margin,
+                clock=self.clock,
+            )
+            services = self._services
+            if services is None:
+                services = standard_services(self.store, self.settings, self.app)
+            self._maintenance = MaintenanceRunner(
+                leadership,
+                services,
+                renew_interval=self.settings.renew_interval,
+                may_lead=lambda: self.state not in (WorkerState.STOPPED, WorkerState.FENCED),
+                on_report=self._maintenance_report,
+            )
+        return self._maintenance
 
     async def maintenance_once(self) -> bool:
-        """Rescue expired leases if this worker holds the maintenance lease.
+        """Stand for (or keep) maintenance leadership and, if leader, run every
+        maintenance service once. Returns whether this worker was the leader."""
+        return await self.maintenance.run_once() is not None
 
-        Returns whether it was the leader. Rescue is safe even if two leaders overlap:
-        each row is taken only if its lease expired, inside one statement.
-        """
-        lease = await self.store.resource_lease_acquire(
-            resource=MAINTENANCE_LEASE, owner=self.id, ttl=self.settings.lease_ttl
-        )
-        if lease is None:
-            return False
-        report = await self.store.jobs_rescue()
-        n = len(report.requeued) + len(report.dead)
-        if n:
-            self.counters.rescued += n
-            if events.enabled():
-                events.emit(events.JobsRescued(self.id, len(report.requeued), len(report.dead)))
-            log.warning(
-                "rescued %d jobs with expired leases (requeued %s, dead %s)",
-                n,
-                list(report.requeued)[:20],
-                list(report.dead)[:20],
-            )
-        return True
+    def _maintenance_report(self, report: ServiceReport) -> None:
+        if report.service != "rescuer":
+            return
+        requeued, dead = report.counts["requeued"], report.counts["dead"]
+        self.counters.rescued += requeued + dead
+        if requeued + dead and events.enabled():
+            events.emit(events.JobsRescued(self.id, requeued, dead))
 
 
 def _waited(job: Job) -> float:

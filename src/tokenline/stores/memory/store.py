@@ -37,13 +37,14 @@ from ..base import Capabilities, Depth, FencedTransaction, ResourceLease, Store
 from ._transaction import MemoryDatabase, MemoryFencedTransaction, refusal
 from .ledger import MemoryLedger
 from .maintenance import MemoryMaintenance
+from .retention import MemoryRetention
 
 __all__ = ["MemoryStore"]
 
 _READY = (JobState.QUEUED, JobState.SCHEDULED)
 
 
-class MemoryStore(MemoryLedger, MemoryMaintenance, Store):
+class MemoryStore(MemoryMaintenance, MemoryRetention, MemoryLedger, Store):
     """A store held in this process's memory; nothing survives the process."""
 
     capabilities = Capabilities(multi_process=False, transactional_completion=True, ledger=True)
@@ -228,10 +229,14 @@ class MemoryStore(MemoryLedger, MemoryMaintenance, Store):
                     error_class=fin.error_class if fin else "coordination",
                 )
 
-    async def jobs_rescue(self, *, limit: int = 1000) -> RescueReport:
-        """Requeue (or dead-letter) running jobs whose lease has expired."""
+    async def jobs_rescue(
+        self, *, limit: int = 1000, leader: ResourceLease | None = None
+    ) -> RescueReport:
+        """Requeue (or dead-letter) running jobs whose lease has expired, if ``leader``
+        (when given) still holds the maintenance lease."""
         with self._lock:
             now = self.clock.now()
+            self._check_leader(leader, "rescue", now)
             requeued: list[int] = []
             dead: list[int] = []
             expired = [
@@ -499,6 +504,10 @@ class MemoryStore(MemoryLedger, MemoryMaintenance, Store):
         """Every named lease, held or not, by resource name."""
         with self._lock:
             return [self._leases[name] for name in sorted(self._leases)]
+
+    def _move_job(self, job: Job, **changes: Any) -> Job:
+        """``job`` with ``changes``, by the state machine (for the maintenance mixin)."""
+        return _moved(job, **changes)
 
     # -- transactions ---------------------------------------------------------------------
     def fenced_transaction(

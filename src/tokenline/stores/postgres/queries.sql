@@ -647,9 +647,10 @@ SET expires_at = LEAST(expires_at, {schema}.now_epoch(%(now)s))
 WHERE resource = %(resource)s AND owner = %(owner)s AND token = %(token)s;
 
 -- name: leader_holds
--- Run first in every maintenance write transaction. FOR SHARE keeps the lease row as it
--- is until we commit: a takeover (an UPDATE of that row) waits for us, so our write
--- lands wholly before the new leader's token exists.
+-- Every maintenance write is fenced by the leader's term: inside the write's own
+-- transaction, the maintenance lease must still be this owner's, with this token,
+-- unexpired by the store's clock. FOR SHARE: a rival's acquire (an UPDATE of the row)
+-- waits until this transaction ends, so no new term begins while it writes.
 SELECT 1 FROM {schema}.leases
 WHERE resource = %(resource)s AND owner = %(owner)s AND token = %(token)s
   AND expires_at > {schema}.now_epoch(%(now)s)
@@ -724,3 +725,91 @@ RETURNING s.name;
 
 -- name: schedule_marks
 SELECT name, mark FROM {schema}.schedules ORDER BY name COLLATE "C";
+-- name: reconcile_unacknowledged
+-- Jobs whose fenced transaction committed (an attempt succeeded) or whose own effect
+-- (keyed by their idempotency key) completed, still waiting or running on a dead lease.
+SELECT j.id, j.lease_token, j.state FROM {schema}.jobs AS j
+WHERE j.state IN ('queued', 'scheduled', 'running')
+  AND j.lease_token > 0  -- only a job that ran can have committed: not the backlog
+  AND NOT (j.state = 'running' AND j.lease_expires_at > {schema}.now_epoch(%(now)s))
+  AND (EXISTS (SELECT 1 FROM {schema}.attempts AS a
+               WHERE a.job_id = j.id AND a.outcome = 'succeeded')
+       OR EXISTS (SELECT 1 FROM {schema}.effects AS e
+                  WHERE e.key = j.idempotency_key AND e.job_id = j.id
+                    AND e.status = 'completed'))
+ORDER BY j.id
+LIMIT %(limit)s;
+
+-- name: reconcile_pending_effects
+-- Effect keys pending past the deadline whose attempt holds no live lease.
+SELECT e.key, e.job_id, e.token, e.owner FROM {schema}.effects AS e
+WHERE e.status = 'pending'
+  AND e.updated_at <= {schema}.now_epoch(%(now)s) - %(deadline)s
+  AND NOT EXISTS (
+      SELECT 1 FROM {schema}.jobs AS j
+      WHERE j.id = e.job_id AND j.state = 'running' AND j.lease_token = e.token
+        AND j.lease_expires_at > {schema}.now_epoch(%(now)s))
+ORDER BY e.key COLLATE "C"
+LIMIT %(limit)s;
+
+-- name: reconcile_orphan_leases
+-- Resource leases still held by a worker whose membership is over. A holder that is
+-- not a worker (a dedicated maintenance process, a user's own) is never judged.
+SELECT r.resource, r.token, r.owner FROM {schema}.leases AS r
+JOIN {schema}.workers AS w ON w.id = r.owner
+WHERE r.expires_at > {schema}.now_epoch(%(now)s)
+  AND (w.state = 'stopped' OR w.expires_at <= {schema}.now_epoch(%(now)s))
+ORDER BY r.resource COLLATE "C"
+LIMIT %(limit)s;
+
+-- name: reconcile_open_attempts
+-- Attempts without an outcome whose job is no longer running under their token.
+SELECT a.job_id, a.token, a.owner FROM {schema}.attempts AS a
+JOIN {schema}.jobs AS j ON j.id = a.job_id
+WHERE a.finished_at IS NULL AND NOT (j.state = 'running' AND j.lease_token = a.token)
+ORDER BY a.job_id, a.token
+LIMIT %(limit)s;
+
+-- name: repair_take
+-- Queued never moves straight to succeeded: the reconciler takes the job first, with a
+-- new token, so that no earlier holder matches any more. Only as it was seen.
+UPDATE {schema}.jobs SET state = 'running', lease_token = lease_token + 1,
+    lease_owner = NULL, updated_at = {schema}.now_epoch(%(now)s)
+WHERE id = %(job_id)s AND lease_token = %(token)s AND state = %(state)s
+  AND state IN ('queued', 'scheduled');
+
+-- name: repair_acknowledge
+-- Conditional on the token seen, and on no live lease for it.
+UPDATE {schema}.jobs
+SET state = 'succeeded', lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = {schema}.now_epoch(%(now)s), finished_at = {schema}.now_epoch(%(now)s)
+WHERE id = %(job_id)s AND lease_token = %(token)s AND state = 'running'
+  AND (lease_expires_at IS NULL OR lease_expires_at <= {schema}.now_epoch(%(now)s));
+
+-- name: repair_attempt_close
+-- Only an attempt whose job is no longer running under its token.
+UPDATE {schema}.attempts
+SET finished_at = {schema}.now_epoch(%(now)s), outcome = %(outcome)s, error = %(error)s,
+    error_class = 'coordination'
+WHERE job_id = %(job_id)s AND token = %(token)s AND finished_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM {schema}.jobs AS j
+                  WHERE j.id = %(job_id)s AND j.state = 'running'
+                    AND j.lease_token = %(token)s);
+
+-- name: repair_effect_fail
+-- Only while still pending under the token seen, whose attempt holds no live lease.
+UPDATE {schema}.effects
+SET status = 'failed', error = %(error)s, updated_at = {schema}.now_epoch(%(now)s)
+WHERE key = %(key)s AND status = 'pending' AND job_id = %(job_id)s AND token = %(token)s
+  AND NOT EXISTS (
+      SELECT 1 FROM {schema}.jobs AS j
+      WHERE j.id = %(job_id)s AND j.state = 'running' AND j.lease_token = %(token)s
+        AND j.lease_expires_at > {schema}.now_epoch(%(now)s));
+
+-- name: resource_lease_expire
+-- The reconciler's repair of an orphaned lease: a token bump, never a delete, so the
+-- gone holder's (owner, token) matches nothing any more; only as it was seen.
+UPDATE {schema}.leases
+SET token = token + 1, expires_at = {schema}.now_epoch(%(now)s)
+WHERE resource = %(key)s AND token = %(token)s AND owner = %(owner)s
+  AND expires_at > {schema}.now_epoch(%(now)s);

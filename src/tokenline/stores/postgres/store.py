@@ -84,7 +84,8 @@ from ._steps import (
 from ._target import Target, parse_url
 from ._transaction import PostgresFencedTransaction
 from .ledger import PostgresLedger
-from .maintenance import PostgresMaintenance
+from .maintenance import PostgresMaintenance, check_leader
+from .retention import PostgresRetention
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
@@ -134,7 +135,7 @@ def fuse_finish_claim(finish: str, claim: str) -> str:
     )
 
 
-class PostgresStore(PostgresLedger, PostgresMaintenance, Store):
+class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Store):
     """A store in a PostgreSQL schema (``postgresql://user@host/db?schema=name``).
 
     ``timeout`` bounds connecting, waiting for a pooled connection and each statement
@@ -679,9 +680,12 @@ class PostgresStore(PostgresLedger, PostgresMaintenance, Store):
         ``lease``: unique per schema, job and token, under PostgreSQL's 63 bytes."""
         return f"tokenline {self._schema_tag} {lease.job_id}.{lease.token}"
 
-    async def jobs_rescue(self, *, limit: int = 1000) -> RescueReport:
+    async def jobs_rescue(
+        self, *, limit: int = 1000, leader: ResourceLease | None = None
+    ) -> RescueReport:
         """Requeue or dead-letter running jobs whose lease expired by the store's clock,
-        as the core decides, then end the fenced transactions those attempts left open.
+        as the core decides, then end the fenced transactions those attempts left open;
+        only if ``leader`` (when given) still holds the maintenance lease.
 
         An expired job whose row its attempt's transaction still locks (paused between
         its completion and its commit) is skipped, and that session ended: the next
@@ -691,6 +695,7 @@ class PostgresStore(PostgresLedger, PostgresMaintenance, Store):
         async def run(conn: AsyncConnection[Any]) -> list[TupleRow]:
             cur = conn.cursor(row_factory=tuple_row)
             async with conn.transaction():
+                await check_leader(cur, self._q("leader_holds"), leader, "rescue", self._now())
                 await cur.execute(
                     self._q("rescue_candidates"), {"limit": limit, "now": self._now()}
                 )

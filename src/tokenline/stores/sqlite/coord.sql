@@ -174,3 +174,9 @@ ORDER BY resource;
 -- name: resource_lease_held
 SELECT 1 FROM coord.resource_leases
 WHERE resource = :resource AND owner = :owner AND token = :token AND expires_at > :now;
+
+-- name: resource_lease_expire
+-- The reconciler's repair of an orphaned lease: a token bump, never a delete, so the
+-- gone holder's (owner, token) matches nothing any more; only as it was seen.
+UPDATE coord.resource_leases SET token = token + 1, expires_at = :now
+WHERE resource = :key AND token = :token AND owner = :owner AND expires_at > :now;

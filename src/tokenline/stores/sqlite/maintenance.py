@@ -1,152 +1,135 @@
-"""The SQLite store's maintenance writes: retention batches and periodic schedules.
+"""The SQLite store's maintenance writes, fenced by the leader's term.
 
-Each call is one ``BEGIN IMMEDIATE`` transaction on the main file that runs
-``leader_holds`` first (see ``queries.sql``), so a deposed leader writes nothing.
+Each runs under the main file's write lock (``BEGIN IMMEDIATE``) and first reads the
+maintenance lease (``leader_holds``) from the coordination file's snapshot, taken after
+that lock: a rival can take the lease only once it has expired by the store's clock,
+which the check has just seen it had not, and the rival's own maintenance writes then
+wait for this lock. The repairs of the coordination file (an orphaned lease) are made
+inside that same transaction, as a claim writes its leases.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..._errors import StaleTokenError
-from ..._jobs import JobState, NewJob
-from .._sql import load_queries
-from ..base import PruneKind, ResourceLease
+from .._repairs import ABANDONED, ACKNOWLEDGED, ACKNOWLEDGED_ERROR, LOST, LOST_ERROR
+from ..base import Drift, Inconsistency, ResourceLease, leader_refused
 from ._connection import immediate
-from .ledger import insert_job
 
-if TYPE_CHECKING:
-    from ..._clock import Clock
-
-__all__ = ["SQLiteMaintenance"]
+__all__ = ["SQLiteMaintenance", "check_leader"]
 
 T = TypeVar("T")
-Q = load_queries(__name__.rpartition(".")[0])
 
-_STATES = {
-    PruneKind.FINISHED: [JobState.SUCCEEDED.value, JobState.CANCELLED.value],
-    PruneKind.DEAD: [JobState.DEAD.value],
-}
-_AUDIT = {
-    PruneKind.STALE_COMMITS: ("prune_stale_commits", "prune_stale_commits_count"),
-    PruneKind.DUPLICATES: ("prune_duplicates", "prune_duplicates_count"),
-}
+
+def check_leader(
+    conn: sqlite3.Connection, query: str, leader: ResourceLease | None, operation: str, now: float
+) -> None:
+    """Raise unless ``leader`` holds the maintenance lease (inside the caller's write
+    transaction, which the error rolls back)."""
+    if leader is None:
+        return
+    params = {
+        "resource": leader.resource,
+        "owner": leader.owner,
+        "token": leader.token,
+        "now": now,
+    }
+    if conn.execute(query, params).fetchone() is None:
+        raise leader_refused(leader, operation)
 
 
 class SQLiteMaintenance:
-    """Mixin of :class:`~tokenline.stores.sqlite.SQLiteStore`: the leader's writes."""
+    """Mixin of :class:`~tokenline.stores.sqlite.SQLiteStore`: find and repair drift."""
 
     if TYPE_CHECKING:
-        clock: Clock
-
-        async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+        clock: Any
 
         def _q(self, name: str) -> str: ...
 
-    def _leader_check(
-        self, conn: sqlite3.Connection, leader: ResourceLease, operation: str, now: float
-    ) -> None:
-        params = {
-            "resource": leader.resource,
-            "owner": leader.owner,
-            "token": leader.token,
+        async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+
+        async def _call_both(
+            self, fn: Callable[[sqlite3.Connection, sqlite3.Connection], T]
+        ) -> T: ...
+
+    async def reconcile_find(
+        self, *, pending_deadline: float, limit: int = 1000
+    ) -> list[Inconsistency]:
+        """Every disagreement of each kind, in one read transaction."""
+
+        def run(conn: sqlite3.Connection) -> list[Inconsistency]:
+            conn.execute("BEGIN")
+            try:
+                now = self.clock.now()
+                p = {"now": now, "limit": limit, "deadline": pending_deadline}
+                found = [
+                    Inconsistency(Drift.JOB_UNACKNOWLEDGED, r[0], r[1], state=r[2])
+                    for r in conn.execute(self._q("reconcile_unacknowledged"), p)
+                ]
+                found += [
+                    Inconsistency(Drift.EFFECT_PENDING, r[1], r[2], key=r[0], owner=r[3])
+                    for r in conn.execute(self._q("reconcile_pending_effects"), p)
+                ]
+                found += [
+                    Inconsistency(Drift.LEASE_ORPHANED, None, r[1], key=r[0], owner=r[2])
+                    for r in conn.execute(self._q("reconcile_orphan_leases"), p)
+                ]
+                found += [
+                    Inconsistency(Drift.ATTEMPT_OPEN, r[0], r[1], owner=r[2])
+                    for r in conn.execute(self._q("reconcile_open_attempts"), p)
+                ]
+                return found
+            finally:
+                conn.execute("COMMIT")
+
+        return await self._call(run)
+
+    async def reconcile_repair(
+        self, *, leader: ResourceLease, found: Sequence[Inconsistency]
+    ) -> list[bool]:
+        """Every repair in one transaction, after the leader check; each conditional on
+        what was seen."""
+
+        def run(conn: sqlite3.Connection, coord: sqlite3.Connection) -> list[bool]:
+            with immediate(conn):
+                now = self.clock.now()
+                check_leader(conn, self._q("leader_holds"), leader, "reconcile", now)
+                return [self._repair(conn, coord, item, now) for item in found]
+
+        return await self._call_both(run)
+
+    def _repair(
+        self, conn: sqlite3.Connection, coord: sqlite3.Connection, item: Inconsistency, now: float
+    ) -> bool:
+        p: dict[str, Any] = {
+            "job_id": item.job_id,
+            "token": item.token,
+            "key": item.key,
+            "owner": item.owner,
+            "state": item.state,
             "now": now,
         }
-        if conn.execute(self._q("leader_holds"), params).fetchone() is None:
-            raise StaleTokenError(resource=leader.resource, token=leader.token, operation=operation)
-
-    async def maintenance_prune(
-        self, *, leader: ResourceLease, kind: PruneKind, before: float, limit: int
-    ) -> int:
-        """Delete one batch of ``kind`` in one short write transaction; see the seam."""
-        kind = PruneKind(kind)
-
-        def run(conn: sqlite3.Connection) -> int:
-            with immediate(conn):
-                now = self.clock.now()
-                self._leader_check(conn, leader, "prune", now)
-                if kind in _AUDIT:
-                    query = self._q(_AUDIT[kind][0])
-                    return conn.execute(query, {"before": before, "limit": limit}).rowcount
-                return _prune_jobs(conn, kind, before, limit, now)
-
-        return await self._call(run)
-
-    async def maintenance_prunable(self, *, kind: PruneKind, before: float) -> int:
-        """How many rows of ``kind`` are older than ``before``."""
-        kind = PruneKind(kind)
-        params: dict[str, Any] = {"before": before}
-        if kind in _AUDIT:
-            query = self._q(_AUDIT[kind][1])
-        else:
-            query = self._q("prune_jobs_count")
-            params["states"] = json.dumps(_STATES[kind])
-
-        def run(conn: sqlite3.Connection) -> int:
-            return int(conn.execute(query, params).fetchone()[0])
-
-        return await self._call(run)
-
-    async def schedule_advance(
-        self, *, leader: ResourceLease, schedule: str, instant: float, job: NewJob | None
-    ) -> bool:
-        """Advance the mark and enqueue ``job`` in one transaction, or do nothing."""
-
-        def run(conn: sqlite3.Connection) -> bool:
-            with immediate(conn):
-                now = self.clock.now()
-                self._leader_check(conn, leader, "schedule", now)
-                params = {"name": schedule, "instant": instant, "now": now}
-                if conn.execute(self._q("schedule_advance"), params).fetchone() is None:
+        if item.kind is Drift.JOB_UNACKNOWLEDGED:
+            if item.state != "running":
+                if conn.execute(self._q("repair_take"), p).rowcount != 1:
                     return False
-                if job is not None:
-                    insert_job(conn, Q["enqueue"], _job_row(job, now), job)
-                return True
-
-        return await self._call(run)
-
-    async def schedule_marks(self) -> dict[str, float]:
-        """Every schedule's mark."""
-
-        def run(conn: sqlite3.Connection) -> dict[str, float]:
-            return {r[0]: float(r[1]) for r in conn.execute(self._q("schedule_marks")).fetchall()}
-
-        return await self._call(run)
-
-
-def _prune_jobs(
-    conn: sqlite3.Connection, kind: PruneKind, before: float, limit: int, now: float
-) -> int:
-    """One batch of finished jobs, with their attempts and released unique keys."""
-    picked = conn.execute(
-        Q["prune_jobs_pick"],
-        {"states": json.dumps(_STATES[kind]), "before": before, "limit": limit},
-    ).fetchall()
-    if not picked:
-        return 0
-    ids = json.dumps([r[0] for r in picked])
-    keys = json.dumps([r[1] for r in picked if r[1] is not None])
-    deleted = conn.execute(Q["prune_jobs"], {"ids": ids}).rowcount
-    conn.execute(Q["prune_attempts"], {"ids": ids})
-    conn.execute(Q["prune_unique_keys"], {"ids": ids, "keys": keys, "now": now})
-    return deleted
-
-
-def _job_row(job: NewJob, now: float) -> dict[str, Any]:
-    run_at = job.run_at if job.run_at is not None else now + (job.delay or 0.0)
-    return {
-        "queue": job.queue,
-        "task": job.task,
-        "args": job.args,
-        "idempotency_key": job.idempotency_key,
-        "priority": job.priority,
-        "run_at": run_at,
-        "max_attempts": job.max_attempts,
-        "max_lease_expiries": job.max_lease_expiries,
-        "state": "scheduled" if run_at > now else "queued",
-        "now": now,
-        "timeout": job.timeout,
-    }
+                p["token"] = item.token + 1
+            if conn.execute(self._q("repair_acknowledge"), p).rowcount != 1:
+                return False
+            closing = {**p, "outcome": ACKNOWLEDGED, "error": ACKNOWLEDGED_ERROR}
+            conn.execute(self._q("repair_attempt_close"), closing)
+            return True
+        if item.kind is Drift.EFFECT_PENDING:
+            failing = {**p, "error": ABANDONED}
+            return conn.execute(self._q("repair_effect_fail"), failing).rowcount == 1
+        if item.kind is Drift.LEASE_ORPHANED:
+            with immediate(coord):
+                done = coord.execute(self._q("resource_lease_expire"), p).rowcount == 1
+            if done:
+                raised = {"resource": item.key, "token": item.token + 1}
+                conn.execute(self._q("lease_token_raise"), raised)
+            return done
+        closing = {**p, "outcome": LOST, "error": LOST_ERROR}
+        return conn.execute(self._q("repair_attempt_close"), closing).rowcount == 1

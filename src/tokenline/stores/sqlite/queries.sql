@@ -409,3 +409,82 @@ RETURNING name;
 
 -- name: schedule_marks
 SELECT name, mark FROM tokenline_schedules ORDER BY name;
+-- name: reconcile_unacknowledged
+-- Jobs whose fenced transaction committed (an attempt succeeded) or whose own effect
+-- (keyed by their idempotency key) completed, still waiting or running on a dead lease.
+SELECT j.id, j.lease_token, j.state FROM tokenline_jobs AS j
+WHERE j.state IN ('queued', 'scheduled', 'running')
+  AND j.lease_token > 0  -- only a job that ran can have committed: not the backlog
+  AND NOT EXISTS (
+      SELECT 1 FROM coord.job_leases AS l
+      WHERE j.state = 'running' AND l.job_id = j.id AND l.token = j.lease_token
+        AND l.expires_at > :now)
+  AND (EXISTS (SELECT 1 FROM tokenline_attempts AS a
+               WHERE a.job_id = j.id AND a.outcome = 'succeeded')
+       OR EXISTS (SELECT 1 FROM tokenline_effects AS e
+                  WHERE e.key = j.idempotency_key AND e.job_id = j.id
+                    AND e.status = 'completed'))
+ORDER BY j.id
+LIMIT :limit;
+
+-- name: reconcile_pending_effects
+-- Effect keys pending past the deadline whose attempt holds no live lease.
+SELECT e.key, e.job_id, e.token, e.owner FROM tokenline_effects AS e
+WHERE e.status = 'pending' AND e.updated_at <= :now - :deadline
+  AND NOT EXISTS (
+      SELECT 1 FROM tokenline_jobs AS j JOIN coord.job_leases AS l ON l.job_id = j.id
+      WHERE j.id = e.job_id AND j.state = 'running' AND j.lease_token = e.token
+        AND l.token = e.token AND l.expires_at > :now)
+ORDER BY e.key
+LIMIT :limit;
+
+-- name: reconcile_orphan_leases
+-- Resource leases still held by a worker whose membership is over. A holder that is
+-- not a worker (a dedicated maintenance process, a user's own) is never judged.
+SELECT r.resource, r.token, r.owner FROM coord.resource_leases AS r
+JOIN coord.workers AS w ON w.id = r.owner
+WHERE r.expires_at > :now AND (w.state = 'stopped' OR w.expires_at <= :now)
+ORDER BY r.resource
+LIMIT :limit;
+
+-- name: reconcile_open_attempts
+-- Attempts without an outcome whose job is no longer running under their token.
+SELECT a.job_id, a.token, a.owner FROM tokenline_attempts AS a
+JOIN tokenline_jobs AS j ON j.id = a.job_id
+WHERE a.finished_at IS NULL AND NOT (j.state = 'running' AND j.lease_token = a.token)
+ORDER BY a.job_id, a.token
+LIMIT :limit;
+
+-- name: repair_take
+-- Queued never moves straight to succeeded: the reconciler takes the job first, with a
+-- new token, so that no earlier holder matches any more. Only as it was seen.
+UPDATE tokenline_jobs SET state = 'running', lease_token = lease_token + 1,
+    lease_owner = NULL, updated_at = :now
+WHERE id = :job_id AND lease_token = :token AND state = :state
+  AND state IN ('queued', 'scheduled');
+
+-- name: repair_acknowledge
+-- Conditional on the token seen, and on no live lease for it.
+UPDATE tokenline_jobs
+SET state = 'succeeded', lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = :now, finished_at = :now
+WHERE id = :job_id AND lease_token = :token AND state = 'running'
+  AND NOT EXISTS (SELECT 1 FROM coord.job_leases AS l
+                  WHERE l.job_id = :job_id AND l.token = :token AND l.expires_at > :now);
+
+-- name: repair_attempt_close
+-- Only an attempt whose job is no longer running under its token.
+UPDATE tokenline_attempts
+SET finished_at = :now, outcome = :outcome, error = :error, error_class = 'coordination'
+WHERE job_id = :job_id AND token = :token AND finished_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM tokenline_jobs AS j
+                  WHERE j.id = :job_id AND j.state = 'running' AND j.lease_token = :token);
+
+-- name: repair_effect_fail
+-- Only while still pending under the token seen, whose attempt holds no live lease.
+UPDATE tokenline_effects SET status = 'failed', error = :error, updated_at = :now
+WHERE key = :key AND status = 'pending' AND job_id = :job_id AND token = :token
+  AND NOT EXISTS (
+      SELECT 1 FROM tokenline_jobs AS j JOIN coord.job_leases AS l ON l.job_id = j.id
+      WHERE j.id = :job_id AND j.state = 'running' AND j.lease_token = :token
+        AND l.token = :token AND l.expires_at > :now);

@@ -73,7 +73,7 @@ from ..._jobs import (
 from ..._records import Fence
 from .._rows import attempt_from_row, job_from_row
 from .._sql import load_queries
-from ..base import Capabilities, Depth, FencedTransaction, Store
+from ..base import Capabilities, Depth, FencedTransaction, ResourceLease, Store
 from ._claim import claim_candidates
 from ._clock import Anchor, MachineClock, Uptime, WallClock, boot_id
 from ._connection import (
@@ -88,7 +88,8 @@ from ._errors import SQLiteBusyError, map_sqlite_errors
 from ._lanes import Lane, Writers
 from .leases import SQLiteLeases
 from .ledger import LQ, SQLiteLedger, insert_job
-from .maintenance import SQLiteMaintenance
+from .maintenance import SQLiteMaintenance, check_leader
+from .retention import SQLiteRetention
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
@@ -147,7 +148,7 @@ def finish_params(fin: Finish, now: float) -> dict[str, Any]:
     }
 
 
-class SQLiteStore(SQLiteLeases, SQLiteLedger, SQLiteMaintenance, Store):
+class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger, Store):
     """A store in one SQLite file and its coordination file (``sqlite:///path.db``).
 
     ``clock`` replaces the store's own clock (tests); by default it is the machine's
@@ -703,14 +704,18 @@ class SQLiteStore(SQLiteLeases, SQLiteLedger, SQLiteMaintenance, Store):
             return []
         return await self._call(run)
 
-    async def jobs_rescue(self, *, limit: int = 1000) -> RescueReport:
-        """Requeue or dead-letter running jobs without a live lease, by the store's clock."""
+    async def jobs_rescue(
+        self, *, limit: int = 1000, leader: ResourceLease | None = None
+    ) -> RescueReport:
+        """Requeue or dead-letter running jobs without a live lease, by the store's clock,
+        if ``leader`` (when given) still holds the maintenance lease."""
 
         def run(conn: sqlite3.Connection, coord: sqlite3.Connection) -> RescueReport:
             requeued: list[int] = []
             dead: list[int] = []
             with self._write(conn):
                 now = self.clock.now()
+                check_leader(conn, self._q("leader_holds"), leader, "rescue", now)
                 rows = conn.execute(Q["rescue_candidates"], {"now": now, "limit": limit})
                 for row in rows.fetchall():
                     cand = RescueCandidate(*tuple(row))

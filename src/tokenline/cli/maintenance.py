@@ -1,0 +1,260 @@
+"""``tokenline maintenance`` (a dedicated leader candidate) and ``tokenline reconcile``
+(one reconciler pass, or a dry run)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import uuid
+from collections.abc import Iterator
+
+import click
+from rich.markup import escape
+
+from .._app import App
+from .._clock import Clock
+from .._config import WorkerSettings, load_settings
+from .._errors import ConfigError
+from .._logging import configure as configure_logging
+from ..maintenance import (
+    MAINTENANCE_LEASE,
+    Leadership,
+    MaintenanceRunner,
+    Reconciler,
+    ServiceReport,
+    standard_services,
+)
+from ..stores.base import ResourceLease, Store
+from ._common import (
+    app_option,
+    console,
+    err_console,
+    json_option,
+    print_json,
+    reporting_errors,
+    resolve_app,
+    url_option,
+)
+
+__all__ = ["current_leader", "maintenance", "reconcile"]
+
+#: ``tokenline reconcile`` exit codes.
+EXIT_CLEAN, EXIT_REPAIRED, EXIT_CANNOT_ACT = 0, 1, 2
+
+
+def _owner(kind: str) -> str:
+    # Identity per process start, as a worker's.
+    return f"{kind}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _settings(config: str | None) -> WorkerSettings:
+    return load_settings(WorkerSettings, {}, file=config, section="tokenline.worker")
+
+
+async def current_leader(store: Store) -> tuple[ResourceLease | None, float]:
+    """The maintenance lease if someone holds it now (by the store's clock), and now."""
+    now = await store.store_time()
+    for lease in await store.resource_leases_list():
+        if lease.resource == MAINTENANCE_LEASE and lease.expires_at > now:
+            return lease, now
+    return None, now
+
+
+config_option = click.option(
+    "--config",
+    type=click.Path(dir_okay=False),
+    envvar="TOKENLINE_CONFIG",
+    show_envvar=True,
+    help="TOML file with a [tokenline.worker] table (lease_ttl, rescue_interval, …).",
+)
+
+
+@click.command()
+@app_option
+@url_option
+@config_option
+@click.option("--log-level", default="info", show_default=True, help="Logging level.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    envvar="TOKENLINE_METRICS_PORT",
+    show_envvar=True,
+    help="Serve /metrics (repairs by service and kind, the leader term) on this port.",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    envvar="TOKENLINE_METRICS_HOST",
+    show_envvar=True,
+    help="Address the metrics port listens on.",
+)
+def maintenance(
+    app_spec: str | None,
+    url: str | None,
+    config: str | None,
+    log_level: str,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
+    """Run the maintenance services alone: stand for leadership and, while leader, run
+    the rescuer, the reconciler, the pruner and the app's periodic jobs, each on its
+    interval. Stops on SIGTERM or SIGINT,
+    giving the lease back. Settings (lease_ttl, renew_interval, rescue_interval,
+    reconcile_interval, effect_pending_deadline) as for the worker."""
+    configure_logging(log_level, "text")
+    with reporting_errors():
+        settings = _settings(config)
+        app = resolve_app(app_spec, url)
+        owner = _owner("maintenance")
+        console.print(f"maintenance {owner} standing for leadership", highlight=False)
+        store = app.open_store(timeout=settings.call_timeout)
+        with contextlib.ExitStack() as stack:
+            if metrics_port is not None:
+                stack.enter_context(_metrics(metrics_port, metrics_host))
+            asyncio.run(_serve(app, store, settings, owner))
+    console.print("maintenance stopped", highlight=False)
+
+
+@contextlib.contextmanager
+def _metrics(port: int, host: str) -> Iterator[None]:
+    """Serve the maintenance metrics on ``host:port`` while the block runs."""
+    try:
+        import prometheus_client as prom
+
+        from .. import events, metrics
+    except ImportError as exc:
+        raise ConfigError("metrics_port", str(exc)) from None
+    registry = prom.CollectorRegistry()
+    hook = metrics.WorkerMetrics(registry)
+    server = metrics.serve(port, host=host, registry=registry)
+    events.add_hook(hook)
+    try:
+        yield
+    finally:
+        events.remove_hook(hook)
+        server.close()
+
+
+async def _serve(app: App, store: Store, settings: WorkerSettings, owner: str) -> None:
+    await store.open()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    leadership = Leadership(
+        store, owner=owner, ttl=settings.lease_ttl, margin=settings.margin, clock=app.clock
+    )
+    runner = MaintenanceRunner(
+        leadership,
+        standard_services(store, settings, app),
+        renew_interval=settings.renew_interval,
+    )
+    task = asyncio.create_task(runner.run())
+    try:
+        await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when="FIRST_COMPLETED")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await store.close()
+
+
+@click.command()
+@app_option
+@url_option
+@config_option
+@click.option("--dry-run", is_flag=True, help="Print what would be repaired; change nothing.")
+@json_option
+def reconcile(
+    app_spec: str | None, url: str | None, config: str | None, dry_run: bool, as_json: bool
+) -> None:
+    """One reconciler pass: find where the queue, the leases and the ledger disagree and
+    repair it, printing each repair and the counts by kind.
+
+    Without --dry-run it takes the maintenance leadership for the pass (its repairs are
+    fenced by that term), and cannot act while another process leads.
+
+    Exit code: 0 nothing to repair, 1 something was (with --dry-run: would be)
+    repaired, 2 it could not act (another process leads, or a newer term refused it).
+
+    --json: {dry_run, leader (owner or null), term (or null), refused, counts: {kind:
+    n}, repairs: [line]}.
+    """
+    with reporting_errors():
+        settings = _settings(config)
+        app = resolve_app(app_spec, url)
+        store = app.open_store(timeout=settings.call_timeout)
+        report, lease, busy = asyncio.run(_reconcile(store, settings, dry_run, app.clock))
+    if as_json:
+        print_json(
+            {
+                "dry_run": dry_run,
+                "leader": lease.owner if lease else (busy.owner if busy else None),
+                "term": lease.token if lease else (busy.token if busy else None),
+                "refused": report.refused,
+                "counts": dict(sorted(report.counts.items())),
+                "repairs": report.lines,
+            }
+        )
+    elif busy is not None:
+        err_console.print(
+            f"[bold red]error:[/] {escape(busy.owner)} leads maintenance (term {busy.token}): "
+            "stop it, or run `tokenline reconcile --dry-run`",
+            highlight=False,
+        )
+    else:
+        _show(report)
+    if busy is not None or report.refused:
+        raise SystemExit(EXIT_CANNOT_ACT)
+    raise SystemExit(EXIT_REPAIRED if report.total else EXIT_CLEAN)
+
+
+async def _reconcile(
+    store: Store, settings: WorkerSettings, dry_run: bool, clock: Clock
+) -> tuple[ServiceReport, ResourceLease | None, ResourceLease | None]:
+    service = Reconciler(
+        store,
+        interval=settings.reconcile_interval,
+        pending_deadline=settings.effect_pending_deadline,
+    )
+    await store.open()
+    try:
+        if dry_run:
+            return await service.run_once(leader=None, dry_run=True), None, None
+        leadership = Leadership(
+            store,
+            owner=_owner("reconcile"),
+            ttl=settings.lease_ttl,
+            margin=settings.margin,
+            clock=clock,
+        )
+        lease = await leadership.elect()
+        if lease is None:
+            holder, _ = await current_leader(store)
+            return ServiceReport(service.name, refused=True), None, holder
+        try:
+            return await service.run_once(leader=lease), lease, None
+        finally:
+            await leadership.resign()
+    finally:
+        await store.close()
+
+
+def _show(report: ServiceReport) -> None:
+    for line in report.lines:
+        console.print(escape(line), highlight=False)
+    verb = "would repair" if report.dry_run else "repaired"
+    if report.refused:
+        console.print("refused: a newer maintenance term exists; nothing repaired")
+    elif not report.total:
+        console.print("nothing to repair", highlight=False)
+    else:
+        counts = ", ".join(f"{k} {n}" for k, n in sorted(report.counts.items()))
+        console.print(f"{verb} {report.total}: {counts}", highlight=False)
