@@ -155,7 +155,13 @@ def bad_fields(i: Inputs) -> set[str]:
         bad.add("task")
     if not all(exact(a) for a in i.args):
         bad.add("args")
-    if i.kwargs is not None and (not isinstance(i.kwargs, Mapping) or not exact(dict(i.kwargs))):
+    # Each keyword argument is one argument, as each positional one is: MAX_PAYLOAD_DEPTH
+    # counts the lists and dicts inside it, not the mapping that names it.
+    if i.kwargs is not None and (
+        not isinstance(i.kwargs, Mapping)
+        or not all(isinstance(k, str) for k in i.kwargs)
+        or not all(exact(v) for v in i.kwargs.values())
+    ):
         bad.add("kwargs")
     key = i.idempotency_key
     if key is not None and (
