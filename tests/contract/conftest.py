@@ -1,6 +1,8 @@
 """The ``store`` fixture: every contract test runs once per backend.
 
-Backends join by adding a factory to ``BACKENDS``. A backend whose service is missing is
+Backends join by adding a factory to ``BACKENDS``. A test marked ``ledger`` runs only on
+the backends that play the ledger role (``LEDGER_BACKENDS``): the Redis store is a broker
+and lease store only, and runs every other test. A backend whose service is missing is
 skipped with the reason printed, except in CI (``CI=true``), where it fails.
 
 PostgreSQL: the server named by ``TOKENLINE_TEST_POSTGRES_URL`` (default
@@ -41,11 +43,33 @@ def _postgres(clock: FakeClock, tmp_path: Path, request: pytest.FixtureRequest) 
     return PostgresStore(url, clock=clock)
 
 
-BACKENDS: dict[str, Callable[[FakeClock, Path, pytest.FixtureRequest], Store]] = {
+def _redis(clock: FakeClock, tmp_path: Path, request: pytest.FixtureRequest) -> Any:
+    from tokenline.stores.redis import RedisStore
+
+    # A fresh key prefix per test, shared by both stores of ``store_pair``.
+    url: str = request.getfixturevalue("redis_url")
+    return RedisStore(url, clock=clock)
+
+
+BACKENDS: dict[str, Callable[[FakeClock, Path, pytest.FixtureRequest], Any]] = {
     "memory": _memory,
     "sqlite": _sqlite,
     "postgres": _postgres,
+    "redis": _redis,
 }
+#: The backends that play the ledger role: the only ones a ``ledger`` test runs on.
+LEDGER_BACKENDS = frozenset({"memory", "sqlite", "postgres"})
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run each test using ``store`` once per backend; a ``ledger`` test once per
+    backend that plays the ledger role."""
+    if "store" not in metafunc.fixturenames:
+        return
+    names = sorted(BACKENDS)
+    if metafunc.definition.get_closest_marker("ledger") is not None:
+        names = [n for n in names if n in LEDGER_BACKENDS]
+    metafunc.parametrize("store", names, indirect=True)
 
 
 @pytest.fixture
@@ -91,7 +115,7 @@ def postgres_url_via(postgres_schema: str) -> Callable[[str], str]:
     return lambda base: postgres_url_for(base, postgres_schema)
 
 
-@pytest.fixture(params=sorted(BACKENDS))
+@pytest.fixture
 async def store(
     request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path
 ) -> AsyncIterator[Any]:
