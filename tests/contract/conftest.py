@@ -51,14 +51,25 @@ def _redis(clock: FakeClock, tmp_path: Path, request: pytest.FixtureRequest) -> 
     return RedisStore(url, clock=clock)
 
 
+def _split(clock: FakeClock, tmp_path: Path, request: pytest.FixtureRequest) -> Store:
+    from tokenline.stores.split import SplitStore
+
+    # Broker and leases on Redis, the ledger on PostgreSQL: both fetched per test, so
+    # both stores of ``store_pair`` share one key prefix and one schema.
+    broker: str = request.getfixturevalue("redis_url")
+    ledger: str = request.getfixturevalue("postgres_url")
+    return SplitStore(broker=broker, ledger=ledger, clock=clock)
+
+
 BACKENDS: dict[str, Callable[[FakeClock, Path, pytest.FixtureRequest], Any]] = {
     "memory": _memory,
     "sqlite": _sqlite,
     "postgres": _postgres,
     "redis": _redis,
+    "split": _split,
 }
 #: The backends that play the ledger role: the only ones a ``ledger`` test runs on.
-LEDGER_BACKENDS = frozenset({"memory", "sqlite", "postgres"})
+LEDGER_BACKENDS = frozenset({"memory", "sqlite", "postgres", "split"})
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

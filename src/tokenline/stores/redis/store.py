@@ -58,6 +58,7 @@ from ..._jobs import (
     finish_transition,
     rescue_transition,
 )
+from ..._records import Duplicate, DuplicateKind
 from ..base import Broker, Capabilities, Depth, Leases, ResourceLease
 from ._errors import map_redis_errors
 
@@ -78,6 +79,7 @@ _SCRIPTS = (
     "inspect",
     "worker",
     "resource",
+    "held",
 )
 #: Tokens are ``epoch * 2**32 + counter``.
 EPOCH_SHIFT = 32
@@ -197,10 +199,9 @@ class RedisStore(Broker, Leases):
     async def replication_id(self) -> str:
         """The server's replication id: it changes when a replica is promoted or the
         server restarts, the two ways Redis can forget tokens it handed out."""
-        info = _s(await self._cmd("INFO", "replication"))
-        for line in info.splitlines():
-            if line.startswith("master_replid:"):
-                return line.partition(":")[2].strip()
+        info = await self._cmd("INFO", "replication")
+        if isinstance(info, dict) and "master_replid" in info:
+            return str(info["master_replid"])
         raise StoreError(f"Redis at {self.where} reports no replication id")
 
     async def refresh_epoch(self) -> int:
@@ -507,6 +508,12 @@ class RedisStore(Broker, Leases):
             for lease, exp in zip(leases, out[1:], strict=True)
         ]
 
+    async def job_lease_held(self, *, lease: Lease) -> bool:
+        """Whether ``lease`` still holds its job (read only; an early check, not a
+        guarantee: the lease may be lost a moment later)."""
+        args = [self._now(), self._epoch_arg(), lease.job_id, lease.token, lease.owner]
+        return bool(int(await self._run("held", args)))
+
     async def store_time(self) -> float:
         """Redis's clock (``TIME``), or the injected one."""
         if self.clock is not None:
@@ -625,6 +632,33 @@ class RedisStore(Broker, Leases):
         done = await self._resource_call("release", lease.resource, lease.owner, lease.token)
         return done is not None
 
+    async def resource_lease_held(self, *, lease: ResourceLease) -> bool:
+        """Whether ``(owner, token)`` still holds the named lease unexpired (read only)."""
+        held = await self._resource_call("held", lease.resource, lease.owner, lease.token)
+        return held is not None
+
+    async def resource_renewals_refused(self, *, limit: int = 100) -> list[Duplicate]:
+        """Refused renewals of named leases while another token held them, newest
+        first, as the duplicates a ledger would record."""
+        items = (
+            await self._cmd("LRANGE", self.prefix + "rl_stale", 0, limit - 1) if limit > 0 else []
+        )
+        out = []
+        for raw in items:
+            r = json.loads(raw)
+            out.append(
+                Duplicate(
+                    r["resource"],
+                    DuplicateKind.STALE,
+                    "resource_lease_renew",
+                    None,
+                    int(r["token"]),
+                    r["owner"],
+                    float(r["at"]),
+                )
+            )
+        return out
+
     async def resource_leases_list(self) -> list[ResourceLease]:
         """Every named lease, held or not, by resource name."""
         names = sorted(_s(n) for n in await self._cmd("SMEMBERS", self.prefix + "rls"))
@@ -634,4 +668,4 @@ class RedisStore(Broker, Leases):
 
 def _epoch_slot(name: str) -> int:
     """Where script ``name`` takes the epoch among its arguments (-1: it does not)."""
-    return {"claim": 5, "renew": 3, "finish": 1, "resource": 3}.get(name, -1)
+    return {"claim": 5, "renew": 3, "finish": 1, "resource": 3, "held": 1}.get(name, -1)

@@ -10,6 +10,7 @@
 --            (owner, token) holds it unexpired; a refusal under another token is
 --            recorded in rl_stale
 --   release: owner, token → expire it now, only for its holder
+--   held:    owner, token → nothing written: whether (owner, token) holds it unexpired
 -- Returns  {now, the lease's hash as a flat field list} ({now} when refused).
 local now = now_of(ARGV[1])
 local action, name = ARGV[2], ARGV[3]
@@ -41,6 +42,9 @@ elseif action == 'renew' then
                                                       owner = who, at = f(now)}))
     redis.call('LTRIM', P .. 'rl_stale', 0, 9999)
   end
+elseif action == 'held' then
+  ok = owner ~= false and owner == ARGV[5] and token + BASE == tonumber(ARGV[6])
+       and expires > now
 elseif action == 'release' then
   if owner and owner == ARGV[5] and token + BASE == tonumber(ARGV[6]) then
     redis.call('HSET', key, 'expires_at', f(now))
