@@ -28,12 +28,14 @@ CREATE SEQUENCE IF NOT EXISTS {schema}.redis_epoch_seq MINVALUE 0 START 0;
 -- that handed a used number out again); any token once the job is done.
 -- ON CONFLICT … DO UPDATE locks the row even when its WHERE is false and judges the
 -- newest committed version: a second attempt waits for the first to commit or roll back.
+-- The line marked ``-- fence`` is the owner check that the tests' sabotage removes.
 INSERT INTO {schema}.job_fences AS f (job_id, token, owner, updated_at)
 VALUES (%(job_id)s, %(token)s, %(owner)s, {schema}.now_epoch(NULL))
 ON CONFLICT (job_id) DO UPDATE
 SET token = excluded.token, owner = excluded.owner, updated_at = excluded.updated_at
 WHERE f.done_token IS NULL
-  AND (f.token < excluded.token OR (f.token = excluded.token AND f.owner = excluded.owner))
+  AND f.token <= excluded.token
+  AND (f.token < excluded.token OR f.owner = excluded.owner)  -- fence
   AND (f.lost_token IS NULL OR f.lost_token < excluded.token)
 RETURNING job_id;
 
@@ -46,7 +48,8 @@ WITH advanced AS (
     ON CONFLICT (job_id) DO UPDATE
     SET token = excluded.token, owner = excluded.owner, updated_at = excluded.updated_at
     WHERE f.done_token IS NULL
-      AND (f.token < excluded.token OR (f.token = excluded.token AND f.owner = excluded.owner))
+      AND f.token <= excluded.token
+      AND (f.token < excluded.token OR f.owner = excluded.owner)  -- fence
       AND (f.lost_token IS NULL OR f.lost_token < excluded.token)
     RETURNING job_id
 )

@@ -402,7 +402,7 @@ class _SplitTransaction(FencedTransaction):
             # The ledger holds the completion; the acknowledgement is an optimisation
             # from here on: if it is lost, the next claim asks the ledger.
             try:
-                (ok,) = await self._store.redis.jobs_finish(
+                (ok,) = await self._store.jobs_finish(
                     finishes=[Finish(self._lease, Outcome.SUCCEEDED)]
                 )
             except StoreError:
