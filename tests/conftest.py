@@ -64,6 +64,18 @@ def redis_server() -> str:
     return REDIS_URL
 
 
+@pytest.fixture(scope="session")
+def redis_server_binary() -> str:
+    """The ``redis-server`` program, for tests that start their own servers (a primary
+    and a replica); skips (fails in CI) when it is not installed."""
+    import shutil
+
+    found = shutil.which("redis-server")
+    if found is None:
+        unavailable("redis-server is not installed (Debian package redis-server)")
+    return found
+
+
 @pytest.fixture
 def redis_url(redis_server: str) -> Iterator[str]:
     """A store URL on the test Redis server with a fresh key prefix; the prefix's keys
