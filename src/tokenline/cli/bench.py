@@ -35,6 +35,8 @@ from ..stores import Store
 from ._common import console
 
 QUEUE = "bench"
+#: Jobs enqueued one call at a time (then processed with the bulk ones).
+SINGLE_CALLS = 1000
 
 
 def bench_app(url: str | None) -> App:
@@ -98,9 +100,11 @@ def _load() -> str:
 @click.option(
     "--url",
     default=None,
-    help="postgresql://… (a fresh schema, tokenline_bench_…, dropped afterwards) or "
-    "sqlite:///file (recreated, left in place). Default: a SQLite file in a temporary "
-    "directory, removed afterwards. TOKENLINE_URL is not read.",
+    help="postgresql://… (a fresh schema, tokenline_bench_…, dropped afterwards), "
+    "sqlite:///file (recreated, left in place) or the split topology, "
+    "split:?broker=redis://…&ledger=postgresql://… (a fresh key prefix and schema, both "
+    "removed afterwards). Default: a SQLite file in a temporary directory, removed "
+    "afterwards. TOKENLINE_URL is not read.",
 )
 @click.option("--keep", is_flag=True, help="Keep the store afterwards, and print where.")
 @click.option(
@@ -187,6 +191,16 @@ def _measure(
         console.print(f"backlog: {backlog:,} jobs queued in {took:.1f}s")
     took = _enqueue(a, jobs)
     console.print(f"bulk enqueue: {jobs:,} jobs in {took:.2f}s = {jobs / took:,.0f} jobs/s")
+    single = min(jobs, SINGLE_CALLS)
+    t = time.perf_counter()
+    for i in range(single):
+        a.enqueue("bench.noop", i)
+    took = time.perf_counter() - t
+    console.print(
+        f"single-call enqueue: {single:,} jobs, one call each, in {took:.2f}s = "
+        f"{single / took:,.0f} jobs/s"
+    )
+    jobs += single
     env = {**os.environ, "TOKENLINE_URL": url}
     cmd = [
         sys.executable, "-m", "tokenline", "worker", "--app", "tokenline.cli.bench:app",

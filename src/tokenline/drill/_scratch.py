@@ -190,6 +190,34 @@ class _PostgresScratch(ScratchStore):
         return left
 
 
+class _SplitScratch(_PostgresScratch):
+    """The split topology: a fresh ``{prefix_…}`` key prefix on the Redis server the
+    broker URL names, and a fresh schema on the ledger's PostgreSQL server (where the
+    extra tables live too). The jobs are in Redis: read them through the store."""
+
+    def __init__(self, broker: str, ledger: str, keep: bool, prefix: str) -> None:
+        super().__init__(ledger, keep, prefix)
+        from ..stores import split_url
+
+        self.key_prefix = self.schema
+        sep = "&" if "?" in broker else "?"
+        self.broker_base = broker
+        self.broker = f"{broker}{sep}prefix={self.key_prefix}"
+        self.url = split_url(self.broker, self.url)
+
+    def cleanup(self, *, keep_files: bool = False) -> list[str]:
+        left = super().cleanup(keep_files=keep_files)
+        if self.keep:
+            return [f"Redis keys {{{self.key_prefix}}}:* (kept: --keep)", *left]
+        import redis
+
+        with redis.Redis.from_url(self.broker_base) as client:
+            keys = list(client.scan_iter(match=f"{{{self.key_prefix}}}:*", count=1000))
+            for start in range(0, len(keys), 1000):
+                client.delete(*keys[start : start + 1000])
+        return left
+
+
 def through(url: str, host: str, port: int) -> str:
     """``url`` with its network location replaced by ``host:port`` (a proxy's)."""
     parts = urllib.parse.urlsplit(url)
@@ -207,7 +235,7 @@ def upstream_of(url: str) -> tuple[str, int]:
 def scratch_for(
     url: str | None, *, keep: bool = False, prefix: str = "tokenline_scratch"
 ) -> ScratchStore:
-    """The scratch store for a ``sqlite:///file`` or ``postgresql://…`` URL; ``None``: a
+    """The scratch store for a ``sqlite:///file``, ``postgresql://…`` or split URL; ``None``: a
     SQLite file in a fresh temporary directory. ``prefix`` starts the schema's and the
     directory's names."""
     if url is None:
@@ -218,4 +246,15 @@ def scratch_for(
         if "schema=" in url:
             raise ConfigError("url", "a fresh schema is picked for each run: leave ?schema= out")
         return _PostgresScratch(url, keep, prefix)
-    raise ConfigError("url", f"runs on sqlite:///… or postgresql://…, not {url!r}")
+    if url.startswith("split:"):
+        from ..stores import _split_parts
+
+        broker, _, ledger = _split_parts(url)
+        if "prefix=" in broker or "schema=" in ledger:
+            raise ConfigError(
+                "url", "a fresh key prefix and schema are picked for each run: leave them out"
+            )
+        return _SplitScratch(broker, ledger, keep, prefix)
+    raise ConfigError(
+        "url", f"runs on sqlite:///…, postgresql://… or the split topology, not {url!r}"
+    )
