@@ -15,6 +15,7 @@ from tokenline._config import Settings, load_settings
 from tokenline._errors import ConfigError, StaleTokenError, StoreUnavailableError
 from tokenline._jobs import Finish, JobState, Lease, NewJob, Outcome
 from tokenline.stores import split_url, store_from_url
+from tokenline.stores.redis.store import LEDGER_DONE
 from tokenline.stores.split import SplitStore
 
 Q = ["default"]
@@ -115,6 +116,9 @@ async def test_a_lost_ack_never_runs_the_effect_again(
         assert await store.jobs_claim(owner="w2", queues=Q, limit=10, ttl=10) == []
         job = await store.job_get(job_id=claimed.job.id)
         assert (job.state, store.acknowledged_from_ledger) == (JobState.SUCCEEDED, 1)
+        # The history says which attempt did the work: not the one acknowledged.
+        outcomes = [a.outcome for a in await store.job_attempts(job_id=claimed.job.id)]
+        assert outcomes == ["lease_expired", LEDGER_DONE]
         again = Lease(claimed.job.id, "w2", claimed.lease.token + 1, 0.0)
         with pytest.raises(StaleTokenError):
             await _write(store, again, "paid twice")

@@ -1,5 +1,6 @@
-"""The drill end to end: every scenario against real worker processes, on SQLite and
-PostgreSQL; and, with the protections switched off, the drill catching the bug."""
+"""The drill end to end: every scenario against real worker processes, on SQLite,
+PostgreSQL and the split topology; and, with the protections switched off, the drill
+catching the bug."""
 
 from __future__ import annotations
 
@@ -66,6 +67,21 @@ def test_scenario_keeps_every_invariant_on_postgres(
 ) -> None:
     """The same on PostgreSQL, each worker behind its own fault proxy."""
     result = _run(postgres_server, name, tmp_path)
+    assert result.report.ok, _explain(result)
+    if DRILL_SCENARIOS[name].injection is not None:
+        assert result.fault is not None, "the fault was never injected"
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("name", [s.name for s in scenarios_for("split")])
+def test_scenario_keeps_every_invariant_on_the_split_topology(
+    name: str, tmp_path: Path, postgres_server: str, redis_server: str
+) -> None:
+    """The same on the split topology: broker and leases on Redis, each worker reaching
+    it through its own fault proxy, the ledger on PostgreSQL."""
+    from tokenline.stores import split_url
+
+    result = _run(split_url(redis_server, postgres_server), name, tmp_path)
     assert result.report.ok, _explain(result)
     if DRILL_SCENARIOS[name].injection is not None:
         assert result.fault is not None, "the fault was never injected"

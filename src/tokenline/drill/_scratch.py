@@ -74,6 +74,53 @@ class ScratchStore:
         paused process inside a transaction); a runner pausing workers avoids that."""
         return False
 
+    # -- the jobs, as a runner reads them (SQL here; the split store reads Redis) -------
+    def job_rows(self) -> list[tuple[Any, ...]]:
+        """Every job: (id, idempotency_key, state, lease_token, last_error, attempt)."""
+        return self.rows(
+            "SELECT id, idempotency_key, state, lease_token, last_error, attempt "
+            f"FROM {self.tables['jobs']}"
+        )
+
+    def attempt_rows(self) -> list[tuple[Any, ...]]:
+        """Every attempt: (job_id, token, started_at, finished_at, outcome, owner)."""
+        return self.rows(
+            "SELECT job_id, token, started_at, finished_at, outcome, owner "
+            f"FROM {self.tables['attempts']}"
+        )
+
+    def finished_jobs(self) -> int:
+        """How many jobs are succeeded, dead or cancelled."""
+        return self.scalar(
+            f"SELECT count(*) FROM {self.tables['jobs']} "
+            "WHERE state IN ('succeeded', 'dead', 'cancelled')"
+        )
+
+    def running_of(self, pid: int) -> list[tuple[int, int]]:
+        """(id, token) of the running jobs leased to the worker process ``pid``."""
+        return [
+            (int(r[0]), int(r[1]))
+            for r in self.rows(
+                f"SELECT id, lease_token FROM {self.tables['jobs']} "
+                f"WHERE state = 'running' AND lease_owner LIKE {self.placeholder}",
+                (f"%-{pid}-%",),
+            )
+        ]
+
+    def tokens_and_states(self, ids: Sequence[int]) -> dict[int, tuple[int, str]]:
+        """Token and state of each of the jobs ``ids``."""
+        if not ids:
+            return {}
+        rows = self.rows(
+            f"SELECT id, lease_token, state FROM {self.tables['jobs']} "
+            f"WHERE id IN ({', '.join(str(int(j)) for j in ids)})"
+        )
+        return {int(r[0]): (int(r[1]), str(r[2])) for r in rows}
+
+    def stale_refused(self) -> int:
+        """Writes the store refused for a stale token."""
+        return self.scalar(f"SELECT count(*) FROM {self.tables['stale']}")
+
     def cleanup(self, *, keep_files: bool = False) -> list[str]:
         """Remove what the run created unless it is kept (``keep``; ``keep_files`` keeps
         the directory, e.g. a failed run's logs). Returns what is left, each with why."""
@@ -193,7 +240,8 @@ class _PostgresScratch(ScratchStore):
 class _SplitScratch(_PostgresScratch):
     """The split topology: a fresh ``{prefix_…}`` key prefix on the Redis server the
     broker URL names, and a fresh schema on the ledger's PostgreSQL server (where the
-    extra tables live too). The jobs are in Redis: read them through the store."""
+    extra tables live too). The jobs and their attempts are read from Redis (the key
+    layout of ``stores/redis/scripts/_lib.lua``), a job's final token from the ledger."""
 
     def __init__(self, broker: str, ledger: str, keep: bool, prefix: str) -> None:
         super().__init__(ledger, keep, prefix)
@@ -203,16 +251,102 @@ class _SplitScratch(_PostgresScratch):
         sep = "&" if "?" in broker else "?"
         self.broker_base = broker
         self.broker = f"{broker}{sep}prefix={self.key_prefix}"
-        self.url = split_url(self.broker, self.url)
+        self.ledger = self.url
+        self.url = split_url(self.broker, self.ledger)
+        self._keys = "{" + self.key_prefix + "}:"
+
+    def _redis(self) -> Any:
+        import redis
+
+        return redis.Redis.from_url(self.broker_base, decode_responses=True, socket_timeout=10)
+
+    def _epoch_base(self, client: Any) -> int:
+        return int(client.get(self._keys + "epoch") or 0) << 32
+
+    def _hashes(self, client: Any, ids: Sequence[int], fields: Sequence[str]) -> list[Any]:
+        pipe = client.pipeline(transaction=False)
+        for jid in ids:
+            pipe.hmget(f"{self._keys}job:{jid}", *fields)
+        return list(pipe.execute())
+
+    def job_rows(self) -> list[tuple[Any, ...]]:
+        done = {
+            int(r[0]): int(r[1])
+            for r in self.rows(
+                f"SELECT job_id, done_token FROM {self.schema}.job_fences "
+                "WHERE done_token IS NOT NULL"
+            )
+        }
+        fields = ("idempotency_key", "state", "lease_token", "last_error", "attempt")
+        with self._redis() as client:
+            base = self._epoch_base(client)
+            ids = [int(j) for j in client.zrange(self._keys + "all", 0, -1)]
+            rows = self._hashes(client, ids, fields)
+        out = []
+        for jid, (key, state, token, error, attempt) in zip(ids, rows, strict=True):
+            final = done.get(jid, base + int(token)) if state == "succeeded" else base + int(token)
+            out.append((jid, key, state, final, error, int(attempt)))
+        return out
+
+    def attempt_rows(self) -> list[tuple[Any, ...]]:
+        import json
+
+        with self._redis() as client:
+            ids = [int(j) for j in client.zrange(self._keys + "all", 0, -1)]
+            pipe = client.pipeline(transaction=False)
+            for jid in ids:
+                pipe.lrange(f"{self._keys}attempts:{jid}", 0, -1)
+            lists = pipe.execute()
+        out = []
+        for jid, items in zip(ids, lists, strict=True):
+            for raw in items:
+                a = json.loads(raw)
+                finished = a["finished_at"]
+                out.append(
+                    (jid, int(a["token"]), float(a["started_at"]),
+                     None if finished is None else float(finished), a["outcome"], a["owner"])
+                )  # fmt: skip
+        return out
+
+    def finished_jobs(self) -> int:
+        with self._redis() as client:
+            pipe = client.pipeline(transaction=False)
+            for state in ("succeeded", "dead", "cancelled"):
+                pipe.zcard(f"{self._keys}st:{state}")
+            return sum(int(n) for n in pipe.execute())
+
+    def running_of(self, pid: int) -> list[tuple[int, int]]:
+        with self._redis() as client:
+            base = self._epoch_base(client)
+            ids = [int(j) for j in client.zrange(self._keys + "st:running", 0, -1)]
+            rows = self._hashes(client, ids, ("lease_owner", "lease_token"))
+        return [
+            (jid, base + int(token))
+            for jid, (owner, token) in zip(ids, rows, strict=True)
+            if owner and f"-{pid}-" in owner
+        ]
+
+    def tokens_and_states(self, ids: Sequence[int]) -> dict[int, tuple[int, str]]:
+        with self._redis() as client:
+            base = self._epoch_base(client)
+            rows = self._hashes(client, ids, ("lease_token", "state"))
+        return {
+            jid: (base + int(token), str(state))
+            for jid, (token, state) in zip(ids, rows, strict=True)
+            if state is not None
+        }
+
+    def stale_refused(self) -> int:
+        with self._redis() as client:
+            in_redis = int(client.get(self._keys + "stale_n") or 0)
+        return in_redis + super().stale_refused()
 
     def cleanup(self, *, keep_files: bool = False) -> list[str]:
         left = super().cleanup(keep_files=keep_files)
         if self.keep:
-            return [f"Redis keys {{{self.key_prefix}}}:* (kept: --keep)", *left]
-        import redis
-
-        with redis.Redis.from_url(self.broker_base) as client:
-            keys = list(client.scan_iter(match=f"{{{self.key_prefix}}}:*", count=1000))
+            return [f"Redis keys {self._keys}* (kept: --keep)", *left]
+        with self._redis() as client:
+            keys = list(client.scan_iter(match=f"{self._keys}*", count=1000))
             for start in range(0, len(keys), 1000):
                 client.delete(*keys[start : start + 1000])
         return left

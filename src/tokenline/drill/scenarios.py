@@ -9,6 +9,9 @@ a worker depends on the store:
   worker; faults that must pick a *role* (the lease store but not the broker) go through
   :class:`~tokenline.drill.faultstore.FaultStore`, since one connection pool serves all
   three roles and a proxy cannot tell them apart.
+* **split topology** (broker and leases on Redis, the ledger on PostgreSQL): each
+  worker reaches Redis through its own proxy, and PostgreSQL directly, so the network
+  scenarios (``redis_partition_one``, ``redis_partition_all``) cut Redis only;
 * **SQLite**: there is no network; every worker gets its own fault file, read by the
   FaultStore wrapping its store.
 
@@ -130,7 +133,7 @@ class Scenario:
         inj = self.injection
         if inj is None:
             return None, None
-        if scheme == "postgresql" and inj.proxy is not None:
+        if scheme in ("postgresql", "split") and inj.proxy is not None:
             return None, inj.proxy
         return inj.store, None
 
@@ -168,16 +171,22 @@ _ALL_LOST = StoreFaults(
     ledger=RoleFaults(fail_after=True),
 )
 
+#: Scenarios that also run on the split topology: their faults hit processes or, through
+#: the FaultStore, roles; the network ones there are the Redis partitions below.
+_WITH_SPLIT = frozenset({"sqlite", "postgresql", "split"})
+
 _SCENARIOS = (
     Scenario(
         "kill9",
         "kill -9 a worker mid-job; its jobs come back after the lease TTL",
         Injection(Action.KILL, at_done=0.3),
+        stores=_WITH_SPLIT,
     ),
     Scenario(
         "sigstop",
         "SIGSTOP a worker past its lease; SIGCONT once its jobs were re-leased",
         Injection(Action.STOP, at_done=0.3, ttls=4.0),
+        stores=_WITH_SPLIT,
     ),
     Scenario(
         "lost_ack",
@@ -196,6 +205,26 @@ _SCENARIOS = (
                 ledger=RoleFaults(fail_after=True, probability=0.3),
             ),
         ),
+        stores=_WITH_SPLIT,
+    ),
+    Scenario(
+        "redis_partition_one",
+        "split topology: one worker loses Redis (proxy blackhole); PostgreSQL still answers",
+        Injection(Action.FAULT, at_done=0.2, ttls=2.0, proxy=Faults(blackhole=True)),
+        stores=frozenset({"split"}),
+    ),
+    Scenario(
+        "redis_partition_all",
+        "split topology: every worker loses Redis for 2 lease TTLs; PostgreSQL still answers",
+        Injection(
+            Action.FAULT,
+            Target.ALL,
+            at_done=0.2,
+            ttls=2.0,
+            proxy=Faults(blackhole=True),
+            reset=True,
+        ),
+        stores=frozenset({"split"}),
     ),
     Scenario(
         "partition_leases",
@@ -203,6 +232,7 @@ _SCENARIOS = (
         Injection(
             Action.FAULT, at_done=0.2, ttls=2.5, store=StoreFaults(leases=RoleFaults(error=True))
         ),
+        stores=_WITH_SPLIT,
     ),
     Scenario(
         "partition_total",
@@ -284,5 +314,6 @@ DRILL_SCENARIOS: Mapping[str, Scenario] = {s.name: s for s in _SCENARIOS}
 
 
 def scenarios_for(scheme: str) -> list[Scenario]:
-    """The scenarios that apply to a store of ``scheme`` (``sqlite``, ``postgresql``)."""
+    """The scenarios that apply to a store of ``scheme`` (``sqlite``, ``postgresql``,
+    ``split``)."""
     return [s for s in _SCENARIOS if s.applies_to(scheme)]

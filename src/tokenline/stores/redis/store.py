@@ -50,6 +50,7 @@ from ..._jobs import (
     JobState,
     Lease,
     NewJob,
+    Outcome,
     QueueStats,
     RescueCandidate,
     RescueReport,
@@ -62,7 +63,7 @@ from ..._records import Duplicate, DuplicateKind
 from ..base import Broker, Capabilities, Depth, Leases, ResourceLease
 from ._errors import map_redis_errors
 
-__all__ = ["EpochSource", "RedisStore"]
+__all__ = ["LEDGER_DONE", "EpochSource", "RedisStore"]
 
 #: Where a store gets its fencing epoch: called with the Redis server's replication id,
 #: it returns the epoch for that server (a new, higher one for an id it has not seen).
@@ -81,6 +82,8 @@ _SCRIPTS = (
     "resource",
     "held",
 )
+#: The outcome recorded for an attempt that found its job completed in the ledger.
+LEDGER_DONE = "ledger_done"
 #: Tokens are ``epoch * 2**32 + counter``.
 EPOCH_SHIFT = 32
 _EPOCH_ERROR = "TLEPOCH"
@@ -331,6 +334,17 @@ class RedisStore(Broker, Leases):
 
     async def jobs_finish(self, *, finishes: Sequence[Finish]) -> list[bool]:
         """Apply every finish in one script, each conditional on its token."""
+        return await self._finish(finishes)
+
+    async def jobs_acknowledge_done(self, *, leases: Sequence[Lease]) -> list[bool]:
+        """Mark succeeded the jobs a ledger has already completed under an earlier
+        attempt, each conditional on its current token. The attempt holding the lease
+        ran nothing: it is recorded with the outcome :data:`LEDGER_DONE`, not
+        ``succeeded``, so the history still says which attempt did the work."""
+        finishes = [Finish(lease, Outcome.SUCCEEDED) for lease in leases]
+        return await self._finish(finishes, LEDGER_DONE)
+
+    async def _finish(self, finishes: Sequence[Finish], label: str | None = None) -> list[bool]:
         if not finishes:
             return []
         args: list[Any] = [self._now(), self._epoch_arg(), len(finishes)]
@@ -340,7 +354,7 @@ class RedisStore(Broker, Leases):
                 fin.lease.job_id,
                 fin.lease.owner,
                 fin.lease.token,
-                fin.outcome.value,
+                label or fin.outcome.value,
                 move.state.value,
                 "" if move.delay is None else _f(move.delay),
                 move.refund,

@@ -133,8 +133,10 @@ class SplitStore(Store):
             await self.redis.jobs_finish(finishes=release)
             raise
         if done:
-            acks = [Finish(c.lease, Outcome.SUCCEEDED) for c in claimed if c.job.id in done]
-            self.acknowledged_from_ledger += sum(await self.redis.jobs_finish(finishes=acks))
+            acks = [c.lease for c in claimed if c.job.id in done]
+            self.acknowledged_from_ledger += sum(
+                await self.redis.jobs_acknowledge_done(leases=acks)
+            )
         return [c for c in claimed if c.job.id not in done]
 
     async def jobs_finish(self, *, finishes: Sequence[Finish]) -> list[bool]:
