@@ -168,3 +168,38 @@ def test_the_split_topology_is_named_by_role_urls() -> None:
     assert bad.value.setting == "ledger"
     with pytest.raises(ConfigError, match="broker and leases roles only"):
         store_from_url(broker)
+
+
+def _dead_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("down", ["redis", "postgresql"])
+def test_status_names_the_failing_side_of_the_split(
+    down: str, redis_url: str, postgres_url: str
+) -> None:
+    """With Redis unreachable, status says broker and leases fail, naming Redis, and the
+    ledger answers; with PostgreSQL unreachable, the ledger fails, naming PostgreSQL,
+    and broker and leases answer."""
+    import json
+
+    from click.testing import CliRunner
+
+    from tokenline.cli import main
+
+    port = _dead_port()
+    broker = f"redis://127.0.0.1:{port}/0" if down == "redis" else redis_url
+    ledger = f"postgresql://postgres@127.0.0.1:{port}/test" if down != "redis" else postgres_url
+    args = ["status", "--json", "--timeout", "5", "--broker", broker, "--ledger", ledger]
+    result = CliRunner().invoke(main, args)
+    channels = json.loads(result.stdout)["channels"]
+    failing = {name for name, c in channels.items() if c["ok"] is False}
+    named = "Redis" if down == "redis" else "PostgreSQL"
+    expected = {"broker", "leases"} if down == "redis" else {"ledger"}
+    assert failing == expected, channels
+    assert all(named in channels[name]["error"] for name in failing), channels
+    assert all(channels[name]["ok"] for name in set(channels) - failing), channels

@@ -195,6 +195,8 @@ async def _open(store: Store, timeout: float) -> dict[str, Any] | None:  # noqa:
     try:
         await _bounded(store.open(), timeout)
     except (StoreError, TimeoutError) as exc:
+        if isinstance(getattr(exc, "failed", None), dict):
+            return None  # some roles opened (split topology): _status probes them
         kind = failure_kind(exc)
         error = str(exc) or type(exc).__name__
         return {
@@ -203,6 +205,12 @@ async def _open(store: Store, timeout: float) -> dict[str, Any] | None:  # noqa:
             "channels": _all_failing(store, kind, error),
         }
     return None
+
+
+def _roles_down(store: Store) -> dict[str, StoreError]:
+    """The roles a split store could not open (kept by its last open), else none."""
+    failed = getattr(store, "roles_down", None)
+    return dict(failed) if isinstance(failed, dict) else {}
 
 
 async def _close(store: Store, timeout: float) -> None:  # noqa: ASYNC109
@@ -222,6 +230,7 @@ async def _status(
     failed = await _open(store, timeout)
     if failed is not None:
         return failed
+    down = _roles_down(store)
     probes = {name: _Probe() for name in CHANNELS}
 
     async def broker() -> tuple[Any, Any]:
@@ -233,7 +242,11 @@ async def _status(
 
     async def ledger() -> None:
         if store.capabilities.ledger:
-            await store.duplicates_list(limit=1)
+            # A split store's own ledger: its audit merges Redis's refusals, which
+            # would make a Redis outage look like a ledger one.
+            ledger_store = getattr(store, "ledger", None)
+            target = ledger_store if isinstance(ledger_store, Store) else store
+            await target.duplicates_list(limit=1)
 
     try:
         queues, membership, _ = await asyncio.gather(
@@ -245,6 +258,13 @@ async def _status(
         await _close(store, timeout)
     report: dict[str, Any] = {"store": "ok", "error": None}
     report["channels"] = {name: p.json() for name, p in probes.items()}
+    for name, exc in down.items():
+        report["channels"][name] = {
+            "ok": False,
+            "failure": failure_kind(exc),
+            "latency_ms": None,
+            "error": str(exc) or type(exc).__name__,
+        }
     if not store.capabilities.ledger:
         report["channels"]["ledger"] = dict(_NOT_PROVIDED)
     stats, stale = queues or ([], None)

@@ -161,12 +161,20 @@ class RedisStore(Broker, Leases):
         self._epoch_source = epoch_source
         #: The fencing epoch this store's tokens carry (0 without an epoch source).
         self.epoch = 0
+        self._epoch_taken = epoch_source is None
         self._client: aioredis.Redis | None = None
         self._scripts: dict[str, AsyncScript] = {}
 
     # -- plumbing -------------------------------------------------------------------------
     async def open(self) -> None:
         """Connect, check the server answers, and take the fencing epoch."""
+        await self.connect()
+        if self._epoch_source is not None:
+            await self.refresh_epoch()
+
+    async def connect(self) -> None:
+        """Connect and check the server answers, without taking an epoch: until one is
+        taken, every script that issues or checks a token takes it first."""
         client = aioredis.Redis.from_url(
             self._connect_url,
             socket_timeout=self.timeout,
@@ -176,8 +184,6 @@ class RedisStore(Broker, Leases):
         self._client = client
         self._scripts = {name: client.register_script(text) for name, text in _TEXT.items()}
         await self._cmd("PING")
-        if self._epoch_source is not None:
-            await self.refresh_epoch()
 
     async def close(self) -> None:
         """Release the connection pool. Safe to call twice."""
@@ -216,11 +222,17 @@ class RedisStore(Broker, Leases):
         epoch = await self._epoch_source(replid)
         await self._cmd("MSET", self.prefix + "epoch", epoch, self.prefix + "epoch_replid", replid)
         self.epoch = epoch
+        self._epoch_taken = True
         return epoch
 
     async def _run(self, name: str, args: Sequence[Any]) -> Any:
         """Run script ``name``; on a changed server (TLEPOCH) take a new epoch and run
         it once more with that epoch in place of the old one."""
+        if not self._epoch_taken and _epoch_slot(name) >= 0:
+            # Opened without an epoch (the epoch source was unreachable): no token is
+            # issued or checked before one is taken.
+            await self.refresh_epoch()
+            args = [self._epoch_arg() if i == _epoch_slot(name) else a for i, a in enumerate(args)]
         epoch_before = self._epoch_arg()
         try:
             return await self._eval(name, args)

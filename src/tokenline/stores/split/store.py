@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..._clock import Clock
-from ..._errors import StaleTokenError, StoreError
+from ..._errors import StaleTokenError, StoreError, StoreUnavailableError
 from ..._jobs import (
     Attempt,
     ClaimedJob,
@@ -48,7 +48,7 @@ from ..base import Capabilities, Depth, FencedTransaction, ResourceLease, Store
 from ..redis import RedisStore
 from .ledger import SplitLedger
 
-__all__ = ["SplitStore"]
+__all__ = ["RolesUnavailableError", "SplitStore"]
 
 
 class SplitStore(Store):
@@ -77,15 +77,34 @@ class SplitStore(Store):
         self.clock = clock
         #: Jobs the claim found completed in the ledger and acknowledged in Redis.
         self.acknowledged_from_ledger = 0
+        #: The roles the last :meth:`open` could not open, with their errors.
+        self.roles_down: dict[str, StoreError] = {}
 
     async def open(self) -> None:
-        """Open the ledger first: Redis takes its fencing epoch from it."""
-        await self.ledger.open()
+        """Open both sides, then take Redis's fencing epoch from the ledger.
+
+        If a side cannot be opened, the other is still opened and
+        :class:`RolesUnavailableError` names the roles that failed (``tokenline status``
+        probes the others); the store must not be used for work then: it has no epoch,
+        so it issues and checks no token.
+        """
+        failed: dict[str, StoreError] = {}
         try:
-            await self.redis.open()
-        except BaseException:
-            await self.ledger.close()
-            raise
+            await self.ledger.open()
+        except StoreError as exc:
+            failed["ledger"] = exc
+        try:
+            await self.redis.connect()
+        except StoreError as exc:
+            failed["broker"] = failed["leases"] = exc
+        if not failed:
+            try:
+                await self.redis.refresh_epoch()
+            except StoreError as exc:
+                failed["broker"] = failed["leases"] = exc
+        self.roles_down = dict(failed)
+        if failed:
+            raise RolesUnavailableError(failed)
 
     async def close(self) -> None:
         """Close both. Safe to call twice."""
@@ -186,11 +205,9 @@ class SplitStore(Store):
         return await self.redis.jobs_cancel(job_ids=job_ids, reason=reason)
 
     async def stale_commits(self, *, limit: int = 100) -> tuple[int, list[StaleCommit]]:
-        """Refused writes: Redis's (finishes, renewals) and the ledger's (transactions)."""
-        n_redis, redis_recent = await self.redis.stale_commits(limit=limit)
-        n_ledger, ledger_recent = await self.ledger.stale_commits(limit=limit)
-        recent = sorted([*redis_recent, *ledger_recent], key=lambda s: -s.at)[:limit]
-        return n_redis + n_ledger, recent
+        """Writes Redis refused for a stale token (finishes, renewals): the broker's.
+        The fenced transactions the ledger refused are in :meth:`duplicates_list`."""
+        return await self.redis.stale_commits(limit=limit)
 
     async def wait_for_jobs(self, *, queues: Sequence[str], timeout: float) -> None:  # noqa: ASYNC109
         """Poll (Redis notifications are not used)."""
@@ -360,6 +377,20 @@ class SplitStore(Store):
         renewals = await self.redis.resource_renewals_refused(limit=limit)
         found += [d for d in renewals if since is None or d.at >= since]
         return sorted(found, key=lambda d: -d.at)[:limit]
+
+
+class RolesUnavailableError(StoreUnavailableError):
+    """Some roles of a split store could not be opened; :attr:`failed` says which, each
+    with its error (the message names Redis or PostgreSQL)."""
+
+    def __init__(self, failed: dict[str, StoreError]) -> None:
+        #: The error of each role that failed.
+        self.failed = failed
+        seen: list[str] = []
+        for exc in failed.values():
+            if str(exc) not in seen:
+                seen.append(str(exc))
+        super().__init__("; ".join(seen))
 
 
 class _SplitTransaction(FencedTransaction):
