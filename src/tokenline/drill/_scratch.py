@@ -15,8 +15,11 @@ recreated at the start and left in place.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 import sqlite3
+import subprocess
 import tempfile
 import urllib.parse
 import uuid
@@ -120,6 +123,19 @@ class ScratchStore:
     def stale_refused(self) -> int:
         """Writes the store refused for a stale token."""
         return self.scalar(f"SELECT count(*) FROM {self.tables['stale']}")
+
+    # -- a failover (the split topology's own Redis servers) ----------------------------
+    def start_servers(self) -> None:
+        """Run the store on servers of the runner's own, a primary and its replica."""
+        raise ConfigError("url", "a failover drill runs on the split topology only")
+
+    def wait_replicated(self) -> None:
+        """Return once the replica holds every write made so far."""
+        raise ConfigError("url", "a failover drill runs on the split topology only")
+
+    def fail_over(self, lost_for: float) -> tuple[str, int]:
+        """Fail over to the replica; the address of the new primary."""
+        raise ConfigError("url", "a failover drill runs on the split topology only")
 
     def cleanup(self, *, keep_files: bool = False) -> list[str]:
         """Remove what the run created unless it is kept (``keep``; ``keep_files`` keeps
@@ -254,6 +270,9 @@ class _SplitScratch(_PostgresScratch):
         self.ledger = self.url
         self.url = split_url(self.broker, self.ledger)
         self._keys = "{" + self.key_prefix + "}:"
+        #: The runner's own Redis servers (a failover drill): primary, replica.
+        self._servers: list[subprocess.Popen[bytes]] = []
+        self._ports: list[int] = []
 
     def _redis(self) -> Any:
         import redis
@@ -341,8 +360,94 @@ class _SplitScratch(_PostgresScratch):
             in_redis = int(client.get(self._keys + "stale_n") or 0)
         return in_redis + super().stale_refused()
 
+    def start_servers(self) -> None:
+        """Start a ``redis-server`` primary and its replica on free loopback ports, with
+        nothing on disk, and put the store on the primary."""
+        import time
+
+        from ..stores import split_url
+
+        program = shutil.which("redis-server")
+        if program is None:
+            raise ConfigError("url", "a failover drill needs redis-server on the PATH")
+        ports = [_free_port(), _free_port()]
+        for i, (name, port) in enumerate(zip(("primary", "replica"), ports, strict=True)):
+            args = [
+                program, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", str(self.work_dir),
+                "--logfile", str(self.work_dir / f"redis-{name}.log"),
+            ]  # fmt: skip
+            if i == 1:
+                args += ["--replicaof", "127.0.0.1", str(ports[0])]
+            self._servers.append(subprocess.Popen(args, stdout=subprocess.DEVNULL))
+        self._ports = ports
+        self.broker_base = f"redis://127.0.0.1:{ports[0]}/0"
+        self.broker = f"{self.broker_base}?prefix={self.key_prefix}"
+        self.url = split_url(self.broker, self.ledger)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with self._redis_at(ports[1]) as replica:
+                    if replica.info("replication").get("master_link_status") == "up":
+                        return
+            except Exception:  # not listening yet
+                pass
+            time.sleep(0.05)
+        raise ConfigError("url", "the drill's Redis replica did not sync within 30s")
+
+    def _redis_at(self, port: int) -> Any:
+        import redis
+
+        return redis.Redis(port=port, decode_responses=True, socket_timeout=10)
+
+    def wait_replicated(self) -> None:
+        with self._redis_at(self._ports[0]) as primary:
+            if int(primary.wait(1, 30_000)) < 1:
+                raise ConfigError("url", "the drill's Redis replica did not catch up")
+
+    def fail_over(self, lost_for: float) -> tuple[str, int]:
+        """Cut the replica off (paused, its link killed), let the primary take writes
+        the replica never sees for ``lost_for`` seconds, kill the primary, and promote
+        the replica: an asynchronous failover that loses the last writes."""
+        import time
+
+        primary, replica = self._servers
+        os.kill(replica.pid, signal.SIGSTOP)
+        try:
+            with self._redis_at(self._ports[0]) as client:
+                client.execute_command("CLIENT", "KILL", "TYPE", "replica")
+            time.sleep(lost_for)
+            primary.kill()
+            primary.wait(timeout=10)
+        finally:
+            os.kill(replica.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with self._redis_at(self._ports[1]) as client:
+                    client.execute_command("REPLICAOF", "NO", "ONE")
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        self.broker_base = f"redis://127.0.0.1:{self._ports[1]}/0"
+        return "127.0.0.1", self._ports[1]
+
     def cleanup(self, *, keep_files: bool = False) -> list[str]:
+        try:
+            return self._cleanup(keep_files)
+        finally:
+            for server in self._servers:
+                if server.poll() is None:
+                    server.kill()
+                server.wait(timeout=10)
+            self._servers = []
+
+    def _cleanup(self, keep_files: bool) -> list[str]:
         left = super().cleanup(keep_files=keep_files)
+        if self._servers:
+            return left  # the runner's own servers, stopped afterwards: nothing to keep
         if self.keep:
             return [f"Redis keys {self._keys}* (kept: --keep)", *left]
         with self._redis() as client:
@@ -350,6 +455,14 @@ class _SplitScratch(_PostgresScratch):
             for start in range(0, len(keys), 1000):
                 client.delete(*keys[start : start + 1000])
         return left
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def through(url: str, host: str, port: int) -> str:

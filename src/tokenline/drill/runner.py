@@ -273,6 +273,11 @@ class Drill:
         stub = None
         app = self.app
         try:
+            failover = scenario.injection is not None and (
+                scenario.injection.action is Action.FAILOVER
+            )
+            if failover:
+                scratch.start_servers()
             scratch.prepare({"drill_effects": drill_app.COLUMNS})
             env = {**self.worker_env, drill_app.TABLE_ENV: scratch.tables["drill_effects"]}
             if scenario.calls_dependency:
@@ -280,6 +285,8 @@ class Drill:
                 env = {**WORKER_ENV, **env, DIR_ENV: str(stub.directory)}
                 app = drill_app.GUARDED if self.breakers else drill_app.UNGUARDED
             keys = self._enqueue(scratch, scenario, schedule)
+            if failover:
+                scratch.wait_replicated()  # the jobs themselves are not what is lost
             fleet = Fleet(
                 url=scratch.url,
                 workers=self.workers,
@@ -475,6 +482,13 @@ class _Controller:
             self.started = self.ended = time.time()
         elif action is Action.STOP:
             self._stop(victim)
+        elif action is Action.FAILOVER:
+            self.started = time.time()
+            # A quarter TTL of writes the replica never sees: claims, renewals, finishes.
+            address = self.scratch.fail_over(self.drill.settings.lease_ttl / 4)
+            for proxy in self.fleet.proxies:
+                proxy.switch_upstream(address)
+            self.ended = time.time()
         elif action is Action.DEPENDENCY:
             assert self.stub is not None, "a dependency fault needs the dependency"
             self.stub.hang(True)

@@ -15,6 +15,12 @@ a worker depends on the store:
 * **SQLite**: there is no network; every worker gets its own fault file, read by the
   FaultStore wrapping its store.
 
+``redis_failover`` runs on two ``redis-server`` processes of the drill's own (a primary
+and its replica, on free loopback ports, nothing on disk): the replica stops replicating
+at the fault (its link is cut), the primary is killed with SIGKILL, the replica is
+promoted, and every proxy sends new connections there. The writes of the last moment
+are lost, as in a real asynchronous failover; the ledger keeps the business data right.
+
 ``pg_restart`` is *simulated at the proxy*: every connection is reset and new ones are
 refused for a while, which is what clients see of a restart. The server itself keeps
 running (the drill must not stop a server it does not own); a real restart also loses
@@ -78,6 +84,9 @@ class Action(enum.StrEnum):
     FAULT = "fault"
     #: Make the drill's dependency hang past its timeout for ``duration`` seconds.
     DEPENDENCY = "dependency"
+    #: Split topology: kill the Redis primary, promote its replica (``REPLICAOF NO
+    #: ONE``) and send every worker's proxy there. The drill runs its own two servers.
+    FAILOVER = "failover"
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +233,13 @@ _SCENARIOS = (
             proxy=Faults(blackhole=True),
             reset=True,
         ),
+        stores=frozenset({"split"}),
+    ),
+    Scenario(
+        "redis_failover",
+        "split topology: the Redis primary is killed and its replica promoted, having "
+        "missed the last writes; every worker's proxy moves to it",
+        Injection(Action.FAILOVER, Target.ALL, at_done=0.3),
         stores=frozenset({"split"}),
     ),
     Scenario(
