@@ -4,6 +4,7 @@
 --          qp:<queue>:<prio>, pairs, wait:<queue>\t<task>, runn, st:<state>, all,
 --          job:<id>
 -- ARGV[1]  now ('' = Redis TIME);  ARGV[2] 'stats', 'depth' or 'list'
+-- Returns  by view:
 --   stats: returns {now, per queue: name, paused (0/1), counts (flat hash), oldest
 --          runnable run_at ('' = none)}
 --   depth: returns {now, per queue and task: "<queue>\t<task>", runnable, scheduled,
