@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,10 +76,13 @@ def test_scenario_keeps_every_invariant_on_postgres(
 @pytest.mark.postgres
 @pytest.mark.parametrize("name", [s.name for s in scenarios_for("split")])
 def test_scenario_keeps_every_invariant_on_the_split_topology(
-    name: str, tmp_path: Path, postgres_server: str, redis_server: str
+    name: str, tmp_path: Path, postgres_server: str, redis_server: str, request: Any
 ) -> None:
     """The same on the split topology: broker and leases on Redis, each worker reaching
-    it through its own fault proxy, the ledger on PostgreSQL."""
+    it through its own fault proxy, the ledger on PostgreSQL (redis_failover: on a
+    primary and replica of the drill's own)."""
+    if name == "redis_failover":
+        request.getfixturevalue("redis_server_binary")
     from tokenline.stores import split_url
 
     result = _run(split_url(redis_server, postgres_server), name, tmp_path)
