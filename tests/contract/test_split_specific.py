@@ -203,3 +203,33 @@ def test_status_names_the_failing_side_of_the_split(
     assert failing == expected, channels
     assert all(named in channels[name]["error"] for name in failing), channels
     assert all(channels[name]["ok"] for name in set(channels) - failing), channels
+
+
+def test_status_names_redis_when_the_drill_proxy_cuts_it_off(
+    redis_url: str, postgres_url: str
+) -> None:
+    """As in the drill's Redis partitions: Redis behind a fault proxy that blackholes.
+    Status says broker and leases are slow, naming Redis, and the ledger answers."""
+    import json
+    import urllib.parse
+
+    from click.testing import CliRunner
+
+    from tokenline.cli import main
+    from tokenline.drill._scratch import through
+    from tokenline.drill.proxy import Faults, ThreadedFaultProxy
+
+    server = urllib.parse.urlsplit(redis_url)
+    with ThreadedFaultProxy((server.hostname or "127.0.0.1", server.port or 6379)) as proxy:
+        broker = through(redis_url, *proxy.address)
+        args = ["status", "--json", "--timeout", "2", "--broker", broker, "--ledger", postgres_url]
+        healthy = json.loads(CliRunner().invoke(main, args).stdout)["channels"]
+        assert all(c["ok"] for c in healthy.values()), healthy
+        proxy.set_faults(Faults(blackhole=True))
+        channels = json.loads(CliRunner().invoke(main, args).stdout)["channels"]
+    assert {n: c["failure"] for n, c in channels.items()} == {
+        "broker": "slow",
+        "leases": "slow",
+        "ledger": None,
+    }, channels
+    assert "Redis at" in channels["broker"]["error"], channels

@@ -192,11 +192,15 @@ async def _open(store: Store, timeout: float) -> dict[str, Any] | None:  # noqa:
             "error": error,
             "channels": _all_failing(store, NOT_MIGRATED, error),
         }
+    by_role = getattr(getattr(store, "inner", store), "open_within", None)
+    if by_role is not None:
+        # A store whose roles live on different servers (the split topology) opens
+        # each on its own: the roles that failed are said, the others probed.
+        await by_role(timeout)
+        return None
     try:
         await _bounded(store.open(), timeout)
     except (StoreError, TimeoutError) as exc:
-        if isinstance(getattr(exc, "failed", None), dict):
-            return None  # some roles opened (split topology): _status probes them
         kind = failure_kind(exc)
         error = str(exc) or type(exc).__name__
         return {
@@ -207,10 +211,24 @@ async def _open(store: Store, timeout: float) -> dict[str, Any] | None:  # noqa:
     return None
 
 
-def _roles_down(store: Store) -> dict[str, StoreError]:
+def _roles_down(store: Store) -> dict[str, Exception]:
     """The roles a split store could not open (kept by its last open), else none."""
-    failed = getattr(store, "roles_down", None)
+    failed = getattr(getattr(store, "inner", store), "roles_down", None)
     return dict(failed) if isinstance(failed, dict) else {}
+
+
+def _name_servers(store: Store, channels: dict[str, Any]) -> None:
+    """On a store whose roles live on different servers, make each failing channel's
+    error name its server (Redis or PostgreSQL) when it does not already."""
+    server = getattr(getattr(store, "inner", store), "server", None)
+    if server is None:
+        return
+    for name, channel in channels.items():
+        error = channel.get("error")
+        if channel.get("ok") is False and error:
+            where = str(server(name))
+            if where.split(" ")[0] not in error:
+                channel["error"] = f"{error} ({where})"
 
 
 async def _close(store: Store, timeout: float) -> None:  # noqa: ASYNC109
@@ -265,6 +283,7 @@ async def _status(
             "latency_ms": None,
             "error": str(exc) or type(exc).__name__,
         }
+    _name_servers(store, report["channels"])
     if not store.capabilities.ledger:
         report["channels"]["ledger"] = dict(_NOT_PROVIDED)
     stats, stale = queues or ([], None)

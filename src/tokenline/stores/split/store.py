@@ -16,6 +16,7 @@ nobody: its effect does not run again.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,7 +79,7 @@ class SplitStore(Store):
         #: Jobs the claim found completed in the ledger and acknowledged in Redis.
         self.acknowledged_from_ledger = 0
         #: The roles the last :meth:`open` could not open, with their errors.
-        self.roles_down: dict[str, StoreError] = {}
+        self.roles_down: dict[str, Exception] = {}
 
     async def open(self) -> None:
         """Open both sides, then take Redis's fencing epoch from the ledger.
@@ -102,9 +103,40 @@ class SplitStore(Store):
                 await self.redis.refresh_epoch()
             except StoreError as exc:
                 failed["broker"] = failed["leases"] = exc
-        self.roles_down = dict(failed)
+        self.roles_down = {**failed}
         if failed:
             raise RolesUnavailableError(failed)
+
+    async def open_within(self, timeout: float) -> None:  # noqa: ASYNC109
+        """Open each side within ``timeout`` seconds, on its own, for ``tokenline
+        status``: what failed is kept in :attr:`roles_down`, nothing is raised, and no
+        epoch is taken (status issues no token; a script that needs one takes it)."""
+
+        async def side(opening: Any, server: str) -> Exception | None:
+            try:
+                await asyncio.wait_for(opening, timeout)
+            except TimeoutError:
+                # A timeout, so that status calls the side slow rather than unreachable.
+                return TimeoutError(f"{server} did not answer within {timeout:g}s")
+            except StoreError as exc:
+                return exc
+            return None
+
+        ledger, redis = await asyncio.gather(
+            side(self.ledger.open(), self.server("ledger")),
+            side(self.redis.connect(), self.server("broker")),
+        )
+        self.roles_down = {}
+        if ledger is not None:
+            self.roles_down["ledger"] = ledger
+        if redis is not None:
+            self.roles_down["broker"] = self.roles_down["leases"] = redis
+
+    def server(self, role: str) -> str:
+        """The server that plays ``role``: ``Redis at …`` or ``PostgreSQL …``."""
+        if role == "ledger":
+            return f"PostgreSQL {self.ledger.target.where}"
+        return f"Redis at {self.redis.where}"
 
     async def close(self) -> None:
         """Close both. Safe to call twice."""
