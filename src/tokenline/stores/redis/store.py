@@ -30,7 +30,6 @@ then lost from the broker; the split topology's ledger keeps the business data s
 from __future__ import annotations
 
 import json
-import math
 import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -55,13 +54,17 @@ from ..._jobs import (
     RescueCandidate,
     RescueReport,
     StaleCommit,
-    WorkerRecord,
     finish_transition,
     rescue_transition,
 )
-from ..._records import Duplicate, DuplicateKind
-from ..base import Broker, Capabilities, Depth, Leases, ResourceLease
+from ..base import Broker, Capabilities, Depth, Leases
 from ._errors import map_redis_errors
+from ._values import fl as _fl
+from ._values import fmt as _f
+from ._values import opt as _opt
+from ._values import pairs as _pairs
+from ._values import text as _s
+from .membership import RedisMembership
 
 __all__ = ["LEDGER_DONE", "EpochSource", "RedisStore"]
 
@@ -118,30 +121,7 @@ def parse_redis_url(url: str) -> tuple[str, str, str]:
     return connect, "{" + name + "}:", where
 
 
-def _f(x: float) -> str:
-    return repr(float(x))
-
-
-def _opt(v: str | None) -> str:
-    return json.dumps(v)
-
-
-def _pairs(flat: Any) -> dict[str, str]:
-    """A hash as a dict of text: scripts return it flat, HGETALL as a dict."""
-    if isinstance(flat, dict):
-        return {_s(k): _s(v) for k, v in flat.items()}
-    return {_s(flat[i]): _s(flat[i + 1]) for i in range(0, len(flat), 2)}
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def _fl(v: str | None) -> float | None:
-    return None if v is None or v == "" else float(v)
-
-
-class RedisStore(Broker, Leases):
+class RedisStore(RedisMembership, Broker, Leases):
     """Broker and leases on one Redis server (or primary); plays no ledger."""
 
     capabilities = Capabilities(multi_process=True, ledger=False)
@@ -546,150 +526,6 @@ class RedisStore(Broker, Leases):
             return self.clock.now()
         sec, usec = await self._cmd("TIME")
         return int(sec) + int(usec) / 1_000_000
-
-    def _worker(self, flat: Any) -> WorkerRecord:
-        h = _pairs(flat)
-        limit = h.get("concurrency_limit")
-        return WorkerRecord(
-            id=h["id"],
-            host=h["host"],
-            pid=int(h["pid"]),
-            queues=tuple(json.loads(h["queues"])),
-            concurrency=int(h["concurrency"]),
-            state=h["state"],
-            token=int(h["token"]),
-            started_at=float(h["started_at"]),
-            heartbeat_at=float(h["heartbeat_at"]),
-            expires_at=float(h["expires_at"]),
-            in_flight=int(h["in_flight"]),
-            clock_skew=_fl(h.get("clock_skew")),
-            drain_requested=h.get("drain_requested") == "1",
-            concurrency_limit=None if limit is None else int(limit),
-        )
-
-    async def _worker_call(self, action: str, worker_id: str, *args: Any) -> WorkerRecord | None:
-        out = await self._run("worker", [self._now(), action, worker_id, *args])
-        return self._worker(out[1]) if len(out) > 1 else None
-
-    async def worker_register(self, *, record: WorkerRecord, ttl: float) -> WorkerRecord:
-        """Register ``record`` with a fresh membership token."""
-        limit = "" if record.concurrency_limit is None else record.concurrency_limit
-        rec = await self._worker_call(
-            "register",
-            record.id,
-            _f(ttl),
-            record.host,
-            record.pid,
-            json.dumps(list(record.queues)),
-            record.concurrency,
-            record.state,
-            limit,
-        )
-        assert rec is not None  # registration is never refused
-        return replace(rec, extra=record.extra)
-
-    async def worker_heartbeat(
-        self,
-        *,
-        worker_id: str,
-        token: int,
-        state: str,
-        in_flight: int,
-        ttl: float,
-        skew: float | None = None,
-        concurrency_limit: int | None = None,
-    ) -> WorkerRecord | None:
-        """Extend the membership lease if it is still held and unexpired."""
-        return await self._worker_call(
-            "heartbeat",
-            worker_id,
-            _f(ttl),
-            token,
-            state,
-            in_flight,
-            "" if skew is None or not math.isfinite(skew) else _f(skew),
-            "" if concurrency_limit is None else concurrency_limit,
-        )
-
-    async def worker_deregister(self, *, worker_id: str, token: int) -> None:
-        """Mark the worker stopped, if ``token`` still holds its membership."""
-        await self._worker_call("deregister", worker_id, token)
-
-    async def workers_list(self) -> list[WorkerRecord]:
-        """All workers, newest first."""
-        ids = await self._cmd("SMEMBERS", self.prefix + "workers")
-        rows = await self._hashes([f"{self.prefix}w:{_s(wid)}" for wid in ids])
-        return sorted((self._worker(r) for r in rows if r), key=lambda w: -w.started_at)
-
-    async def worker_drain(self, *, worker_id: str) -> bool:
-        """Mark the worker's live membership as asked to drain."""
-        return await self._worker_call("drain", worker_id) is not None
-
-    def _resource(self, name: str, flat: Any) -> ResourceLease:
-        h = _pairs(flat)
-        return ResourceLease(
-            name,
-            h["owner"],
-            self._token(h["token"]),
-            float(h["expires_at"]),
-            acquired_at=_fl(h.get("acquired_at")),
-        )
-
-    async def _resource_call(self, action: str, name: str, *args: Any) -> ResourceLease | None:
-        out = await self._run("resource", [self._now(), action, name, self._epoch_arg(), *args])
-        if len(out) < 2:
-            return None
-        return self._resource(name, out[1])
-
-    async def resource_lease_acquire(
-        self, *, resource: str, owner: str, ttl: float
-    ) -> ResourceLease | None:
-        """Take or renew the named lease."""
-        return await self._resource_call("acquire", resource, owner, _f(ttl))
-
-    async def resource_lease_renew(
-        self, *, lease: ResourceLease, ttl: float
-    ) -> ResourceLease | None:
-        """Extend the named lease only while ``(owner, token)`` holds it unexpired."""
-        return await self._resource_call("renew", lease.resource, lease.owner, lease.token, _f(ttl))
-
-    async def resource_lease_release(self, *, lease: ResourceLease) -> bool:
-        """Release the lease if ``(owner, token)`` still holds it."""
-        done = await self._resource_call("release", lease.resource, lease.owner, lease.token)
-        return done is not None
-
-    async def resource_lease_held(self, *, lease: ResourceLease) -> bool:
-        """Whether ``(owner, token)`` still holds the named lease unexpired (read only)."""
-        held = await self._resource_call("held", lease.resource, lease.owner, lease.token)
-        return held is not None
-
-    async def resource_renewals_refused(self, *, limit: int = 100) -> list[Duplicate]:
-        """Refused renewals of named leases while another token held them, newest
-        first, as the duplicates a ledger would record."""
-        items = (
-            await self._cmd("LRANGE", self.prefix + "rl_stale", 0, limit - 1) if limit > 0 else []
-        )
-        out = []
-        for raw in items:
-            r = json.loads(raw)
-            out.append(
-                Duplicate(
-                    r["resource"],
-                    DuplicateKind.STALE,
-                    "resource_lease_renew",
-                    None,
-                    int(r["token"]),
-                    r["owner"],
-                    float(r["at"]),
-                )
-            )
-        return out
-
-    async def resource_leases_list(self) -> list[ResourceLease]:
-        """Every named lease, held or not, by resource name."""
-        names = sorted(_s(n) for n in await self._cmd("SMEMBERS", self.prefix + "rls"))
-        rows = await self._hashes([f"{self.prefix}rl:{name}" for name in names])
-        return [self._resource(n, r) for n, r in zip(names, rows, strict=True) if r]
 
 
 def _epoch_slot(name: str) -> int:
