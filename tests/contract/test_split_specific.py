@@ -90,7 +90,7 @@ class _LostAck(SplitStore):
 
 
 async def test_a_lost_ack_never_runs_the_effect_again(
-    redis_url: str, postgres_url: str, clock: FakeClock
+    redis_url: str, postgres_url: str, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The fenced transaction commits the business write and the job's completion in
     PostgreSQL; its acknowledgement to Redis is lost, so Redis redelivers the job once
@@ -116,6 +116,7 @@ async def test_a_lost_ack_never_runs_the_effect_again(
         assert await store.jobs_claim(owner="w2", queues=Q, limit=10, ttl=10) == []
         job = await store.job_get(job_id=claimed.job.id)
         assert (job.state, store.acknowledged_from_ledger) == (JobState.SUCCEEDED, 1)
+        assert "the ledger had completed them" in caplog.text  # a repair is said
         # The history says which attempt did the work: not the one acknowledged.
         outcomes = [a.outcome for a in await store.job_attempts(job_id=claimed.job.id)]
         assert outcomes == ["lease_expired", LEDGER_DONE]

@@ -17,6 +17,7 @@ nobody: its effect does not run again.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,6 +51,8 @@ from ..redis import RedisStore
 from .ledger import SplitLedger
 
 __all__ = ["RolesUnavailableError", "SplitStore"]
+
+log = logging.getLogger("tokenline.store.split")
 
 
 class SplitStore(Store):
@@ -185,8 +188,14 @@ class SplitStore(Store):
             raise
         if done:
             acks = [c.lease for c in claimed if c.job.id in done]
-            self.acknowledged_from_ledger += sum(
-                await self.redis.jobs_acknowledge_done(leases=acks)
+            acknowledged = sum(await self.redis.jobs_acknowledge_done(leases=acks))
+            self.acknowledged_from_ledger += acknowledged
+            # A repair: said and counted, never silent.
+            log.warning(
+                "acknowledged %d of jobs %s in Redis: the ledger had completed them (their "
+                "acknowledgement was lost); they do not run again",
+                acknowledged,
+                sorted(done),
             )
         return [c for c in claimed if c.job.id not in done]
 
