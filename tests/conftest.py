@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import secrets
+from collections.abc import Iterator
 from typing import NoReturn
 
 import pytest
@@ -15,6 +17,8 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 POSTGRES_URL = os.environ.get(
     "TOKENLINE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )
+
+REDIS_URL = os.environ.get("TOKENLINE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 def unavailable(reason: str) -> NoReturn:
@@ -40,6 +44,51 @@ def postgres_server() -> str:
             "set TOKENLINE_TEST_POSTGRES_URL to a server you can create schemas on"
         )
     return POSTGRES_URL
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> str:
+    """The test Redis server's URL; skips (fails in CI) when it cannot be reached."""
+    try:
+        import redis
+    except ModuleNotFoundError:
+        unavailable("redis-py is not installed: pip install 'tokenline[redis]'")
+    try:
+        with redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3) as client:
+            client.ping()
+    except redis.RedisError as exc:
+        unavailable(
+            f"Redis for tests is unreachable ({exc}); set TOKENLINE_TEST_REDIS_URL to a "
+            "server tests may write keys to"
+        )
+    return REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def redis_server_binary() -> str:
+    """The ``redis-server`` program, for tests that start their own servers (a primary
+    and a replica); skips (fails in CI) when it is not installed."""
+    import shutil
+
+    found = shutil.which("redis-server")
+    if found is None:
+        unavailable("redis-server is not installed (Debian package redis-server)")
+    return found
+
+
+@pytest.fixture
+def redis_url(redis_server: str) -> Iterator[str]:
+    """A store URL on the test Redis server with a fresh key prefix; the prefix's keys
+    are deleted afterwards, so tests never see each other's keys."""
+    import redis
+
+    name = f"tl_test_{secrets.token_hex(6)}"
+    sep = "&" if "?" in redis_server else "?"
+    yield f"{redis_server}{sep}prefix={name}"
+    with redis.Redis.from_url(redis_server) as client:
+        keys = list(client.scan_iter(match=f"{{{name}}}:*", count=1000))
+        if keys:
+            client.delete(*keys)
 
 
 @pytest.fixture

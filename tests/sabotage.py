@@ -24,6 +24,9 @@ Worker processes import the apps below (``--app sabotage:…``) with this direct
   always answers yes; the in-memory store skips it): a deposed leader's rescue or
   repair is applied, as in a queue that uses its maintenance lease only as "do I have
   it".
+* **a ledger that trusts token numbers** (split topology): the owner check of the
+  ledger's job fence removed, so an equal token from another owner — the number a
+  promoted Redis replica hands out again — is accepted.
 """
 
 from __future__ import annotations
@@ -52,6 +55,14 @@ def without_fences(text: str) -> str:
     if len(kept) == len(lines):
         raise ValueError("a fenced query has no line ending in '-- fence'")
     return "\n".join(kept)
+
+
+def number_trusting_ledger(ledger: Any) -> None:
+    """Make a split store's ledger accept an equal token from any owner: the owner check
+    of its job fence (the ``-- fence`` lines of ``fence_check`` / ``transaction_begin``)
+    is removed from its queries, in place."""
+    for name in ("fence_check", "transaction_begin"):
+        ledger._queries[name] = without_fences(ledger._queries[name])
 
 
 class StateOnlyMemoryStore(MemoryStore):

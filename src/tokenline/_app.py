@@ -174,7 +174,9 @@ def _register_exit_hook() -> None:
 class App:
     """A tokenline application: where jobs are stored and which tasks exist.
 
-    ``url`` defaults to ``TOKENLINE_URL``, then ``sqlite:///tokenline.db``. ``clock`` is
+    ``url`` defaults to ``TOKENLINE_URL``, then ``sqlite:///tokenline.db``. The split
+    topology gives one URL per role instead: ``broker`` and ``leases`` on Redis, the
+    ``ledger`` on PostgreSQL (or ``TOKENLINE_BROKER`` / ``_LEASES`` / ``_LEDGER``). ``clock`` is
     this process's clock: its monotonic reading decides when a worker stops trusting
     its leases, its wall reading is only compared with the store's to report skew.
     Every time a store compares or stores comes from the store's own clock (the
@@ -185,13 +187,26 @@ class App:
         self,
         url: str | None = None,
         *,
+        broker: str | None = None,
+        leases: str | None = None,
+        ledger: str | None = None,
         settings: Settings | None = None,
         clock: Clock | None = None,
         classifier: Classifier | None = None,
     ) -> None:
         base = settings or load_settings(Settings)
-        if url is not None:
-            base = Settings(**{**_as_dict(base), "url": url})
+        roles = {"broker": broker, "leases": leases, "ledger": ledger}
+        if any(v is not None for v in roles.values()):
+            if url is not None:
+                raise ConfigError(
+                    "url", "give a store URL or the split topology's role URLs, not both"
+                )
+            base = Settings(**{**_as_dict(base), **roles})
+        elif url is not None:
+            base = Settings(**{**_as_dict(base), "url": url, **dict.fromkeys(roles)})
+        if base.broker is not None:
+            # One URL names the whole topology from here on: workers and commands get it.
+            base = Settings(**{**_as_dict(base), "url": base.store_url, **dict.fromkeys(roles)})
         self.settings = base
         self.clock: Clock = clock or SystemClock()
         self.classifier = classifier

@@ -90,10 +90,25 @@ class Settings:
     #: low-priority work cannot starve behind a steady stream of higher. Jobs that
     #: waited less keep the order of their own priorities.
     priority_aging: float = 60.0
+    #: Split topology: the broker's URL (``redis://…``). With ``ledger`` set, the three
+    #: role URLs replace ``url``.
+    broker: str | None = None
+    #: Split topology: the lease store's URL; the broker's Redis (the default) is the
+    #: only one accepted.
+    leases: str | None = None
+    #: Split topology: the ledger's URL (``postgresql://…``).
+    ledger: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or not self.url:
             raise ConfigError("url", f"must be a non-empty store URL, got {self.url!r}")
+        roles = {"broker": self.broker, "leases": self.leases, "ledger": self.ledger}
+        if any(v is not None for v in roles.values()):
+            for role in ("broker", "ledger"):
+                if not roles[role]:
+                    raise ConfigError(
+                        role, "the split topology needs both a broker and a ledger URL"
+                    )
         _positive_int("max_payload_bytes", self.max_payload_bytes)
         _positive_int("max_attempts", self.max_attempts)
         _positive_int("max_lease_expiries", self.max_lease_expiries)
@@ -103,6 +118,16 @@ class Settings:
             raise ConfigError("retry_cap", "must be >= retry_base")
         _positive("store_timeout", self.store_timeout)
         _positive("priority_aging", self.priority_aging)
+
+    @property
+    def store_url(self) -> str:
+        """The URL the app's store is built from: ``url``, or the split topology's
+        when ``broker`` and ``ledger`` are set."""
+        if self.broker is None or self.ledger is None:
+            return self.url
+        from .stores import split_url
+
+        return split_url(self.broker, self.ledger, self.leases)
 
 
 #: Default retention of succeeded and cancelled jobs (seconds): 7 days.

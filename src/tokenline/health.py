@@ -191,6 +191,12 @@ async def _open(store: Store, timeout: float) -> dict[str, Any] | None:  # noqa:
             "error": error,
             "channels": _all_failing(store, NOT_MIGRATED, error),
         }
+    by_role = getattr(getattr(store, "inner", store), "open_within", None)
+    if by_role is not None:
+        # A store whose roles live on different servers (the split topology) opens
+        # each on its own: the roles that failed are said, the others probed.
+        await by_role(timeout)
+        return None
     try:
         await _bounded(store.open(), timeout)
     except (StoreError, TimeoutError) as exc:
@@ -202,6 +208,26 @@ async def _open(store: Store, timeout: float) -> dict[str, Any] | None:  # noqa:
             "channels": _all_failing(store, kind, error),
         }
     return None
+
+
+def _roles_down(store: Store) -> dict[str, Exception]:
+    """The roles a split store could not open (kept by its last open), else none."""
+    failed = getattr(getattr(store, "inner", store), "roles_down", None)
+    return dict(failed) if isinstance(failed, dict) else {}
+
+
+def _name_servers(store: Store, channels: dict[str, Any]) -> None:
+    """On a store whose roles live on different servers, make each failing channel's
+    error name its server (Redis or PostgreSQL) when it does not already."""
+    server = getattr(getattr(store, "inner", store), "server", None)
+    if server is None:
+        return
+    for name, channel in channels.items():
+        error = channel.get("error")
+        if channel.get("ok") is False and error:
+            where = str(server(name))
+            if where.split(" ")[0] not in error:
+                channel["error"] = f"{error} ({where})"
 
 
 async def _close(store: Store, timeout: float) -> None:  # noqa: ASYNC109
@@ -221,6 +247,7 @@ async def read_status(
     failed = await _open(store, timeout)
     if failed is not None:
         return failed
+    down = _roles_down(store)
     probes = {name: _Probe() for name in CHANNELS}
 
     async def broker() -> tuple[Any, Any]:
@@ -232,7 +259,11 @@ async def read_status(
 
     async def ledger() -> None:
         if store.capabilities.ledger:
-            await store.duplicates_list(limit=1)
+            # A split store's own ledger: its audit merges Redis's refusals, which
+            # would make a Redis outage look like a ledger one.
+            ledger_store = getattr(store, "ledger", None)
+            target = ledger_store if isinstance(ledger_store, Store) else store
+            await target.duplicates_list(limit=1)
 
     try:
         queues, membership, _ = await asyncio.gather(
@@ -244,6 +275,14 @@ async def read_status(
         await _close(store, timeout)
     report: dict[str, Any] = {"store": "ok", "error": None}
     report["channels"] = {name: p.json() for name, p in probes.items()}
+    for name, exc in down.items():
+        report["channels"][name] = {
+            "ok": False,
+            "failure": failure_kind(exc),
+            "latency_ms": None,
+            "error": str(exc) or type(exc).__name__,
+        }
+    _name_servers(store, report["channels"])
     if not store.capabilities.ledger:
         report["channels"]["ledger"] = dict(_NOT_PROVIDED)
     stats, stale = queues or ([], None)

@@ -1,6 +1,8 @@
 """The ``store`` fixture: every contract test runs once per backend.
 
-Backends join by adding a factory to ``BACKENDS``. A backend whose service is missing is
+Backends join by adding a factory to ``BACKENDS``. A test marked ``ledger`` runs only on
+the backends that play the ledger role (``LEDGER_BACKENDS``): the Redis store is a broker
+and lease store only, and runs every other test. A backend whose service is missing is
 skipped with the reason printed, except in CI (``CI=true``), where it fails.
 
 PostgreSQL: the server named by ``TOKENLINE_TEST_POSTGRES_URL`` (default
@@ -41,11 +43,50 @@ def _postgres(clock: FakeClock, tmp_path: Path, request: pytest.FixtureRequest) 
     return PostgresStore(url, clock=clock)
 
 
-BACKENDS: dict[str, Callable[[FakeClock, Path, pytest.FixtureRequest], Store]] = {
+def _redis(clock: FakeClock, tmp_path: Path, request: pytest.FixtureRequest) -> Any:
+    from tokenline.stores.redis import RedisStore
+
+    # A fresh key prefix per test, shared by both stores of ``store_pair``.
+    url: str = request.getfixturevalue("redis_url")
+    return RedisStore(url, clock=clock)
+
+
+def _split(clock: FakeClock, tmp_path: Path, request: pytest.FixtureRequest) -> Store:
+    from tokenline.stores.split import SplitStore
+
+    # Broker and leases on Redis, the ledger on PostgreSQL: both fetched per test, so
+    # both stores of ``store_pair`` share one key prefix and one schema.
+    broker: str = request.getfixturevalue("redis_url")
+    ledger: str = request.getfixturevalue("postgres_url")
+    return SplitStore(broker=broker, ledger=ledger, clock=clock)
+
+
+BACKENDS: dict[str, Callable[[FakeClock, Path, pytest.FixtureRequest], Any]] = {
     "memory": _memory,
     "sqlite": _sqlite,
     "postgres": _postgres,
+    "redis": _redis,
+    "split": _split,
 }
+#: The backends that play the ledger role: the only ones a ``ledger`` test runs on.
+LEDGER_BACKENDS = frozenset({"memory", "sqlite", "postgres", "split"})
+#: The backends holding the jobs and the ledger in one store: the only ones a
+#: ``one_store`` test runs on (the reconciler's checks, retention, periodic marks).
+ONE_STORE_BACKENDS = frozenset({"memory", "sqlite", "postgres"})
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run each test using ``store`` once per backend; a ``ledger`` test once per
+    backend that plays the ledger role; a ``one_store`` test once per backend that
+    holds the jobs and the ledger together."""
+    if "store" not in metafunc.fixturenames:
+        return
+    names = sorted(BACKENDS)
+    if metafunc.definition.get_closest_marker("ledger") is not None:
+        names = [n for n in names if n in LEDGER_BACKENDS]
+    if metafunc.definition.get_closest_marker("one_store") is not None:
+        names = [n for n in names if n in ONE_STORE_BACKENDS]
+    metafunc.parametrize("store", names, indirect=True)
 
 
 @pytest.fixture
@@ -91,7 +132,7 @@ def postgres_url_via(postgres_schema: str) -> Callable[[str], str]:
     return lambda base: postgres_url_for(base, postgres_schema)
 
 
-@pytest.fixture(params=sorted(BACKENDS))
+@pytest.fixture
 async def store(
     request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path
 ) -> AsyncIterator[Any]:

@@ -1,7 +1,9 @@
 """The ledger contract: unique enqueue, effects, fences, resource leases and duplicates.
 
-Every backend with ``capabilities.ledger`` runs every test here unchanged; concurrency
-tests use ``store_pair`` (two connections where the backend has them).
+Every backend with ``capabilities.ledger`` runs every test here unchanged; tests that
+need no ledger (unique enqueue, resource leases) run on broker and lease stores too, the
+others are marked ``ledger``. Concurrency tests use ``store_pair`` (two connections where
+the backend has them).
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ async def test_concurrent_unique_enqueues_yield_one_job(store_pair: tuple[Any, A
 
 
 # -- effects ----------------------------------------------------------------------------
+@pytest.mark.ledger
 async def test_effect_runs_once_and_a_repeat_returns_the_stored_result(store: Any) -> None:
     """A completed key answers DONE with its result and records one repeat duplicate."""
     await store.jobs_enqueue(jobs=[new(), new()])
@@ -127,6 +130,7 @@ async def test_effect_runs_once_and_a_repeat_returns_the_stored_result(store: An
     assert (record.status, record.runs) == (EffectStatus.COMPLETED, 1)
 
 
+@pytest.mark.ledger
 async def test_pending_effect_is_taken_over_only_with_a_newer_token(
     store: Any, clock: FakeClock
 ) -> None:
@@ -158,6 +162,7 @@ async def test_pending_effect_is_taken_over_only_with_a_newer_token(
     assert (await store.job_get(job_id=jid)).lease_owner == "w2"
 
 
+@pytest.mark.ledger
 async def test_a_key_pending_under_a_live_lease_is_busy_until_that_lease_is_lost(
     store: Any, clock: FakeClock
 ) -> None:
@@ -173,6 +178,7 @@ async def test_a_key_pending_under_a_live_lease_is_busy_until_that_lease_is_lost
     assert (taken.start, taken.record.job_id) == (Start.RUN, y.job.id)
 
 
+@pytest.mark.ledger
 async def test_a_failed_effect_may_run_again(store: Any) -> None:
     """A failure is recorded with its error; the same attempt (or another) may rerun it."""
     await store.jobs_enqueue(jobs=[new()])
@@ -185,6 +191,7 @@ async def test_a_failed_effect_may_run_again(store: Any) -> None:
     assert (again.start, again.record.runs) == (Start.RUN, 2)
 
 
+@pytest.mark.ledger
 async def test_a_stale_job_token_cannot_begin_an_effect(store: Any, clock: FakeClock) -> None:
     """The job's token is checked first: a rescued attempt is refused before any write."""
     await store.jobs_enqueue(jobs=[new()])
@@ -197,6 +204,7 @@ async def test_a_stale_job_token_cannot_begin_an_effect(store: Any, clock: FakeC
     assert (dup.kind, dup.operation) == (DuplicateKind.STALE, "effect_begin")
 
 
+@pytest.mark.ledger
 async def test_concurrent_effects_from_two_workers_apply_once(
     store_pair: tuple[Any, Any], clock: FakeClock
 ) -> None:
@@ -223,6 +231,7 @@ async def test_concurrent_effects_from_two_workers_apply_once(
     assert dup.kind is DuplicateKind.REPEAT
 
 
+@pytest.mark.ledger
 async def test_the_older_token_of_a_job_is_refused_once_a_newer_one_took_the_key(
     store: Any, clock: FakeClock
 ) -> None:
@@ -246,6 +255,7 @@ async def test_the_older_token_of_a_job_is_refused_once_a_newer_one_took_the_key
     assert (record.result, record.token) == ('"current"', cur.lease.token)
 
 
+@pytest.mark.ledger
 async def test_two_tokens_of_one_job_racing_on_a_key_apply_once(
     store_pair: tuple[Any, Any], clock: FakeClock
 ) -> None:
@@ -281,6 +291,7 @@ async def test_two_tokens_of_one_job_racing_on_a_key_apply_once(
     assert record.status is EffectStatus.COMPLETED
 
 
+@pytest.mark.ledger
 async def test_effect_waits_then_gives_up_on_a_live_owner(store: Any, clock: FakeClock) -> None:
     """With wait=0 a key pending under a live lease raises EffectPendingError at once."""
     await store.jobs_enqueue(jobs=[new(), new()])
@@ -292,6 +303,7 @@ async def test_effect_waits_then_gives_up_on_a_live_owner(store: Any, clock: Fak
 
 
 @pytest.mark.parametrize("key", ["", "k" * 256, None, 7])
+@pytest.mark.ledger
 async def test_a_bad_effect_key_is_refused_before_anything_is_written(
     store: Any, clock: FakeClock, key: Any
 ) -> None:
@@ -303,6 +315,7 @@ async def test_a_bad_effect_key_is_refused_before_anything_is_written(
     assert await effect_count(store) == 0
 
 
+@pytest.mark.ledger
 async def test_a_result_that_is_not_json_leaves_a_failed_record_not_a_pending_one(
     store: Any, clock: FakeClock
 ) -> None:
@@ -318,6 +331,7 @@ async def test_a_result_that_is_not_json_leaves_a_failed_record_not_a_pending_on
     assert {r.status for r in records} == {EffectStatus.FAILED}
 
 
+@pytest.mark.ledger
 async def test_an_effect_that_raises_is_recorded_failed(store: Any, clock: FakeClock) -> None:
     """The callee's exception propagates and the key is failed with its message."""
     await store.jobs_enqueue(jobs=[new()])
@@ -334,6 +348,7 @@ async def test_an_effect_that_raises_is_recorded_failed(store: Any, clock: FakeC
 
 
 # -- fences -----------------------------------------------------------------------------
+@pytest.mark.ledger
 async def test_a_fence_keeps_the_highest_token_of_each_issuer(store: Any, clock: FakeClock) -> None:
     """Resource-lease tokens: a later holder's write raises the fence and an earlier
     holder's is refused (recorded); the job's own token is a separate issuer."""
@@ -357,6 +372,7 @@ async def test_a_fence_keeps_the_highest_token_of_each_issuer(store: Any, clock:
     ]
 
 
+@pytest.mark.ledger
 async def test_a_fence_needs_the_issuing_lease_still_held(store: Any, clock: FakeClock) -> None:
     """An expired resource lease cannot write even if nobody newer has written yet."""
     await store.jobs_enqueue(jobs=[new()])
@@ -366,6 +382,7 @@ async def test_a_fence_needs_the_issuing_lease_still_held(store: Any, clock: Fak
     assert not await store.fence_write(lease=x.lease, fence=Fence("r", held.token, "r", "a"))
 
 
+@pytest.mark.ledger
 async def test_a_fence_from_a_rescued_attempt_is_refused(store: Any, clock: FakeClock) -> None:
     """Job-token fences: the old attempt of a rescued job cannot write, the new one can."""
     await store.jobs_enqueue(jobs=[new()])
@@ -377,6 +394,7 @@ async def test_a_fence_from_a_rescued_attempt_is_refused(store: Any, clock: Fake
     assert not await store.fence_write(lease=old.lease, fence=Fence("invoice:1", old.lease.token))
 
 
+@pytest.mark.ledger
 async def test_a_fenced_transaction_refuses_a_lower_fence_before_user_writes(
     store: Any, clock: FakeClock
 ) -> None:
@@ -407,6 +425,7 @@ async def test_a_fenced_transaction_refuses_a_lower_fence_before_user_writes(
 
 
 # -- resource leases --------------------------------------------------------------------
+@pytest.mark.ledger
 async def test_lease_renewal_is_fenced_by_owner_and_token(store: Any, clock: FakeClock) -> None:
     """Renewal extends only the holder's unexpired lease; after a takeover the old
     token's renewal and release are refused, and the renewal is recorded as stale."""
@@ -480,6 +499,7 @@ async def test_ctx_lease_refuses_bad_ttl_and_reports_a_busy_lease(
 
 
 # -- the audit --------------------------------------------------------------------------
+@pytest.mark.ledger
 async def test_duplicates_include_refused_job_commits_keyed_by_idempotency_key(
     store: Any, clock: FakeClock
 ) -> None:

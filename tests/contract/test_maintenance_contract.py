@@ -155,6 +155,7 @@ async def test_a_leader_that_stops_trusting_its_term_stands_for_a_new_one(
     assert second.token > first.token
 
 
+@pytest.mark.one_store
 async def test_a_deposed_leaders_repair_is_refused(store: Any, clock: FakeClock) -> None:
     """reconcile_repair under an old term is refused and repairs nothing."""
     old = await leader_of(store, clock)
@@ -215,6 +216,7 @@ async def reconcile(store: Any, clock: FakeClock) -> Any:
     return report
 
 
+@pytest.mark.one_store
 async def test_reconciler_acknowledges_a_job_whose_effect_completed(
     store: Any, clock: FakeClock
 ) -> None:
@@ -235,6 +237,7 @@ async def test_reconciler_acknowledges_a_job_whose_effect_completed(
         assert await store.jobs_claim(owner="w2", queues=Q, limit=1, ttl=5) == []
 
 
+@pytest.mark.one_store
 async def test_reconciler_acknowledges_a_job_whose_transaction_committed(
     store: Any, clock: FakeClock, request: pytest.FixtureRequest
 ) -> None:
@@ -252,6 +255,7 @@ async def test_reconciler_acknowledges_a_job_whose_transaction_committed(
     assert (await store.job_get(job_id=live.job.id)).state is JobState.RUNNING
 
 
+@pytest.mark.one_store
 async def test_reconciler_fails_an_abandoned_pending_effect(store: Any, clock: FakeClock) -> None:
     """An effect left pending by an attempt whose lease is gone is marked failed only
     past the deadline; then the job's next attempt may run it."""
@@ -270,6 +274,7 @@ async def test_reconciler_fails_an_abandoned_pending_effect(store: Any, clock: F
     assert (await store.effect_begin(lease=again.lease, key="charge:7")).start is Start.RUN
 
 
+@pytest.mark.one_store
 async def test_reconciler_expires_an_orphaned_lease_by_token_bump(
     store: Any, clock: FakeClock
 ) -> None:
@@ -291,6 +296,7 @@ async def test_reconciler_expires_an_orphaned_lease_by_token_bump(
     assert taken.token > held.token + 1
 
 
+@pytest.mark.one_store
 async def test_reconciler_closes_an_attempt_left_open(
     store: Any, clock: FakeClock, request: pytest.FixtureRequest
 ) -> None:
@@ -304,6 +310,7 @@ async def test_reconciler_closes_an_attempt_left_open(
     assert outcomes == {0: "lost", claimed.lease.token: None}
 
 
+@pytest.mark.one_store
 async def test_a_repair_of_something_that_changed_since_it_was_seen_is_not_applied(
     store: Any, clock: FakeClock, request: pytest.FixtureRequest
 ) -> None:

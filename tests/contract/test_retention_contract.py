@@ -16,6 +16,9 @@ from tokenline._errors import JobNotFoundError, StaleTokenError
 from tokenline._jobs import Finish, JobState, Lease, NewJob, Outcome, Unique
 from tokenline.stores.base import PruneKind, ResourceLease
 
+#: Retention and schedules live beside the jobs and the ledger, in one store.
+pytestmark = pytest.mark.one_store
+
 Q = ["default"]
 MAINT = "tokenline:maintenance"
 

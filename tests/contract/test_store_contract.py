@@ -441,6 +441,7 @@ async def test_named_lease_is_exclusive_and_fenced(store: Any, clock: FakeClock)
     assert c.token == b.token + 1
 
 
+@pytest.mark.ledger
 async def test_fenced_transaction_commits_effect_with_completion(store: Any) -> None:
     """The business write and the completion commit together; a stale token writes
     nothing."""

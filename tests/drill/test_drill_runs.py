@@ -1,10 +1,12 @@
-"""The drill end to end: every scenario against real worker processes, on SQLite and
-PostgreSQL; and, with the protections switched off, the drill catching the bug."""
+"""The drill end to end: every scenario against real worker processes, on SQLite,
+PostgreSQL and the split topology; and, with the protections switched off, the drill
+catching the bug."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,6 +81,24 @@ def test_scenario_keeps_every_invariant_on_postgres(
     if DRILL_SCENARIOS[name].injection is not None:
         assert result.fault is not None, "the fault was never injected"
     _check_leader_victim(name, result)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("name", [s.name for s in scenarios_for("split")])
+def test_scenario_keeps_every_invariant_on_the_split_topology(
+    name: str, tmp_path: Path, postgres_server: str, redis_server: str, request: Any
+) -> None:
+    """The same on the split topology: broker and leases on Redis, each worker reaching
+    it through its own fault proxy, the ledger on PostgreSQL (redis_failover: on a
+    primary and replica of the drill's own)."""
+    if name == "redis_failover":
+        request.getfixturevalue("redis_server_binary")
+    from tokenline.stores import split_url
+
+    result = _run(split_url(redis_server, postgres_server), name, tmp_path)
+    assert result.report.ok, _explain(result)
+    if DRILL_SCENARIOS[name].injection is not None:
+        assert result.fault is not None, "the fault was never injected"
 
 
 def _stores() -> list[object]:

@@ -16,7 +16,24 @@ from tokenline.drill.scenarios import (
 def test_pg_restart_applies_to_postgresql_only() -> None:
     """A server restart has no meaning for a file: SQLite runs every other scenario."""
     assert "pg_restart" not in {s.name for s in scenarios_for("sqlite")}
-    assert [s.name for s in scenarios_for("postgresql")] == list(DRILL_SCENARIOS)
+    assert [s.name for s in scenarios_for("postgresql")] == [
+        n for n in DRILL_SCENARIOS if n not in SPLIT_ONLY
+    ]
+
+
+#: The scenarios that cut or fail over Redis: the split topology's alone.
+SPLIT_ONLY = {"redis_partition_one", "redis_partition_all", "redis_failover"}
+
+
+def test_the_split_topology_runs_the_redis_faults_and_the_process_and_role_ones() -> None:
+    """The split topology runs its Redis scenarios, and those whose fault hits a process
+    or a role (not one connection carrying every role, which it does not have)."""
+    assert {s.name for s in scenarios_for("split")} == {
+        "kill9", "sigstop", "lost_ack", "partition_leases", *SPLIT_ONLY
+    }  # fmt: skip
+    assert not SPLIT_ONLY & {s.name for s in scenarios_for("sqlite")}
+    redis_faults = [DRILL_SCENARIOS[n].faults_for("split") for n in sorted(SPLIT_ONLY)]
+    assert all(store is None for store, _ in redis_faults)
 
 
 def test_the_seed_fixes_the_schedule() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import importlib
 import json
 import os
@@ -19,7 +20,7 @@ import sys
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import click
 from rich import box
@@ -31,10 +32,11 @@ from rich.table import Table
 from rich.text import Text
 
 from .._app import App
-from .._errors import TokenlineError
-from ..stores import Store
+from .._errors import ConfigError, TokenlineError
+from ..stores import Store, split_url
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 # soft_wrap: a message is never broken at the terminal's width, so a path, a URL or an
 # id in it stays whole for whoever copies it or greps for it (tables lay out as before).
 console = Console(soft_wrap=True)
@@ -152,13 +154,53 @@ def ago(seconds: float | None) -> str:
     return f"{hours // 24}d{hours % 24:02d}h"
 
 
-url_option = click.option(
+_url = click.option(
     "--url",
     envvar="TOKENLINE_URL",
     show_envvar=True,
     default=None,
     help="Store URL (default: the app's, else sqlite:///tokenline.db).",
 )
+_ROLE_HELP = {
+    "broker": "Split topology: the broker's Redis URL (with --ledger; replaces --url).",
+    "leases": "Split topology: the lease store's Redis URL [default: the broker's].",
+    "ledger": "Split topology: the ledger's PostgreSQL URL (with --broker).",
+}
+
+
+def url_option(fn: F) -> F:
+    """``--url``, and the split topology's ``--broker`` / ``--leases`` / ``--ledger``
+    (``TOKENLINE_BROKER`` …), which together stand for one URL: the command gets ``url``."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        roles = {role: kwargs.pop(role) for role in _ROLE_HELP}
+        if any(roles.values()):
+            if kwargs.get("url"):
+                raise click.UsageError(
+                    "give --url (TOKENLINE_URL) or the split topology's --broker, --leases "
+                    "and --ledger (TOKENLINE_BROKER …), not both"
+                )
+            try:
+                kwargs["url"] = split_url(
+                    roles["broker"] or "", roles["ledger"] or "", roles["leases"]
+                )
+            except ConfigError as exc:
+                raise click.BadParameter(exc.reason, param_hint=f"--{exc.setting}") from None
+        return fn(*args, **kwargs)
+
+    decorated: Any = wrapper
+    for role in reversed(tuple(_ROLE_HELP)):
+        decorated = click.option(
+            f"--{role}",
+            envvar=f"TOKENLINE_{role.upper()}",
+            show_envvar=True,
+            default=None,
+            help=_ROLE_HELP[role],
+        )(decorated)
+    return cast(F, _url(decorated))
+
+
 app_option = click.option(
     "--app",
     "app_spec",

@@ -9,6 +9,8 @@ printed with the machine's core count and load average.
 Phases:
 
 1. bulk enqueue of ``--jobs`` no-op jobs (after ``--backlog`` jobs already queued);
+   then up to 1,000 single-call enqueues (one ``enqueue`` each, on a queue no worker
+   reads; cancelled afterwards);
 2. throughput: worker processes start against a paused queue, so start-up is not
    timed; the queue is resumed and the clock runs until ``--jobs`` jobs succeeded
    (with ``--backlog``: jobs done in a fixed ``--window``, counted once);
@@ -35,6 +37,9 @@ from ..stores import Store
 from ._common import console
 
 QUEUE = "bench"
+#: Jobs enqueued one call at a time, on a queue of their own that no worker reads.
+SINGLE_CALLS = 1000
+SINGLE_QUEUE = "bench.single"
 
 
 def bench_app(url: str | None) -> App:
@@ -114,9 +119,11 @@ def _load() -> str:
 @click.option(
     "--url",
     default=None,
-    help="postgresql://… (a fresh schema, tokenline_bench_…, dropped afterwards) or "
-    "sqlite:///file (recreated, left in place). Default: a SQLite file in a temporary "
-    "directory, removed afterwards. TOKENLINE_URL is not read.",
+    help="postgresql://… (a fresh schema, tokenline_bench_…, dropped afterwards), "
+    "sqlite:///file (recreated, left in place) or the split topology, "
+    "split:?broker=redis://…&ledger=postgresql://… (a fresh key prefix and schema, both "
+    "removed afterwards). Default: a SQLite file in a temporary directory, removed "
+    "afterwards. TOKENLINE_URL is not read.",
 )
 @click.option("--keep", is_flag=True, help="Keep the store afterwards, and print where.")
 @click.option(
@@ -203,6 +210,17 @@ def _measure(
         console.print(f"backlog: {backlog:,} jobs queued in {took:.1f}s")
     took = _enqueue(a, jobs)
     console.print(f"bulk enqueue: {jobs:,} jobs in {took:.2f}s = {jobs / took:,.0f} jobs/s")
+    single = min(jobs, SINGLE_CALLS)
+    t = time.perf_counter()
+    # On a queue no worker reads, cancelled afterwards: the throughput phase runs only
+    # the bulk jobs.
+    ids = [a.enqueue("bench.noop", i, queue=SINGLE_QUEUE) for i in range(single)]
+    took = time.perf_counter() - t
+    console.print(
+        f"single-call enqueue: {single:,} jobs, one call each, in {took:.2f}s = "
+        f"{single / took:,.0f} jobs/s"
+    )
+    a.run(lambda s: s.jobs_cancel(job_ids=ids, reason="bench: enqueue measured only"))
     env = {**os.environ, "TOKENLINE_URL": url}
     cmd = [
         sys.executable, "-m", "tokenline", "worker", "--app", "tokenline.cli.bench:app",

@@ -108,10 +108,11 @@ def dependency_table(results: list[ScenarioResult]) -> Table | None:
 @click.option(
     "--url",
     default=None,
-    help="postgresql://… (a fresh schema per scenario, dropped afterwards) or "
-    "sqlite:///file (files beside it, one per scenario, recreated and left in place). "
-    "Default: SQLite files in temporary directories, removed afterwards. TOKENLINE_URL is "
-    "not read.",
+    help="postgresql://… (a fresh schema per scenario, dropped afterwards), "
+    "sqlite:///file (files beside it, one per scenario, recreated and left in place) or "
+    "the split topology, split:?broker=redis://…&ledger=postgresql://… (a fresh key "
+    "prefix and schema per scenario, removed afterwards). Default: SQLite files in "
+    "temporary directories, removed afterwards. TOKENLINE_URL is not read.",
 )
 @click.option(
     "--scenario",

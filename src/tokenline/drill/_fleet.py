@@ -125,6 +125,12 @@ class Fleet:
             return self.url
         from ._scratch import through
 
+        if self.url.startswith("split:"):
+            # Only Redis is behind the proxy: the ledger is reached directly.
+            from ..stores import _split_parts, split_url
+
+            broker, _, ledger = _split_parts(self.url)
+            return split_url(through(broker, *self.proxies[i].address), ledger)
         return through(self.url, *self.proxies[i].address)
 
     def spawn(

@@ -15,8 +15,11 @@ recreated at the start and left in place.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 import sqlite3
+import subprocess
 import tempfile
 import urllib.parse
 import uuid
@@ -73,6 +76,66 @@ class ScratchStore:
         """Whether some session holds a write lock and sits idle in its transaction (a
         paused process inside a transaction); a runner pausing workers avoids that."""
         return False
+
+    # -- the jobs, as a runner reads them (SQL here; the split store reads Redis) -------
+    def job_rows(self) -> list[tuple[Any, ...]]:
+        """Every job: (id, idempotency_key, state, lease_token, last_error, attempt)."""
+        return self.rows(
+            "SELECT id, idempotency_key, state, lease_token, last_error, attempt "
+            f"FROM {self.tables['jobs']}"
+        )
+
+    def attempt_rows(self) -> list[tuple[Any, ...]]:
+        """Every attempt: (job_id, token, started_at, finished_at, outcome, owner)."""
+        return self.rows(
+            "SELECT job_id, token, started_at, finished_at, outcome, owner "
+            f"FROM {self.tables['attempts']}"
+        )
+
+    def finished_jobs(self) -> int:
+        """How many jobs are succeeded, dead or cancelled."""
+        return self.scalar(
+            f"SELECT count(*) FROM {self.tables['jobs']} "
+            "WHERE state IN ('succeeded', 'dead', 'cancelled')"
+        )
+
+    def running_of(self, pid: int) -> list[tuple[int, int]]:
+        """(id, token) of the running jobs leased to the worker process ``pid``."""
+        return [
+            (int(r[0]), int(r[1]))
+            for r in self.rows(
+                f"SELECT id, lease_token FROM {self.tables['jobs']} "
+                f"WHERE state = 'running' AND lease_owner LIKE {self.placeholder}",
+                (f"%-{pid}-%",),
+            )
+        ]
+
+    def tokens_and_states(self, ids: Sequence[int]) -> dict[int, tuple[int, str]]:
+        """Token and state of each of the jobs ``ids``."""
+        if not ids:
+            return {}
+        rows = self.rows(
+            f"SELECT id, lease_token, state FROM {self.tables['jobs']} "
+            f"WHERE id IN ({', '.join(str(int(j)) for j in ids)})"
+        )
+        return {int(r[0]): (int(r[1]), str(r[2])) for r in rows}
+
+    def stale_refused(self) -> int:
+        """Writes the store refused for a stale token."""
+        return self.scalar(f"SELECT count(*) FROM {self.tables['stale']}")
+
+    # -- a failover (the split topology's own Redis servers) ----------------------------
+    def start_servers(self) -> None:
+        """Run the store on servers of the runner's own, a primary and its replica."""
+        raise ConfigError("url", "a failover drill runs on the split topology only")
+
+    def wait_replicated(self) -> None:
+        """Return once the replica holds every write made so far."""
+        raise ConfigError("url", "a failover drill runs on the split topology only")
+
+    def fail_over(self, lost_for: float) -> tuple[str, int]:
+        """Fail over to the replica; the address of the new primary."""
+        raise ConfigError("url", "a failover drill runs on the split topology only")
 
     def cleanup(self, *, keep_files: bool = False) -> list[str]:
         """Remove what the run created unless it is kept (``keep``; ``keep_files`` keeps
@@ -190,6 +253,218 @@ class _PostgresScratch(ScratchStore):
         return left
 
 
+class _SplitScratch(_PostgresScratch):
+    """The split topology: a fresh ``{prefix_…}`` key prefix on the Redis server the
+    broker URL names, and a fresh schema on the ledger's PostgreSQL server (where the
+    extra tables live too). The jobs and their attempts are read from Redis (the key
+    layout of ``stores/redis/scripts/_lib.lua``), a job's final token from the ledger."""
+
+    def __init__(self, broker: str, ledger: str, keep: bool, prefix: str) -> None:
+        super().__init__(ledger, keep, prefix)
+        from ..stores import split_url
+
+        self.key_prefix = self.schema
+        sep = "&" if "?" in broker else "?"
+        self.broker_base = broker
+        self.broker = f"{broker}{sep}prefix={self.key_prefix}"
+        self.ledger = self.url
+        self.url = split_url(self.broker, self.ledger)
+        self._keys = "{" + self.key_prefix + "}:"
+        #: The runner's own Redis servers (a failover drill): primary, replica.
+        self._servers: list[subprocess.Popen[bytes]] = []
+        self._ports: list[int] = []
+
+    def _redis(self) -> Any:
+        import redis
+
+        return redis.Redis.from_url(self.broker_base, decode_responses=True, socket_timeout=10)
+
+    def _epoch_base(self, client: Any) -> int:
+        return int(client.get(self._keys + "epoch") or 0) << 32
+
+    def _hashes(self, client: Any, ids: Sequence[int], fields: Sequence[str]) -> list[Any]:
+        pipe = client.pipeline(transaction=False)
+        for jid in ids:
+            pipe.hmget(f"{self._keys}job:{jid}", *fields)
+        return list(pipe.execute())
+
+    def job_rows(self) -> list[tuple[Any, ...]]:
+        done = {
+            int(r[0]): int(r[1])
+            for r in self.rows(
+                f"SELECT job_id, done_token FROM {self.schema}.job_fences "
+                "WHERE done_token IS NOT NULL"
+            )
+        }
+        fields = ("idempotency_key", "state", "lease_token", "last_error", "attempt")
+        with self._redis() as client:
+            base = self._epoch_base(client)
+            ids = [int(j) for j in client.zrange(self._keys + "all", 0, -1)]
+            rows = self._hashes(client, ids, fields)
+        out = []
+        for jid, (key, state, token, error, attempt) in zip(ids, rows, strict=True):
+            final = done.get(jid, base + int(token)) if state == "succeeded" else base + int(token)
+            out.append((jid, key, state, final, error, int(attempt)))
+        return out
+
+    def attempt_rows(self) -> list[tuple[Any, ...]]:
+        import json
+
+        with self._redis() as client:
+            ids = [int(j) for j in client.zrange(self._keys + "all", 0, -1)]
+            pipe = client.pipeline(transaction=False)
+            for jid in ids:
+                pipe.lrange(f"{self._keys}attempts:{jid}", 0, -1)
+            lists = pipe.execute()
+        out = []
+        for jid, items in zip(ids, lists, strict=True):
+            for raw in items:
+                a = json.loads(raw)
+                finished = a["finished_at"]
+                out.append(
+                    (jid, int(a["token"]), float(a["started_at"]),
+                     None if finished is None else float(finished), a["outcome"], a["owner"])
+                )  # fmt: skip
+        return out
+
+    def finished_jobs(self) -> int:
+        with self._redis() as client:
+            pipe = client.pipeline(transaction=False)
+            for state in ("succeeded", "dead", "cancelled"):
+                pipe.zcard(f"{self._keys}st:{state}")
+            return sum(int(n) for n in pipe.execute())
+
+    def running_of(self, pid: int) -> list[tuple[int, int]]:
+        with self._redis() as client:
+            base = self._epoch_base(client)
+            ids = [int(j) for j in client.zrange(self._keys + "st:running", 0, -1)]
+            rows = self._hashes(client, ids, ("lease_owner", "lease_token"))
+        return [
+            (jid, base + int(token))
+            for jid, (owner, token) in zip(ids, rows, strict=True)
+            if owner and f"-{pid}-" in owner
+        ]
+
+    def tokens_and_states(self, ids: Sequence[int]) -> dict[int, tuple[int, str]]:
+        with self._redis() as client:
+            base = self._epoch_base(client)
+            rows = self._hashes(client, ids, ("lease_token", "state"))
+        return {
+            jid: (base + int(token), str(state))
+            for jid, (token, state) in zip(ids, rows, strict=True)
+            if state is not None
+        }
+
+    def stale_refused(self) -> int:
+        with self._redis() as client:
+            in_redis = int(client.get(self._keys + "stale_n") or 0)
+        return in_redis + super().stale_refused()
+
+    def start_servers(self) -> None:
+        """Start a ``redis-server`` primary and its replica on free loopback ports, with
+        nothing on disk, and put the store on the primary."""
+        import time
+
+        from ..stores import split_url
+
+        program = shutil.which("redis-server")
+        if program is None:
+            raise ConfigError("url", "a failover drill needs redis-server on the PATH")
+        ports = [_free_port(), _free_port()]
+        for i, (name, port) in enumerate(zip(("primary", "replica"), ports, strict=True)):
+            args = [
+                program, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", str(self.work_dir),
+                "--logfile", str(self.work_dir / f"redis-{name}.log"),
+            ]  # fmt: skip
+            if i == 1:
+                args += ["--replicaof", "127.0.0.1", str(ports[0])]
+            self._servers.append(subprocess.Popen(args, stdout=subprocess.DEVNULL))
+        self._ports = ports
+        self.broker_base = f"redis://127.0.0.1:{ports[0]}/0"
+        self.broker = f"{self.broker_base}?prefix={self.key_prefix}"
+        self.url = split_url(self.broker, self.ledger)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with self._redis_at(ports[1]) as replica:
+                    if replica.info("replication").get("master_link_status") == "up":
+                        return
+            except Exception:  # not listening yet
+                pass
+            time.sleep(0.05)
+        raise ConfigError("url", "the drill's Redis replica did not sync within 30s")
+
+    def _redis_at(self, port: int) -> Any:
+        import redis
+
+        return redis.Redis(port=port, decode_responses=True, socket_timeout=10)
+
+    def wait_replicated(self) -> None:
+        with self._redis_at(self._ports[0]) as primary:
+            if int(primary.wait(1, 30_000)) < 1:
+                raise ConfigError("url", "the drill's Redis replica did not catch up")
+
+    def fail_over(self, lost_for: float) -> tuple[str, int]:
+        """Cut the replica off (paused, its link killed), let the primary take writes
+        the replica never sees for ``lost_for`` seconds, kill the primary, and promote
+        the replica: an asynchronous failover that loses the last writes."""
+        import time
+
+        primary, replica = self._servers
+        os.kill(replica.pid, signal.SIGSTOP)
+        try:
+            with self._redis_at(self._ports[0]) as client:
+                client.execute_command("CLIENT", "KILL", "TYPE", "replica")
+            time.sleep(lost_for)
+            primary.kill()
+            primary.wait(timeout=10)
+        finally:
+            os.kill(replica.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with self._redis_at(self._ports[1]) as client:
+                    client.execute_command("REPLICAOF", "NO", "ONE")
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        self.broker_base = f"redis://127.0.0.1:{self._ports[1]}/0"
+        return "127.0.0.1", self._ports[1]
+
+    def cleanup(self, *, keep_files: bool = False) -> list[str]:
+        try:
+            return self._cleanup(keep_files)
+        finally:
+            for server in self._servers:
+                if server.poll() is None:
+                    server.kill()
+                server.wait(timeout=10)
+            self._servers = []
+
+    def _cleanup(self, keep_files: bool) -> list[str]:
+        left = super().cleanup(keep_files=keep_files)
+        if self._servers:
+            return left  # the runner's own servers, stopped afterwards: nothing to keep
+        if self.keep:
+            return [f"Redis keys {self._keys}* (kept: --keep)", *left]
+        with self._redis() as client:
+            keys = list(client.scan_iter(match=f"{self._keys}*", count=1000))
+            for start in range(0, len(keys), 1000):
+                client.delete(*keys[start : start + 1000])
+        return left
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def through(url: str, host: str, port: int) -> str:
     """``url`` with its network location replaced by ``host:port`` (a proxy's)."""
     parts = urllib.parse.urlsplit(url)
@@ -207,7 +482,7 @@ def upstream_of(url: str) -> tuple[str, int]:
 def scratch_for(
     url: str | None, *, keep: bool = False, prefix: str = "tokenline_scratch"
 ) -> ScratchStore:
-    """The scratch store for a ``sqlite:///file`` or ``postgresql://…`` URL; ``None``: a
+    """The scratch store for a ``sqlite:///file``, ``postgresql://…`` or split URL; ``None``: a
     SQLite file in a fresh temporary directory. ``prefix`` starts the schema's and the
     directory's names."""
     if url is None:
@@ -218,4 +493,15 @@ def scratch_for(
         if "schema=" in url:
             raise ConfigError("url", "a fresh schema is picked for each run: leave ?schema= out")
         return _PostgresScratch(url, keep, prefix)
-    raise ConfigError("url", f"runs on sqlite:///… or postgresql://…, not {url!r}")
+    if url.startswith("split:"):
+        from ..stores import _split_parts
+
+        broker, _, ledger = _split_parts(url)
+        if "prefix=" in broker or "schema=" in ledger:
+            raise ConfigError(
+                "url", "a fresh key prefix and schema are picked for each run: leave them out"
+            )
+        return _SplitScratch(broker, ledger, keep, prefix)
+    raise ConfigError(
+        "url", f"runs on sqlite:///…, postgresql://… or the split topology, not {url!r}"
+    )

@@ -117,7 +117,9 @@ def business_table() -> str:
 
 
 def _seconds(ctx: JobContext, work_ms: float, rerun_extra: float) -> float:
-    return work_ms / 1000 + (rerun_extra if ctx.token > 1 else 0.0)
+    # A re-run is a job's second token or later. On the split topology a token carries
+    # the Redis epoch in its high bits (EPOCH_SHIFT): the count is in the low ones.
+    return work_ms / 1000 + (rerun_extra if ctx.token % 2**32 > 1 else 0.0)
 
 
 @app.task(name="drill.work", queue=QUEUE, max_attempts=25)

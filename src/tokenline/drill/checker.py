@@ -158,9 +158,7 @@ class Report:
 def read_snapshot(scratch: ScratchStore) -> Snapshot:
     """Read what the checker needs from the store and the business table, nothing else."""
     t = scratch.tables
-    rows = scratch.rows(
-        f"SELECT id, idempotency_key, state, lease_token, last_error, attempt FROM {t['jobs']}"
-    )
+    rows = scratch.job_rows()
     jobs = {int(r[0]): (r[1], str(r[2]), int(r[3]), r[4]) for r in rows}
     attempts = [
         Attempt(
@@ -171,9 +169,7 @@ def read_snapshot(scratch: ScratchStore) -> Snapshot:
             r[4],
             str(r[5]),
         )
-        for r in scratch.rows(
-            f"SELECT job_id, token, started_at, finished_at, outcome, owner FROM {t['attempts']}"
-        )
+        for r in scratch.attempt_rows()
     ]
     effects = [
         (str(r[0]), int(r[1]), int(r[2]))
@@ -183,7 +179,7 @@ def read_snapshot(scratch: ScratchStore) -> Snapshot:
         jobs=jobs,
         attempts=attempts,
         effects=effects,
-        stale_refused=scratch.scalar(f"SELECT count(*) FROM {t['stale']}"),
+        stale_refused=scratch.stale_refused(),
         ledger_duplicates=scratch.scalar(f"SELECT count(*) FROM {t['duplicates']}"),
         spent={int(r[0]): int(r[5]) for r in rows},
     )

@@ -601,6 +601,16 @@ class ThreadedFaultProxy:
         """Thread-safe :meth:`FaultProxy.clear`."""
         self._call(lambda p: p.clear())
 
+    def switch_upstream(self, upstream: tuple[str, int]) -> int:
+        """Send new connections to ``upstream`` (a promoted replica) and reset the open
+        ones, as a failover behind a virtual address does; how many were reset."""
+
+        def switch(p: FaultProxy) -> int:
+            p.upstream = upstream
+            return p.reset()
+
+        return self._call(switch)
+
     def reset(self) -> int:
         """Thread-safe :meth:`FaultProxy.reset`."""
         return self._call(lambda p: p.reset())

@@ -27,6 +27,7 @@ import dataclasses
 import random
 import signal
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,7 +56,6 @@ from .scenarios import (
 
 __all__ = ["Drill", "DrillError", "ScenarioResult", "scheme_of"]
 
-_FINISHED = "state IN ('succeeded', 'dead', 'cancelled')"
 #: How often the controller looks at the store.
 _TICK = 0.05
 
@@ -116,12 +116,17 @@ class ScenarioResult:
 
 
 def scheme_of(url: str) -> str:
-    """``sqlite`` or ``postgresql`` for a store URL; :class:`DrillError` otherwise."""
+    """``sqlite``, ``postgresql`` or ``split`` for a store URL; :class:`DrillError`
+    otherwise."""
     if url.startswith("sqlite:///"):
         return "sqlite"
     if url.startswith(("postgresql://", "postgres://")):
         return "postgresql"
-    raise DrillError(f"the drill runs on sqlite:///… or postgresql://…, not {url!r}")
+    if url.startswith("split:"):
+        return "split"
+    raise DrillError(
+        f"the drill runs on sqlite:///…, postgresql://… or the split topology, not {url!r}"
+    )
 
 
 @dataclass
@@ -192,6 +197,9 @@ class Drill:
                     f"cannot create SQLite files in {str(parent)!r}: no such directory"
                 )
             return
+        if self.scheme == "split":
+            self._preflight_split()
+            return
         if "schema=" in self.url:
             raise DrillError("the drill picks a fresh schema per scenario: leave ?schema= out")
         try:
@@ -214,6 +222,35 @@ class Drill:
                         pass
                 except OSError as exc:
                     raise DrillError(str(exc)) from None
+
+    def _preflight_split(self) -> None:
+        """The split topology: both servers reachable, no prefix or schema given."""
+        assert self.url is not None
+        try:
+            scratch_for(self.url)
+        except TokenlineError as exc:
+            raise DrillError(str(exc)) from None
+        from ..stores import _split_parts
+
+        broker, _, ledger = _split_parts(self.url)
+        try:
+            import psycopg
+            import redis
+        except ModuleNotFoundError:
+            raise DrillError(
+                "the split drill needs redis-py and psycopg: "
+                "pip install 'tokenline[redis,postgres]'"
+            ) from None
+        try:
+            with redis.Redis.from_url(broker, socket_connect_timeout=5) as client:
+                client.ping()
+        except redis.RedisError as exc:
+            raise DrillError(f"cannot reach Redis at {broker}: {exc}".strip()) from None
+        try:
+            with psycopg.connect(ledger, connect_timeout=5):
+                pass
+        except psycopg.Error as exc:
+            raise DrillError(f"cannot reach PostgreSQL at {ledger}: {exc}".strip()) from None
 
     def run(
         self,
@@ -245,6 +282,11 @@ class Drill:
         stub = None
         app = self.app
         try:
+            failover = scenario.injection is not None and (
+                scenario.injection.action is Action.FAILOVER
+            )
+            if failover:
+                scratch.start_servers()
             scratch.prepare({"drill_effects": drill_app.COLUMNS})
             env = {**self.worker_env, drill_app.TABLE_ENV: scratch.tables["drill_effects"]}
             if scenario.calls_dependency:
@@ -252,13 +294,15 @@ class Drill:
                 env = {**WORKER_ENV, **env, DIR_ENV: str(stub.directory)}
                 app = drill_app.GUARDED if self.breakers else drill_app.UNGUARDED
             keys = self._enqueue(scratch, scenario, schedule)
+            if failover:
+                scratch.wait_replicated()  # the jobs themselves are not what is lost
             fleet = Fleet(
                 url=scratch.url,
                 workers=self.workers,
                 settings=self.settings,
                 work_dir=scratch.work_dir,
                 env=env,
-                upstream=upstream_of(scratch.url) if self.scheme == "postgresql" else None,
+                upstream=_upstream(self.scheme, scratch.url),
                 proxy_port=self.proxy_port,
                 seed=schedule.seed,
                 run_id=f"{uuid.uuid4().hex}",
@@ -379,6 +423,19 @@ async def _maintenance_lease(url: str, *, held: bool = False) -> ResourceLease |
         await store.close()
 
 
+def _upstream(scheme: str, url: str) -> tuple[str, int] | None:
+    """What the workers' proxies stand in front of: PostgreSQL, or the split topology's
+    Redis (its ledger is reached directly); SQLite has no network."""
+    if scheme == "postgresql":
+        return upstream_of(url)
+    if scheme == "split":
+        from ..stores import _split_parts
+
+        parts = urllib.parse.urlsplit(_split_parts(url)[0])
+        return parts.hostname or "127.0.0.1", parts.port or 6379
+    return None
+
+
 def _hit(scenario: Scenario, schedule: Schedule, pids: Sequence[int]) -> frozenset[int] | None:
     """The process ids the scenario's fault hits (``None``: every worker may be hit)."""
     inj = scenario.injection
@@ -425,9 +482,7 @@ class _Controller:
         self.victim_term: int | None = None
 
     def done(self) -> int:
-        return self.scratch.scalar(
-            f"SELECT count(*) FROM {self.scratch.tables['jobs']} WHERE {_FINISHED}"
-        )
+        return self.scratch.finished_jobs()
 
     def run(self) -> FaultWindow | None:
         """Drive the run to its end; the fault's window, or ``None`` if it never began."""
@@ -477,6 +532,13 @@ class _Controller:
             self.started = self.ended = time.time()
         elif action is Action.STOP:
             self._stop(victim)
+        elif action is Action.FAILOVER:
+            self.started = time.time()
+            # A quarter TTL of writes the replica never sees: claims, renewals, finishes.
+            address = self.scratch.fail_over(self.drill.settings.lease_ttl / 4)
+            for proxy in self.fleet.proxies:
+                proxy.switch_upstream(address)
+            self.ended = time.time()
         elif action is Action.DEPENDENCY:
             assert self.stub is not None, "a dependency fault needs the dependency"
             self.stub.hang(True)
@@ -500,27 +562,14 @@ class _Controller:
             self.fleet.signal(victim, signal.SIGSTOP)
         self.stop_tries = _ + 1
         self.started = time.time()
-        pid = self.fleet.pid(victim)
-        ph = self.scratch.placeholder
-        self._held = [
-            (int(r[0]), int(r[1]))
-            for r in self.scratch.rows(
-                f"SELECT id, lease_token FROM {self.scratch.tables['jobs']} "
-                f"WHERE state = 'running' AND lease_owner LIKE {ph}",
-                (f"%-{pid}-%",),
-            )
-        ]
+        self._held = self.scratch.running_of(self.fleet.pid(victim))
 
     def _released(self) -> bool:
         """Whether every job the paused worker held runs again under a newer token (or
         is already finished): requeued is not enough, the new owner must be at work."""
         if not self._held:
             return True
-        rows = self.scratch.rows(
-            f"SELECT id, lease_token, state FROM {self.scratch.tables['jobs']} "
-            f"WHERE id IN ({', '.join(str(j) for j, _ in self._held)})"
-        )
-        now = {int(r[0]): (int(r[1]), str(r[2])) for r in rows}
+        now = self.scratch.tokens_and_states([j for j, _ in self._held])
         return all(
             j in now
             and (

@@ -9,8 +9,17 @@ a worker depends on the store:
   worker; faults that must pick a *role* (the lease store but not the broker) go through
   :class:`~tokenline.drill.faultstore.FaultStore`, since one connection pool serves all
   three roles and a proxy cannot tell them apart.
+* **split topology** (broker and leases on Redis, the ledger on PostgreSQL): each
+  worker reaches Redis through its own proxy, and PostgreSQL directly, so the network
+  scenarios (``redis_partition_one``, ``redis_partition_all``) cut Redis only;
 * **SQLite**: there is no network; every worker gets its own fault file, read by the
   FaultStore wrapping its store.
+
+``redis_failover`` runs on two ``redis-server`` processes of the drill's own (a primary
+and its replica, on free loopback ports, nothing on disk): the replica stops replicating
+at the fault (its link is cut), the primary is killed with SIGKILL, the replica is
+promoted, and every proxy sends new connections there. The writes of the last moment
+are lost, as in a real asynchronous failover; the ledger keeps the business data right.
 
 ``pg_restart`` is *simulated at the proxy*: every connection is reset and new ones are
 refused for a while, which is what clients see of a restart. The server itself keeps
@@ -80,6 +89,9 @@ class Action(enum.StrEnum):
     FAULT = "fault"
     #: Make the drill's dependency hang past its timeout for ``duration`` seconds.
     DEPENDENCY = "dependency"
+    #: Split topology: kill the Redis primary, promote its replica (``REPLICAOF NO
+    #: ONE``) and send every worker's proxy there. The drill runs its own two servers.
+    FAILOVER = "failover"
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +149,7 @@ class Scenario:
         inj = self.injection
         if inj is None:
             return None, None
-        if scheme == "postgresql" and inj.proxy is not None:
+        if scheme in ("postgresql", "split") and inj.proxy is not None:
             return None, inj.proxy
         return inj.store, None
 
@@ -175,16 +187,22 @@ _ALL_LOST = StoreFaults(
     ledger=RoleFaults(fail_after=True),
 )
 
+#: Scenarios that also run on the split topology: their faults hit processes or, through
+#: the FaultStore, roles; the network ones there are the Redis partitions below.
+_WITH_SPLIT = frozenset({"sqlite", "postgresql", "split"})
+
 _SCENARIOS = (
     Scenario(
         "kill9",
         "kill -9 a worker mid-job; its jobs come back after the lease TTL",
         Injection(Action.KILL, at_done=0.3),
+        stores=_WITH_SPLIT,
     ),
     Scenario(
         "sigstop",
         "SIGSTOP a worker past its lease; SIGCONT once its jobs were re-leased",
         Injection(Action.STOP, at_done=0.3, ttls=4.0),
+        stores=_WITH_SPLIT,
     ),
     Scenario(
         "kill9_leader",
@@ -215,6 +233,33 @@ _SCENARIOS = (
                 ledger=RoleFaults(fail_after=True, probability=0.3),
             ),
         ),
+        stores=_WITH_SPLIT,
+    ),
+    Scenario(
+        "redis_partition_one",
+        "split topology: one worker loses Redis (proxy blackhole); PostgreSQL still answers",
+        Injection(Action.FAULT, at_done=0.2, ttls=2.0, proxy=Faults(blackhole=True)),
+        stores=frozenset({"split"}),
+    ),
+    Scenario(
+        "redis_partition_all",
+        "split topology: every worker loses Redis for 2 lease TTLs; PostgreSQL still answers",
+        Injection(
+            Action.FAULT,
+            Target.ALL,
+            at_done=0.2,
+            ttls=2.0,
+            proxy=Faults(blackhole=True),
+            reset=True,
+        ),
+        stores=frozenset({"split"}),
+    ),
+    Scenario(
+        "redis_failover",
+        "split topology: the Redis primary is killed and its replica promoted, having "
+        "missed the last writes; every worker's proxy moves to it",
+        Injection(Action.FAILOVER, Target.ALL, at_done=0.3),
+        stores=frozenset({"split"}),
     ),
     Scenario(
         "partition_leases",
@@ -222,6 +267,7 @@ _SCENARIOS = (
         Injection(
             Action.FAULT, at_done=0.2, ttls=2.5, store=StoreFaults(leases=RoleFaults(error=True))
         ),
+        stores=_WITH_SPLIT,
     ),
     Scenario(
         "partition_total",
@@ -303,5 +349,6 @@ DRILL_SCENARIOS: Mapping[str, Scenario] = {s.name: s for s in _SCENARIOS}
 
 
 def scenarios_for(scheme: str) -> list[Scenario]:
-    """The scenarios that apply to a store of ``scheme`` (``sqlite``, ``postgresql``)."""
+    """The scenarios that apply to a store of ``scheme`` (``sqlite``, ``postgresql``,
+    ``split``)."""
     return [s for s in _SCENARIOS if s.applies_to(scheme)]

@@ -1,10 +1,14 @@
 """Store backends behind one seam (:class:`~tokenline.stores.base.Store`).
 
 ``store_from_url`` picks the backend from the URL scheme and imports optional drivers
-lazily, failing with an install hint when an extra is missing.
+lazily, failing with an install hint when an extra is missing. The split topology (one
+store per role) is one URL too, ``split:?broker=…&leases=…&ledger=…`` (see
+:func:`split_url`), so that every command and worker process can be handed it whole.
 """
 
 from __future__ import annotations
+
+import urllib.parse
 
 from .._clock import Clock
 from .._errors import ConfigError, NotSupportedError
@@ -17,8 +21,46 @@ __all__ = [
     "MemoryStore",
     "ResourceLease",
     "Store",
+    "split_url",
     "store_from_url",
 ]
+
+
+def split_url(broker: str, ledger: str, leases: str | None = None) -> str:
+    """The URL of the split topology: broker and leases on Redis, the ledger on
+    PostgreSQL. ``leases`` defaults to ``broker``; both roles share one Redis store.
+
+    Raises :class:`ConfigError` naming the role whose URL is wrong.
+    """
+    leases = broker if leases is None else leases
+    for role, url, schemes in (
+        ("broker", broker, ("redis", "rediss")),
+        ("leases", leases, ("redis", "rediss")),
+        ("ledger", ledger, ("postgresql", "postgres")),
+    ):
+        scheme = url.split(":", 1)[0].lower() if isinstance(url, str) and ":" in url else ""
+        if scheme not in schemes:
+            wanted = "redis://host:port/db" if role != "ledger" else "postgresql://…"
+            raise ConfigError(role, f"the split topology needs {wanted} here, got {url!r}")
+    if leases != broker:
+        raise ConfigError(
+            "leases",
+            "the broker and leases roles share one Redis store: give the same URL to both "
+            f"(broker {broker!r}, leases {leases!r})",
+        )
+    roles = {"broker": broker, "leases": leases, "ledger": ledger}
+    query = urllib.parse.urlencode(roles, safe=":/@")
+    return f"split:?{query}"
+
+
+def _split_parts(url: str) -> tuple[str, str, str]:
+    query = dict(urllib.parse.parse_qsl(url.partition("?")[2], keep_blank_values=True))
+    missing = [k for k in ("broker", "ledger") if not query.get(k)]
+    if missing:
+        raise ConfigError(
+            missing[0], f"the split URL {url!r} names no {missing[0]} (see split_url)"
+        )
+    return query["broker"], query.get("leases") or query["broker"], query["ledger"]
 
 
 def store_from_url(
@@ -48,7 +90,31 @@ def store_from_url(
                 ) from exc
             raise
         return PostgresStore(url, clock=clock, timeout=timeout, migrate=migrate)
+    if scheme == "split":
+        broker, leases, ledger = _split_parts(url)
+        split_url(broker, ledger, leases)  # the same checks as when it was built
+        try:
+            from .split import SplitStore
+        except ModuleNotFoundError as exc:  # pragma: no cover - depends on extras
+            if exc.name and exc.name.startswith(("redis", "psycopg")):
+                raise NotSupportedError(
+                    "the split topology needs redis-py and psycopg: "
+                    "pip install 'tokenline[redis,postgres]'"
+                ) from exc
+            raise
+        return SplitStore(
+            broker=broker, ledger=ledger, clock=clock, timeout=timeout, migrate=migrate
+        )
+    if scheme in ("redis", "rediss"):
+        raise ConfigError(
+            "url",
+            f"{url!r} is a Redis URL: Redis plays the broker and leases roles only, never the "
+            "ledger. Use the split topology: broker and leases on it, the ledger on "
+            "PostgreSQL (App(broker=…, leases=…, ledger='postgresql://…'), or "
+            "TOKENLINE_BROKER / TOKENLINE_LEASES / TOKENLINE_LEDGER)",
+        )
     raise ConfigError(
         "url",
-        f"unsupported store URL {url!r}: use sqlite:///path.db, postgresql://… or memory://",
+        f"unsupported store URL {url!r}: use sqlite:///path.db, postgresql://…, memory://, "
+        "or the split topology (broker, leases, ledger)",
     )

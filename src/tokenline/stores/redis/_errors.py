@@ -1,0 +1,50 @@
+"""redis-py errors, translated into tokenline's tree in one place.
+
+A connection that fails or times out is :class:`StoreUnavailableError` (coordination:
+the worker drains, nothing is lost); a script Redis refuses is :class:`StoreError`,
+naming the script. Nothing else of redis-py reaches a caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from redis import exceptions as rx
+
+from ..._errors import StoreError, StoreUnavailableError, TokenlineError
+
+__all__ = ["map_redis_errors"]
+
+
+@contextlib.contextmanager
+def map_redis_errors(where: str, operation: str) -> Iterator[None]:
+    """Translate redis-py and timeout errors raised inside into tokenline's tree;
+    ``where`` names the server (no password), ``operation`` the script or command."""
+    try:
+        yield
+    except TokenlineError:
+        raise
+    except rx.AuthenticationError as exc:
+        raise StoreUnavailableError(
+            f"Redis at {where} refused the credentials in the URL: {exc}"
+        ) from exc
+    except (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError) as exc:
+        raise StoreUnavailableError(
+            f"cannot reach Redis at {where} ({operation}): is the server running, and the "
+            f"host and port in the URL right? ({exc})"
+        ) from exc
+    except rx.ReadOnlyError as exc:
+        # A replica, or a primary demoted by a failover: writes must go elsewhere.
+        raise StoreUnavailableError(
+            f"Redis at {where} is read-only ({operation}): it is a replica; point the URL "
+            f"at the primary ({exc})"
+        ) from exc
+    except rx.RedisError as exc:
+        raise StoreError(f"Redis at {where} refused {operation}: {exc}") from exc
+    except TimeoutError as exc:
+        raise StoreUnavailableError(
+            f"Redis at {where} did not answer {operation} within the store timeout"
+        ) from exc
+    except OSError as exc:
+        raise StoreUnavailableError(f"cannot reach Redis at {where} ({operation}): {exc}") from exc

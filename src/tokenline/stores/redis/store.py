@@ -1,0 +1,554 @@
+"""The Redis store: broker and leases on Redis, every atomic step one Lua script.
+
+``redis://host:port/db?prefix=name`` (``rediss://`` for TLS). All of a store's keys
+start with ``{name}:`` (default ``tokenline``), one Redis Cluster hash slot; the
+scripts in ``scripts/`` document, each in its header, the keys and arguments they use.
+
+Why it is safe (DESIGN.md sections 3-4), piece by piece:
+
+* **Fenced writes.** Renewal and every finish run as one script that compares the
+  job's state, owner and token and then writes: Redis runs a script atomically, so no
+  other client's write falls between the compare and the set.
+* **Store time.** Lease expiries, ``run_at`` and timestamps come from the server's
+  ``TIME`` inside the script; a worker's wall clock is never sent. (A store built with
+  an explicit clock sends its ``now`` instead: tests only.)
+* **Monotonic tokens.** Each claim and each rescue increments the job's counter. A
+  token handed out is ``epoch * 2**32 + counter``; the epoch (see ``epoch.py``) comes
+  from an epoch source, a ledger, and rises on every change of the Redis server's
+  replication id, so a promoted replica that lost recent writes still hands out tokens
+  above every token of the server it replaced. Without an epoch source the epoch is 0.
+* **Rules in the core.** The next state of a finished or rescued job is computed by
+  :func:`~tokenline._jobs.finish_transition` / :func:`~tokenline._jobs.rescue_transition`
+  and only applied by the scripts.
+
+Redis is not a durable store: a server without persistence loses everything when it
+restarts, and a replica promoted after a failover may miss the last writes. Jobs are
+then lost from the broker; the split topology's ledger keeps the business data safe
+(it refuses a token it has already seen from another owner), not the queue itself.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from importlib import resources
+from typing import Any, cast
+
+from redis import asyncio as aioredis
+from redis.commands.core import AsyncScript
+
+from ..._clock import Clock
+from ..._errors import (
+    ConfigError,
+    JobNotFoundError,
+    NotSupportedError,
+    StaleTokenError,
+    StoreError,
+)
+from ..._jobs import (
+    Attempt,
+    ClaimedJob,
+    Finish,
+    Job,
+    JobState,
+    Lease,
+    NewJob,
+    Outcome,
+    QueueStats,
+    RescueCandidate,
+    RescueReport,
+    StaleCommit,
+    finish_transition,
+    rescue_transition,
+)
+from ..base import Broker, Capabilities, Depth, Leases, ResourceLease
+from ._errors import map_redis_errors
+from ._values import fl as _fl
+from ._values import fmt as _f
+from ._values import opt as _opt
+from ._values import pairs as _pairs
+from ._values import text as _s
+from .membership import RedisMembership
+
+__all__ = ["LEDGER_DONE", "EpochSource", "RedisStore"]
+
+#: Where a store gets its fencing epoch: called with the Redis server's replication id,
+#: it returns the epoch for that server (a new, higher one for an id it has not seen).
+EpochSource = Callable[[str], Awaitable[int]]
+
+_SCRIPTS = (
+    "enqueue",
+    "claim",
+    "renew",
+    "finish",
+    "rescue_scan",
+    "rescue_apply",
+    "operator",
+    "inspect",
+    "worker",
+    "resource",
+    "held",
+)
+#: The outcome recorded for an attempt that found its job completed in the ledger.
+LEDGER_DONE = "ledger_done"
+#: Tokens are ``epoch * 2**32 + counter``.
+EPOCH_SHIFT = 32
+_EPOCH_ERROR = "TLEPOCH"
+#: The error rescue_apply.lua raises when the caller is no longer the leader.
+_LEADER_ERROR = "TLLEADER"
+
+
+def _load_scripts() -> dict[str, str]:
+    folder = resources.files(__package__).joinpath("scripts")
+    lib = folder.joinpath("_lib.lua").read_text(encoding="utf-8")
+    return {
+        name: lib + "\n" + folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+        for name in _SCRIPTS
+    }
+
+
+_TEXT = _load_scripts()
+
+
+def parse_redis_url(url: str) -> tuple[str, str, str]:
+    """Split ``url`` into (the URL redis-py connects to, the key prefix, a printable
+    server name without credentials); :class:`ConfigError` for a bad one."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        raise ConfigError("url", f"not a Redis URL: {url!r} (use redis://host:port/db)")
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    names = [v for k, v in query if k == "prefix"]
+    name = names[-1] if names else "tokenline"
+    if not name or any(c in name for c in "{}\r\n\t "):
+        raise ConfigError("url", f"invalid Redis key prefix {name!r}: no braces or spaces")
+    rest = urllib.parse.urlencode([(k, v) for k, v in query if k != "prefix"])
+    connect = urllib.parse.urlunsplit(parts._replace(query=rest))
+    where = f"{parts.hostname or '127.0.0.1'}:{parts.port or 6379}{parts.path or '/0'}"
+    return connect, "{" + name + "}:", where
+
+
+class RedisStore(RedisMembership, Broker, Leases):
+    """Broker and leases on one Redis server (or primary); plays no ledger."""
+
+    capabilities = Capabilities(multi_process=True, ledger=False)
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        clock: Clock | None = None,
+        timeout: float = 10.0,
+        epoch_source: EpochSource | None = None,
+    ) -> None:
+        self.url = url
+        self._connect_url, self.prefix, self.where = parse_redis_url(url)
+        self.clock = clock
+        self.timeout = timeout
+        self._epoch_source = epoch_source
+        #: The fencing epoch this store's tokens carry (0 without an epoch source).
+        self.epoch = 0
+        self._epoch_taken = epoch_source is None
+        self._client: aioredis.Redis | None = None
+        self._scripts: dict[str, AsyncScript] = {}
+
+    # -- plumbing -------------------------------------------------------------------------
+    async def open(self) -> None:
+        """Connect, check the server answers, and take the fencing epoch."""
+        await self.connect()
+        if self._epoch_source is not None:
+            await self.refresh_epoch()
+
+    async def connect(self) -> None:
+        """Connect and check the server answers, without taking an epoch: until one is
+        taken, every script that issues or checks a token takes it first."""
+        client = aioredis.Redis.from_url(
+            self._connect_url,
+            socket_timeout=self.timeout,
+            socket_connect_timeout=self.timeout,
+            decode_responses=False,
+        )
+        self._client = client
+        self._scripts = {name: client.register_script(text) for name, text in _TEXT.items()}
+        await self._cmd("PING")
+
+    async def close(self) -> None:
+        """Release the connection pool. Safe to call twice."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    async def migrate(self) -> None:
+        """Nothing to migrate: the Redis store has no schema."""
+
+    def _redis(self) -> aioredis.Redis:
+        if self._client is None:
+            raise StoreError("the Redis store is not open; call open() first")
+        return self._client
+
+    def _now(self) -> str:
+        return "" if self.clock is None else _f(self.clock.now())
+
+    def _epoch_arg(self) -> str:
+        return "" if self._epoch_source is None else str(self.epoch)
+
+    async def replication_id(self) -> str:
+        """The server's replication id: it changes when a replica is promoted or the
+        server restarts, the two ways Redis can forget tokens it handed out."""
+        info = await self._cmd("INFO", "replication")
+        if isinstance(info, dict) and "master_replid" in info:
+            return str(info["master_replid"])
+        raise StoreError(f"Redis at {self.where} reports no replication id")
+
+    async def refresh_epoch(self) -> int:
+        """Take the epoch for the server's current replication id from the epoch source
+        and record both in Redis, so the scripts know which server it was issued for."""
+        if self._epoch_source is None:
+            return 0
+        replid = await self.replication_id()
+        epoch = await self._epoch_source(replid)
+        await self._cmd("MSET", self.prefix + "epoch", epoch, self.prefix + "epoch_replid", replid)
+        self.epoch = epoch
+        self._epoch_taken = True
+        return epoch
+
+    async def _run(self, name: str, args: Sequence[Any]) -> Any:
+        """Run script ``name``; on a changed server (TLEPOCH) take a new epoch and run
+        it once more with that epoch in place of the old one."""
+        if not self._epoch_taken and _epoch_slot(name) >= 0:
+            # Opened without an epoch (the epoch source was unreachable): no token is
+            # issued or checked before one is taken.
+            await self.refresh_epoch()
+            args = [self._epoch_arg() if i == _epoch_slot(name) else a for i, a in enumerate(args)]
+        epoch_before = self._epoch_arg()
+        try:
+            return await self._eval(name, args)
+        except StoreError as exc:
+            if _EPOCH_ERROR not in str(exc) or self._epoch_source is None:
+                raise
+        await self.refresh_epoch()
+        fresh = [
+            self._epoch_arg() if a == epoch_before and i == _epoch_slot(name) else a
+            for i, a in enumerate(args)
+        ]
+        return await self._eval(name, fresh)
+
+    async def _cmd(self, *args: Any) -> Any:
+        """One Redis command (atomic on its own), errors translated."""
+        client = self._redis()
+        with map_redis_errors(self.where, str(args[0])):
+            return await cast(Awaitable[Any], client.execute_command(*args))  # type: ignore[no-untyped-call]
+
+    async def _hashes(self, keys: Sequence[str]) -> list[Any]:
+        """HGETALL of each key, in one round trip."""
+        client = self._redis()
+        with map_redis_errors(self.where, "HGETALL"):
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.execute_command("HGETALL", key)
+            return list(await pipe.execute())
+
+    async def _eval(self, name: str, args: Sequence[Any]) -> Any:
+        with map_redis_errors(self.where, f"script {name}.lua"):
+            return await self._scripts[name](keys=[self.prefix], args=list(args))
+
+    def _token(self, counter: Any) -> int:
+        return (self.epoch << EPOCH_SHIFT) + int(counter)
+
+    def _job(self, flat: Any) -> Job:
+        h = _pairs(flat)
+        return Job(
+            id=int(h["id"]),
+            queue=h["queue"],
+            task=h["task"],
+            args=h["args"],
+            idempotency_key=h.get("idempotency_key"),
+            priority=int(h["priority"]),
+            run_at=float(h["run_at"]),
+            attempt=int(h["attempt"]),
+            max_attempts=int(h["max_attempts"]),
+            state=JobState(h["state"]),
+            lease_owner=h.get("lease_owner"),
+            lease_token=self._token(h["lease_token"]),
+            lease_expires_at=_fl(h.get("lease_expires_at")),
+            last_error=h.get("last_error"),
+            error_class=h.get("error_class"),
+            created_at=float(h["created_at"]),
+            updated_at=float(h["updated_at"]),
+            finished_at=_fl(h.get("finished_at")),
+            timeout=_fl(h.get("timeout")),
+            lease_expiries=int(h["lease_expiries"]),
+            max_lease_expiries=int(h["max_lease_expiries"]),
+        )
+
+    # -- broker ---------------------------------------------------------------------------
+    async def jobs_enqueue(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[int]:
+        """Insert all ``jobs`` in one script and return their ids."""
+        if connection is not None:
+            raise NotSupportedError("the Redis store cannot enqueue inside a database transaction")
+        if not jobs:
+            return []
+        args: list[Any] = [self._now(), len(jobs)]
+        for j in jobs:
+            if j.unique is not None and j.idempotency_key is None:
+                raise StoreError("a unique job needs an idempotency key")
+            args += [
+                j.queue,
+                j.task,
+                j.args,
+                _opt(j.idempotency_key),
+                j.priority,
+                "" if j.run_at is None else _f(j.run_at),
+                "" if j.delay is None else _f(j.delay),
+                j.max_attempts,
+                "" if j.timeout is None else _f(j.timeout),
+                j.max_lease_expiries,
+                "" if j.unique is None else j.unique.value,
+                "" if j.unique_for is None else _f(j.unique_for),
+            ]
+        return [int(i) for i in await self._run("enqueue", args)]
+
+    async def jobs_claim(
+        self,
+        *,
+        owner: str,
+        queues: Sequence[str],
+        limit: int,
+        ttl: float,
+        priority_aging: float | None = None,
+    ) -> list[ClaimedJob]:
+        """Lease the best ready jobs to ``owner`` in one script."""
+        if limit <= 0 or not queues:
+            return []
+        aging = "" if priority_aging is None else _f(priority_aging)
+        out = await self._run(
+            "claim", [self._now(), owner, limit, _f(ttl), aging, self._epoch_arg(), *queues]
+        )
+        claimed = []
+        for flat in out[1:]:
+            job = self._job(flat)
+            lease = Lease(job.id, owner, job.lease_token, job.lease_expires_at or 0.0)
+            claimed.append(ClaimedJob(job, lease))
+        return claimed
+
+    async def jobs_finish(self, *, finishes: Sequence[Finish]) -> list[bool]:
+        """Apply every finish in one script, each conditional on its token."""
+        return await self._finish(finishes)
+
+    async def jobs_acknowledge_done(self, *, leases: Sequence[Lease]) -> list[bool]:
+        """Mark succeeded the jobs a ledger has already completed under an earlier
+        attempt, each conditional on its current token. The attempt holding the lease
+        ran nothing: it is recorded with the outcome :data:`LEDGER_DONE`, not
+        ``succeeded``, so the history still says which attempt did the work."""
+        finishes = [Finish(lease, Outcome.SUCCEEDED) for lease in leases]
+        return await self._finish(finishes, LEDGER_DONE)
+
+    async def _finish(self, finishes: Sequence[Finish], label: str | None = None) -> list[bool]:
+        if not finishes:
+            return []
+        args: list[Any] = [self._now(), self._epoch_arg(), len(finishes)]
+        for fin in finishes:
+            move = finish_transition(fin)
+            args += [
+                fin.lease.job_id,
+                fin.lease.owner,
+                fin.lease.token,
+                label or fin.outcome.value,
+                move.state.value,
+                "" if move.delay is None else _f(move.delay),
+                move.refund,
+                1 if move.finished else 0,
+                _opt(fin.error),
+                _opt(fin.error_class),
+            ]
+        return [bool(int(x)) for x in await self._run("finish", args)]
+
+    async def jobs_rescue(
+        self, *, limit: int = 1000, leader: ResourceLease | None = None
+    ) -> RescueReport:
+        """Requeue or dead-letter running jobs whose lease expired by Redis's clock;
+        with ``leader``, only while it holds the maintenance lease (checked in the
+        script that moves them, else :class:`StaleTokenError`, nothing changed)."""
+        scan = await self._run("rescue_scan", [self._now(), limit])
+        rows = [[_s(v) for v in scan[i : i + 7]] for i in range(1, len(scan), 7)]
+        if not rows:
+            return RescueReport()
+        fence = ["", "", ""] if leader is None else [leader.resource, leader.owner, leader.token]
+        args: list[Any] = [self._now(), self._epoch_arg(), *fence]
+        moves = []
+        for jid, token, owner, attempt, max_att, expiries, max_exp in rows:
+            rescue = rescue_transition(
+                RescueCandidate(
+                    int(jid),
+                    int(token),
+                    owner or None,
+                    int(attempt),
+                    int(max_att),
+                    int(expiries),
+                    int(max_exp),
+                )
+            )
+            moves.append((int(jid), rescue.transition.state))
+            args += [
+                jid,
+                token,
+                rescue.transition.state.value,
+                rescue.transition.refund,
+                rescue.reason,
+            ]
+        try:
+            done = await self._run("rescue_apply", args)
+        except StoreError as exc:
+            if leader is None or _LEADER_ERROR not in str(exc):
+                raise
+            raise StaleTokenError(
+                resource=leader.resource, token=leader.token, operation="rescue"
+            ) from None
+        requeued = [
+            jid
+            for (jid, st), ok in zip(moves, done, strict=True)
+            if int(ok) and st is not JobState.DEAD
+        ]
+        dead = [
+            jid
+            for (jid, st), ok in zip(moves, done, strict=True)
+            if int(ok) and st is JobState.DEAD
+        ]
+        return RescueReport(requeued=requeued, dead=dead)
+
+    async def queue_pause(self, *, queue: str) -> None:
+        """Pause ``queue`` (one SADD: atomic on its own)."""
+        await self._cmd("SADD", self.prefix + "paused", queue)
+
+    async def queue_resume(self, *, queue: str) -> None:
+        """Resume ``queue`` (one SREM)."""
+        await self._cmd("SREM", self.prefix + "paused", queue)
+
+    async def queues_stats(self) -> list[QueueStats]:
+        """Per-queue counts and oldest ready age, in one script."""
+        out = await self._run("inspect", [self._now(), "stats"])
+        now = float(out[0])
+        stats = []
+        for i in range(1, len(out), 4):
+            name, paused, counts, oldest = out[i : i + 4]
+            c = {k: int(v) for k, v in _pairs(counts).items() if int(v) > 0}
+            first = _fl(_s(oldest))
+            age = None if first is None else max(0.0, now - first)
+            stats.append(QueueStats(_s(name), c, age, bool(int(paused))))
+        return sorted(stats, key=lambda s: s.queue)
+
+    async def jobs_depth(self) -> list[Depth]:
+        """Unfinished jobs per queue, task and state, in one script."""
+        out = await self._run("inspect", [self._now(), "depth"])
+        found = []
+        for i in range(1, len(out), 4):
+            queue, _, task = _s(out[i]).partition("\t")
+            for state, n in zip(
+                ("queued", "scheduled", "running"), out[i + 1 : i + 4], strict=True
+            ):
+                if int(n) > 0:
+                    found.append(Depth(queue, task, state, int(n)))
+        return sorted(found, key=lambda d: (d.queue, d.task, d.state))
+
+    async def job_get(self, *, job_id: int) -> Job:
+        """The job, or :class:`JobNotFoundError`."""
+        flat = await self._cmd("HGETALL", f"{self.prefix}job:{job_id}")
+        if not flat:
+            raise JobNotFoundError(f"no job with id {job_id}")
+        return self._job(flat)
+
+    async def jobs_list(
+        self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
+    ) -> list[Job]:
+        """Jobs filtered by state and queue, newest first."""
+        out = await self._run(
+            "inspect",
+            [self._now(), "list", "" if state is None else state.value, queue or "", limit],
+        )
+        return [self._job(flat) for flat in out[1:]]
+
+    async def job_attempts(self, *, job_id: int) -> list[Attempt]:
+        """Attempts of the job, oldest first."""
+        exists = await self._cmd("EXISTS", f"{self.prefix}job:{job_id}")
+        items = await self._cmd("LRANGE", f"{self.prefix}attempts:{job_id}", 0, -1)
+        if not exists:
+            raise JobNotFoundError(f"no job with id {job_id}")
+        out = []
+        for raw in items:
+            a = json.loads(raw)
+            out.append(
+                Attempt(
+                    job_id,
+                    int(a["attempt"]),
+                    int(a["token"]),
+                    a["owner"],
+                    float(a["started_at"]),
+                    _fl(a["finished_at"]),
+                    a["outcome"],
+                    a["error"],
+                    a["error_class"],
+                )
+            )
+        return out
+
+    async def jobs_retry_dead(self, *, job_ids: Sequence[int]) -> int:
+        """Requeue dead jobs with a fresh budget, in one script."""
+        if not job_ids:
+            return 0
+        return int(await self._run("operator", [self._now(), "retry_dead", "", *job_ids]))
+
+    async def jobs_cancel(self, *, job_ids: Sequence[int], reason: str) -> int:
+        """Cancel queued, scheduled or dead jobs, in one script."""
+        if not job_ids:
+            return 0
+        return int(await self._run("operator", [self._now(), "cancel", reason, *job_ids]))
+
+    async def stale_commits(self, *, limit: int = 100) -> tuple[int, list[StaleCommit]]:
+        """Total refused writes and the most recent ``limit``."""
+        total = await self._cmd("GET", self.prefix + "stale_n")
+        items = await self._cmd("LRANGE", self.prefix + "stale", 0, limit - 1) if limit > 0 else []
+        recent = []
+        for raw in items:
+            s = json.loads(raw)
+            recent.append(
+                StaleCommit(
+                    int(s["job_id"]), int(s["token"]), s["owner"], s["operation"], float(s["at"])
+                )
+            )
+        return int(total or 0), recent
+
+    # -- leases ---------------------------------------------------------------------------
+    async def job_leases_renew(
+        self, *, owner: str, leases: Sequence[Lease], ttl: float
+    ) -> list[Lease | None]:
+        """Extend every held lease in one script."""
+        if not leases:
+            return []
+        args: list[Any] = [self._now(), owner, _f(ttl), self._epoch_arg()]
+        for lease in leases:
+            args += [lease.job_id, lease.token, lease.owner]
+        out = await self._run("renew", args)
+        return [
+            None if not _s(exp) else replace(lease, expires_at=float(exp))
+            for lease, exp in zip(leases, out[1:], strict=True)
+        ]
+
+    async def job_lease_held(self, *, lease: Lease) -> bool:
+        """Whether ``lease`` still holds its job (read only; an early check, not a
+        guarantee: the lease may be lost a moment later)."""
+        args = [self._now(), self._epoch_arg(), lease.job_id, lease.token, lease.owner]
+        return bool(int(await self._run("held", args)))
+
+    async def store_time(self) -> float:
+        """Redis's clock (``TIME``), or the injected one."""
+        if self.clock is not None:
+            return self.clock.now()
+        sec, usec = await self._cmd("TIME")
+        return int(sec) + int(usec) / 1_000_000
+
+
+def _epoch_slot(name: str) -> int:
+    """Where script ``name`` takes the epoch among its arguments (-1: it does not)."""
+    slots = {"claim": 5, "renew": 3, "finish": 1, "resource": 3, "held": 1, "rescue_apply": 1}
+    return slots.get(name, -1)

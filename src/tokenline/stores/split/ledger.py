@@ -1,0 +1,224 @@
+"""The PostgreSQL ledger of the split topology: business truth without the job rows.
+
+In the split topology Redis holds the jobs and their leases; PostgreSQL holds the
+effects, fences, duplicates and the user's business tables, and no job rows. Redis can
+lose or reorder state (a failover to a replica that missed the last writes, a restart
+without persistence), so the ledger cannot take the broker's word for who owns a job.
+It keeps its own fence per job instead, ``job_fences``: the highest token it has
+accepted for the job, with the owner that presented it, and whether the job's effect
+has committed (``done_token``).
+
+Why no effect is applied twice and no stale write is accepted, whatever Redis says:
+
+1. Every ledger write that needs the job's token (a fenced transaction, an effect, a
+   fence) starts its PostgreSQL transaction by advancing the job's fence
+   (``fence_check`` / ``transaction_begin`` in ``queries.sql``): accepted only for a
+   token above every token the ledger has accepted for the job, or the same token from
+   the same owner. The row stays locked until commit, so two attempts of one job are
+   serialised there and the second is judged against the first's committed outcome.
+2. A fenced transaction ends with ``job_done`` in the same transaction as the user's
+   writes: after it commits, every later attempt of the job — a redelivery after a lost
+   ack, a zombie waking up — is refused at step 1, and the split store's claim hands
+   such a job to nobody: it acknowledges it in Redis (the ledger answers DONE).
+3. Tokens that Redis may hand out twice: a replica promoted after losing writes can
+   issue a token number again. Each token carries an epoch
+   (``epoch * 2**32 + counter``, see ``stores/redis/store.py``) that this ledger issues
+   per Redis replication id (``epoch_for``); a promoted replica has a new replication id,
+   so its tokens rise above every earlier one. And before the first script on the new
+   server takes its epoch, an equal token from another owner is refused by step 1 all
+   the same: the ledger never trusts a token number, only a (number, owner) it has not
+   been shown by anyone else.
+
+What Redis is still trusted for: telling a worker early that its lease is gone (the
+split store checks the lease there before a ledger write, to avoid pointless work);
+never for safety.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+
+from ..._errors import StoreError
+from ..._jobs import Finish, Lease
+from ..._records import (
+    Duplicate,
+    DuplicateKind,
+    EffectBegin,
+    EffectRecord,
+    EffectStatus,
+    Fence,
+    Start,
+    by_attempt,
+)
+from .._rows import effect_from_row
+from .._sql import load_queries
+from ..base import FencedTransaction
+from ..postgres import PostgresStore
+from ..postgres._migrations import compose
+from ..postgres._steps import AsyncDriver, Steps, fetch_one
+from ..postgres._transaction import PostgresFencedTransaction
+
+__all__ = ["SplitLedger"]
+
+_SPLIT_Q = load_queries(__name__.rpartition(".")[0])
+
+
+class SplitLedger(PostgresStore):
+    """The ledger role on PostgreSQL for jobs that live in another broker.
+
+    Only its ledger methods (and :meth:`jobs_done`, :meth:`epoch_for`) are used: the
+    split store takes the broker and leases roles from Redis.
+    """
+
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, **options)
+        for name, text in _SPLIT_Q.items():
+            self._queries[name] = compose(text, self.schema)
+
+    async def open(self) -> None:
+        """Open the PostgreSQL store, then create the split tables if missing."""
+        await super().open()
+        query = self._q("split_schema")
+
+        async def run(conn: AsyncConnection[Any]) -> None:
+            await conn.execute(query)
+
+        await self._call(run)
+
+    def _finish_steps(self, finishes: Sequence[Finish]) -> Steps[list[bool]]:
+        """Inside a fenced transaction: record the job done, fenced by its token (the
+        broker's acknowledgement comes after the commit, from the worker)."""
+        out = []
+        for fin in finishes:
+            lease = fin.lease
+            params = {"job_id": lease.job_id, "token": lease.token, "owner": lease.owner}
+            out.append((yield from fetch_one(self._q("job_done"), params)) is not None)
+        return out
+
+    def fenced_transaction(
+        self, *, lease: Lease, fences: Sequence[Fence] = (), timeout: float | None = None
+    ) -> FencedTransaction:
+        """A fenced transaction whose commit records the job done in the ledger; the
+        job is acknowledged in the broker afterwards (``committed`` stays false)."""
+        return SplitFencedTransaction(self, lease, fences, timeout)
+
+    def fences_steps(self, lease: Lease, fences: Sequence[Fence]) -> Steps[Fence | None]:
+        """Advance each fence by the highest token of its issuer. The issuing resource
+        lease lives in Redis: the split store checks it before the transaction (async
+        forms); here, as everywhere, a lower token than the highest that wrote is
+        refused."""
+        for fence in fences:
+            params = {
+                "key": fence.key,
+                "issuer": fence.issuer(lease.job_id),
+                "token": fence.token,
+                "job_id": lease.job_id,
+                "owner": lease.owner,
+                "now": self._now(),
+            }
+            if (yield from fetch_one(self._q("fence_advance"), params)) is None:
+                return fence
+        return None
+
+    async def record_duplicate(self, dup: Duplicate) -> None:
+        """Record ``dup`` for the audit, in a transaction of its own."""
+
+        async def run(conn: AsyncConnection[Any]) -> None:
+            await self.record_duplicate_on(conn, dup)
+
+        await self._call(run)
+
+    async def record_stale(self, lease: Lease, operation: str) -> None:
+        """Record a refused write of ``lease`` as a stale commit, on its own."""
+
+        async def run(conn: AsyncConnection[Any]) -> None:
+            await AsyncDriver(conn).run(self._record_stale_steps(lease, operation))
+
+        await self._call(run)
+
+    async def effect_begin(self, *, lease: Lease, key: str) -> EffectBegin:
+        """Take ``key`` for this attempt if allowed; see :meth:`Store.effect_begin`.
+
+        As the PostgreSQL store's, except that a key pending under another job is
+        judged by a statement of its own, after ``effect_take`` has locked the key row
+        (see ``effect_take`` in ``queries.sql`` for why).
+        """
+        params = {
+            "key": key,
+            "job_id": lease.job_id,
+            "token": lease.token,
+            "owner": lease.owner,
+            "now": self._now(),
+        }
+        stale = by_attempt(key, DuplicateKind.STALE, "effect_begin", lease, 0.0)
+
+        async def run(conn: AsyncConnection[Any]) -> EffectBegin:
+            async with conn.transaction():
+                if not await self._fence_check_on(conn, lease):
+                    await self.record_duplicate_on(conn, stale)
+                    return EffectBegin(Start.STALE, None)
+                cur = conn.cursor(row_factory=dict_row)
+                await cur.execute(self._q("effect_take"), params)
+                taken = await cur.fetchone()
+                if taken is not None:
+                    return EffectBegin(Start.RUN, effect_from_row(taken))
+                await cur.execute(self._q("effect_get"), {"key": key})
+                row = await cur.fetchone()
+                if row is None:  # the row is locked by us: it cannot have gone
+                    raise StoreError(f"effect {key!r} vanished under its lock")
+                record: EffectRecord = effect_from_row(row)
+                if record.status is EffectStatus.COMPLETED:
+                    repeat = by_attempt(key, DuplicateKind.REPEAT, "effect", lease, 0.0)
+                    await self.record_duplicate_on(conn, repeat)
+                    return EffectBegin(Start.DONE, record)
+                if record.job_id == lease.job_id:
+                    if record.token > lease.token:
+                        await self.record_duplicate_on(conn, stale)
+                        return EffectBegin(Start.STALE, record)
+                    return EffectBegin(Start.BUSY, record)
+                owner = {"job_id": record.job_id, "token": record.token}
+                await cur.execute(self._q("effect_owner_live"), owner)
+                if await cur.fetchone() is None:
+                    await cur.execute(self._q("effect_take_over"), params)
+                    taken = await cur.fetchone()
+                    if taken is not None:
+                        return EffectBegin(Start.RUN, effect_from_row(taken))
+                return EffectBegin(Start.BUSY, record)
+
+        return await self._call(run)
+
+    async def lease_lost(self, *, job_id: int, token: int, owner: str) -> bool:
+        """Record that the broker has confirmed the lease of ``(job_id, token, owner)``
+        lost; whether the ledger's fence of the job still carried that token."""
+        params = {"job_id": job_id, "token": token, "owner": owner}
+        return bool(await self._tuples(self._q("lease_lost"), params))
+
+    async def jobs_done(self, *, job_ids: Sequence[int]) -> set[int]:
+        """The jobs among ``job_ids`` whose fenced transaction has committed."""
+        if not job_ids:
+            return set()
+        rows = await self._tuples(self._q("jobs_done"), {"job_ids": list(job_ids)})
+        return {int(r[0]) for r in rows}
+
+    async def epoch_for(self, replid: str) -> int:
+        """The fencing epoch of the Redis server with replication id ``replid``: a new
+        id gets a number above every epoch issued before."""
+        for _ in range(3):
+            rows = await self._tuples(self._q("epoch_take"), {"replid": replid})
+            if rows:
+                return int(rows[0][0])
+        raise StoreError(f"the ledger issued no epoch for Redis replication id {replid!r}")
+
+
+class SplitFencedTransaction(PostgresFencedTransaction):
+    """A PostgreSQL fenced transaction that records the job done instead of finishing
+    a job row: ``wrote`` is set on commit, ``committed`` is left false so the worker
+    acknowledges the job in the broker."""
+
+    def _complete(self) -> Steps[bool]:
+        yield from super()._complete()
+        return False

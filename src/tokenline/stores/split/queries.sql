@@ -1,0 +1,153 @@
+-- tokenline: the PostgreSQL ledger of the split topology (broker and leases on Redis).
+-- Same conventions and placeholders as stores/postgres/queries.sql. Queries named as the
+-- PostgreSQL store's replace them in the split ledger: they judge a job's token by the
+-- ledger's own job_fences row instead of a jobs row, which this ledger does not have.
+
+-- name: split_schema
+CREATE TABLE IF NOT EXISTS {schema}.job_fences (
+    job_id      bigint PRIMARY KEY,
+    token       bigint NOT NULL,
+    owner       text NOT NULL,
+    done_token  bigint,
+    lost_token  bigint,
+    updated_at  double precision NOT NULL
+);
+CREATE TABLE IF NOT EXISTS {schema}.redis_epochs (
+    replid      text PRIMARY KEY,
+    epoch       bigint NOT NULL UNIQUE,
+    first_seen  double precision NOT NULL
+);
+-- Epoch 0 first: tokens equal Redis's counters until the first failover.
+CREATE SEQUENCE IF NOT EXISTS {schema}.redis_epoch_seq MINVALUE 0 START 0;
+
+-- name: fence_check
+-- First statement of a ledger write's transaction: advances the job's fence to the
+-- token presented and locks the row until commit. Accepted: a token above every token
+-- the ledger has seen for the job, or the same token from the same owner. Refused (no
+-- row): a lower token; the same token from another owner (a promoted Redis replica
+-- that handed a used number out again); any token once the job is done.
+-- ON CONFLICT … DO UPDATE locks the row even when its WHERE is false and judges the
+-- newest committed version: a second attempt waits for the first to commit or roll back.
+-- The line marked ``-- fence`` is the owner check that the tests' sabotage removes.
+INSERT INTO {schema}.job_fences AS f (job_id, token, owner, updated_at)
+VALUES (%(job_id)s, %(token)s, %(owner)s, {schema}.now_epoch(NULL))
+ON CONFLICT (job_id) DO UPDATE
+SET token = excluded.token, owner = excluded.owner, updated_at = excluded.updated_at
+WHERE f.done_token IS NULL
+  AND f.token <= excluded.token
+  AND (f.token < excluded.token OR f.owner = excluded.owner)  -- fence
+  AND (f.lost_token IS NULL OR f.lost_token < excluded.token)
+RETURNING job_id;
+
+-- name: transaction_begin
+-- First statement of a fenced transaction: fence_check, and the session settings of
+-- stores/postgres/queries.sql's transaction_begin.
+WITH advanced AS (
+    INSERT INTO {schema}.job_fences AS f (job_id, token, owner, updated_at)
+    VALUES (%(job_id)s, %(token)s, %(owner)s, {schema}.now_epoch(NULL))
+    ON CONFLICT (job_id) DO UPDATE
+    SET token = excluded.token, owner = excluded.owner, updated_at = excluded.updated_at
+    WHERE f.done_token IS NULL
+      AND f.token <= excluded.token
+      AND (f.token < excluded.token OR f.owner = excluded.owner)  -- fence
+      AND (f.lost_token IS NULL OR f.lost_token < excluded.token)
+    RETURNING job_id
+)
+SELECT job_id,
+       set_config('application_name', %(session)s, true),
+       set_config('statement_timeout',
+                  COALESCE(%(timeout_ms)s, current_setting('statement_timeout')), true),
+       set_config('idle_in_transaction_session_timeout',
+                  COALESCE(%(timeout_ms)s,
+                           current_setting('idle_in_transaction_session_timeout')), true)
+FROM advanced;
+
+-- name: job_done
+-- Last statement of a fenced transaction before COMMIT: the job's completion record,
+-- only while the row still carries this attempt's token and owner (it is locked since
+-- transaction_begin, so it does).
+UPDATE {schema}.job_fences
+SET done_token = token, updated_at = {schema}.now_epoch(NULL)
+WHERE job_id = %(job_id)s AND token = %(token)s AND owner = %(owner)s
+  AND done_token IS NULL
+RETURNING job_id;
+
+-- name: jobs_done
+-- Which of the given jobs the ledger has completed: their effect is committed, whatever
+-- the broker says.
+SELECT job_id FROM {schema}.job_fences
+WHERE job_id = ANY(%(job_ids)s::bigint[]) AND done_token IS NOT NULL;
+
+-- name: effect_take
+-- As the PostgreSQL store's effect_take, without the test of another job's owner: a
+-- subquery would judge that owner by this statement's snapshot, which may predate the
+-- owner's own commit (its job fence and its effect row commit together, here). The
+-- split ledger decides that case in a later statement (effect_owner_live), under the
+-- key row's lock, which ON CONFLICT … DO UPDATE takes even when its WHERE is false.
+WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now)
+INSERT INTO {schema}.effects AS e (key, status, job_id, token, owner, runs, created_at,
+                                   updated_at)
+SELECT %(key)s, 'pending', %(job_id)s, %(token)s, %(owner)s, 1, c.now, c.now FROM clock AS c
+ON CONFLICT (key) DO UPDATE
+SET status = 'pending', job_id = excluded.job_id, token = excluded.token,
+    owner = excluded.owner, runs = e.runs + 1, result = NULL, error = NULL,
+    updated_at = excluded.updated_at, completed_at = NULL
+WHERE e.status <> 'completed' AND (
+       (e.job_id = excluded.job_id AND (
+            e.token < excluded.token OR (e.status = 'failed' AND e.token = excluded.token)))
+    OR (e.job_id <> excluded.job_id AND e.status = 'failed'))
+RETURNING e.*;
+
+-- name: effect_owner_live
+-- Whether the owner of a pending key, another job's attempt, may still be running it:
+-- the ledger's fence of its job still carries its token, the job is not done, and the
+-- broker has not confirmed its lease lost (lease_lost). This ledger does not see
+-- Redis's lease expiry itself: taking a key from a live owner would run it twice.
+SELECT 1 FROM {schema}.job_fences AS j
+WHERE j.job_id = %(job_id)s AND j.token = %(token)s AND j.done_token IS NULL
+  AND (j.lost_token IS NULL OR j.lost_token < j.token);
+
+-- name: effect_take_over
+-- Takes a pending key from another job's attempt that effect_owner_live found gone;
+-- the key row is locked by this transaction since effect_take.
+UPDATE {schema}.effects AS e
+SET status = 'pending', job_id = %(job_id)s, token = %(token)s, owner = %(owner)s,
+    runs = e.runs + 1, result = NULL, error = NULL,
+    updated_at = {schema}.now_epoch(%(now)s), completed_at = NULL
+WHERE e.key = %(key)s AND e.status = 'pending'
+RETURNING e.*;
+
+-- name: lease_lost
+-- The broker says this attempt's lease is gone (expired, finished or taken over): its
+-- token can never hold the job again, so it may write nothing more, and a key it left
+-- pending may be taken by another job.
+UPDATE {schema}.job_fences SET lost_token = %(token)s
+WHERE job_id = %(job_id)s AND token = %(token)s AND owner = %(owner)s
+RETURNING job_id;
+
+-- name: duplicates_list
+-- The ledger's duplicates and the fenced transactions it refused; the broker's refused
+-- commits live in Redis and are merged by the split store.
+SELECT key, kind, operation, job_id, token, owner, at FROM (
+    SELECT key, kind, operation, job_id, token, owner, at FROM {schema}.duplicates
+    UNION ALL
+    SELECT 'job:' || s.job_id, 'stale', s.operation, s.job_id, s.token, s.owner, s.at
+    FROM {schema}.stale_commits AS s
+) AS d
+WHERE %(since)s::double precision IS NULL OR at >= %(since)s::double precision
+ORDER BY at DESC
+LIMIT %(limit)s;
+
+-- name: epoch_take
+-- The epoch of a Redis server, by its replication id: a new id gets a number above
+-- every epoch issued before (the sequence never goes back, even across a rollback).
+-- No row only when another session inserted the same id concurrently: ask again.
+WITH taken AS (
+    INSERT INTO {schema}.redis_epochs (replid, epoch, first_seen)
+    VALUES (%(replid)s, nextval('{schema}.redis_epoch_seq'), {schema}.now_epoch(NULL))
+    ON CONFLICT (replid) DO NOTHING
+    RETURNING epoch
+)
+SELECT epoch FROM taken
+UNION ALL
+SELECT epoch FROM {schema}.redis_epochs WHERE replid = %(replid)s;

@@ -1,0 +1,504 @@
+"""The split topology: broker and leases on Redis, the ledger on PostgreSQL.
+
+``App(broker="redis://…", leases="redis://…", ledger="postgresql://…")``. Each role
+fails on its own: Redis can be slow, partitioned or fail over while PostgreSQL is fine,
+and the other way round. The ledger (``ledger.py``) is what keeps the business data
+safe when Redis has lost or reordered state; Redis only distributes the work and tells
+a worker early that its lease is gone.
+
+How a job's success travels: the fenced transaction commits the user's writes and the
+job's completion record together in PostgreSQL, then the job is acknowledged in Redis
+(by the transaction itself in the async form, else by the worker's finish). If that
+acknowledgement is lost, Redis redelivers the job once its lease expires; the claim
+asks the ledger first, and a job the ledger has completed is acknowledged and handed to
+nobody: its effect does not run again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from ..._clock import Clock
+from ..._errors import NotSupportedError, StaleTokenError, StoreError, StoreUnavailableError
+from ..._jobs import (
+    Attempt,
+    ClaimedJob,
+    Finish,
+    Job,
+    JobState,
+    Lease,
+    NewJob,
+    Outcome,
+    QueueStats,
+    RescueReport,
+    StaleCommit,
+    WorkerRecord,
+)
+from ..._records import (
+    Duplicate,
+    DuplicateKind,
+    EffectBegin,
+    EffectRecord,
+    Fence,
+    Start,
+    by_attempt,
+)
+from ..base import Capabilities, Depth, FencedTransaction, Inconsistency, ResourceLease, Store
+from ..redis import RedisStore
+from .ledger import SplitLedger
+
+__all__ = ["RolesUnavailableError", "SplitStore"]
+
+log = logging.getLogger("tokenline.store.split")
+
+
+class SplitStore(Store):
+    """Broker and leases from a :class:`RedisStore`, the ledger from a
+    :class:`SplitLedger` on PostgreSQL."""
+
+    capabilities = Capabilities(
+        multi_process=True, transactional_completion=True, ledger=True, placeholder="%s"
+    )
+
+    def __init__(
+        self,
+        *,
+        broker: str,
+        ledger: str,
+        clock: Clock | None = None,
+        timeout: float = 10.0,
+        migrate: bool = True,
+    ) -> None:
+        #: The ledger role: business truth, the job fences and the Redis epochs.
+        self.ledger = SplitLedger(ledger, clock=clock, timeout=timeout, migrate=migrate)
+        #: The broker and leases roles; its tokens carry the ledger's epoch.
+        self.redis = RedisStore(
+            broker, clock=clock, timeout=timeout, epoch_source=self.ledger.epoch_for
+        )
+        self.clock = clock
+        #: Jobs the claim found completed in the ledger and acknowledged in Redis.
+        self.acknowledged_from_ledger = 0
+        #: The roles the last :meth:`open` could not open, with their errors.
+        self.roles_down: dict[str, Exception] = {}
+
+    async def open(self) -> None:
+        """Open both sides, then take Redis's fencing epoch from the ledger.
+
+        If a side cannot be opened, the other is still opened and
+        :class:`RolesUnavailableError` names the roles that failed (``tokenline status``
+        probes the others); the store must not be used for work then: it has no epoch,
+        so it issues and checks no token.
+        """
+        failed: dict[str, StoreError] = {}
+        try:
+            await self.ledger.open()
+        except StoreError as exc:
+            failed["ledger"] = exc
+        try:
+            await self.redis.connect()
+        except StoreError as exc:
+            failed["broker"] = failed["leases"] = exc
+        if not failed:
+            try:
+                await self.redis.refresh_epoch()
+            except StoreError as exc:
+                failed["broker"] = failed["leases"] = exc
+        self.roles_down = {**failed}
+        if failed:
+            raise RolesUnavailableError(failed)
+
+    async def open_within(self, timeout: float) -> None:  # noqa: ASYNC109
+        """Open each side within ``timeout`` seconds, on its own, for ``tokenline
+        status``: what failed is kept in :attr:`roles_down`, nothing is raised, and no
+        epoch is taken (status issues no token; a script that needs one takes it)."""
+
+        async def side(opening: Any, server: str) -> Exception | None:
+            try:
+                await asyncio.wait_for(opening, timeout)
+            except TimeoutError:
+                # A timeout, so that status calls the side slow rather than unreachable.
+                return TimeoutError(f"{server} did not answer within {timeout:g}s")
+            except StoreError as exc:
+                return exc
+            return None
+
+        ledger, redis = await asyncio.gather(
+            side(self.ledger.open(), self.server("ledger")),
+            side(self.redis.connect(), self.server("broker")),
+        )
+        self.roles_down = {}
+        if ledger is not None:
+            self.roles_down["ledger"] = ledger
+        if redis is not None:
+            self.roles_down["broker"] = self.roles_down["leases"] = redis
+
+    def server(self, role: str) -> str:
+        """The server that plays ``role``: ``Redis at …`` or ``PostgreSQL …``."""
+        if role == "ledger":
+            return f"PostgreSQL {self.ledger.target.where}"
+        return f"Redis at {self.redis.where}"
+
+    async def close(self) -> None:
+        """Close both. Safe to call twice."""
+        try:
+            await self.redis.close()
+        finally:
+            await self.ledger.close()
+
+    async def migrate(self) -> int | None:
+        """Migrate the ledger's schema (Redis has none)."""
+        return await self.ledger.migrate()
+
+    # -- broker: Redis, with the ledger's word on completed jobs --------------------------
+    async def jobs_enqueue(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[int]:
+        """Enqueue on Redis."""
+        return await self.redis.jobs_enqueue(jobs=jobs, connection=connection)
+
+    async def jobs_claim(
+        self,
+        *,
+        owner: str,
+        queues: Sequence[str],
+        limit: int,
+        ttl: float,
+        priority_aging: float | None = None,
+    ) -> list[ClaimedJob]:
+        """Claim on Redis, then hand out only jobs the ledger has not completed: one it
+        has (its acknowledgement was lost) is acknowledged now, under the new lease.
+
+        If the ledger cannot answer, the claimed jobs are released (no attempt spent)
+        and the error raised: a job is never run without the ledger's word.
+        """
+        claimed = await self.redis.jobs_claim(
+            owner=owner, queues=queues, limit=limit, ttl=ttl, priority_aging=priority_aging
+        )
+        if not claimed:
+            return claimed
+        try:
+            done = await self.ledger.jobs_done(job_ids=[c.job.id for c in claimed])
+        except StoreError as exc:
+            release = [
+                Finish(c.lease, Outcome.RELEASE, 0.0, f"ledger unavailable: {exc}", "coordination")
+                for c in claimed
+            ]
+            await self.redis.jobs_finish(finishes=release)
+            raise
+        if done:
+            acks = [c.lease for c in claimed if c.job.id in done]
+            acknowledged = sum(await self.redis.jobs_acknowledge_done(leases=acks))
+            self.acknowledged_from_ledger += acknowledged
+            # A repair: said and counted, never silent.
+            log.warning(
+                "acknowledged %d of jobs %s in Redis: the ledger had completed them (their "
+                "acknowledgement was lost); they do not run again",
+                acknowledged,
+                sorted(done),
+            )
+        return [c for c in claimed if c.job.id not in done]
+
+    async def jobs_finish(self, *, finishes: Sequence[Finish]) -> list[bool]:
+        """Finish on Redis, each fenced by its token."""
+        return await self.redis.jobs_finish(finishes=finishes)
+
+    async def jobs_rescue(
+        self, *, limit: int = 1000, leader: ResourceLease | None = None
+    ) -> RescueReport:
+        """Rescue expired leases on Redis (fenced there by ``leader``, whose lease
+        Redis holds too)."""
+        return await self.redis.jobs_rescue(limit=limit, leader=leader)
+
+    async def reconcile_find(
+        self, *, pending_deadline: float, limit: int = 1000
+    ) -> list[Inconsistency]:
+        """None found: the reconciler's checks read the job rows and the ledger in one
+        store, and here they live in two. Redis state that disagrees with the ledger is
+        repaired when a job is claimed (a job the ledger completed is acknowledged, not
+        run again); the reconciler's own checks for this topology are not written yet."""
+        return []
+
+    async def reconcile_repair(
+        self, *, leader: ResourceLease, found: Sequence[Inconsistency]
+    ) -> list[bool]:
+        """Nothing to repair (see :meth:`reconcile_find`)."""
+        if found:
+            raise NotSupportedError("the split topology has no reconciler repairs yet")
+        return []
+
+    async def queue_pause(self, *, queue: str) -> None:
+        """Pause ``queue`` on Redis."""
+        await self.redis.queue_pause(queue=queue)
+
+    async def queue_resume(self, *, queue: str) -> None:
+        """Resume ``queue`` on Redis."""
+        await self.redis.queue_resume(queue=queue)
+
+    async def queues_stats(self) -> list[QueueStats]:
+        """Queue statistics from Redis."""
+        return await self.redis.queues_stats()
+
+    async def jobs_depth(self) -> list[Depth]:
+        """Depth from Redis."""
+        return await self.redis.jobs_depth()
+
+    async def job_get(self, *, job_id: int) -> Job:
+        """The job as Redis holds it."""
+        return await self.redis.job_get(job_id=job_id)
+
+    async def jobs_list(
+        self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
+    ) -> list[Job]:
+        """Jobs from Redis."""
+        return await self.redis.jobs_list(state=state, queue=queue, limit=limit)
+
+    async def job_attempts(self, *, job_id: int) -> list[Attempt]:
+        """Attempts from Redis."""
+        return await self.redis.job_attempts(job_id=job_id)
+
+    async def jobs_retry_dead(self, *, job_ids: Sequence[int]) -> int:
+        """Retry dead jobs on Redis."""
+        return await self.redis.jobs_retry_dead(job_ids=job_ids)
+
+    async def jobs_cancel(self, *, job_ids: Sequence[int], reason: str) -> int:
+        """Cancel jobs on Redis."""
+        return await self.redis.jobs_cancel(job_ids=job_ids, reason=reason)
+
+    async def stale_commits(self, *, limit: int = 100) -> tuple[int, list[StaleCommit]]:
+        """Writes Redis refused for a stale token (finishes, renewals): the broker's.
+        The fenced transactions the ledger refused are in :meth:`duplicates_list`."""
+        return await self.redis.stale_commits(limit=limit)
+
+    async def wait_for_jobs(self, *, queues: Sequence[str], timeout: float) -> None:  # noqa: ASYNC109
+        """Poll (Redis notifications are not used)."""
+        await self.redis.wait_for_jobs(queues=queues, timeout=timeout)
+
+    # -- leases: Redis --------------------------------------------------------------------
+    async def job_leases_renew(
+        self, *, owner: str, leases: Sequence[Lease], ttl: float
+    ) -> list[Lease | None]:
+        """Renew on Redis."""
+        return await self.redis.job_leases_renew(owner=owner, leases=leases, ttl=ttl)
+
+    async def store_time(self) -> float:
+        """Redis's clock: the one every lease and schedule is measured by."""
+        return await self.redis.store_time()
+
+    async def worker_register(self, *, record: WorkerRecord, ttl: float) -> WorkerRecord:
+        """Register on Redis."""
+        return await self.redis.worker_register(record=record, ttl=ttl)
+
+    async def worker_heartbeat(
+        self,
+        *,
+        worker_id: str,
+        token: int,
+        state: str,
+        in_flight: int,
+        ttl: float,
+        skew: float | None = None,
+        concurrency_limit: int | None = None,
+    ) -> WorkerRecord | None:
+        """Heartbeat on Redis."""
+        return await self.redis.worker_heartbeat(
+            worker_id=worker_id,
+            token=token,
+            state=state,
+            in_flight=in_flight,
+            ttl=ttl,
+            skew=skew,
+            concurrency_limit=concurrency_limit,
+        )
+
+    async def worker_deregister(self, *, worker_id: str, token: int) -> None:
+        """Deregister on Redis."""
+        await self.redis.worker_deregister(worker_id=worker_id, token=token)
+
+    async def workers_list(self) -> list[WorkerRecord]:
+        """Workers from Redis."""
+        return await self.redis.workers_list()
+
+    async def worker_drain(self, *, worker_id: str) -> bool:
+        """Ask a worker to drain, on Redis."""
+        return await self.redis.worker_drain(worker_id=worker_id)
+
+    async def resource_lease_acquire(
+        self, *, resource: str, owner: str, ttl: float
+    ) -> ResourceLease | None:
+        """Take a named lease on Redis."""
+        return await self.redis.resource_lease_acquire(resource=resource, owner=owner, ttl=ttl)
+
+    async def resource_lease_renew(
+        self, *, lease: ResourceLease, ttl: float
+    ) -> ResourceLease | None:
+        """Renew a named lease on Redis."""
+        return await self.redis.resource_lease_renew(lease=lease, ttl=ttl)
+
+    async def resource_lease_release(self, *, lease: ResourceLease) -> bool:
+        """Release a named lease on Redis."""
+        return await self.redis.resource_lease_release(lease=lease)
+
+    async def resource_leases_list(self) -> list[ResourceLease]:
+        """Named leases from Redis."""
+        return await self.redis.resource_leases_list()
+
+    # -- ledger: PostgreSQL, after an early check on Redis --------------------------------
+    async def _held(self, lease: Lease) -> bool:
+        return await self.redis.job_lease_held(lease=lease)
+
+    async def _refused(self, key: str, operation: str, lease: Lease) -> None:
+        dup = by_attempt(key, DuplicateKind.STALE, operation, lease, 0.0)
+        await self.ledger.record_duplicate(dup)
+
+    async def _resources_held(self, lease: Lease, fences: Sequence[Fence]) -> bool:
+        """Whether every resource lease issuing one of ``fences`` is still held on
+        Redis; a refusal is recorded."""
+        for fence in fences:
+            if fence.resource is None or fence.owner is None:
+                continue
+            # The token a resource lease handed out carries this store's epoch.
+            issued = ResourceLease(fence.resource, fence.owner, fence.token, 0.0)
+            if not await self.redis.resource_lease_held(lease=issued):
+                await self._refused(fence.key, "fence", lease)
+                return False
+        return True
+
+    def _fence_refused(self, fence: Fence, lease: Lease) -> StaleTokenError:
+        return StaleTokenError(
+            resource=f"fence {fence.key!r}", token=fence.token, operation="transaction"
+        )
+
+    def fenced_transaction(
+        self, *, lease: Lease, fences: Sequence[Fence] = (), timeout: float | None = None
+    ) -> FencedTransaction:
+        """The ledger's fenced transaction; the async form checks the lease (and the
+        fences' resource leases) on Redis first and acknowledges the job there after
+        the commit."""
+        inner = self.ledger.fenced_transaction(lease=lease, fences=fences, timeout=timeout)
+        return _SplitTransaction(self, lease, fences, inner)
+
+    async def effect_begin(self, *, lease: Lease, key: str) -> EffectBegin:
+        """Take ``key`` in the ledger, unless Redis already says the lease is gone."""
+        if not await self._held(lease):
+            await self._refused(key, "effect_begin", lease)
+            current = await self.ledger.effects_list(key=key, limit=1)
+            return EffectBegin(Start.STALE, current[0] if current else None)
+        begin = await self.ledger.effect_begin(lease=lease, key=key)
+        pending = begin.record
+        if begin.start is Start.BUSY and pending is not None:
+            # The ledger cannot see Redis's lease expiry: ask Redis whether the key's
+            # owner still holds its job, and if not, say so to the ledger and try again.
+            owner = Lease(pending.job_id, pending.owner, pending.token, 0.0)
+            if not await self._held(owner):
+                await self.ledger.lease_lost(
+                    job_id=pending.job_id, token=pending.token, owner=pending.owner
+                )
+                begin = await self.ledger.effect_begin(lease=lease, key=key)
+        return begin
+
+    async def effect_finish(
+        self, *, lease: Lease, key: str, result: str | None = None, error: str | None = None
+    ) -> bool:
+        """Record the effect's outcome in the ledger (fenced by the key's own token)."""
+        return await self.ledger.effect_finish(lease=lease, key=key, result=result, error=error)
+
+    async def effects_list(
+        self, *, job_id: int | None = None, key: str | None = None, limit: int = 100
+    ) -> list[EffectRecord]:
+        """Effect records from the ledger."""
+        return await self.ledger.effects_list(job_id=job_id, key=key, limit=limit)
+
+    async def fence_write(self, *, lease: Lease, fence: Fence) -> bool:
+        """Advance a fence in the ledger, unless Redis already says the lease is gone."""
+        if not await self._held(lease):
+            await self._refused(fence.key, "fence", lease)
+            return False
+        if not await self._resources_held(lease, [fence]):
+            return False
+        return await self.ledger.fence_write(lease=lease, fence=fence)
+
+    async def duplicates_list(
+        self, *, since: float | None = None, limit: int = 10_000
+    ) -> list[Duplicate]:
+        """The ledger's duplicates and Redis's refused commits, newest first."""
+        found = await self.ledger.duplicates_list(since=since, limit=limit)
+        _, stale = await self.redis.stale_commits(limit=limit)
+        for s in stale:
+            if since is not None and s.at < since:
+                continue
+            try:
+                job = await self.redis.job_get(job_id=s.job_id)
+                key = job.idempotency_key or f"job:{s.job_id}"
+            except StoreError:
+                key = f"job:{s.job_id}"
+            found.append(
+                Duplicate(key, DuplicateKind.STALE, s.operation, s.job_id, s.token, s.owner, s.at)
+            )
+        renewals = await self.redis.resource_renewals_refused(limit=limit)
+        found += [d for d in renewals if since is None or d.at >= since]
+        return sorted(found, key=lambda d: -d.at)[:limit]
+
+
+class RolesUnavailableError(StoreUnavailableError):
+    """Some roles of a split store could not be opened; :attr:`failed` says which, each
+    with its error (the message names Redis or PostgreSQL)."""
+
+    def __init__(self, failed: dict[str, StoreError]) -> None:
+        #: The error of each role that failed.
+        self.failed = failed
+        seen: list[str] = []
+        for exc in failed.values():
+            if str(exc) not in seen:
+                seen.append(str(exc))
+        super().__init__("; ".join(seen))
+
+
+class _SplitTransaction(FencedTransaction):
+    """The ledger's fenced transaction, with the Redis side around it (async form)."""
+
+    def __init__(
+        self, store: SplitStore, lease: Lease, fences: Sequence[Fence], inner: FencedTransaction
+    ) -> None:
+        self._store = store
+        self._lease = lease
+        self._fences = fences
+        self._inner = inner
+
+    def __enter__(self) -> Any:
+        return self._inner.__enter__()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            self._inner.__exit__(exc_type, exc, tb)
+        finally:
+            self.wrote = self._inner.wrote
+
+    async def __aenter__(self) -> Any:
+        if not await self._store._held(self._lease):
+            await self._store.ledger.record_stale(self._lease, "transaction")
+            raise StaleTokenError(
+                resource=f"job {self._lease.job_id}",
+                token=self._lease.token,
+                operation="transaction",
+            )
+        for fence in self._fences:
+            if not await self._store._resources_held(self._lease, [fence]):
+                raise self._store._fence_refused(fence, self._lease)
+        return await self._inner.__aenter__()
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            await self._inner.__aexit__(exc_type, exc, tb)
+        finally:
+            self.wrote = self._inner.wrote
+        if self.wrote and exc is None:
+            # The ledger holds the completion; the acknowledgement is an optimisation
+            # from here on: if it is lost, the next claim asks the ledger.
+            try:
+                (ok,) = await self._store.jobs_finish(
+                    finishes=[Finish(self._lease, Outcome.SUCCEEDED)]
+                )
+            except StoreError:
+                ok = False
+            self.committed = ok

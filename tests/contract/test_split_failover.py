@@ -1,0 +1,141 @@
+"""A Redis failover under the split topology, on two real ``redis-server`` processes:
+the replica is promoted (``REPLICAOF NO ONE``) after the primary is killed, having
+missed the claim the primary made. The token number it hands out again is refused by
+the ledger; with the ledger's epoch the new tokens rise above the old instead."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tokenline._clock import FakeClock
+from tokenline._jobs import Lease, NewJob
+from tokenline._records import Start
+from tokenline.stores.redis import RedisStore
+from tokenline.stores.split import SplitStore
+
+DEADLINE = 30.0
+Q = ["default"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """A ``redis-server`` on a loopback port, keeping nothing on disk."""
+
+    def __init__(self, program: str, tmp: Path, name: str, replica_of: int | None = None) -> None:
+        self.port = _free_port()
+        args = [
+            program,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(tmp),
+            "--logfile", str(tmp / f"{name}.log"),
+        ]  # fmt: skip
+        if replica_of is not None:
+            args += ["--replicaof", "127.0.0.1", str(replica_of)]
+        self.proc = subprocess.Popen(args)
+        self.url = f"redis://127.0.0.1:{self.port}/0?prefix=failover"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, socket_timeout=5)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+async def _until(what: str, check: Any) -> None:
+    deadline = asyncio.get_running_loop().time() + DEADLINE
+    while asyncio.get_running_loop().time() < deadline:
+        try:
+            if check():
+                return
+        except redis.RedisError:
+            pass
+        await asyncio.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def servers(redis_server_binary: str, tmp_path: Path) -> Iterator[tuple[RedisServer, RedisServer]]:
+    """A primary and its replica on free loopback ports; both killed afterwards."""
+    primary = RedisServer(redis_server_binary, tmp_path, "primary")
+    replica = RedisServer(redis_server_binary, tmp_path, "replica", replica_of=primary.port)
+    try:
+        yield primary, replica
+    finally:
+        replica.stop()
+        primary.stop()
+
+
+async def test_a_token_reused_by_a_promoted_replica_is_refused_by_the_ledger(
+    servers: tuple[RedisServer, RedisServer], postgres_url: str, clock: FakeClock
+) -> None:
+    """The primary's claim (token t, owner w1) never reaches the replica; after the
+    failover the promoted replica hands t out again, to w2. The ledger refuses w2's
+    write with t (same number, another owner). A store with the ledger's epoch then
+    gets tokens above t from the promoted server, takes the job over, and w1's late
+    write is refused."""
+    primary, replica = servers
+    await _until("the replica to sync", lambda: replica.client().info("replication")
+                 ["master_link_status"] == "up")  # fmt: skip
+    before = SplitStore(broker=primary.url, ledger=postgres_url, clock=clock)
+    await before.open()
+    await before.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+    assert primary.client().wait(1, 5000) == 1  # the enqueue reached the replica
+    # The replica misses everything from here: stopped, and its link cut, so that not
+    # even bytes left in a socket buffer reach it.
+    os.kill(replica.proc.pid, signal.SIGSTOP)
+    primary.client().execute_command("CLIENT", "KILL", "TYPE", "replica")
+    (w1,) = await before.jobs_claim(owner="w1", queues=Q, limit=1, ttl=30)
+    assert (await before.effect_begin(lease=w1.lease, key="charge:1")).start is Start.RUN
+    await before.close()
+    primary.proc.kill()
+    primary.proc.wait(timeout=10)
+    os.kill(replica.proc.pid, signal.SIGCONT)
+    await _until("the replica to answer", lambda: replica.client().ping())
+    replica.client().execute_command("REPLICAOF", "NO", "ONE")
+
+    # Without an epoch, the promoted replica hands the same token number out again.
+    bare = RedisStore(replica.url, clock=clock)
+    await bare.open()
+    (w2,) = await bare.jobs_claim(owner="w2", queues=Q, limit=1, ttl=30)
+    assert w2.lease.token == w1.lease.token
+    after = SplitStore(broker=replica.url, ledger=postgres_url, clock=clock)
+    await after.open()
+    try:
+        refused = await after.ledger.effect_begin(lease=w2.lease, key="charge:1")
+        assert refused.start is Start.STALE
+        reused = Lease(w1.job.id, "w2", w1.lease.token, w1.lease.expires_at)
+        assert refused.start is (await after.ledger.effect_begin(lease=reused, key="x")).start
+
+        # With the ledger's epoch: the promoted server's tokens rise above the old ones.
+        assert after.redis.epoch > before.redis.epoch
+        clock.advance(31)
+        assert (await after.jobs_rescue()).requeued == [w1.job.id]
+        (w3,) = await after.jobs_claim(owner="w3", queues=Q, limit=1, ttl=30)
+        assert w3.lease.token > w1.lease.token
+        assert (await after.effect_begin(lease=w3.lease, key="charge:1")).start is Start.RUN
+        assert not await after.effect_finish(lease=w1.lease, key="charge:1", result="1")
+        assert await after.effect_finish(lease=w3.lease, key="charge:1", result="3")
+    finally:
+        await after.close()
+        await bare.close()

@@ -1,0 +1,236 @@
+"""The split topology's own guarantees: the ledger's job fence, the lost ack, and how
+the topology is named (App, settings, URL)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from sabotage import number_trusting_ledger
+from tokenline import App
+from tokenline._clock import FakeClock
+from tokenline._config import Settings, load_settings
+from tokenline._errors import ConfigError, StaleTokenError, StoreUnavailableError
+from tokenline._jobs import Finish, JobState, Lease, NewJob, Outcome
+from tokenline.stores import split_url, store_from_url
+from tokenline.stores.redis.store import LEDGER_DONE
+from tokenline.stores.split import SplitStore
+
+Q = ["default"]
+
+
+@pytest.fixture
+async def split(redis_url: str, postgres_url: str, clock: FakeClock) -> AsyncIterator[SplitStore]:
+    """An open split store: a fresh Redis key prefix and a fresh PostgreSQL schema."""
+    store = SplitStore(broker=redis_url, ledger=postgres_url, clock=clock)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def _write(store: SplitStore, lease: Lease, value: str) -> None:
+    """A business write through the ledger's fenced transaction (no broker around it)."""
+    async with store.ledger.fenced_transaction(lease=lease) as conn:
+        await conn.execute("CREATE TABLE IF NOT EXISTS biz (job bigint, value text)")
+        await conn.execute("INSERT INTO biz VALUES (%s, %s)", (lease.job_id, value))
+
+
+async def _biz(store: SplitStore) -> list[tuple[Any, ...]]:
+    return list(await store.ledger._tuples("SELECT job, value FROM biz ORDER BY value", {}))
+
+
+async def test_the_ledger_refuses_an_equal_token_from_another_owner(split: SplitStore) -> None:
+    """A token number the ledger has accepted from one owner is refused from another —
+    what a promoted Redis replica that lost the claim would hand out — while the first
+    owner may go on writing with it, and a higher token takes over."""
+    await split.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+    (first,) = await split.jobs_claim(owner="w1", queues=Q, limit=1, ttl=60)
+    lease = first.lease
+    assert await split.ledger.effect_begin(lease=lease, key="k1") is not None
+    reused = Lease(lease.job_id, "w2", lease.token, lease.expires_at)
+    with pytest.raises(StaleTokenError):
+        await _write(split, reused, "from the reused token")
+    assert (await split.ledger.effect_begin(lease=reused, key="k2")).start.value == "stale"
+    newer = Lease(lease.job_id, "w3", lease.token + 1, lease.expires_at)
+    await _write(split, newer, "from the newer token")
+    with pytest.raises(StaleTokenError):
+        await _write(split, lease, "from the older token")
+    assert await _biz(split) == [(lease.job_id, "from the newer token")]
+
+
+async def test_without_the_owner_check_the_reused_token_writes(split: SplitStore) -> None:
+    """Control experiment: with the ledger's owner check removed (tests/sabotage.py),
+    the same reused token is accepted and both owners write: the check is what refuses
+    it above."""
+    number_trusting_ledger(split.ledger)
+    await split.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+    (first,) = await split.jobs_claim(owner="w1", queues=Q, limit=1, ttl=60)
+    lease = first.lease
+    await split.ledger.effect_begin(lease=lease, key="k1")
+    reused = Lease(lease.job_id, "w2", lease.token, lease.expires_at)
+    await _write(split, reused, "from the reused token")
+    assert await _biz(split) == [(lease.job_id, "from the reused token")]
+
+
+class _LostAck(SplitStore):
+    """A split store whose Redis loses the next acknowledgements (the ack after the
+    ledger commit): they raise as a connection cut mid-call would."""
+
+    lose = 0
+
+    async def jobs_finish(self, *, finishes: Any) -> list[bool]:
+        if self.lose:
+            self.lose -= 1
+            raise StoreUnavailableError("the acknowledgement was lost on its way to Redis")
+        return await super().jobs_finish(finishes=finishes)
+
+
+async def test_a_lost_ack_never_runs_the_effect_again(
+    redis_url: str, postgres_url: str, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fenced transaction commits the business write and the job's completion in
+    PostgreSQL; its acknowledgement to Redis is lost, so Redis redelivers the job once
+    the lease expires. The claim asks the ledger, acknowledges the job as succeeded and
+    hands it to nobody; a write from the redelivered attempt would be refused."""
+    store = _LostAck(broker=redis_url, ledger=postgres_url, clock=clock)
+    await store.open()
+    try:
+        await store.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+        (claimed,) = await store.jobs_claim(owner="w1", queues=Q, limit=1, ttl=10)
+        store.lose = 2
+        tx = store.fenced_transaction(lease=claimed.lease)
+        async with tx as conn:
+            await conn.execute("CREATE TABLE biz (job bigint, value text)")
+            await conn.execute("INSERT INTO biz VALUES (%s, 'paid')", (claimed.job.id,))
+        assert (tx.wrote, tx.committed) == (True, False)
+        with pytest.raises(StoreUnavailableError):
+            # The worker's own acknowledgement is lost too.
+            await store.jobs_finish(finishes=[Finish(claimed.lease, Outcome.SUCCEEDED)])
+        assert (await store.job_get(job_id=claimed.job.id)).state is JobState.RUNNING
+        clock.advance(11)
+        assert (await store.jobs_rescue()).requeued == [claimed.job.id]
+        assert await store.jobs_claim(owner="w2", queues=Q, limit=10, ttl=10) == []
+        job = await store.job_get(job_id=claimed.job.id)
+        assert (job.state, store.acknowledged_from_ledger) == (JobState.SUCCEEDED, 1)
+        assert "the ledger had completed them" in caplog.text  # a repair is said
+        # The history says which attempt did the work: not the one acknowledged.
+        outcomes = [a.outcome for a in await store.job_attempts(job_id=claimed.job.id)]
+        assert outcomes == ["lease_expired", LEDGER_DONE]
+        again = Lease(claimed.job.id, "w2", claimed.lease.token + 1, 0.0)
+        with pytest.raises(StaleTokenError):
+            await _write(store, again, "paid twice")
+        assert await _biz(store) == [(claimed.job.id, "paid")]
+    finally:
+        await store.close()
+
+
+async def test_a_ledger_that_cannot_answer_releases_the_claimed_jobs(
+    split: SplitStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim whose ledger check fails gives the jobs back at once, attempt refunded,
+    and raises: no job runs without the ledger's word, none waits for a lease to
+    expire."""
+    await split.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+
+    async def down(*, job_ids: Any) -> set[int]:
+        raise StoreUnavailableError("PostgreSQL is unreachable")
+
+    monkeypatch.setattr(split.ledger, "jobs_done", down)
+    with pytest.raises(StoreUnavailableError):
+        await split.jobs_claim(owner="w1", queues=Q, limit=1, ttl=60)
+    (job,) = await split.jobs_list()
+    assert (job.state, job.attempt, job.lease_owner) == (JobState.QUEUED, 0, None)
+
+
+def test_the_split_topology_is_named_by_role_urls() -> None:
+    """App(broker=, leases=, ledger=) and TOKENLINE_BROKER / _LEASES / _LEDGER name the
+    split topology as one URL; a wrong URL for a role is a ConfigError naming the role;
+    Redis alone is refused as a store, with the reason."""
+    broker, ledger = "redis://127.0.0.1:6379/0?prefix=x", "postgresql://u@h/db"
+    app = App(broker=broker, leases=broker, ledger=ledger)
+    assert app.url == split_url(broker, ledger)
+    assert isinstance(store_from_url(app.url), SplitStore)
+    env = {"TOKENLINE_BROKER": broker, "TOKENLINE_LEDGER": ledger}
+    settings = load_settings(Settings, environ=env)
+    assert App(settings=settings).url == app.url
+    assert App("sqlite:///other.db", settings=settings).url == "sqlite:///other.db"
+    with pytest.raises(ConfigError) as bad:
+        App(broker="postgresql://u@h/db", ledger=ledger)
+    assert bad.value.setting == "broker"
+    with pytest.raises(ConfigError) as bad:
+        App(broker=broker, leases="redis://elsewhere:6379/0", ledger=ledger)
+    assert bad.value.setting == "leases"
+    with pytest.raises(ConfigError) as bad:
+        App(broker=broker)
+    assert bad.value.setting == "ledger"
+    with pytest.raises(ConfigError, match="broker and leases roles only"):
+        store_from_url(broker)
+
+
+def _dead_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("down", ["redis", "postgresql"])
+def test_status_names_the_failing_side_of_the_split(
+    down: str, redis_url: str, postgres_url: str
+) -> None:
+    """With Redis unreachable, status says broker and leases fail, naming Redis, and the
+    ledger answers; with PostgreSQL unreachable, the ledger fails, naming PostgreSQL,
+    and broker and leases answer."""
+    import json
+
+    from click.testing import CliRunner
+
+    from tokenline.cli import main
+
+    port = _dead_port()
+    broker = f"redis://127.0.0.1:{port}/0" if down == "redis" else redis_url
+    ledger = f"postgresql://postgres@127.0.0.1:{port}/test" if down != "redis" else postgres_url
+    args = ["status", "--json", "--timeout", "5", "--broker", broker, "--ledger", ledger]
+    result = CliRunner().invoke(main, args)
+    channels = json.loads(result.stdout)["channels"]
+    failing = {name for name, c in channels.items() if c["ok"] is False}
+    named = "Redis" if down == "redis" else "PostgreSQL"
+    expected = {"broker", "leases"} if down == "redis" else {"ledger"}
+    assert failing == expected, channels
+    assert all(named in channels[name]["error"] for name in failing), channels
+    assert all(channels[name]["ok"] for name in set(channels) - failing), channels
+
+
+def test_status_names_redis_when_the_drill_proxy_cuts_it_off(
+    redis_url: str, postgres_url: str
+) -> None:
+    """As in the drill's Redis partitions: Redis behind a fault proxy that blackholes.
+    Status says broker and leases are slow, naming Redis, and the ledger answers."""
+    import json
+    import urllib.parse
+
+    from click.testing import CliRunner
+
+    from tokenline.cli import main
+    from tokenline.drill._scratch import through
+    from tokenline.drill.proxy import Faults, ThreadedFaultProxy
+
+    server = urllib.parse.urlsplit(redis_url)
+    with ThreadedFaultProxy((server.hostname or "127.0.0.1", server.port or 6379)) as proxy:
+        broker = through(redis_url, *proxy.address)
+        args = ["status", "--json", "--timeout", "2", "--broker", broker, "--ledger", postgres_url]
+        healthy = json.loads(CliRunner().invoke(main, args).stdout)["channels"]
+        assert all(c["ok"] for c in healthy.values()), healthy
+        proxy.set_faults(Faults(blackhole=True))
+        channels = json.loads(CliRunner().invoke(main, args).stdout)["channels"]
+    assert {n: c["failure"] for n, c in channels.items()} == {
+        "broker": "slow",
+        "leases": "slow",
+        "ledger": None,
+    }, channels
+    assert "Redis at" in channels["broker"]["error"], channels
