@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import tokenline
-from tokenline._jobs import Finish, Outcome
+from tokenline._jobs import ClaimedJob, Finish, Outcome
 from tokenline.stores import Store
+from tokenline.stores.base import Broker
 from tokenline.stores.sqlite import SQLiteStore
 from tokenline.stores.sqlite.store import path_from_url
 
@@ -41,6 +42,13 @@ class _LosingAckStore(SQLiteStore):
         rest = [f for f in finishes if f is not lost]
         sent = iter(await super().jobs_finish(finishes=rest) if rest else [])
         return [True if f is lost else next(sent) for f in finishes]
+
+    async def jobs_finish_and_claim(
+        self, *, finishes: Sequence[Finish], **claim: Any
+    ) -> tuple[list[bool], list[ClaimedJob]]:
+        # Through jobs_finish above, then the claim: the worker's usual way to commit
+        # loses the ack too.
+        return await Broker.jobs_finish_and_claim(self, finishes=finishes, **claim)
 
 
 class FaultApp(tokenline.App):
