@@ -407,15 +407,14 @@ class BreakerBoard:
         await asyncio.shield(self._refreshing)
 
     async def watch(self) -> None:
-        """Run for the worker's life: while any breaker is not closed, keep the view
-        fresh, so that the worker closes after someone else's successful trial (and
-        says so) even when none of its jobs asks."""
+        """Run for the worker's life, keeping the view fresh even when none of its jobs
+        asks: the worker opens when another worker's breaker opened (an idle worker
+        too, so every worker's view, and what operators see of it, agrees within
+        ``max_age``), and closes after someone else's successful trial (and says so)."""
         while True:
             await asyncio.sleep(self.max_age)
-            now = self.clock.monotonic()
-            if any(b.state(now) is not BreakerState.CLOSED for b in self._breakers.values()):
-                await self.refresh_if_stale()
-            for name in self._breakers:
+            await self.refresh_if_stale()
+            for name in self.dependencies:
                 self.state(name)  # open -> half-open happens with time: announce it
 
     async def _refresh(self) -> None:
