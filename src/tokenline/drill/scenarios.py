@@ -225,10 +225,13 @@ _SCENARIOS = (
             ttls=1.5,
             # The drill's handler completes its job inside ctx.transaction, so the
             # completion commit is the fenced transaction (ledger role); jobs_finish
-            # (broker) carries the retries and releases.
+            # and jobs_finish_and_claim (broker) carry the retries and releases, the
+            # latter with the next claim, whose jobs are then lost to their worker too.
             store=StoreFaults(
                 broker=RoleFaults(
-                    fail_after=True, probability=0.3, methods=frozenset({"jobs_finish"})
+                    fail_after=True,
+                    probability=0.3,
+                    methods=frozenset({"jobs_finish", "jobs_finish_and_claim"}),
                 ),
                 ledger=RoleFaults(fail_after=True, probability=0.3),
             ),
