@@ -148,3 +148,63 @@ async def test_transaction_open_for_three_ttls_keeps_every_lease(url: str, form:
         worker.request_shutdown()
         await asyncio.wait_for(run, DEADLINE)
         app.close()
+
+
+async def test_a_transaction_cancelled_while_it_waits_for_the_lock_leaves_none(
+    tmp_path: Path,
+) -> None:
+    """A handler cancelled (a hard timeout, a fenced worker) while its fenced transaction
+    waits for SQLite's write lock: the waiting thread still takes the lock once it is
+    free, and must give it straight back, or every process's writes wait for it (this
+    process's own calls for ever: they wait for their own transactions)."""
+    import threading
+
+    from tokenline._jobs import NewJob
+    from tokenline.stores.sqlite import SQLiteStore
+
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'cancel.db'}", timeout=5.0)
+    await store.open()
+    try:
+        await store.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+        (claimed,) = await store.jobs_claim(owner="w", queues=["default"], limit=1, ttl=60)
+        blocker = sqlite3.connect(store.path, timeout=5.0)
+        blocker.execute("BEGIN IMMEDIATE")
+        # Kept, as the job's context keeps its transaction: no garbage collector closes
+        # the connection behind our back.
+        transaction = store.fenced_transaction(lease=claimed.lease)
+        entered = threading.Event()
+        real_enter = transaction.__enter__
+
+        def enter() -> Any:
+            try:
+                return real_enter()
+            finally:
+                entered.set()
+
+        transaction.__enter__ = enter  # type: ignore[method-assign]
+
+        async def handler() -> None:
+            async with transaction as conn:
+                conn.execute("SELECT 1")
+
+        task = asyncio.create_task(handler())
+        await asyncio.sleep(0.2)  # its thread waits in BEGIN IMMEDIATE (or soon will)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        blocker.rollback()  # the waiting thread now takes the lock
+        blocker.close()
+        assert await asyncio.to_thread(entered.wait, 30)
+        await asyncio.sleep(0.1)  # the loop runs what the thread's end scheduled
+        # The store's own write, and anyone else's, go through: nobody holds the lock.
+        await asyncio.wait_for(
+            store.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")]), 20
+        )
+        probe = sqlite3.connect(store.path, timeout=10.0)
+        probe.execute("BEGIN IMMEDIATE")
+        probe.rollback()
+        probe.close()
+        assert (await store.job_get(job_id=claimed.job.id)).state is JobState.RUNNING
+        assert not transaction.committed
+    finally:
+        await store.close()
