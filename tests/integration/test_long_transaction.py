@@ -208,3 +208,49 @@ async def test_a_transaction_cancelled_while_it_waits_for_the_lock_leaves_none(
         assert not transaction.committed
     finally:
         await store.close()
+
+
+async def test_a_memory_transaction_cancelled_while_it_waits_gives_the_lock_back() -> None:
+    """The in-memory store's transactions share one lock: one cancelled while waiting
+    for it takes it once free, and must give it straight back."""
+    import threading
+
+    from tokenline._jobs import NewJob
+    from tokenline.stores import MemoryStore
+
+    store = MemoryStore()
+    await store.open()
+    await store.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")] * 3)
+    first, second, third = await store.jobs_claim(owner="w", queues=["default"], limit=3, ttl=60)
+    holder = store.fenced_transaction(lease=first.lease)
+    holder.__enter__()
+    waiting = store.fenced_transaction(lease=second.lease)
+    entered = threading.Event()
+    real_enter = waiting.__enter__
+
+    def enter() -> Any:
+        try:
+            return real_enter()
+        finally:
+            entered.set()
+
+    waiting.__enter__ = enter  # type: ignore[method-assign]
+
+    async def handler() -> None:
+        async with waiting:
+            pass
+
+    task = asyncio.create_task(handler())
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    holder.__exit__(None, None, None)
+    assert await asyncio.to_thread(entered.wait, 30)
+    await asyncio.sleep(0.1)  # the loop runs what the thread's end scheduled
+    later = store.fenced_transaction(lease=third.lease)
+    async with asyncio.timeout(20):
+        async with later:
+            pass
+    assert later.committed
+    assert not waiting.committed

@@ -211,6 +211,22 @@ class FencedTransaction(abc.ABC):
     async def __aenter__(self) -> Any:
         raise NotSupportedError("this store's transactions are synchronous: use `with`")
 
+    async def _enter_on_a_thread(self) -> Any:
+        """``__enter__`` on a thread, for an ``async with`` whose begin may wait for a
+        lock. A caller cancelled meanwhile (a hard timeout, a fenced worker) leaves the
+        thread to take the lock all the same: the transaction is rolled back as soon as
+        it has begun, or the lock would stay held for ever."""
+        entering = asyncio.ensure_future(asyncio.to_thread(self.__enter__))
+        try:
+            return await asyncio.shield(entering)
+        except asyncio.CancelledError:
+            entering.add_done_callback(self._abandoned_enter)
+            raise
+
+    def _abandoned_enter(self, entering: asyncio.Future[Any]) -> None:
+        if not entering.cancelled() and entering.exception() is None:
+            self.__exit__(asyncio.CancelledError, asyncio.CancelledError(), None)
+
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         raise NotSupportedError("this store's transactions are synchronous: use `with`")
 

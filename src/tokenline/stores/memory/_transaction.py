@@ -15,7 +15,6 @@ writes roll back.
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import threading
 from collections.abc import Sequence
@@ -90,7 +89,8 @@ class MemoryFencedTransaction(FencedTransaction):
     async def __aenter__(self) -> sqlite3.Connection:
         # The database's lock may be held by another job's transaction: wait for it off
         # the event loop.
-        return await asyncio.to_thread(self.__enter__)
+        conn: sqlite3.Connection = await self._enter_on_a_thread()
+        return conn
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.__exit__(exc_type, exc, tb)

@@ -139,20 +139,8 @@ class SQLiteFencedTransaction(FencedTransaction):
         return True
 
     async def __aenter__(self) -> sqlite3.Connection:
-        entering = asyncio.ensure_future(asyncio.to_thread(self.__enter__))
-        try:
-            return await asyncio.shield(entering)
-        except asyncio.CancelledError:
-            # The caller is cancelled (a hard timeout, a fenced worker) while the thread
-            # waits for the write lock: the thread goes on and may still take it. Roll
-            # that back once it has, or the file stays locked for every process, and
-            # this one's own calls wait for it forever.
-            entering.add_done_callback(self._abandoned_enter)
-            raise
-
-    def _abandoned_enter(self, entering: asyncio.Future[sqlite3.Connection]) -> None:
-        if not entering.cancelled() and entering.exception() is None:
-            self.__exit__(asyncio.CancelledError, asyncio.CancelledError(), None)
+        conn: sqlite3.Connection = await self._enter_on_a_thread()
+        return conn
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         await asyncio.to_thread(self.__exit__, exc_type, exc, tb)
