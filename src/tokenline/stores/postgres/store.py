@@ -475,12 +475,12 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         timeout; a server gone silent is noticed by the connection's keepalives."""
         if not jobs:
             return []
-        query, params = self._enqueue_statement(jobs)
         pool, conn = self._checkout_sync()
         try:
             with self._translate():
                 if self._copies(jobs):
                     return SyncDriver(conn).run(self._enqueue_copy_steps(jobs))
+                query, params = self._enqueue_statement(jobs)
                 cur = conn.cursor(row_factory=tuple_row)
                 cur.execute(query, params)
                 return [row[0] for row in cur.fetchall()]
