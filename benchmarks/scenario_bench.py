@@ -76,7 +76,7 @@ def _succeeded(scratch: Any) -> int:
 
 
 def one_round(
-    url: str | None, sink: str, jobs: int, workers: int, concurrency: int
+    url: str | None, sink: str, jobs: int, workers: int, concurrency: int, prefetch: int = 0
 ) -> dict[str, Any]:
     """Run the scenario once on a fresh store; return its figures."""
     import psycopg
@@ -104,7 +104,7 @@ def one_round(
         cmd = [
             sys.executable, "-m", "tokenline", "worker", "--app", "scenario_bench:app",
             "--queues", QUEUE, "--concurrency", str(concurrency), "--poll-interval", "0.05",
-            "--log-level", "warning",
+            "--prefetch", str(prefetch), "--log-level", "warning",
         ]  # fmt: skip
         procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL) for _ in range(workers)]
         deadline = time.monotonic() + 60
@@ -132,6 +132,7 @@ def one_round(
             "jobs": jobs,
             "workers": workers,
             "concurrency": concurrency,
+            "prefetch": prefetch,
             "enqueue_per_s": round(jobs / enqueue_s),
             "processed_per_s": round(jobs / process_s),
         }
@@ -154,20 +155,30 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=1)
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument(
+        "--prefetch",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="the workers' prefetch; several values are run interleaved, round by round",
+    )
     args = p.parse_args(argv)
     load_before = _load()
-    results = []
+    results: dict[int, list[dict[str, Any]]] = {n: [] for n in args.prefetch}
     for _ in range(args.rounds):
-        r = one_round(args.url, args.sink, args.jobs, args.workers, args.concurrency)
-        print(json.dumps(r), flush=True)
-        results.append(r)
-    print(
-        f"{results[0]['store']}: {args.jobs} jobs, {args.workers} workers x {args.concurrency}: "
-        f"single-call enqueue {statistics.median(r['enqueue_per_s'] for r in results):,.0f}/s, "
-        f"processed {statistics.median(r['processed_per_s'] for r in results):,.0f}/s "
-        f"(median of {len(results)}); {os.cpu_count()} cores, load {load_before} before, "
-        f"{_load()} after"
-    )
+        for n in args.prefetch:
+            r = one_round(args.url, args.sink, args.jobs, args.workers, args.concurrency, n)
+            print(json.dumps(r), flush=True)
+            results[n].append(r)
+    for n, rounds in results.items():
+        print(
+            f"{rounds[0]['store']}: {args.jobs} jobs, {args.workers} workers x "
+            f"{args.concurrency}, prefetch {n}: single-call enqueue "
+            f"{statistics.median(r['enqueue_per_s'] for r in rounds):,.0f}/s, processed "
+            f"{statistics.median(r['processed_per_s'] for r in rounds):,.0f}/s "
+            f"(median of {len(rounds)}); {os.cpu_count()} cores, load {load_before} before, "
+            f"{_load()} after"
+        )
 
 
 if __name__ == "__main__":

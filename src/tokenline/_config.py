@@ -137,6 +137,9 @@ DEFAULT_RETENTION_DEAD = 30 * 86_400.0
 #: Default retention of the audit rows: refused stale commits and duplicates (30 days).
 DEFAULT_RETENTION_AUDIT = 30 * 86_400.0
 
+#: The most jobs a worker may hold prefetched (``WorkerSettings.prefetch``).
+MAX_PREFETCH = 1000
+
 #: The values of ``WorkerSettings.concurrency_control``.
 CONCURRENCY_CONTROLS = ("aimd", "gradient", "fixed")
 
@@ -175,6 +178,10 @@ class WorkerSettings:
     store_timeout: float | None = None
     #: Jobs claimed in one round trip; ``None``: up to the free concurrency.
     claim_batch: int | None = None
+    #: Jobs claimed ahead of the running ones, each held under its lease (renewed) until
+    #: a handler slot frees, so the next job starts while the last one's outcome is being
+    #: written; one waiting longer than ``renew_interval`` is given back. 0: none.
+    prefetch: int = 0
     #: Log a warning when the worker's wall clock and the store's differ by more than
     #: this (seconds). Nothing the store decides depends on the worker's wall clock.
     clock_skew_warning: float = 1.0
@@ -264,6 +271,14 @@ class WorkerSettings:
             )
         if self.claim_batch is not None:
             _positive_int("claim_batch", self.claim_batch)
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int):
+            raise ConfigError("prefetch", f"must be a whole number >= 0, got {self.prefetch!r}")
+        if not 0 <= self.prefetch <= MAX_PREFETCH:
+            raise ConfigError(
+                "prefetch",
+                f"must be from 0 to {MAX_PREFETCH} (jobs held under lease before they run); "
+                f"got {self.prefetch}",
+            )
         if self.concurrency_control not in CONCURRENCY_CONTROLS:
             raise ConfigError(
                 "concurrency_control",

@@ -112,6 +112,10 @@ INVALID_WORKER_SETTINGS: list[tuple[str, dict[str, Any]]] = [
     ("claim_batch", {"claim_batch": 0}),
     ("claim_batch", {"claim_batch": True}),
     ("claim_batch", {"claim_batch": 2.5}),
+    ("prefetch", {"prefetch": -1}),
+    ("prefetch", {"prefetch": True}),
+    ("prefetch", {"prefetch": 1.5}),
+    ("prefetch", {"prefetch": 1001}),
 ]
 
 

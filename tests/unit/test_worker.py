@@ -957,3 +957,175 @@ def test_claims_in_flight_reserve_their_slots() -> None:
     assert fetch == 1
     assert worker.reserve(2) == 2
     assert worker.reserve(2) == 0
+
+
+# -- prefetch -------------------------------------------------------------------------------
+
+
+class _FinishWatch(MemoryStore):
+    """Notes, as each batch of finishes is sent, how many jobs the worker had started."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.worker: Worker | None = None
+        #: (job ids finished, jobs started by then), one per batch.
+        self.sent: list[tuple[list[int], int]] = []
+
+    def _note(self, finishes: Any) -> None:
+        if self.worker is not None:
+            ids = [f.lease.job_id for f in finishes]
+            self.sent.append((ids, self.worker.counters.started))
+
+    async def jobs_finish(self, *, finishes: Any) -> list[bool]:
+        self._note(finishes)
+        return await super().jobs_finish(finishes=finishes)
+
+    async def jobs_finish_and_claim(self, *, finishes: Any, limit: int, **kwargs: Any) -> Any:
+        self._note(finishes)
+        done = await MemoryStore.jobs_finish(self, finishes=finishes)
+        claimed = await MemoryStore.jobs_claim(self, limit=limit, **kwargs) if limit else []
+        return done, claimed
+
+
+PREFETCH = WorkerSettings(
+    lease_ttl=30.0,
+    renew_interval=10.0,
+    poll_interval=0.02,
+    rescue_interval=10.0,
+    concurrency=1,
+    prefetch=1,
+    concurrency_control="fixed",
+)
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+async def test_a_prefetched_job_starts_while_the_last_outcome_is_written(prefetch: int) -> None:
+    """With ``prefetch``, the next job is already claimed when a handler returns: it
+    starts before the finished job's outcome is sent, so the two overlap, and handlers
+    never run more than the concurrency at once. Without it, a job starts only after
+    the finish that claims it."""
+    store = _FinishWatch()
+    app = App("memory://")
+    running_now = 0
+    most = 0
+
+    @app.task(name="t.pre")
+    async def handler(ctx: JobContext) -> None:
+        nonlocal running_now, most
+        running_now += 1
+        most = max(most, running_now)
+        await asyncio.sleep(0.001)
+        running_now -= 1
+
+    n = 20
+    ids = [await app.enqueue_async("t.pre", store=store) for _ in range(n)]
+    worker = Worker(app, PREFETCH if prefetch else QUIET, store=store)
+    store.worker = worker
+    async with running(worker):
+        for jid in ids:
+            await job_in(store, jid, JobState.SUCCEEDED)
+    assert most == 1
+    assert worker.counters.succeeded == n
+    done = 0
+    ahead = 0
+    for finished, started in store.sent:
+        done += len(finished)
+        ahead += started > done
+    if prefetch:
+        # Every finish but the first and the last goes out with the next job running.
+        assert ahead >= n - 3, store.sent
+    else:
+        assert ahead == 0, store.sent
+
+
+async def _prefetch_one_behind(
+    app: App, store: Store, settings: WorkerSettings
+) -> tuple[Worker, int, int, asyncio.Event, list[int], asyncio.Task[None]]:
+    """A worker at concurrency 1 with job ``long`` running and job ``next_`` prefetched
+    behind it (the finish of a first quick job claimed both)."""
+    release = asyncio.Event()
+    ran: list[int] = []
+
+    @app.task(name="t.quick")
+    async def quick(ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    @app.task(name="t.long")
+    async def long(ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+        await release.wait()
+
+    await app.enqueue_async("t.quick", store=store)
+    long_id = await app.enqueue_async("t.long", store=store)
+    next_id = await app.enqueue_async("t.quick", store=store)
+    worker = Worker(app, settings, store=store)
+    task = asyncio.create_task(worker.run())
+    await eventually(lambda: worker._waiting and ran[-1:] == [long_id], "a job waits prefetched")
+    return worker, long_id, next_id, release, ran, task
+
+
+async def test_drain_gives_prefetched_jobs_back_unrun() -> None:
+    """A shutdown gives a prefetched job back at once, with no attempt spent, while the
+    running job finishes: another worker may take it."""
+    app = App("memory://")
+    store = app.open_store()
+    worker, long_id, next_id, release, ran, task = await _prefetch_one_behind(app, store, PREFETCH)
+    worker.request_shutdown()
+    back = await job_in(store, next_id, JobState.QUEUED)
+    assert back.attempt == 0
+    assert next_id not in ran
+    release.set()
+    await asyncio.wait_for(task, DEADLINE)
+    assert (await store.job_get(job_id=long_id)).state is JobState.SUCCEEDED
+    assert next_id not in ran
+    assert (await store.job_get(job_id=next_id)).state is JobState.QUEUED
+
+
+async def test_a_prefetched_job_waits_at_most_a_renewal_interval() -> None:
+    """A prefetched job held behind a long one goes back after ``renew_interval``, unrun,
+    and runs later: a long job never keeps the next one from free workers."""
+    app = App("memory://")
+    store = app.open_store()
+    settings = WorkerSettings(
+        lease_ttl=3.0,
+        renew_interval=0.2,
+        poll_interval=0.02,
+        rescue_interval=10.0,
+        concurrency=1,
+        prefetch=1,
+        concurrency_control="fixed",
+    )
+    worker, _long_id, next_id, release, ran, task = await _prefetch_one_behind(app, store, settings)
+    try:
+        back = await job_in(store, next_id, JobState.QUEUED)
+        assert back.attempt == 0
+        assert next_id not in ran
+        assert not worker._waiting
+        release.set()
+        await job_in(store, next_id, JobState.SUCCEEDED)
+        assert ran.count(next_id) == 1
+    finally:
+        release.set()
+        worker.request_shutdown()
+        await asyncio.wait_for(task, DEADLINE)
+
+
+async def test_a_fenced_worker_gives_back_its_prefetched_jobs() -> None:
+    """Fencing gives back the prefetched jobs with the running ones: none is left leased
+    to a worker that has stopped trusting its leases."""
+    app = App("memory://")
+    store = app.open_store()
+    worker, _long_id, next_id, release, _ran, task = await _prefetch_one_behind(
+        app, store, PREFETCH
+    )
+    try:
+        await worker._lease_lost("test: lease lost")
+        back = await job_in(store, next_id, JobState.QUEUED)
+        assert back.attempt == 0
+        assert not worker._waiting
+        assert not worker._slots or all(s.waiting_since is None for s in worker._slots.values())
+    finally:
+        release.set()
+        worker.request_shutdown()
+        worker.request_shutdown()
+        await asyncio.wait_for(task, DEADLINE)

@@ -133,6 +133,12 @@ def _env(name: str) -> dict[str, Any]:
     **_env("CLAIM_BATCH"),
 )
 @click.option(
+    "--prefetch",
+    type=int,
+    help="Jobs claimed ahead of free slots, held under lease [default: 0].",
+    **_env("PREFETCH"),
+)
+@click.option(
     "--config",
     type=click.Path(dir_okay=False),
     help="TOML file with a [tokenline.worker] table.",

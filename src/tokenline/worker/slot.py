@@ -48,5 +48,9 @@ class Slot:
     in_transaction: bool = False
     #: Monotonic time the attempt started on this worker.
     started_at: float = 0.0
+    #: Its handler runs now (counted in the worker's running handlers).
+    running: bool = False
+    #: Prefetched and not started: the monotonic time it began to wait for a slot.
+    waiting_since: float | None = None
     #: How the attempt failed, for the concurrency limiter (None: it did not).
     failure: FailureKind | None = None

@@ -29,6 +29,7 @@ import socket
 import threading
 import uuid
 import weakref
+from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -151,6 +152,11 @@ class Worker:
         self._slot_freed: asyncio.Event | None = None
         #: Jobs asked for by claims in flight (see ``reserve``).
         self._claiming = 0
+        #: Prefetched jobs waiting for a handler slot, oldest first (also in ``_slots``,
+        #: so the renewal keeps their leases and a fence gives them back).
+        self._waiting: deque[Slot] = deque()
+        #: Handlers running now: started and not yet returned.
+        self._handlers = 0
         self._fencing = False
         self._drainer: asyncio.Task[None] | None = None
         # None: the standard services, built on the store once it is open.
@@ -336,6 +342,8 @@ class Worker:
     async def _drain(self) -> None:
         deadline = self.clock.monotonic() + self.settings.drain_timeout
         assert self._slot_freed is not None
+        # Prefetched jobs have not started: they go back at once, for another worker.
+        await self._give_back(list(self._waiting), "worker draining: prefetched, not run")
         while self._slots and self.clock.monotonic() < deadline:
             self._slot_freed.clear()
             with contextlib.suppress(TimeoutError):
@@ -416,8 +424,13 @@ class Worker:
         if not self.state.may_fetch or self._stop_requested or self._fencing:
             return 0
         in_flight = len(self._slots) - freeing + self._claiming
+        # Prefetch rides only on a batch of finishes: the fetch loop claims for free
+        # slots, so a long job never has the worker claim and give back over and over.
+        ahead = self.settings.prefetch if freeing else 0
         # The adaptive limit, not only the configured concurrency, bounds the claim.
-        free = self._limiter.claim_batch(self.settings.concurrency - in_flight, in_flight=in_flight)
+        free = self._limiter.claim_batch(
+            self.settings.concurrency + ahead - in_flight, in_flight=in_flight - ahead
+        )
         limit = min(free, self.settings.claim_batch or free)
         if limit > 0:
             self._claiming += limit
@@ -530,6 +543,58 @@ class Worker:
     def _start(self, claimed: ClaimedJob, sent_at: float) -> None:
         slot = Slot(claimed=claimed, lease=claimed.lease, valid_until=self._valid_until(sent_at))
         self._slots[(claimed.job.id, claimed.lease.token)] = slot
+        if self.settings.prefetch and (self._waiting or self._handlers >= self._run_limit()):
+            # Prefetched: it waits, under its lease, for a handler to return.
+            slot.waiting_since = self.clock.monotonic()
+            self._waiting.append(slot)
+            return
+        self._launch(slot)
+
+    def _run_limit(self) -> int:
+        """Handlers that may run at once: the adaptive limit."""
+        return self._limiter.limit
+
+    def _promote(self) -> None:
+        """Start prefetched jobs while handlers are fewer than the limit."""
+        while self._waiting and self._handlers < self._run_limit():
+            slot = self._waiting.popleft()
+            slot.waiting_since = None
+            self._launch(slot)
+
+    def _handler_returned(self, slot: Slot) -> None:
+        """``slot``'s handler is done (its outcome may still be committing): a prefetched
+        job may take its place, so the two overlap."""
+        if slot.running:
+            slot.running = False
+            self._handlers -= 1
+            if self._waiting and not self._stop_requested and not self._fencing:
+                self._promote()
+
+    async def _give_back(self, slots: Sequence[Slot], reason: str) -> None:
+        """Release prefetched ``slots`` unrun (no attempt spent); if the store cannot be
+        told, their leases expire and the rescue takes them."""
+        slots = [s for s in slots if s.task is None and s.cancel_reason is None]
+        if not slots:
+            return
+        for s in slots:
+            s.cancel_reason = reason
+            with contextlib.suppress(ValueError):
+                self._waiting.remove(s)
+        finishes = [Finish(s.lease, Outcome.RELEASE, 0.0, reason, "coordination") for s in slots]
+        try:
+            async with asyncio.timeout(self.settings.call_timeout):
+                results = await self.store.jobs_finish(finishes=finishes)
+            self.counters.released += sum(results)
+        except (StoreError, TimeoutError) as exc:
+            log.warning("worker %s could not give back %d jobs: %s", self.id, len(slots), exc)
+        finally:
+            for s in slots:
+                self._free(s)
+
+    def _launch(self, slot: Slot) -> None:
+        claimed = slot.claimed
+        slot.running = True
+        self._handlers += 1
         self.counters.started += 1
         slot.started_at = self.clock.monotonic()
         if claimed.job.attempt == 1:
@@ -554,6 +619,11 @@ class Worker:
         key = (slot.claimed.job.id, slot.claimed.lease.token)
         if self._slots.get(key) is slot:
             del self._slots[key]
+        if slot.waiting_since is not None:
+            slot.waiting_since = None
+            with contextlib.suppress(ValueError):
+                self._waiting.remove(slot)
+        self._handler_returned(slot)
         assert self._slot_freed is not None
         self._slot_freed.set()
         if not self._slots and self.state is WorkerState.PROCESSING:
@@ -561,7 +631,10 @@ class Worker:
 
     async def _execute(self, slot: Slot) -> None:
         try:
-            finish = await self._run_handler(slot)
+            try:
+                finish = await self._run_handler(slot)
+            finally:
+                self._handler_returned(slot)
             if finish is not None and slot.cancel_reason is None:
                 await self._commit(slot, finish)
         except asyncio.CancelledError:
@@ -1010,6 +1083,8 @@ class Worker:
         while True:
             await asyncio.sleep(period)
             self._last_tick = self.clock.monotonic()
+            if self._waiting:
+                await self._give_back_overdue()
             if not self.settings.local_fencing or self.state is WorkerState.STOPPED:
                 continue
             now = self.clock.monotonic()
@@ -1020,6 +1095,15 @@ class Worker:
                     f"leases of jobs {expired} expired by the worker's own clock "
                     "(was the process paused or cut off?)"
                 )
+
+    async def _give_back_overdue(self) -> None:
+        """Give back prefetched jobs that waited a renewal interval for a slot: a long
+        job must not hold the next one here while other workers are free."""
+        limit = self.clock.monotonic() - self.settings.renew_interval
+        overdue = [s for s in self._waiting if (s.waiting_since or 0.0) <= limit]
+        if overdue:
+            why = f"prefetched job waited {self.settings.renew_interval:g}s for a slot: not run"
+            await self._give_back(overdue, why)
 
     @property
     def maintenance(self) -> MaintenanceRunner:
