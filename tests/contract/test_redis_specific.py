@@ -66,3 +66,28 @@ async def test_keys_stay_under_the_prefix(redis_url: str, redis_server: str) -> 
         mine = list(client.scan_iter(match=f"{{{name}}}:*"))
         assert mine
         assert all(k.decode().startswith(f"{{{name}}}:") for k in mine)
+
+
+async def test_a_blocking_enqueue_needs_the_store_open_and_stops_with_it(
+    redis_url: str, redis_server: str
+) -> None:
+    """The caller's-thread enqueue refuses before open and after close, clearly, and
+    between them writes through the same script as the async one (same ids)."""
+    import asyncio
+
+    from tokenline._errors import StoreError
+
+    store = RedisStore(redis_url)
+    job = NewJob(queue="q", task="t", args="[]")
+    with pytest.raises(StoreError, match="not open"):
+        store.jobs_enqueue_blocking(jobs=[job])
+    await store.open()
+    try:
+        (a,) = await store.jobs_enqueue(jobs=[job])
+        (b,) = await asyncio.to_thread(store.jobs_enqueue_blocking, jobs=[job])
+        assert b == a + 1
+        assert (await store.job_get(job_id=b)).task == "t"
+    finally:
+        await store.close()
+    with pytest.raises(StoreError, match="not open"):
+        store.jobs_enqueue_blocking(jobs=[job])

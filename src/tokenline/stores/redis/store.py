@@ -30,14 +30,16 @@ then lost from the broker; the split topology's ledger keeps the business data s
 from __future__ import annotations
 
 import json
+import threading
 import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from importlib import resources
 from typing import Any, cast
 
+import redis
 from redis import asyncio as aioredis
-from redis.commands.core import AsyncScript
+from redis.commands.core import AsyncScript, Script
 
 from ..._clock import Clock
 from ..._errors import (
@@ -132,7 +134,7 @@ def parse_redis_url(url: str) -> tuple[str, str, str]:
 class RedisStore(RedisMembership, Broker, Leases):
     """Broker and leases on one Redis server (or primary); plays no ledger."""
 
-    capabilities = Capabilities(multi_process=True, ledger=False)
+    capabilities = Capabilities(multi_process=True, ledger=False, blocking_enqueue=True)
 
     def __init__(
         self,
@@ -152,6 +154,11 @@ class RedisStore(RedisMembership, Broker, Leases):
         self._epoch_taken = epoch_source is None
         self._client: aioredis.Redis | None = None
         self._scripts: dict[str, AsyncScript] = {}
+        # Single enqueues from synchronous code go on the caller's thread through a
+        # blocking client of their own (thread-safe pool), made on first use.
+        self._sync_client: redis.Redis | None = None
+        self._sync_enqueue: Script | None = None
+        self._sync_lock = threading.Lock()
 
     # -- plumbing -------------------------------------------------------------------------
     async def open(self) -> None:
@@ -176,6 +183,10 @@ class RedisStore(RedisMembership, Broker, Leases):
     async def close(self) -> None:
         """Release the connection pool. Safe to call twice."""
         client, self._client = self._client, None
+        with self._sync_lock:
+            sync_client, self._sync_client, self._sync_enqueue = self._sync_client, None, None
+        if sync_client is not None:
+            sync_client.close()
         if client is not None:
             await client.aclose()
 
@@ -289,6 +300,35 @@ class RedisStore(RedisMembership, Broker, Leases):
             raise NotSupportedError("the Redis store cannot enqueue inside a database transaction")
         if not jobs:
             return []
+        return [int(i) for i in await self._run("enqueue", self._enqueue_args(jobs))]
+
+    def jobs_enqueue_blocking(self, *, jobs: Sequence[NewJob]) -> list[int]:
+        """:meth:`jobs_enqueue` in the caller's thread, on a blocking client of this
+        store's own: the same script, so the same ids, states and unique answers."""
+        if not jobs:
+            return []
+        args = self._enqueue_args(jobs)
+        script = self._blocking_enqueue_script()
+        with map_redis_errors(self.where, "script enqueue.lua"):
+            return [int(i) for i in script(keys=[self.prefix], args=args)]
+
+    def _blocking_enqueue_script(self) -> Script:
+        with self._sync_lock:
+            if self._client is None:
+                raise StoreError("the Redis store is not open; call open() first")
+            if self._sync_enqueue is None:
+                client = redis.Redis.from_url(
+                    self._connect_url,
+                    socket_timeout=self.timeout,
+                    socket_connect_timeout=self.timeout,
+                    decode_responses=False,
+                )
+                self._sync_client = client
+                self._sync_enqueue = client.register_script(_TEXT["enqueue"])
+            return self._sync_enqueue
+
+    def _enqueue_args(self, jobs: Sequence[NewJob]) -> list[Any]:
+        """The enqueue script's arguments for ``jobs``."""
         args: list[Any] = [self._now(), len(jobs)]
         for j in jobs:
             if j.unique is not None and j.idempotency_key is None:
@@ -307,7 +347,7 @@ class RedisStore(RedisMembership, Broker, Leases):
                 "" if j.unique is None else j.unique.value,
                 "" if j.unique_for is None else _f(j.unique_for),
             ]
-        return [int(i) for i in await self._run("enqueue", args)]
+        return args
 
     async def jobs_claim(
         self,

@@ -60,7 +60,11 @@ class SplitStore(Store):
     :class:`SplitLedger` on PostgreSQL."""
 
     capabilities = Capabilities(
-        multi_process=True, transactional_completion=True, ledger=True, placeholder="%s"
+        multi_process=True,
+        transactional_completion=True,
+        ledger=True,
+        placeholder="%s",
+        blocking_enqueue=True,
     )
 
     def __init__(
@@ -156,6 +160,10 @@ class SplitStore(Store):
     async def jobs_enqueue(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[int]:
         """Enqueue on Redis."""
         return await self.redis.jobs_enqueue(jobs=jobs, connection=connection)
+
+    def jobs_enqueue_blocking(self, *, jobs: Sequence[NewJob]) -> list[int]:
+        """Enqueue on Redis from the caller's thread."""
+        return self.redis.jobs_enqueue_blocking(jobs=jobs)
 
     async def jobs_claim(
         self,
