@@ -16,10 +16,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..._errors import StoreError
-from ..._jobs import Lease
+from ..._jobs import Lease, NewJob
 from .._repairs import ACKNOWLEDGED, ACKNOWLEDGED_ERROR, LOST, LOST_ERROR
 from ..base import Drift, Inconsistency, ResourceLease, leader_refused
 from ._errors import map_redis_errors
+from ._values import fmt as _f
+from ._values import opt as _opt
+from ._values import pairs as _pairs
 from ._values import text as _s
 
 if TYPE_CHECKING:
@@ -149,3 +152,53 @@ class RedisMaintenance:
                 raise
             raise leader_refused(leader, "reconcile") from None
         return [bool(int(x)) for x in done]
+
+    # -- periodic jobs --------------------------------------------------------------------
+    async def schedule_advance(
+        self, *, leader: ResourceLease, schedule: str, instant: float, job: NewJob | None
+    ) -> bool:
+        """Move ``schedule``'s mark to ``instant`` and enqueue ``job`` in one script
+        (``schedule.lua``), only if the mark is below ``instant`` and ``leader`` still
+        holds the maintenance lease (else :class:`StaleTokenError`, nothing written).
+
+        Redis can lose its last writes (a failover to a replica that missed them, a
+        restart without persistence). A lost mark goes back with the jobs enqueued
+        with it, so the next leader enqueues those instants again: a periodic job may
+        then run twice for one instant, once before and once after the failover. What
+        keeps its business effect once is the ledger: the job's idempotency key
+        (``periodic:<name>:<instant>``) keys its effect, and a completed effect is not
+        run again (``ctx.effect``, ``ctx.transaction()`` with the key as a fence).
+        """
+        args: list[Any] = [self._now(), self._epoch_arg()]
+        args += [leader.resource, leader.owner, leader.token, schedule, _f(instant)]
+        if job is None:
+            args.append(0)
+        else:
+            if job.unique is not None and job.idempotency_key is None:
+                raise StoreError("a unique job needs an idempotency key")
+            args += [
+                1,
+                job.queue,
+                job.task,
+                job.args,
+                _opt(job.idempotency_key),
+                job.priority,
+                "" if job.run_at is None else _f(job.run_at),
+                "" if job.delay is None else _f(job.delay),
+                job.max_attempts,
+                "" if job.timeout is None else _f(job.timeout),
+                job.max_lease_expiries,
+                "" if job.unique is None else job.unique.value,
+                "" if job.unique_for is None else _f(job.unique_for),
+            ]
+        try:
+            return bool(int(await self._run("schedule", args)))
+        except StoreError as exc:
+            if _LEADER_ERROR not in str(exc):
+                raise
+            raise leader_refused(leader, "schedule") from None
+
+    async def schedule_marks(self) -> dict[str, float]:
+        """Every schedule's high-water mark, from the ``sched`` hash."""
+        marks = _pairs(await self._cmd("HGETALL", self.prefix + "sched"))
+        return {name: float(mark) for name, mark in sorted(marks.items())}

@@ -93,6 +93,7 @@ _SCRIPTS = (
     "held",
     "reconcile_scan",
     "reconcile_apply",
+    "schedule",
 )
 #: The outcome recorded for an attempt that found its job completed in the ledger.
 LEDGER_DONE = "ledger_done"
@@ -562,5 +563,6 @@ def _epoch_slot(name: str) -> int:
         "rescue_apply": 1,
         "reconcile_scan": 1,
         "reconcile_apply": 1,
+        "schedule": 1,
     }
     return slots.get(name, -1)

@@ -217,6 +217,20 @@ class SplitStore(SplitMaintenance, Store):
         Redis holds too)."""
         return await self.redis.jobs_rescue(limit=limit, leader=leader)
 
+    async def schedule_advance(
+        self, *, leader: ResourceLease, schedule: str, instant: float, job: NewJob | None
+    ) -> bool:
+        """Move the schedule's mark and enqueue its job in one script on Redis, fenced
+        by ``leader`` there (see :meth:`RedisStore.schedule_advance` for what a Redis
+        failover does to marks, and why the ledger keeps the business effect once)."""
+        return await self.redis.schedule_advance(
+            leader=leader, schedule=schedule, instant=instant, job=job
+        )
+
+    async def schedule_marks(self) -> dict[str, float]:
+        """The schedules' marks, from Redis."""
+        return await self.redis.schedule_marks()
+
     async def queue_pause(self, *, queue: str) -> None:
         """Pause ``queue`` on Redis."""
         await self.redis.queue_pause(queue=queue)
