@@ -17,9 +17,9 @@ Worker processes import the apps below (``--app sabotage:…``) with this direct
 * **worker clock**: the worker's own wall clock handed to its store, as tokenline once
   did;
 * **markless stores**: a periodic schedule's high-water mark no longer refuses an
-  instant at or before it (the lines of ``schedule_advance`` ending in ``-- mark``
-  removed), so only the unique key — released once the job finishes — stands between a
-  finished instant and its second run.
+  instant at or before it (the lines of ``schedule_advance``, or of Redis's
+  ``schedule.lua``, ending in ``-- mark`` removed), so only the unique key — released
+  once the job finishes — stands between a finished instant and its second run.
 * **leaderless stores**: maintenance writes without the leader check (``leader_holds``
   always answers yes; the in-memory store skips it): a deposed leader's rescue or
   repair is applied, as in a queue that uses its maintenance lease only as "do I have
@@ -253,3 +253,18 @@ def markless_postgres(url: str, **kwargs: Any) -> Store:
             return without_mark(text) if name == "schedule_advance" else text
 
     return MarklessPostgresStore(url, **kwargs)
+
+
+def markless_redis(url: str, **kwargs: Any) -> Any:
+    """A Redis store (the split topology's broker) whose schedule script moves the mark,
+    and lets the job in, every time."""
+    from tokenline.stores.redis import RedisStore
+    from tokenline.stores.redis.store import _TEXT
+
+    class MarklessRedisStore(RedisStore):
+        async def connect(self) -> None:
+            await super().connect()
+            script = without_mark(_TEXT["schedule"])
+            self._scripts["schedule"] = self._redis().register_script(script)
+
+    return MarklessRedisStore(url, **kwargs)

@@ -155,7 +155,7 @@ async def test_a_leader_that_stops_trusting_its_term_stands_for_a_new_one(
     assert second.token > first.token
 
 
-@pytest.mark.one_store
+@pytest.mark.ledger
 async def test_a_deposed_leaders_repair_is_refused(store: Any, clock: FakeClock) -> None:
     """reconcile_repair under an old term is refused and repairs nothing."""
     old = await leader_of(store, clock)
@@ -255,7 +255,7 @@ async def test_reconciler_acknowledges_a_job_whose_transaction_committed(
     assert (await store.job_get(job_id=live.job.id)).state is JobState.RUNNING
 
 
-@pytest.mark.one_store
+@pytest.mark.ledger
 async def test_reconciler_fails_an_abandoned_pending_effect(store: Any, clock: FakeClock) -> None:
     """An effect left pending by an attempt whose lease is gone is marked failed only
     past the deadline; then the job's next attempt may run it."""
@@ -274,7 +274,7 @@ async def test_reconciler_fails_an_abandoned_pending_effect(store: Any, clock: F
     assert (await store.effect_begin(lease=again.lease, key="charge:7")).start is Start.RUN
 
 
-@pytest.mark.one_store
+@pytest.mark.ledger
 async def test_reconciler_expires_an_orphaned_lease_by_token_bump(
     store: Any, clock: FakeClock
 ) -> None:

@@ -16,8 +16,9 @@ from tokenline._errors import JobNotFoundError, StaleTokenError
 from tokenline._jobs import Finish, JobState, Lease, NewJob, Outcome, Unique
 from tokenline.stores.base import PruneKind, ResourceLease
 
-#: Retention and schedules live beside the jobs and the ledger, in one store.
-pytestmark = pytest.mark.one_store
+#: Pruning (marked ``one_store``) runs where the jobs and the ledger live in one store;
+#: the schedules' marks run on every store.
+ONE_STORE = pytest.mark.one_store
 
 Q = ["default"]
 MAINT = "tokenline:maintenance"
@@ -51,6 +52,7 @@ async def gone(store: Any, job_id: int) -> bool:
     return False
 
 
+@ONE_STORE
 async def test_prune_takes_only_finished_jobs_past_their_retention(
     store: Any, clock: FakeClock
 ) -> None:
@@ -87,6 +89,7 @@ async def test_prune_takes_only_finished_jobs_past_their_retention(
     assert await store.maintenance_prunable(kind=PruneKind.FINISHED, before=now - 500) == 0
 
 
+@ONE_STORE
 async def test_prune_goes_in_batches_of_at_most_limit(store: Any, clock: FakeClock) -> None:
     """Each call deletes at most ``limit`` rows; the last batch comes back short."""
     for _ in range(5):
@@ -101,6 +104,7 @@ async def test_prune_goes_in_batches_of_at_most_limit(store: Any, clock: FakeClo
     assert got == [2, 2, 1, 0]
 
 
+@ONE_STORE
 async def test_prune_frees_released_unique_keys_and_keeps_held_ones(
     store: Any, clock: FakeClock
 ) -> None:
@@ -122,6 +126,7 @@ async def test_prune_frees_released_unique_keys_and_keeps_held_ones(
     assert held == always
 
 
+@ONE_STORE
 async def test_prune_removes_old_audit_rows_only(store: Any, clock: FakeClock) -> None:
     """Refused stale commits and duplicates go past their retention, not before."""
     (jid,) = await store.jobs_enqueue(jobs=[new()])
@@ -143,6 +148,7 @@ async def test_prune_removes_old_audit_rows_only(store: Any, clock: FakeClock) -
     assert await store.duplicates_list() == []
 
 
+@ONE_STORE
 async def test_a_deposed_or_expired_leader_prunes_nothing(store: Any, clock: FakeClock) -> None:
     """The store checks the leader's lease in the prune's own transaction."""
     jid = await finish(store, Outcome.SUCCEEDED)
@@ -204,7 +210,7 @@ async def test_an_instant_that_ran_is_never_enqueued_again(store: Any) -> None:
     assert await instant_runs(store, mark_checked=True) == 1
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
+@pytest.fixture(params=["memory", "sqlite", "postgres", "redis"])
 async def markless(request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path) -> Any:
     import sabotage
 
@@ -212,8 +218,10 @@ async def markless(request: pytest.FixtureRequest, clock: FakeClock, tmp_path: P
         s = sabotage.MarklessMemoryStore(clock=clock)
     elif request.param == "sqlite":
         s = sabotage.MarklessSQLiteStore(f"sqlite:///{tmp_path / 'm.db'}", clock=clock)
-    else:
+    elif request.param == "postgres":
         s = sabotage.markless_postgres(request.getfixturevalue("postgres_url"), clock=clock)
+    else:
+        s = sabotage.markless_redis(request.getfixturevalue("redis_url"), clock=clock)
     await s.open()
     try:
         yield s

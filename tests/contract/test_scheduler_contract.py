@@ -16,9 +16,6 @@ from tokenline.maintenance._service import Service
 from tokenline.maintenance.scheduler import Scheduler
 from tokenline.stores.base import ResourceLease
 
-#: Retention and schedules live beside the jobs and the ledger, in one store.
-pytestmark = pytest.mark.one_store
-
 MAINT = "tokenline:maintenance"
 Q = ["default"]
 

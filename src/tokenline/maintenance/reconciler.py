@@ -14,9 +14,13 @@ seen (the job's token and state, the effect's token, the lease's token):
 * ``lease_orphaned``: a resource lease held by a worker whose membership is over:
   expire it by bumping its token, never by a delete.
 * ``attempt_open``: an attempt without an outcome whose job moved on: close it as lost.
-* The split topology (broker and leases on one store, ledger on another) adds one more
-  check, broker or lease state that disagrees with the ledger: :meth:`Reconciler.
-  split_topology_drift` is its hook, empty until a split store exists.
+* ``job_lost_from_broker`` (the split topology only): a job the ledger has seen and not
+  completed that the broker no longer holds at all. It cannot be repaired: it is
+  flagged, once, and reported with the reason (a warning line).
+
+On the split topology (broker and leases on Redis, the ledger on PostgreSQL) each check
+reads one side and asks the other, and the repairs are fenced on both: see
+``stores/split/maintenance.py``. The reconciler is the same: the store compares.
 """
 
 from __future__ import annotations
@@ -52,18 +56,11 @@ class Reconciler:
         self.limit = limit
         self.counters: Counter[str] = Counter()
 
-    async def split_topology_drift(self) -> list[Inconsistency]:
-        """Hook for the split topology: broker or lease state that disagrees with the
-        ledger on another store. A single store keeps them in one database, so there is
-        nothing to compare; a split store will report its disagreements here."""
-        return []
-
     async def find(self) -> list[Inconsistency]:
-        """Every disagreement the store and the hooks report now (reads only)."""
-        found = await self.store.reconcile_find(
+        """Every disagreement the store reports now (reads only)."""
+        return await self.store.reconcile_find(
             pending_deadline=self.pending_deadline, limit=self.limit
         )
-        return found + await self.split_topology_drift()
 
     async def run_once(
         self, *, leader: ResourceLease | None, dry_run: bool = False
@@ -74,7 +71,8 @@ class Reconciler:
         if dry_run or not found:
             for item in found:
                 report.counts[item.kind.value] += 1
-                report.lines.append(f"would repair {item.kind.value}: {item.describe()}")
+                verb = "would flag" if item.kind is Drift.JOB_LOST else "would repair"
+                report.lines.append(f"{verb} {item.kind.value}: {item.describe()}")
             return report
         if leader is None:
             raise ValueError("the reconciler repairs: it needs the leader's lease")
@@ -88,9 +86,12 @@ class Reconciler:
         for item, ok in zip(found, applied, strict=True):
             if ok:
                 report.counts[item.kind.value] += 1
-                report.lines.append(f"repaired {item.kind.value}: {item.describe()}")
+                verb = "flagged" if item.kind is Drift.JOB_LOST else "repaired"
+                report.lines.append(f"{verb} {item.kind.value}: {item.describe()}")
                 if item.kind is Drift.EFFECT_PENDING:
                     log.warning("flagged: %s; marked failed so it may run again", item.describe())
+                if item.kind is Drift.JOB_LOST:
+                    log.warning("flagged: %s", item.describe())
             else:
                 self.counters["changed_since"] += 1
         self.counters.update(report.counts)

@@ -146,6 +146,12 @@ class Drift(enum.StrEnum):
     #: An attempt with no outcome whose job has moved on (another token, or finished):
     #: close it as lost.
     ATTEMPT_OPEN = "attempt_open"
+    #: The split topology only: a job the ledger has seen (it holds the job's fence but
+    #: not its completion) that the broker no longer holds at all, lost with a Redis
+    #: server that failed over or restarted without the last writes. It cannot be
+    #: repaired, its payload went with it: it is flagged in the ledger, once, and the
+    #: attempt that held it may write nothing more there.
+    JOB_LOST = "job_lost_from_broker"
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +185,12 @@ class Inconsistency:
             )
         if self.kind is Drift.LEASE_ORPHANED:
             return f"lease {self.key!r} (token {self.token}) held by {self.owner}, who is gone"
+        if self.kind is Drift.JOB_LOST:
+            return (
+                f"job {self.job_id} (token {self.token} of {self.owner}) is in the ledger, not "
+                "done, and gone from the broker: it cannot be repaired (its payload is lost "
+                "with it); enqueue it again from the business data if it must still run"
+            )
         return f"attempt of job {self.job_id} token {self.token} by {self.owner} left open"
 
 

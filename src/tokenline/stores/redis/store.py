@@ -72,6 +72,7 @@ from ._values import fmt as _f
 from ._values import opt as _opt
 from ._values import pairs as _pairs
 from ._values import text as _s
+from .maintenance import RedisMaintenance
 from .membership import RedisMembership
 
 __all__ = ["LEDGER_DONE", "EpochSource", "RedisStore"]
@@ -92,6 +93,9 @@ _SCRIPTS = (
     "worker",
     "resource",
     "held",
+    "reconcile_scan",
+    "reconcile_apply",
+    "schedule",
 )
 #: The outcome recorded for an attempt that found its job completed in the ledger.
 LEDGER_DONE = "ledger_done"
@@ -131,7 +135,7 @@ def parse_redis_url(url: str) -> tuple[str, str, str]:
     return connect, "{" + name + "}:", where
 
 
-class RedisStore(RedisMembership, Broker, Leases):
+class RedisStore(RedisMembership, RedisMaintenance, Broker, Leases):
     """Broker and leases on one Redis server (or primary); plays no ledger."""
 
     capabilities = Capabilities(multi_process=True, ledger=False, blocking_enqueue=True)
@@ -590,5 +594,15 @@ class RedisStore(RedisMembership, Broker, Leases):
 
 def _epoch_slot(name: str) -> int:
     """Where script ``name`` takes the epoch among its arguments (-1: it does not)."""
-    slots = {"claim": 5, "renew": 3, "finish": 1, "resource": 3, "held": 1, "rescue_apply": 1}
+    slots = {
+        "claim": 5,
+        "renew": 3,
+        "finish": 1,
+        "resource": 3,
+        "held": 1,
+        "rescue_apply": 1,
+        "reconcile_scan": 1,
+        "reconcile_apply": 1,
+        "schedule": 1,
+    }
     return slots.get(name, -1)

@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import dict_row
 
 from ..._errors import StoreError
@@ -54,9 +54,10 @@ from ..._records import (
     Start,
     by_attempt,
 )
+from .._repairs import ABANDONED
 from .._rows import effect_from_row
 from .._sql import load_queries
-from ..base import FencedTransaction
+from ..base import Drift, FencedTransaction, Inconsistency, ResourceLease, leader_refused
 from ..postgres import PostgresStore
 from ..postgres._migrations import compose
 from ..postgres._steps import AsyncDriver, Steps, fetch_one
@@ -203,6 +204,70 @@ class SplitLedger(PostgresStore):
             return set()
         rows = await self._tuples(self._q("jobs_done"), {"job_ids": list(job_ids)})
         return {int(r[0]) for r in rows}
+
+    async def pending_effects(self, *, deadline: float, limit: int) -> list[Inconsistency]:
+        """Effect keys pending longer than ``deadline`` seconds, as ``EFFECT_PENDING``
+        candidates: whether their attempt's lease is gone is for Redis to say."""
+        p = {"now": self._now(), "deadline": deadline, "limit": limit}
+        rows = await self._tuples(self._q("reconcile_pending_effects"), p)
+        return [Inconsistency(Drift.EFFECT_PENDING, r[1], r[2], key=r[0], owner=r[3]) for r in rows]
+
+    async def fences_unsettled(self, *, after: int, limit: int) -> list[Inconsistency]:
+        """Up to ``limit`` jobs with an id above ``after`` that the ledger has seen, not
+        completed, and not flagged lost: ``JOB_LOST`` candidates, for Redis to judge."""
+        rows = await self._tuples(self._q("fences_unsettled"), {"after": after, "limit": limit})
+        return [Inconsistency(Drift.JOB_LOST, r[0], r[1], owner=r[2]) for r in rows]
+
+    async def reconcile_ledger(
+        self, *, leader: ResourceLease, found: Sequence[Inconsistency]
+    ) -> list[bool]:
+        """The ledger's repairs (``EFFECT_PENDING``, ``JOB_LOST``) in one transaction
+        that first advances the maintenance lease's own fence to ``leader``'s term.
+
+        The maintenance lease lives in Redis, which the split store asks first; this
+        fence is what refuses a lower term here even if Redis has lost that lease (a
+        failover, a restart): once a term has written to the ledger, no older term
+        ever does again, nor the same term number from another owner
+        (:class:`StaleTokenError`, nothing changed).
+        """
+        fence = Fence(leader.resource, leader.token, leader.resource, leader.owner)
+        params = {
+            "key": fence.key,
+            "issuer": fence.issuer(0),
+            "token": fence.token,
+            "owner": leader.owner,
+            "now": self._now(),
+        }
+
+        async def run(conn: AsyncConnection[Any]) -> list[bool]:
+            cur = conn.cursor()
+            async with conn.transaction():
+                await cur.execute(self._q("leader_fence"), params)
+                if await cur.fetchone() is None:
+                    raise leader_refused(leader, "reconcile")
+                return [await self._repair_on(cur, item) for item in found]
+
+        return await self._call(run)
+
+    async def _repair_on(self, cur: AsyncCursor[Any], item: Inconsistency) -> bool:
+        p: dict[str, Any] = {
+            "job_id": item.job_id,
+            "token": item.token,
+            "key": item.key,
+            "owner": item.owner,
+            "now": self._now(),
+        }
+        if item.kind is Drift.EFFECT_PENDING:
+            await cur.execute(self._q("repair_effect_fail"), {**p, "error": ABANDONED})
+            if cur.rowcount != 1:
+                return False
+            # The attempt that left it may write nothing more, whatever Redis says later.
+            await cur.execute(self._q("lease_lost"), p)
+            return True
+        if item.kind is Drift.JOB_LOST:
+            await cur.execute(self._q("job_flag_lost"), p)
+            return cur.rowcount == 1
+        raise ValueError(f"not a repair the ledger makes: {item.kind.value}")
 
     async def epoch_for(self, replid: str) -> int:
         """The fencing epoch of the Redis server with replication id ``replid``: a new

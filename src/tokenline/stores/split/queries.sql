@@ -19,6 +19,8 @@ CREATE TABLE IF NOT EXISTS {schema}.redis_epochs (
 );
 -- Epoch 0 first: tokens equal Redis's counters until the first failover.
 CREATE SEQUENCE IF NOT EXISTS {schema}.redis_epoch_seq MINVALUE 0 START 0;
+-- When the reconciler found the job gone from Redis, not done (added after the table).
+ALTER TABLE {schema}.job_fences ADD COLUMN IF NOT EXISTS lost_at double precision;
 
 -- name: fence_check
 -- First statement of a ledger write's transaction: advances the job's fence to the
@@ -151,3 +153,49 @@ WITH taken AS (
 SELECT epoch FROM taken
 UNION ALL
 SELECT epoch FROM {schema}.redis_epochs WHERE replid = %(replid)s;
+
+-- name: reconcile_pending_effects
+-- Effect keys pending past the deadline. Whether their attempt's lease is gone is
+-- Redis's to say: the split store asks it about each.
+SELECT key, job_id, token, owner FROM {schema}.effects
+WHERE status = 'pending' AND updated_at <= {schema}.now_epoch(%(now)s) - %(deadline)s
+ORDER BY key COLLATE "C"
+LIMIT %(limit)s;
+
+-- name: fences_unsettled
+-- One batch, by job id, of the jobs the ledger has seen and not completed, and not
+-- yet found gone from Redis: the split store asks Redis which of them it still holds.
+SELECT job_id, token, owner FROM {schema}.job_fences
+WHERE done_token IS NULL AND lost_at IS NULL AND job_id > %(after)s
+ORDER BY job_id
+LIMIT %(limit)s;
+
+-- name: repair_effect_fail
+-- Only while still pending under the token seen (its lease is gone: Redis said so,
+-- and a lost lease never comes back for its token).
+UPDATE {schema}.effects
+SET status = 'failed', error = %(error)s, updated_at = {schema}.now_epoch(%(now)s)
+WHERE key = %(key)s AND status = 'pending' AND job_id = %(job_id)s AND token = %(token)s
+RETURNING key;
+
+-- name: job_flag_lost
+-- A job gone from Redis: flagged once, only as it was seen, and its last token may
+-- write nothing more here (as lease_lost).
+UPDATE {schema}.job_fences
+SET lost_at = {schema}.now_epoch(%(now)s), lost_token = token,
+    updated_at = {schema}.now_epoch(%(now)s)
+WHERE job_id = %(job_id)s AND token = %(token)s AND owner = %(owner)s
+  AND done_token IS NULL AND lost_at IS NULL
+RETURNING job_id;
+
+-- name: leader_fence
+-- First statement of the reconciler's ledger repairs: the maintenance lease's own fence
+-- (in fences, job_id 0) advanced to the leader's term, and locked until commit. As the
+-- job fence, an equal term from another owner is refused: a Redis that lost the lease
+-- could hand its number out again.
+INSERT INTO {schema}.fences AS f (key, issuer, token, job_id, owner, updated_at)
+VALUES (%(key)s, %(issuer)s, %(token)s, 0, %(owner)s, {schema}.now_epoch(%(now)s))
+ON CONFLICT (key, issuer) DO UPDATE
+SET token = excluded.token, owner = excluded.owner, updated_at = excluded.updated_at
+WHERE f.token < excluded.token OR (f.token = excluded.token AND f.owner = excluded.owner)
+RETURNING token;

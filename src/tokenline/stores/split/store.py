@@ -12,6 +12,12 @@ job's completion record together in PostgreSQL, then the job is acknowledged in 
 acknowledgement is lost, Redis redelivers the job once its lease expires; the claim
 asks the ledger first, and a job the ledger has completed is acknowledged and handed to
 nobody: its effect does not run again.
+
+Maintenance (``maintenance.py``): the reconciler's checks read one side and ask the
+other — jobs Redis still holds that the ledger has completed, effects the ledger holds
+pending whose lease Redis has let go, orphaned leases and open attempts in Redis, and
+jobs the ledger has seen that Redis lost — each repair fenced by the leader's term on
+the side it writes to.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..._clock import Clock
-from ..._errors import NotSupportedError, StaleTokenError, StoreError, StoreUnavailableError
+from ..._errors import StaleTokenError, StoreError, StoreUnavailableError
 from ..._jobs import (
     Attempt,
     ClaimedJob,
@@ -46,16 +52,17 @@ from ..._records import (
     Start,
     by_attempt,
 )
-from ..base import Capabilities, Depth, FencedTransaction, Inconsistency, ResourceLease, Store
+from ..base import Capabilities, Depth, FencedTransaction, ResourceLease, Store
 from ..redis import RedisStore
 from .ledger import SplitLedger
+from .maintenance import SplitMaintenance
 
 __all__ = ["RolesUnavailableError", "SplitStore"]
 
 log = logging.getLogger("tokenline.store.split")
 
 
-class SplitStore(Store):
+class SplitStore(SplitMaintenance, Store):
     """Broker and leases from a :class:`RedisStore`, the ledger from a
     :class:`SplitLedger` on PostgreSQL."""
 
@@ -218,22 +225,19 @@ class SplitStore(Store):
         Redis holds too)."""
         return await self.redis.jobs_rescue(limit=limit, leader=leader)
 
-    async def reconcile_find(
-        self, *, pending_deadline: float, limit: int = 1000
-    ) -> list[Inconsistency]:
-        """None found: the reconciler's checks read the job rows and the ledger in one
-        store, and here they live in two. Redis state that disagrees with the ledger is
-        repaired when a job is claimed (a job the ledger completed is acknowledged, not
-        run again); the reconciler's own checks for this topology are not written yet."""
-        return []
+    async def schedule_advance(
+        self, *, leader: ResourceLease, schedule: str, instant: float, job: NewJob | None
+    ) -> bool:
+        """Move the schedule's mark and enqueue its job in one script on Redis, fenced
+        by ``leader`` there (see :meth:`RedisStore.schedule_advance` for what a Redis
+        failover does to marks, and why the ledger keeps the business effect once)."""
+        return await self.redis.schedule_advance(
+            leader=leader, schedule=schedule, instant=instant, job=job
+        )
 
-    async def reconcile_repair(
-        self, *, leader: ResourceLease, found: Sequence[Inconsistency]
-    ) -> list[bool]:
-        """Nothing to repair (see :meth:`reconcile_find`)."""
-        if found:
-            raise NotSupportedError("the split topology has no reconciler repairs yet")
-        return []
+    async def schedule_marks(self) -> dict[str, float]:
+        """The schedules' marks, from Redis."""
+        return await self.redis.schedule_marks()
 
     async def queue_pause(self, *, queue: str) -> None:
         """Pause ``queue`` on Redis."""

@@ -151,3 +151,16 @@ local function check_epoch(expected)
                             ', the store expected ' .. expected))
   end
 end
+
+-- The maintenance leader's fence, after check_epoch: raises TLLEADER, before anything is
+-- written, unless the named lease ``name`` is held by ``owner`` with ``token`` (the
+-- caller's term, epoch included) unexpired at ``now``. ``name`` '' is an unfenced call.
+local function check_leader(name, owner, token, now)
+  if name == '' then return end
+  local l = redis.call('HMGET', P .. 'rl:' .. name, 'owner', 'token', 'expires_at')
+  if l[1] ~= owner or tonumber(l[2]) == nil or tonumber(l[2]) + BASE ~= tonumber(token)
+     or num(l[3]) <= now then
+    error(redis.error_reply('TLLEADER the maintenance lease is no longer ' .. owner ..
+                            "'s with token " .. token))
+  end
+end

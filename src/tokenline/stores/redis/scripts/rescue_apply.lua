@@ -16,14 +16,7 @@
 -- this one applies it only while the job still runs, expired, under the token read.
 local now = now_of(ARGV[1])
 check_epoch(ARGV[2])
-if ARGV[3] ~= '' then
-  local l = redis.call('HMGET', P .. 'rl:' .. ARGV[3], 'owner', 'token', 'expires_at')
-  if l[1] ~= ARGV[4] or tonumber(l[2]) + BASE ~= tonumber(ARGV[5])
-     or num(l[3]) <= now then
-    error(redis.error_reply('TLLEADER the maintenance lease is no longer ' .. ARGV[4] ..
-                            "'s with token " .. ARGV[5]))
-  end
-end
+check_leader(ARGV[3], ARGV[4], ARGV[5], now)
 local out = {}
 for i = 6, #ARGV, 5 do
   local id, token, state = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
