@@ -50,6 +50,7 @@ from .dependencies import (
 )
 from .retry import RetryPolicy
 from .stores import MemoryStore, Store, store_from_url
+from .stores.base import EventLoopNeeded
 
 __all__ = ["App"]
 
@@ -772,7 +773,10 @@ class App:
         enqueue's cost), else through the loop."""
         store = self._portal.open_store()
         if store is not None and store.capabilities.blocking_enqueue:
-            return store.jobs_enqueue_blocking(jobs=jobs)
+            try:
+                return store.jobs_enqueue_blocking(jobs=jobs)
+            except EventLoopNeeded:
+                pass  # nothing written: the async path takes what it needs first
         return self.run(lambda s: s.jobs_enqueue(jobs=jobs))
 
 

@@ -20,6 +20,7 @@ import redis
 from tokenline._clock import FakeClock
 from tokenline._jobs import Lease, NewJob
 from tokenline._records import Start
+from tokenline.stores.base import EventLoopNeeded
 from tokenline.stores.redis import RedisStore
 from tokenline.stores.split import SplitStore
 
@@ -139,3 +140,55 @@ async def test_a_token_reused_by_a_promoted_replica_is_refused_by_the_ledger(
     finally:
         await after.close()
         await bare.close()
+
+
+async def test_a_job_id_lost_in_a_failover_is_never_handed_out_again(
+    servers: tuple[RedisServer, RedisServer], postgres_url: str, clock: FakeClock
+) -> None:
+    """The primary issues job id b, a worker completes b in the ledger, and the replica
+    never hears of b. The promoted server must not give b to a new job: the ledger
+    holds b's completion, so the new job would be acknowledged unrun — lost. The new
+    epoch raises the id sequence above every id issued before; an enqueue from sync
+    code meeting a server whose epoch it has not taken sends the call through the loop."""
+    primary, replica = servers
+    await _until("the replica to sync", lambda: replica.client().info("replication")
+                 ["master_link_status"] == "up")  # fmt: skip
+    before = SplitStore(broker=primary.url, ledger=postgres_url, clock=clock)
+    await before.open()
+    (a,) = await before.jobs_enqueue(jobs=[NewJob(queue="default", task="kept", args="[]")])
+    assert primary.client().wait(1, 5000) == 1
+    os.kill(replica.proc.pid, signal.SIGSTOP)
+    primary.client().execute_command("CLIENT", "KILL", "TYPE", "replica")
+    (b,) = await before.jobs_enqueue(jobs=[NewJob(queue="default", task="lost", args="[]")])
+    claimed = await before.jobs_claim(owner="w1", queues=Q, limit=2, ttl=30)
+    (done,) = [c for c in claimed if c.job.id == b]
+    async with before.fenced_transaction(lease=done.lease):
+        pass  # the job's completion commits in the ledger
+    assert await before.ledger.jobs_done(job_ids=[b]) == {b}
+    await before.close()
+    primary.proc.kill()
+    primary.proc.wait(timeout=10)
+    os.kill(replica.proc.pid, signal.SIGCONT)
+    await _until("the replica to answer", lambda: replica.client().ping())
+    replica.client().execute_command("REPLICAOF", "NO", "ONE")
+
+    after = SplitStore(broker=replica.url, ledger=postgres_url, clock=clock)
+    await after.open()
+    try:
+        (c,) = await after.jobs_enqueue(jobs=[NewJob(queue="default", task="new", args="[]")])
+        assert c > b
+        got = await after.jobs_claim(owner="w2", queues=Q, limit=10, ttl=30)
+        assert sorted((j.job.id, j.job.task) for j in got) == [(a, "kept"), (c, "new")]
+
+        # A store whose epoch is not the server's (here: the server's record changed)
+        # writes nothing from a thread and asks for the loop, which takes it again.
+        replica.client().set("{failover}:epoch", "0")
+        new = NewJob(queue="default", task="new", args="[]")
+        with pytest.raises(EventLoopNeeded):
+            await asyncio.to_thread(after.jobs_enqueue_blocking, jobs=[new])
+        (d,) = await after.jobs_enqueue(jobs=[new])
+        (e,) = await asyncio.to_thread(after.jobs_enqueue_blocking, jobs=[new])
+        assert d == c + 1
+        assert e == d + 1
+    finally:
+        await after.close()

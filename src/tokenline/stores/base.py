@@ -67,6 +67,7 @@ __all__ = [
     "Capabilities",
     "Depth",
     "Drift",
+    "EventLoopNeeded",
     "FencedTransaction",
     "Inconsistency",
     "Leases",
@@ -77,6 +78,12 @@ __all__ = [
     "Store",
     "leader_refused",
 ]
+
+
+class EventLoopNeeded(NotSupportedError):
+    """Raised by :meth:`Broker.jobs_enqueue_blocking` when this call must take the
+    store's async path (a new fencing epoch must be taken first, say); nothing was
+    written, and the app sends the same call through its event loop."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,7 +295,8 @@ class Broker(abc.ABC):
         The same statement and guarantees as :meth:`jobs_enqueue`, without the hop to an
         event loop: what makes a single enqueue from web code cheap. Stores that can
         (``capabilities.blocking_enqueue``) override it; the others raise
-        :class:`NotSupportedError`, and the app goes through its event loop instead.
+        :class:`NotSupportedError`, and the app goes through its event loop instead;
+        :class:`EventLoopNeeded` asks for that for one call.
         """
         raise NotSupportedError(f"{type(self).__name__} has no blocking enqueue")
 

@@ -4,9 +4,14 @@ hashes as dicts of text."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["fl", "fmt", "opt", "pairs", "text"]
+from ..._errors import StoreError
+
+if TYPE_CHECKING:
+    from ..._jobs import NewJob
+
+__all__ = ["fl", "fmt", "job_args", "opt", "pairs", "text"]
 
 
 def fmt(x: float) -> str:
@@ -34,3 +39,23 @@ def pairs(flat: Any) -> dict[str, str]:
 def fl(v: str | None) -> float | None:
     """An optional number field: ``None`` when absent or empty."""
     return None if v is None or v == "" else float(v)
+
+
+def job_args(j: NewJob) -> list[Any]:
+    """The 12 arguments of one job, as ``enqueue.lua`` (and ``schedule.lua``) take them."""
+    if j.unique is not None and j.idempotency_key is None:
+        raise StoreError("a unique job needs an idempotency key")
+    return [
+        j.queue,
+        j.task,
+        j.args,
+        opt(j.idempotency_key),
+        j.priority,
+        "" if j.run_at is None else fmt(j.run_at),
+        "" if j.delay is None else fmt(j.delay),
+        j.max_attempts,
+        "" if j.timeout is None else fmt(j.timeout),
+        j.max_lease_expiries,
+        "" if j.unique is None else j.unique.value,
+        "" if j.unique_for is None else fmt(j.unique_for),
+    ]

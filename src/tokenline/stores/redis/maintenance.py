@@ -21,7 +21,7 @@ from .._repairs import ACKNOWLEDGED, ACKNOWLEDGED_ERROR, LOST, LOST_ERROR
 from ..base import Drift, Inconsistency, ResourceLease, leader_refused
 from ._errors import map_redis_errors
 from ._values import fmt as _f
-from ._values import opt as _opt
+from ._values import job_args
 from ._values import pairs as _pairs
 from ._values import text as _s
 
@@ -174,23 +174,7 @@ class RedisMaintenance:
         if job is None:
             args.append(0)
         else:
-            if job.unique is not None and job.idempotency_key is None:
-                raise StoreError("a unique job needs an idempotency key")
-            args += [
-                1,
-                job.queue,
-                job.task,
-                job.args,
-                _opt(job.idempotency_key),
-                job.priority,
-                "" if job.run_at is None else _f(job.run_at),
-                "" if job.delay is None else _f(job.delay),
-                job.max_attempts,
-                "" if job.timeout is None else _f(job.timeout),
-                job.max_lease_expiries,
-                "" if job.unique is None else job.unique.value,
-                "" if job.unique_for is None else _f(job.unique_for),
-            ]
+            args += [1, *job_args(job)]
         try:
             return bool(int(await self._run("schedule", args)))
         except StoreError as exc:

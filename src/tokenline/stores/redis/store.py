@@ -65,10 +65,11 @@ from ..._jobs import (
     finish_transition,
     rescue_transition,
 )
-from ..base import Broker, Capabilities, Depth, Leases, ResourceLease
+from ..base import Broker, Capabilities, Depth, EventLoopNeeded, Leases, ResourceLease
 from ._errors import map_redis_errors
 from ._values import fl as _fl
 from ._values import fmt as _f
+from ._values import job_args as _job_args
 from ._values import opt as _opt
 from ._values import pairs as _pairs
 from ._values import text as _s
@@ -83,6 +84,7 @@ EpochSource = Callable[[str], Awaitable[int]]
 
 _SCRIPTS = (
     "enqueue",
+    "epoch",
     "claim",
     "renew",
     "finish",
@@ -223,7 +225,7 @@ class RedisStore(RedisMembership, RedisMaintenance, Broker, Leases):
             return 0
         replid = await self.replication_id()
         epoch = await self._epoch_source(replid)
-        await self._cmd("MSET", self.prefix + "epoch", epoch, self.prefix + "epoch_replid", replid)
+        await self._eval("epoch", [epoch, replid])
         self.epoch = epoch
         self._epoch_taken = True
         return epoch
@@ -311,10 +313,18 @@ class RedisStore(RedisMembership, RedisMaintenance, Broker, Leases):
         store's own: the same script, so the same ids, states and unique answers."""
         if not jobs:
             return []
+        if not self._epoch_taken:
+            raise EventLoopNeeded("the store takes its fencing epoch first")
         args = self._enqueue_args(jobs)
         script = self._blocking_enqueue_script()
-        with map_redis_errors(self.where, "script enqueue.lua"):
-            return [int(i) for i in script(keys=[self.prefix], args=args)]
+        try:
+            with map_redis_errors(self.where, "script enqueue.lua"):
+                return [int(i) for i in script(keys=[self.prefix], args=args)]
+        except StoreError as exc:
+            if _EPOCH_ERROR in str(exc):
+                # Another server (a promoted replica): its epoch is taken on the loop.
+                raise EventLoopNeeded(str(exc)) from None
+            raise
 
     def _blocking_enqueue_script(self) -> Script:
         with self._sync_lock:
@@ -333,24 +343,9 @@ class RedisStore(RedisMembership, RedisMaintenance, Broker, Leases):
 
     def _enqueue_args(self, jobs: Sequence[NewJob]) -> list[Any]:
         """The enqueue script's arguments for ``jobs``."""
-        args: list[Any] = [self._now(), len(jobs)]
+        args: list[Any] = [self._now(), self._epoch_arg(), len(jobs)]
         for j in jobs:
-            if j.unique is not None and j.idempotency_key is None:
-                raise StoreError("a unique job needs an idempotency key")
-            args += [
-                j.queue,
-                j.task,
-                j.args,
-                _opt(j.idempotency_key),
-                j.priority,
-                "" if j.run_at is None else _f(j.run_at),
-                "" if j.delay is None else _f(j.delay),
-                j.max_attempts,
-                "" if j.timeout is None else _f(j.timeout),
-                j.max_lease_expiries,
-                "" if j.unique is None else j.unique.value,
-                "" if j.unique_for is None else _f(j.unique_for),
-            ]
+            args += _job_args(j)
         return args
 
     async def jobs_claim(
@@ -595,6 +590,7 @@ class RedisStore(RedisMembership, RedisMaintenance, Broker, Leases):
 def _epoch_slot(name: str) -> int:
     """Where script ``name`` takes the epoch among its arguments (-1: it does not)."""
     slots = {
+        "enqueue": 1,
         "claim": 5,
         "renew": 3,
         "finish": 1,

@@ -28,6 +28,12 @@ Why no effect is applied twice and no stale write is accepted, whatever Redis sa
    server takes its epoch, an equal token from another owner is refused by step 1 all
    the same: the ledger never trusts a token number, only a (number, owner) it has not
    been shown by anyone else.
+4. Job ids that Redis may hand out twice: the same promoted replica can issue again the
+   id of a job it never heard of, which the ledger may hold as done; the new job would
+   then be acknowledged unrun. A new epoch raises Redis's id sequence above every id of
+   the epochs before (``epoch.lua``), and ids are drawn only under the epoch of the
+   server at hand (``enqueue.lua`` checks it), so ``job_fences`` never sees two jobs
+   under one id.
 
 What Redis is still trusted for: telling a worker early that its lease is gone (the
 split store checks the lease there before a ledger write, to avoid pointless work);

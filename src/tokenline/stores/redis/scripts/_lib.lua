@@ -6,7 +6,8 @@
 --
 --   job:<id>            hash: one job, fields named as tokenline's Job
 --   attempts:<id>       list: the job's attempts, JSON objects, oldest first
---   seq                 string: the last job id issued
+--   seq                 string: the last job id issued (at least epoch * 2^32
+--                       under an epoch: see epoch.lua)
 --   qp:<queue>:<prio>   zset: waiting jobs of one queue and priority, score run_at,
 --                       member the zero-padded id (equal run_at: lowest id first)
 --   prios:<queue>       zset: the priorities that have waiting jobs in a queue
@@ -163,4 +164,54 @@ local function check_leader(name, owner, token, now)
     error(redis.error_reply('TLLEADER the maintenance lease is no longer ' .. owner ..
                             "'s with token " .. token))
   end
+end
+
+-- Insert the one job whose 12 enqueue arguments start at ARGV[b] (see enqueue.lua),
+-- unless its unique key is held. Returns the new job's id and true, or the holder's id
+-- and false. Callers have run check_epoch first: the id is drawn from ``seq``, which a
+-- new epoch has raised above every id issued under the epochs before.
+local ENQUEUE_FINISHED = {succeeded = true, dead = true, cancelled = true}
+local function enqueue_job(b, now)
+  local queue, task, args = ARGV[b], ARGV[b + 1], ARGV[b + 2]
+  local ikey = opt(ARGV[b + 3])
+  local prio = ARGV[b + 4]
+  local unique, unique_for = ARGV[b + 10], num(ARGV[b + 11])
+  if unique ~= '' then
+    local held = redis.call('HMGET', P .. 'uniq:' .. ikey, 'job', 'until', 'active')
+    if held[1] then
+      local released = false
+      local untl = num(held[2])
+      if untl ~= nil and untl <= now then released = true end
+      if held[3] == '1' then
+        local st = redis.call('HGET', job_key(held[1]), 'state')
+        if st and ENQUEUE_FINISHED[st] then released = true end
+      end
+      if not released then return tonumber(held[1]), false end
+    end
+  end
+  local id = redis.call('INCR', P .. 'seq')
+  local run_at = num(ARGV[b + 5])
+  if run_at == nil then run_at = now + (num(ARGV[b + 6]) or 0) end
+  local state = 'queued'
+  if run_at > now then state = 'scheduled' end
+  local key = job_key(id)
+  if unique ~= '' then
+    local uk = P .. 'uniq:' .. ikey
+    redis.call('DEL', uk)
+    redis.call('HSET', uk, 'job', id, 'active', unique == 'active' and '1' or '0')
+    if unique_for ~= nil then redis.call('HSET', uk, 'until', f(now + unique_for)) end
+  end
+  redis.call('HSET', key, 'id', id, 'queue', queue, 'task', task, 'args', args,
+             'priority', prio, 'run_at', f(run_at), 'attempt', 0,
+             'max_attempts', ARGV[b + 7], 'state', state, 'lease_token', 0,
+             'created_at', f(now), 'updated_at', f(now), 'lease_expiries', 0,
+             'max_lease_expiries', ARGV[b + 9])
+  hset_opt(key, 'idempotency_key', ikey)
+  if ARGV[b + 8] ~= '' then redis.call('HSET', key, 'timeout', ARGV[b + 8]) end
+  set_state(id, queue, nil, state)
+  redis.call('ZADD', P .. 'all', id, id)
+  redis.call('SADD', P .. 'queues', queue)
+  redis.call('SADD', P .. 'pairs', queue .. '\t' .. task)
+  wait_add(id, queue, task, prio, run_at)
+  return id, true
 end

@@ -1,0 +1,24 @@
+-- epoch.lua: record the fencing epoch issued for this server, and raise the job id
+-- sequence to that epoch's floor.
+--
+-- KEYS[1]  the store's prefix; touches epoch, epoch_replid, seq
+-- ARGV[1]  the epoch (a whole number >= 0) the ledger issued for this server's
+--          replication id;  ARGV[2] that replication id
+-- Returns  the job id sequence after the raise.
+--
+-- Why ids are never handed out twice: a new epoch is issued whenever the server's
+-- replication id changes (a promoted replica, a restarted primary), the only ways it can
+-- have lost ids it issued. ``seq`` is raised to epoch * 2^32, above every id issued
+-- under an earlier epoch (each issues fewer than 2^32), before the epoch is recorded:
+-- enqueue.lua draws ids only once check_epoch finds it recorded. Without this, the ledger
+-- could hold a lost job's completion under an id a new job then gets, and the new job
+-- would be acknowledged as done without running.
+local epoch = tonumber(ARGV[1])
+local floor = epoch * 4294967296
+local seq = tonumber(redis.call('GET', P .. 'seq') or '0')
+if seq < floor then
+  seq = floor
+  redis.call('SET', P .. 'seq', f(floor))
+end
+redis.call('MSET', P .. 'epoch', ARGV[1], P .. 'epoch_replid', ARGV[2])
+return seq
