@@ -46,7 +46,8 @@ periodic task every second beside the jobs (six-field cron, ``catch_up="all"``),
 the maintenance leader enqueues: every instant from the first to the last one seen must
 have run exactly once (one business row each, none twice, none skipped), and each must
 have been enqueued within lease TTL + renew interval + the scheduler's period (+ slack)
-of its time, however long the leader was gone. They run on the stores of
+of its time, however long the leader was gone (on SQLite a longer pause replaces the
+TTL and renew interval: a paused writer holds the file's lock). They run on the stores of
 :data:`PERIODIC_STORES`: not yet on the split topology, whose broker keeps no schedules.
 
 ``slow_dependency`` leaves the store alone too: its jobs call the drill's dependency
