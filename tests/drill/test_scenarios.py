@@ -6,6 +6,7 @@ import pytest
 
 from tokenline.drill.scenarios import (
     DRILL_SCENARIOS,
+    PERIODIC_STORES,
     Action,
     Injection,
     Schedule,
@@ -61,3 +62,17 @@ def test_a_fault_injection_without_faults_is_refused() -> None:
     """A scenario that would inject nothing is a drill that proves nothing."""
     with pytest.raises(ValueError, match="needs store or proxy faults"):
         Injection(Action.FAULT)
+
+
+def test_the_periodic_scenarios_strike_the_leader_where_schedules_are_kept() -> None:
+    """The periodic scenarios hit the maintenance leader (the one enqueueing the
+    instants) and run on the stores of PERIODIC_STORES, which the split topology is not
+    among yet."""
+    periodic = [s for s in DRILL_SCENARIOS.values() if s.periodic]
+    assert {s.name for s in periodic} == {"periodic_kill9_leader", "periodic_sigstop_leader"}
+    for s in periodic:
+        assert s.leader_victim
+        assert s.stores == PERIODIC_STORES
+        assert s.applies_to("sqlite")
+        assert s.applies_to("postgresql")
+        assert not s.applies_to("split")

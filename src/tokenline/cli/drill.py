@@ -19,7 +19,7 @@ from ..drill.runner import Drill, DrillError, ScenarioResult
 from ..drill.scenarios import DRILL_SCENARIOS
 from ._common import console, err_console, plural
 
-__all__ = ["dependency_table", "drill", "results_table"]
+__all__ = ["dependency_table", "drill", "periodic_table", "results_table"]
 
 
 def _count(n: int, bad: bool = True) -> str:
@@ -100,6 +100,32 @@ def dependency_table(results: list[ScenarioResult]) -> Table | None:
             str(d.attempts_burned),
             _count(d.dead_lettered, bad=d.breakers),
             after,
+        )
+    return table
+
+
+def periodic_table(results: list[ScenarioResult]) -> Table | None:
+    """The periodic schedule's figures, for the scenarios that ran one (``None``: none
+    did): the instants judged (from the first to the last finished), those run twice,
+    those never run, those enqueued late, and the longest delay from an instant to its
+    enqueue against the bound it was held to."""
+    rows = [r for r in results if r.report.periodic_instants is not None]
+    if not rows:
+        return None
+    table = Table(title="periodic schedule (every second, catch_up=all)")
+    table.add_column("scenario")
+    for name in ("instants", "doubled", "skipped", "late", "enqueued after (bound)"):
+        table.add_column(name, justify="right")
+    for res in rows:
+        r = res.report
+        lag = "—" if r.periodic_lag is None else f"{r.periodic_lag:.1f}s"
+        table.add_row(
+            res.scenario,
+            str(r.periodic_instants),
+            _count(r.periodic_doubled),
+            _count(r.periodic_skipped),
+            _count(r.periodic_late),
+            f"{lag} ({r.periodic_bound:.1f}s)",
         )
     return table
 
@@ -224,6 +250,9 @@ def drill(
         dependency = dependency_table(results)
         if dependency is not None:
             console.print(dependency)
+        periodic = periodic_table(results)
+        if periodic is not None:
+            console.print(periodic)
         for res in failed:
             console.print(f"[bold red]{res.scenario}[/]:", highlight=False)
             for line in res.report.violations:

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from .._config import WorkerSettings as _Config
 from .faultstore import FAULT_FILE_ENV, SEED_ENV
 from .proxy import Faults, ThreadedFaultProxy
 from .storefaults import StoreFaults, write_fault_file
@@ -49,6 +50,12 @@ class WorkerSettings:
     def renew_interval(self) -> float:
         """The workers' renewal and election period: a quarter of the lease TTL."""
         return self.lease_ttl / 4
+
+    @property
+    def periodic_interval(self) -> float:
+        """The period of the leader's periodic-job scheduler: tokenline's default, which
+        the drill's workers keep."""
+        return _Config().periodic_interval
 
     def argv(self, app: str, queue: str) -> list[str]:
         """The ``tokenline worker`` command line."""

@@ -29,7 +29,10 @@ from typing import Any
 
 from .._errors import ConfigError
 
-__all__ = ["ScratchStore", "scratch_for", "through", "upstream_of"]
+__all__ = ["PERIODIC_KEYS", "ScratchStore", "scratch_for", "through", "upstream_of"]
+
+#: How the idempotency key of a periodic schedule's job begins (``Periodic.key``).
+PERIODIC_KEYS = "periodic:"
 
 #: tokenline's own tables by logical name, per dialect (see the stores' schemas).
 _SQLITE_TABLES = {
@@ -90,6 +93,15 @@ class ScratchStore:
         return self.rows(
             "SELECT job_id, token, started_at, finished_at, outcome, owner "
             f"FROM {self.tables['attempts']}"
+        )
+
+    def periodic_rows(self) -> list[tuple[Any, ...]]:
+        """The jobs of periodic schedules (their keys start ``periodic:``): (id,
+        idempotency_key, state, created_at)."""
+        return self.rows(
+            "SELECT id, idempotency_key, state, created_at "
+            f"FROM {self.tables['jobs']} WHERE idempotency_key LIKE {self.placeholder}",
+            (f"{PERIODIC_KEYS}%",),
         )
 
     def finished_jobs(self) -> int:
@@ -326,6 +338,16 @@ class _SplitScratch(_PostgresScratch):
                      None if finished is None else float(finished), a["outcome"], a["owner"])
                 )  # fmt: skip
         return out
+
+    def periodic_rows(self) -> list[tuple[Any, ...]]:
+        with self._redis() as client:
+            ids = [int(j) for j in client.zrange(self._keys + "all", 0, -1)]
+            rows = self._hashes(client, ids, ("idempotency_key", "state", "created_at"))
+        return [
+            (jid, key, state, float(created))
+            for jid, (key, state, created) in zip(ids, rows, strict=True)
+            if key is not None and key.startswith(PERIODIC_KEYS)
+        ]
 
     def finished_jobs(self) -> int:
         with self._redis() as client:

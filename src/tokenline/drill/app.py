@@ -24,6 +24,11 @@ breaker, and its task ``depends_on`` it and calls it through ``ctx.dependency``;
 other scenarios' app, :data:`app`, knows no dependency, so its workers keep no breaker
 and read no breaker's state from the store.
 
+The periodic scenarios' workers run :data:`periodic`: the same ``drill.work`` and a
+periodic task, ``drill.tick``, every second (``catch_up="all"``), enqueued by the
+maintenance leader. Each instant's job writes its business row like any drill job, keyed
+by the instant's idempotency key, so an instant run twice is a duplicate effect.
+
 Its stores take the faults the drill switches on: :class:`DrillApp` wraps them with
 :func:`~tokenline.drill.faultstore.wrap_from_env`. Only these apps do.
 """
@@ -49,8 +54,11 @@ __all__ = [
     "CLOCK_OFFSET_ENV",
     "COLUMNS",
     "GUARDED",
+    "PERIODIC",
     "QUEUE",
     "TABLE_ENV",
+    "TICK_CRON",
+    "TICK_TASK",
     "UNGUARDED",
     "DrillApp",
     "ShiftedClock",
@@ -59,6 +67,8 @@ __all__ = [
     "call_guarded",
     "call_unguarded",
     "guarded",
+    "periodic",
+    "tick",
     "unguarded",
     "work",
 ]
@@ -175,3 +185,30 @@ guarded.task(name=CALL_TASK, queue=QUEUE, max_attempts=25, depends_on=[dependenc
 #: The same calls without a breaker.
 unguarded = DrillApp(clock=app.clock)
 unguarded.task(name=CALL_TASK, queue=QUEUE, max_attempts=25)(call_unguarded)
+
+
+# -- the periodic scenarios' app -------------------------------------------------------------
+#: The workers' app of the periodic scenarios.
+PERIODIC = "tokenline.drill.app:periodic"
+#: The periodic task (and its schedule's name).
+TICK_TASK = "drill.tick"
+#: Every second (six fields, seconds last).
+TICK_CRON = "* * * * * *"
+#: How long an instant's job works before its write.
+_TICK_MS = 5.0
+
+
+async def tick(ctx: JobContext) -> None:
+    """Write this instant's business row, keyed by the instant's idempotency key, as
+    ``drill.work`` writes a job's."""
+    key = ctx.idempotency_key
+    if key is None:  # only the scheduler enqueues this task, always with the key
+        raise ValueError(f"{TICK_TASK} runs as an instant's job, with the instant's key")
+    await work(ctx, key, _TICK_MS)
+
+
+#: The drill's jobs and a periodic task every second, with catch-up of every instant.
+periodic = DrillApp(clock=app.clock)
+periodic.task(name="drill.work", queue=QUEUE, max_attempts=25)(work)
+periodic.task(name=TICK_TASK, queue=QUEUE, max_attempts=25)(tick)
+periodic.periodic(cron=TICK_CRON, catch_up="all", queue=QUEUE, name=TICK_TASK)(tick)

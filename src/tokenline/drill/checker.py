@@ -25,6 +25,14 @@ anything the workers said:
    **no job is dead-lettered**, and **a job held back spends no attempt**: each job's
    attempt count is at most the number of its attempts that ran (those not given back).
 
+9. When the workers run a periodic schedule (the ``periodic_*`` scenarios), **every
+   instant runs exactly once**: from the first instant enqueued to the last one whose job
+   (and every earlier one's) is finished, each instant of the schedule has exactly one
+   job and one business row — none twice (*doubled*), none without (*skipped*); and
+   **the schedule keeps up**: each instant was enqueued within the leader's election
+   bound + the scheduler's period + :data:`SLACK` of its time, and every instant due
+   that long before the run ended was enqueued (else *late*).
+
 It also measures the **recovery time** (fault injection → the affected jobs running
 again, from attempt timestamps) and counts **duplicate executions**, which are allowed:
 re-runs, stale commits the store refused, duplicates the ledger recorded.
@@ -33,12 +41,14 @@ re-runs, stale commits the store refused, duplicates the ledger recorded.
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .._periodic import Periodic
     from ._scratch import ScratchStore
 
 __all__ = ["SLACK", "Attempt", "FaultWindow", "Report", "Snapshot", "check", "read_snapshot"]
@@ -85,6 +95,8 @@ class Snapshot:
     ledger_duplicates: int
     #: job id → attempts spent, as the job's row counts them (given-back ones refunded)
     spent: dict[int, int] = field(default_factory=dict)
+    #: (job id, idempotency key, state, enqueued at) of every periodic schedule's job
+    periodic: list[tuple[int, str, str, float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +138,15 @@ class Report:
     recovery_bound: float = 0.0
     #: Longest delay from an owner's last chance to renew to the rescue of its lease.
     rescue_lag: float | None = None
+    #: A periodic schedule's instants judged (first to last finished; ``None``: the run
+    #: had no schedule), those run twice, those never run, those enqueued late.
+    periodic_instants: int | None = None
+    periodic_doubled: int = 0
+    periodic_skipped: int = 0
+    periodic_late: int = 0
+    #: Longest delay from an instant to its enqueue, and the bound it was held to.
+    periodic_lag: float | None = None
+    periodic_bound: float = 0.0
     violations: list[str] = field(default_factory=list)
 
     @property
@@ -142,6 +163,10 @@ class Report:
             or self.dead_letters
             or self.spent_by_deferrals
             or self.pending
+            or self.periodic_instants == 0
+            or self.periodic_doubled
+            or self.periodic_skipped
+            or self.periodic_late
         )
 
     @property
@@ -155,8 +180,9 @@ class Report:
             self.violations.append(text)
 
 
-def read_snapshot(scratch: ScratchStore) -> Snapshot:
-    """Read what the checker needs from the store and the business table, nothing else."""
+def read_snapshot(scratch: ScratchStore, *, periodic: bool = False) -> Snapshot:
+    """Read what the checker needs from the store and the business table, nothing else
+    (``periodic``: the periodic schedules' jobs too)."""
     t = scratch.tables
     rows = scratch.job_rows()
     jobs = {int(r[0]): (r[1], str(r[2]), int(r[3]), r[4]) for r in rows}
@@ -182,6 +208,10 @@ def read_snapshot(scratch: ScratchStore) -> Snapshot:
         stale_refused=scratch.stale_refused(),
         ledger_duplicates=scratch.scalar(f"SELECT count(*) FROM {t['duplicates']}"),
         spent={int(r[0]): int(r[5]) for r in rows},
+        periodic=[
+            (int(r[0]), str(r[1]), str(r[2]), float(r[3]))
+            for r in (scratch.periodic_rows() if periodic else ())
+        ],
     )
 
 
@@ -197,6 +227,9 @@ def check(
     stall: float = 0.0,
     guarded: bool = False,
     renew_interval: float | None = None,
+    schedule: Periodic | None = None,
+    periodic_interval: float = 1.0,
+    ended: float | None = None,
 ) -> Report:
     """Verify the invariants over ``snap`` for the jobs enqueued with ``keys``.
 
@@ -209,6 +242,10 @@ def check(
     leader, whose successor is elected within ``lease_ttl + renew_interval`` of it and
     rescues within one rescue period (the README's bound); without it, a whole second
     lease TTL is allowed for a leader the fault may have hit.
+
+    ``schedule``: the periodic schedule the workers ran (9.), its scheduler passing every
+    ``periodic_interval`` seconds; ``ended``: when the run stopped (epoch seconds), the
+    instants due a bound before it must all have been enqueued.
     """
     election = 2 * lease_ttl if renew_interval is None else lease_ttl + renew_interval
     report = Report(
@@ -231,7 +268,76 @@ def check(
     _check_every_worker_works(snap.attempts, workers, report)
     if guarded:
         _check_guarded(snap, by_job, report)
+    if schedule is not None:
+        report.periodic_bound = max(election, stall) + periodic_interval + SLACK
+        _check_periodic(snap, schedule, ended, report)
     return report
+
+
+def _instant_of(key: str, prefix: str) -> float | None:
+    """The instant (epoch seconds) of a periodic job's key, ``None`` if another's."""
+    if not key.startswith(prefix):
+        return None
+    try:
+        when = dt.datetime.strptime(key[len(prefix) :], "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return None
+    return when.replace(tzinfo=dt.UTC).timestamp()
+
+
+def _check_periodic(
+    snap: Snapshot, schedule: Periodic, ended: float | None, report: Report
+) -> None:
+    prefix = f"periodic:{schedule.name}:"
+    jobs: dict[float, list[tuple[int, str, float]]] = collections.defaultdict(list)
+    for job_id, key, state, enqueued in snap.periodic:
+        if (t := _instant_of(key, prefix)) is not None:
+            jobs[t].append((job_id, state, enqueued))
+    ran: collections.Counter[float] = collections.Counter()
+    for key, _, _ in snap.effects:
+        if (t := _instant_of(key, prefix)) is not None:
+            ran[t] += 1
+    report.periodic_instants = 0
+    if not jobs:
+        report.note(f"periodic: no instant of {schedule.name} was ever enqueued")
+        return
+    for t, found in sorted(jobs.items()):
+        if len(found) > 1 or ran[t] > 1:
+            report.periodic_doubled += 1
+            report.note(
+                f"periodic: instant {schedule.key(t)} enqueued {len(found)} times "
+                f"(jobs {sorted(j for j, _, _ in found)}), ran {ran[t]} times"
+            )
+        lag = max(0.0, min(e for _, _, e in found) - t)
+        report.periodic_lag = max(report.periodic_lag or 0.0, lag)
+        if lag > report.periodic_bound:
+            report.periodic_late += 1
+            report.note(
+                f"periodic: instant {schedule.key(t)} enqueued {lag:.1f}s after its time "
+                f"(bound {report.periodic_bound:.1f}s)"
+            )
+    first, last = min(jobs), max(jobs)
+    span = [first, *schedule.instants(first, last, limit=1_000_000)]
+    for t in span:
+        # The span ends before the first instant still pending when the workers stopped.
+        if any(state not in _FINAL for _, state, _ in jobs.get(t, ())):
+            break
+        report.periodic_instants += 1
+        if ran[t] == 0:
+            report.periodic_skipped += 1
+            how = "never enqueued" if t not in jobs else f"jobs {[j[:2] for j in jobs[t]]}"
+            report.note(f"periodic: instant {schedule.key(t)} never ran ({how})")
+            if any(state == "succeeded" for _, state, _ in jobs.get(t, ())):
+                report.lost += 1
+    if ended is not None:
+        # Due a whole bound before the end, and never enqueued: the schedule fell behind.
+        missing = schedule.instants(last, ended - report.periodic_bound, limit=1_000_000)
+        if missing:
+            report.periodic_late += len(missing)
+            report.note(
+                f"periodic: {len(missing)} instant(s) from {schedule.key(missing[0])} never "
+                f"enqueued, due more than {report.periodic_bound:.1f}s before the run ended"
+            )
 
 
 def _check_guarded(snap: Snapshot, by_job: dict[int, list[Attempt]], report: Report) -> None:

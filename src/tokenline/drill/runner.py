@@ -9,6 +9,11 @@ scenario's fault on the seed's schedule, waits until every job is finished and t
 fault is over, stops every process, and hands what the store says to
 :func:`~.checker.check`.
 
+In a periodic scenario the workers run :data:`~.app.PERIODIC`, whose leader enqueues a
+task every second beside the jobs; the run then goes on after the fault until an instant
+later than a new leader's election has run, so that the checker sees the schedule
+across the failover.
+
 A scenario whose jobs call the drill's dependency (``slow_dependency``) runs them
 behind its circuit breaker, or without one when ``breakers`` is off, and adds the
 dependency's figures (:mod:`.dependency`) to its result.
@@ -35,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import TokenlineError
+from .._periodic import Periodic
 from ..maintenance import MAINTENANCE_LEASE
 from ..stores import store_from_url
 from ..stores.base import ResourceLease
@@ -47,6 +53,7 @@ from .proxy import ThreadedFaultProxy
 from .scenarios import (
     DRILL_SCENARIOS,
     HELD_JOBS,
+    PERIODIC_STORES,
     Action,
     Scenario,
     Schedule,
@@ -58,6 +65,10 @@ __all__ = ["Drill", "DrillError", "ScenarioResult", "scheme_of"]
 
 #: How often the controller looks at the store.
 _TICK = 0.05
+#: The workers' app unless a test swaps in another (see :attr:`Drill.app`).
+_APP = "tokenline.drill.app:app"
+#: Periodic instants that must have run before a periodic scenario's fault strikes.
+_INSTANTS_BEFORE = 2
 
 
 class DrillError(TokenlineError):
@@ -112,6 +123,16 @@ class ScenarioResult:
             "violations": r.violations,
             "dependency": None if self.dependency is None else self.dependency.to_json(),
             "leader_terms": None if self.leader_terms is None else list(self.leader_terms),
+            "periodic": None
+            if r.periodic_instants is None
+            else {
+                "instants": r.periodic_instants,
+                "doubled": r.periodic_doubled,
+                "skipped": r.periodic_skipped,
+                "late": r.periodic_late,
+                "enqueue_lag_seconds": r.periodic_lag,
+                "enqueue_bound_seconds": r.periodic_bound,
+            },
         }
 
 
@@ -152,8 +173,9 @@ class Drill:
     #: The workers' app (``module:attribute``), with the tasks of
     #: :mod:`tokenline.drill.app`; tests swap in a sabotaged one to show the drill fails.
     #: Scenarios whose jobs call the dependency run :data:`~.app.GUARDED` or
-    #: :data:`~.app.UNGUARDED` instead.
-    app: str = "tokenline.drill.app:app"
+    #: :data:`~.app.UNGUARDED` instead, periodic ones :data:`~.app.PERIODIC` (unless
+    #: swapped too).
+    app: str = _APP
     #: Whether jobs that call the drill's dependency do it behind its circuit breaker;
     #: off, for comparison, dead-lettered jobs and spent attempts are only reported.
     breakers: bool = True
@@ -174,11 +196,13 @@ class Drill:
                 f"{', '.join(unknown)}; known: {', '.join(DRILL_SCENARIOS)}"
             )
         chosen = [DRILL_SCENARIOS[n] for n in dict.fromkeys(names)]
-        wrong = [s.name for s in chosen if not s.applies_to(self.scheme)]
+        wrong = [s for s in chosen if not s.applies_to(self.scheme)]
         if wrong:
             raise DrillError(
-                f"{'scenario' if len(wrong) == 1 else 'scenarios'} {', '.join(wrong)} "
-                f"{'does' if len(wrong) == 1 else 'do'} not apply to {self.scheme}"
+                "; ".join(
+                    f"scenario {s.name} does not apply to {self.scheme}: {_why_not(s, self.scheme)}"
+                    for s in wrong
+                )
             )
         return chosen
 
@@ -293,6 +317,8 @@ class Drill:
                 stub = Stub(scratch.work_dir / "dependency").create()
                 env = {**WORKER_ENV, **env, DIR_ENV: str(stub.directory)}
                 app = drill_app.GUARDED if self.breakers else drill_app.UNGUARDED
+            elif scenario.periodic and app == _APP:
+                app = drill_app.PERIODIC
             keys = self._enqueue(scratch, scenario, schedule)
             if failover:
                 scratch.wait_replicated()  # the jobs themselves are not what is lost
@@ -317,11 +343,12 @@ class Drill:
                 if controller.victim_term is not None:
                     last = asyncio.run(_maintenance_lease(scratch.url))
                     terms = (controller.victim_term, last.token if last else 0)
+                ended = time.time()
                 tail = fleet.log_tail()
                 pids = [fleet.pid(i) for i in range(self.workers)]
             elapsed = time.monotonic() - started
             report = check(
-                read_snapshot(scratch),
+                read_snapshot(scratch, periodic=scenario.periodic),
                 keys=keys,
                 lease_ttl=self.settings.lease_ttl,
                 rescue_interval=self.settings.rescue_interval,
@@ -331,6 +358,9 @@ class Drill:
                 stall=_stall(self.scheme, scenario, window),
                 guarded=scenario.calls_dependency and self.breakers,
                 renew_interval=self.settings.renew_interval if scenario.leader_victim else None,
+                schedule=_schedule(scenario),
+                periodic_interval=self.settings.periodic_interval,
+                ended=ended,
             )
             figures = None
             if stub is not None:
@@ -382,14 +412,23 @@ class Drill:
         TTL, so the fault catches some job mid-flight however fast the others are. A
         scenario that holds transactions open has a few jobs, spread from that moment,
         hold theirs. Jobs that call the dependency have neither, and a re-run works as
-        long as the first run: a job deferred or retried is no zombie's victim."""
+        long as the first run: a job deferred or retried is no zombie's victim. In a
+        periodic scenario, whose fault waits for the schedule's first instants, half as
+        many work longer by that wait, and leave slots free for the instants meanwhile."""
         rng = random.Random(schedule.seed)
         if scenario.calls_dependency:
             return drill_app.CALL_TASK, [(key, rng.uniform(2, 12)) for key in keys]
         ttl = self.settings.lease_ttl
         slots = self.workers * self.settings.concurrency
         first_long = max(0, schedule.at_jobs - slots)
+        long_ms = ttl * 1500
         long_jobs = set(range(first_long, first_long + 3 * slots, 3))
+        if scenario.periodic:
+            long_jobs = set(range(first_long, first_long + 3 * slots, 6))
+            # The schedule starts at the leader's first pass, its first instant is due
+            # one period later, and _INSTANTS_BEFORE of them must have run.
+            warm_up = (_INSTANTS_BEFORE + 2) * self.settings.periodic_interval
+            long_ms += (warm_up + self.settings.renew_interval) * 1000
         held: set[int] = set()
         if scenario.hold_ttls:
             long_jobs = set()
@@ -397,7 +436,7 @@ class Drill:
         items = [
             (
                 key,
-                ttl * 1500 if i in long_jobs else rng.uniform(2, 12),
+                long_ms if i in long_jobs else rng.uniform(2, 12),
                 # A re-run works longer, so that a zombie resumed once its jobs were taken
                 # over finds them still running under the newer token.
                 ttl * 1.5,
@@ -421,6 +460,21 @@ async def _maintenance_lease(url: str, *, held: bool = False) -> ResourceLease |
         return None
     finally:
         await store.close()
+
+
+def _why_not(scenario: Scenario, scheme: str) -> str:
+    """Why ``scenario`` does not run on a store of ``scheme``, for the error."""
+    if scenario.periodic and scheme not in PERIODIC_STORES:
+        return (
+            f"its periodic jobs need a broker that keeps schedules, which {scheme}'s does "
+            f"not (periodic scenarios run on {', '.join(sorted(PERIODIC_STORES))})"
+        )
+    return f"it runs on {', '.join(sorted(scenario.stores))}"
+
+
+def _schedule(scenario: Scenario) -> Periodic | None:
+    """The periodic schedule the scenario's workers run, if any."""
+    return drill_app.periodic.periodics[drill_app.TICK_TASK] if scenario.periodic else None
 
 
 def _upstream(scheme: str, url: str) -> tuple[str, int] | None:
@@ -482,7 +536,39 @@ class _Controller:
         self.victim_term: int | None = None
 
     def done(self) -> int:
-        return self.scratch.finished_jobs()
+        """The drill's own jobs finished (a periodic schedule's are not counted)."""
+        finished = self.scratch.finished_jobs()
+        if not self.scenario.periodic:
+            return finished
+        # Read second: an instant finishing in between is subtracted, never added.
+        final = ("succeeded", "dead", "cancelled")
+        return finished - sum(1 for r in self.scratch.periodic_rows() if r[2] in final)
+
+    def _instants_run(self) -> list[str]:
+        """The keys of the periodic instants whose job succeeded."""
+        return [str(r[1]) for r in self.scratch.periodic_rows() if r[2] == "succeeded"]
+
+    def schedule_running(self) -> bool:
+        """Whether the fault may strike: in a periodic scenario, once a few instants ran
+        (the leader to strike is the one enqueueing them)."""
+        return not self.scenario.periodic or len(self._instants_run()) >= _INSTANTS_BEFORE
+
+    def settled(self) -> bool:
+        """Whether the run may end once its jobs are done: the fault is over (or never
+        began), and in a periodic scenario it began and an instant later than a new
+        leader's first scheduler pass has run."""
+        if not self.scenario.periodic:
+            return self.started is None or self.ended is not None
+        if self.ended is None:
+            return False
+        settings = self.drill.settings
+        after = self.ended + settings.lease_ttl + settings.renew_interval
+        after += settings.periodic_interval
+        schedule = _schedule(self.scenario)
+        assert schedule is not None
+        # Keys name their instant to the second, in an order that sorts as time does.
+        later = schedule.key(after)
+        return any(key > later for key in self._instants_run())
 
     def run(self) -> FaultWindow | None:
         """Drive the run to its end; the fault's window, or ``None`` if it never began."""
@@ -493,10 +579,11 @@ class _Controller:
                 if self.inj is None:
                     pass  # nothing to inject: run to the end
                 elif self.started is None and done >= self.schedule.at_jobs:
-                    self._start()
+                    if self.schedule_running():
+                        self._start()
                 elif self.started is not None and self.ended is None:
                     self._tick()
-                if done >= self.drill.jobs and (self.started is None or self.ended is not None):
+                if done >= self.drill.jobs and self.settled():
                     break
                 time.sleep(_TICK)
         finally:

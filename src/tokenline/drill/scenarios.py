@@ -41,6 +41,15 @@ maintenance leader as the victim (whoever holds ``tokenline:maintenance`` when t
 strikes): the others must elect a new leader, in a new term, and rescue the victim's
 jobs within the same bound, and the resumed leader's maintenance writes are refused.
 
+``periodic_kill9_leader`` and ``periodic_sigstop_leader`` are the same two faults with a
+periodic task every second beside the jobs (six-field cron, ``catch_up="all"``), which
+the maintenance leader enqueues: every instant from the first to the last one seen must
+have run exactly once (one business row each, none twice, none skipped), and each must
+have been enqueued within lease TTL + renew interval + the scheduler's period (+ slack)
+of its time, however long the leader was gone (on SQLite a longer pause replaces the
+TTL and renew interval: a paused writer holds the file's lock). They run on the stores of
+:data:`PERIODIC_STORES`: not yet on the split topology, whose broker keeps no schedules.
+
 ``slow_dependency`` leaves the store alone too: its jobs call the drill's dependency
 (:mod:`tokenline.drill.dependency`), which the fault makes time out for a while, for
 every worker at once. With breakers on (the default) no job may be dead-lettered and
@@ -62,6 +71,7 @@ from .storefaults import RoleFaults, StoreFaults
 __all__ = [
     "DRILL_SCENARIOS",
     "HELD_JOBS",
+    "PERIODIC_STORES",
     "Action",
     "Injection",
     "Scenario",
@@ -139,6 +149,9 @@ class Scenario:
     calls_dependency: bool = False
     #: The victim is the maintenance leader when the fault strikes, not a drawn worker.
     leader_victim: bool = False
+    #: The workers also run the drill's periodic task (:data:`~.app.PERIODIC`), whose
+    #: instants the checker holds to exactly once.
+    periodic: bool = False
 
     def applies_to(self, scheme: str) -> bool:
         """Whether the scenario runs on a store of this scheme."""
@@ -191,6 +204,10 @@ _ALL_LOST = StoreFaults(
 #: the FaultStore, roles; the network ones there are the Redis partitions below.
 _WITH_SPLIT = frozenset({"sqlite", "postgresql", "split"})
 
+#: The stores whose broker keeps periodic schedules (``schedule_advance``), where the
+#: periodic scenarios run. The split topology's does not yet: add ``"split"`` once it does.
+PERIODIC_STORES = frozenset({"sqlite", "postgresql"})
+
 _SCENARIOS = (
     Scenario(
         "kill9",
@@ -215,6 +232,24 @@ _SCENARIOS = (
         "SIGSTOP the maintenance leader past its lease; another leads; SIGCONT later",
         Injection(Action.STOP, at_done=0.3, ttls=4.0),
         leader_victim=True,
+    ),
+    Scenario(
+        "periodic_kill9_leader",
+        "a periodic task every second; kill -9 the leader that enqueues it: every instant "
+        "runs once",
+        Injection(Action.KILL, at_done=0.3),
+        stores=PERIODIC_STORES,
+        leader_victim=True,
+        periodic=True,
+    ),
+    Scenario(
+        "periodic_sigstop_leader",
+        "a periodic task every second; SIGSTOP its leader past the lease, SIGCONT later: "
+        "every instant runs once",
+        Injection(Action.STOP, at_done=0.3, ttls=4.0),
+        stores=PERIODIC_STORES,
+        leader_victim=True,
+        periodic=True,
     ),
     Scenario(
         "lost_ack",
