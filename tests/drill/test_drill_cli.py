@@ -63,18 +63,6 @@ def test_a_postgres_only_scenario_is_refused_on_sqlite() -> None:
     assert "scenario pg_restart does not apply to sqlite" in result.output
 
 
-def test_a_periodic_scenario_is_refused_on_the_split_topology_with_the_reason() -> None:
-    """The split topology's broker keeps no schedules yet: asking for a periodic
-    scenario there is an error naming why, before any server is contacted."""
-    url = "split:?broker=redis://127.0.0.1:1/0&ledger=postgresql://postgres@127.0.0.1:1/test"
-    result = CliRunner().invoke(
-        main, ["drill", "--url", url, "--scenario", "periodic_kill9_leader"]
-    )
-    assert result.exit_code == 2
-    assert "scenario periodic_kill9_leader does not apply to split" in result.output
-    assert "keeps schedules" in result.output
-
-
 def test_the_periodic_scenarios_are_listed_in_the_help() -> None:
     """``tokenline drill --help`` names the periodic scenarios among the others."""
     result = CliRunner().invoke(main, ["drill", "--help"])

@@ -6,7 +6,6 @@ import pytest
 
 from tokenline.drill.scenarios import (
     DRILL_SCENARIOS,
-    PERIODIC_STORES,
     Action,
     Injection,
     Schedule,
@@ -28,9 +27,11 @@ SPLIT_ONLY = {"redis_partition_one", "redis_partition_all", "redis_failover"}
 
 def test_the_split_topology_runs_the_redis_faults_and_the_process_and_role_ones() -> None:
     """The split topology runs its Redis scenarios, and those whose fault hits a process
-    or a role (not one connection carrying every role, which it does not have)."""
+    or a role (not one connection carrying every role, which it does not have); the
+    leader is struck there by the periodic scenarios, which also check its schedule."""
     assert {s.name for s in scenarios_for("split")} == {
-        "kill9", "sigstop", "lost_ack", "partition_leases", *SPLIT_ONLY
+        "kill9", "sigstop", "lost_ack", "partition_leases", *SPLIT_ONLY,
+        "periodic_kill9_leader", "periodic_sigstop_leader",
     }  # fmt: skip
     assert not SPLIT_ONLY & {s.name for s in scenarios_for("sqlite")}
     redis_faults = [DRILL_SCENARIOS[n].faults_for("split") for n in sorted(SPLIT_ONLY)]
@@ -66,13 +67,11 @@ def test_a_fault_injection_without_faults_is_refused() -> None:
 
 def test_the_periodic_scenarios_strike_the_leader_where_schedules_are_kept() -> None:
     """The periodic scenarios hit the maintenance leader (the one enqueueing the
-    instants) and run on the stores of PERIODIC_STORES, which the split topology is not
-    among yet."""
+    instants), on every topology: the split topology keeps its schedules in Redis."""
     periodic = [s for s in DRILL_SCENARIOS.values() if s.periodic]
     assert {s.name for s in periodic} == {"periodic_kill9_leader", "periodic_sigstop_leader"}
     for s in periodic:
         assert s.leader_victim
-        assert s.stores == PERIODIC_STORES
         assert s.applies_to("sqlite")
         assert s.applies_to("postgresql")
-        assert not s.applies_to("split")
+        assert s.applies_to("split")

@@ -53,7 +53,6 @@ from .proxy import ThreadedFaultProxy
 from .scenarios import (
     DRILL_SCENARIOS,
     HELD_JOBS,
-    PERIODIC_STORES,
     Action,
     Scenario,
     Schedule,
@@ -464,11 +463,6 @@ async def _maintenance_lease(url: str, *, held: bool = False) -> ResourceLease |
 
 def _why_not(scenario: Scenario, scheme: str) -> str:
     """Why ``scenario`` does not run on a store of ``scheme``, for the error."""
-    if scenario.periodic and scheme not in PERIODIC_STORES:
-        return (
-            f"its periodic jobs need a broker that keeps schedules, which {scheme}'s does "
-            f"not (periodic scenarios run on {', '.join(sorted(PERIODIC_STORES))})"
-        )
     return f"it runs on {', '.join(sorted(scenario.stores))}"
 
 

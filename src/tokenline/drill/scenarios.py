@@ -47,8 +47,8 @@ the maintenance leader enqueues: every instant from the first to the last one se
 have run exactly once (one business row each, none twice, none skipped), and each must
 have been enqueued within lease TTL + renew interval + the scheduler's period (+ slack)
 of its time, however long the leader was gone (on SQLite a longer pause replaces the
-TTL and renew interval: a paused writer holds the file's lock). They run on the stores of
-:data:`PERIODIC_STORES`: not yet on the split topology, whose broker keeps no schedules.
+TTL and renew interval: a paused writer holds the file's lock). They run on SQLite,
+PostgreSQL and the split topology (whose schedules live in Redis, ``schedule.lua``).
 
 ``slow_dependency`` leaves the store alone too: its jobs call the drill's dependency
 (:mod:`tokenline.drill.dependency`), which the fault makes time out for a while, for
@@ -71,7 +71,6 @@ from .storefaults import RoleFaults, StoreFaults
 __all__ = [
     "DRILL_SCENARIOS",
     "HELD_JOBS",
-    "PERIODIC_STORES",
     "Action",
     "Injection",
     "Scenario",
@@ -204,9 +203,6 @@ _ALL_LOST = StoreFaults(
 #: the FaultStore, roles; the network ones there are the Redis partitions below.
 _WITH_SPLIT = frozenset({"sqlite", "postgresql", "split"})
 
-#: The stores whose broker keeps periodic schedules (``schedule_advance``), where the
-#: periodic scenarios run. The split topology's does not yet: add ``"split"`` once it does.
-PERIODIC_STORES = frozenset({"sqlite", "postgresql"})
 
 _SCENARIOS = (
     Scenario(
@@ -238,7 +234,7 @@ _SCENARIOS = (
         "a periodic task every second; kill -9 the leader that enqueues it: every instant "
         "runs once",
         Injection(Action.KILL, at_done=0.3),
-        stores=PERIODIC_STORES,
+        stores=_WITH_SPLIT,
         leader_victim=True,
         periodic=True,
     ),
@@ -247,7 +243,7 @@ _SCENARIOS = (
         "a periodic task every second; SIGSTOP its leader past the lease, SIGCONT later: "
         "every instant runs once",
         Injection(Action.STOP, at_done=0.3, ttls=4.0),
-        stores=PERIODIC_STORES,
+        stores=_WITH_SPLIT,
         leader_victim=True,
         periodic=True,
     ),
