@@ -16,6 +16,12 @@
 --   running             zset: running jobs, score the lease expiry (rescue)
 --   counts:<queue>      hash: jobs per stored state
 --   st:<state>          zset: jobs in a state, score the id (listing)
+--   ended:<kind>        zset: jobs in a final state, by prune kind (finished: succeeded
+--                       and cancelled; dead), score the finished_at (retention)
+--   ended_fill          hash: how far the index of jobs that ended before it existed
+--                       was filled (see prune_fill.lua)
+--   pruned              zset: pruned jobs a ledger has yet to hear of (split topology),
+--                       score when pruned
 --   all                 zset: every job, score the id
 --   queues              set: every queue that ever held a job
 --   pairs               set: every "<queue>\t<task>" that ever held a job
@@ -53,14 +59,23 @@ end
 
 local function job_key(id) return P .. 'job:' .. id end
 
-local function set_state(id, queue, old, new)
+-- The prune kind of each final state: its jobs wait in ended:<kind> for retention.
+local ENDED = {succeeded = 'finished', cancelled = 'finished', dead = 'dead'}
+
+-- Move a job between the state indexes. ``at`` is when it reached ``new``: for a final
+-- state, the finished_at its caller writes, which scores it in ended:<kind>. Every move
+-- into or out of a final state goes through here, so the retention index is never
+-- behind the job's state.
+local function set_state(id, queue, old, new, at)
   if old == new then return end
   if old ~= nil and old ~= '' then
     redis.call('HINCRBY', P .. 'counts:' .. queue, old, -1)
     redis.call('ZREM', P .. 'st:' .. old, id)
+    if ENDED[old] then redis.call('ZREM', P .. 'ended:' .. ENDED[old], id) end
   end
   redis.call('HINCRBY', P .. 'counts:' .. queue, new, 1)
   redis.call('ZADD', P .. 'st:' .. new, id, id)
+  if ENDED[new] then redis.call('ZADD', P .. 'ended:' .. ENDED[new], f(at), id) end
 end
 
 local function wait_add(id, queue, task, prio, run_at)
@@ -208,7 +223,7 @@ local function enqueue_job(b, now)
              'max_lease_expiries', ARGV[b + 9])
   hset_opt(key, 'idempotency_key', ikey)
   if ARGV[b + 8] ~= '' then redis.call('HSET', key, 'timeout', ARGV[b + 8]) end
-  set_state(id, queue, nil, state)
+  set_state(id, queue, nil, state, now)
   redis.call('ZADD', P .. 'all', id, id)
   redis.call('SADD', P .. 'queues', queue)
   redis.call('SADD', P .. 'pairs', queue .. '\t' .. task)

@@ -52,7 +52,7 @@ for i = 1, math.min(limit, #cands) do
   redis.call('HSET', key, 'state', 'running', 'lease_owner', owner, 'lease_token', token,
              'lease_expires_at', f(now + ttl), 'updated_at', f(now))
   wait_del(id, h.queue, h.task, h.priority)
-  set_state(id, h.queue, h.state, 'running')
+  set_state(id, h.queue, h.state, 'running', now)
   run_add(id, h.queue, h.task, now + ttl)
   redis.call('RPUSH', P .. 'attempts:' .. id, cjson.encode({
     attempt = f(attempt), token = f(token + BASE), counter = f(token), owner = owner, started_at = f(now),

@@ -2,7 +2,7 @@
 --
 -- KEYS[1]  the store's prefix; touches job:<id>, attempts:<id>, running, runn,
 --          qp:<queue>:<prio>, prios:<queue>, wait:<queue>\t<task>, counts:<queue>,
---          st:<state>, stale, stale_n, epoch, epoch_replid
+--          st:<state>, ended:<kind>, stale, stale_n, epoch, epoch_replid
 -- ARGV[1]  now ('' = Redis TIME);  ARGV[2] the epoch the store holds ('' = none);
 -- ARGV[3]  number of finishes; then 10 per finish:
 --          job id, owner, token, outcome (for the attempt and a refusal), next state,
@@ -40,7 +40,7 @@ for i = 0, n - 1 do
       redis.call('HDEL', key, 'finished_at')
     end
     run_del(id, h.queue, h.task)
-    set_state(id, h.queue, 'running', state)
+    set_state(id, h.queue, 'running', state, now)
     if state == 'queued' or state == 'scheduled' then
       wait_add(id, h.queue, h.task, h.priority, run_at)
     end

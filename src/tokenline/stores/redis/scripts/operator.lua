@@ -1,7 +1,7 @@
 -- operator.lua: an operator's action on a list of jobs: retry dead ones or cancel.
 --
 -- KEYS[1]  the store's prefix; touches job:<id>, qp:<queue>:<prio>, prios:<queue>,
---          wait:<queue>\t<task>, counts:<queue>, st:<state>
+--          wait:<queue>\t<task>, counts:<queue>, st:<state>, ended:<kind>
 -- ARGV[1]  now ('' = Redis TIME);  ARGV[2] 'retry_dead' or 'cancel';
 -- ARGV[3]  the cancel reason;  ARGV[4…] job ids
 -- Returns  how many jobs moved. retry_dead moves dead jobs to queued with a fresh
@@ -19,7 +19,7 @@ for i = 4, #ARGV do
       redis.call('HSET', key, 'state', 'queued', 'attempt', 0, 'lease_expiries', 0,
                  'run_at', f(now), 'updated_at', f(now))
       redis.call('HDEL', key, 'finished_at')
-      set_state(id, h.queue, 'dead', 'queued')
+      set_state(id, h.queue, 'dead', 'queued', now)
       wait_add(id, h.queue, h.task, h.priority, now)
       moved = moved + 1
     elseif action == 'cancel' and (h.state == 'queued' or h.state == 'scheduled'
@@ -27,7 +27,7 @@ for i = 4, #ARGV do
       if h.state ~= 'dead' then wait_del(id, h.queue, h.task, h.priority) end
       redis.call('HSET', key, 'state', 'cancelled', 'last_error', reason,
                  'finished_at', f(now), 'updated_at', f(now))
-      set_state(id, h.queue, h.state, 'cancelled')
+      set_state(id, h.queue, h.state, 'cancelled', now)
       moved = moved + 1
     end
   end

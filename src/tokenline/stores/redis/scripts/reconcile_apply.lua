@@ -3,7 +3,8 @@
 --
 -- KEYS[1]  the store's prefix; touches job:<id>, attempts:<id>, running, runn,
 --          qp:<queue>:<prio>, prios:<queue>, wait:<queue>\t<task>, counts:<queue>,
---          st:<state>, rl:<name>; reads w:<id>, rl:<leader lease>, epoch, epoch_replid
+--          st:<state>, ended:<kind>, rl:<name>; reads w:<id>, rl:<leader lease>,
+--          epoch, epoch_replid
 -- ARGV[1]  now ('' = Redis TIME);  ARGV[2] the epoch the store holds ('' = none);
 -- ARGV[3]  the maintenance lease's name, ARGV[4] its owner, ARGV[5] its token: the
 --          caller's term as leader;  ARGV[6], ARGV[7] the outcome and error of an
@@ -42,7 +43,7 @@ local function acknowledge(id, token, seen)
   end
   redis.call('HSET', key, 'state', 'succeeded', 'updated_at', f(now), 'finished_at', f(now))
   redis.call('HDEL', key, 'lease_owner', 'lease_expires_at')
-  set_state(id, h.queue, seen, 'succeeded')
+  set_state(id, h.queue, seen, 'succeeded', now)
   return 1
 end
 

@@ -3,7 +3,7 @@
 --
 -- KEYS[1]  the store's prefix; touches job:<id>, attempts:<id>, running, runn,
 --          qp:<queue>:<prio>, prios:<queue>, wait:<queue>\t<task>, counts:<queue>,
---          st:<state>; reads rl:<leader lease>, epoch, epoch_replid
+--          st:<state>, ended:<kind>; reads rl:<leader lease>, epoch, epoch_replid
 -- ARGV[1]  now ('' = Redis TIME);  ARGV[2] the epoch the store holds ('' = none);
 -- ARGV[3]  the maintenance lease's name ('' = an unfenced pass), ARGV[4] its owner,
 --          ARGV[5] its token: the caller's term as leader; then 5 per job: id, token
@@ -34,7 +34,7 @@ for i = 6, #ARGV, 5 do
                'error_class', 'coordination', 'updated_at', f(now))
     redis.call('HDEL', key, 'lease_owner', 'lease_expires_at')
     run_del(id, h.queue, h.task)
-    set_state(id, h.queue, 'running', state)
+    set_state(id, h.queue, 'running', state, now)
     if state == 'dead' then
       redis.call('HSET', key, 'finished_at', f(now))
     else
