@@ -75,6 +75,7 @@ from ._values import pairs as _pairs
 from ._values import text as _s
 from .maintenance import RedisMaintenance
 from .membership import RedisMembership
+from .retention import RedisRetention
 
 __all__ = ["LEDGER_DONE", "EpochSource", "RedisStore"]
 
@@ -98,6 +99,9 @@ _SCRIPTS = (
     "reconcile_scan",
     "reconcile_apply",
     "schedule",
+    "prune",
+    "prune_fill",
+    "prune_audit",
 )
 #: The outcome recorded for an attempt that found its job completed in the ledger.
 LEDGER_DONE = "ledger_done"
@@ -137,7 +141,7 @@ def parse_redis_url(url: str) -> tuple[str, str, str]:
     return connect, "{" + name + "}:", where
 
 
-class RedisStore(RedisMembership, RedisMaintenance, Broker, Leases):
+class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leases):
     """Broker and leases on one Redis server (or primary); plays no ledger."""
 
     capabilities = Capabilities(multi_process=True, ledger=False, blocking_enqueue=True)
@@ -600,5 +604,8 @@ def _epoch_slot(name: str) -> int:
         "reconcile_scan": 1,
         "reconcile_apply": 1,
         "schedule": 1,
+        "prune": 1,
+        "prune_fill": 1,
+        "prune_audit": 1,
     }
     return slots.get(name, -1)
