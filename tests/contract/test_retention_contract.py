@@ -16,9 +16,9 @@ from tokenline._errors import JobNotFoundError, StaleTokenError
 from tokenline._jobs import Finish, JobState, Lease, NewJob, Outcome, Unique
 from tokenline.stores.base import PruneKind, ResourceLease
 
-#: Pruning (marked ``one_store``) runs where the jobs and the ledger live in one store;
-#: the schedules' marks run on every store.
-ONE_STORE = pytest.mark.one_store
+#: Pruning and the schedules' marks run on every store; the ledger's audit (marked
+#: ``ledger``) where a ledger is played.
+LEDGER = pytest.mark.ledger
 
 Q = ["default"]
 MAINT = "tokenline:maintenance"
@@ -52,7 +52,6 @@ async def gone(store: Any, job_id: int) -> bool:
     return False
 
 
-@ONE_STORE
 async def test_prune_takes_only_finished_jobs_past_their_retention(
     store: Any, clock: FakeClock
 ) -> None:
@@ -89,7 +88,6 @@ async def test_prune_takes_only_finished_jobs_past_their_retention(
     assert await store.maintenance_prunable(kind=PruneKind.FINISHED, before=now - 500) == 0
 
 
-@ONE_STORE
 async def test_prune_goes_in_batches_of_at_most_limit(store: Any, clock: FakeClock) -> None:
     """Each call deletes at most ``limit`` rows; the last batch comes back short."""
     for _ in range(5):
@@ -104,7 +102,6 @@ async def test_prune_goes_in_batches_of_at_most_limit(store: Any, clock: FakeClo
     assert got == [2, 2, 1, 0]
 
 
-@ONE_STORE
 async def test_prune_frees_released_unique_keys_and_keeps_held_ones(
     store: Any, clock: FakeClock
 ) -> None:
@@ -126,7 +123,40 @@ async def test_prune_frees_released_unique_keys_and_keeps_held_ones(
     assert held == always
 
 
-@ONE_STORE
+async def test_prune_spares_a_dead_job_retried_since(store: Any, clock: FakeClock) -> None:
+    """A dead job an operator retried is queued again: it leaves the dead jobs' retention
+    and no prune of any kind takes it, however long ago it first died."""
+    jid = await finish(store, Outcome.DEAD)
+    assert await store.jobs_retry_dead(job_ids=[jid]) == 1
+    clock.advance(100)
+    lead = await leader(store)
+    before = await store.store_time()
+    for kind in (PruneKind.DEAD, PruneKind.FINISHED):
+        assert await store.maintenance_prunable(kind=kind, before=before) == 0
+        assert await store.maintenance_prune(leader=lead, kind=kind, before=before, limit=9) == 0
+    assert (await store.job_get(job_id=jid)).state is JobState.QUEUED
+
+
+async def test_prune_removes_old_stale_commits_only(store: Any, clock: FakeClock) -> None:
+    """A refused stale write is kept until its retention is over, then pruned, and the
+    total the store reports goes down with it."""
+    (jid,) = await store.jobs_enqueue(jobs=[new()])
+    (claimed,) = await store.jobs_claim(owner="w", queues=Q, limit=1, ttl=10)
+    forged = Lease(jid, "w", claimed.lease.token + 1, claimed.lease.expires_at)
+    assert await store.jobs_finish(finishes=[Finish(forged, Outcome.SUCCEEDED)]) == [False]
+    assert (await store.stale_commits())[0] == 1
+    lead = await leader(store)
+    kind = PruneKind.STALE_COMMITS
+    past = await store.store_time() - 1
+    assert await store.maintenance_prune(leader=lead, kind=kind, before=past, limit=10) == 0
+    clock.advance(10)
+    before = await store.store_time()
+    assert await store.maintenance_prunable(kind=kind, before=before) == 1
+    assert await store.maintenance_prune(leader=lead, kind=kind, before=before, limit=10) == 1
+    assert await store.stale_commits() == (0, [])
+
+
+@LEDGER
 async def test_prune_removes_old_audit_rows_only(store: Any, clock: FakeClock) -> None:
     """Refused stale commits and duplicates go past their retention, not before."""
     (jid,) = await store.jobs_enqueue(jobs=[new()])
@@ -148,7 +178,6 @@ async def test_prune_removes_old_audit_rows_only(store: Any, clock: FakeClock) -
     assert await store.duplicates_list() == []
 
 
-@ONE_STORE
 async def test_a_deposed_or_expired_leader_prunes_nothing(store: Any, clock: FakeClock) -> None:
     """The store checks the leader's lease in the prune's own transaction."""
     jid = await finish(store, Outcome.SUCCEEDED)
