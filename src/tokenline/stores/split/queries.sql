@@ -21,13 +21,19 @@ CREATE TABLE IF NOT EXISTS {schema}.redis_epochs (
 CREATE SEQUENCE IF NOT EXISTS {schema}.redis_epoch_seq MINVALUE 0 START 0;
 -- When the reconciler found the job gone from Redis, not done (added after the table).
 ALTER TABLE {schema}.job_fences ADD COLUMN IF NOT EXISTS lost_at double precision;
+-- When retention pruned the job from Redis (added after the table): the row is kept,
+-- settled, because an absent row would accept the job's next token (see fences_pruned).
+ALTER TABLE {schema}.job_fences ADD COLUMN IF NOT EXISTS pruned_at double precision;
+-- The rows the lost-job check reads: the settled ones (done, lost, pruned) are most.
+CREATE INDEX IF NOT EXISTS job_fences_unsettled ON {schema}.job_fences (job_id)
+WHERE done_token IS NULL AND lost_at IS NULL AND pruned_at IS NULL;
 
 -- name: fence_check
 -- First statement of a ledger write's transaction: advances the job's fence to the
 -- token presented and locks the row until commit. Accepted: a token above every token
 -- the ledger has seen for the job, or the same token from the same owner. Refused (no
 -- row): a lower token; the same token from another owner (a promoted Redis replica
--- that handed a used number out again); any token once the job is done.
+-- that handed a used number out again); any token once the job is done or pruned.
 -- ON CONFLICT … DO UPDATE locks the row even when its WHERE is false and judges the
 -- newest committed version: a second attempt waits for the first to commit or roll back.
 -- The line marked ``-- fence`` is the owner check that the tests' sabotage removes.
@@ -39,6 +45,7 @@ WHERE f.done_token IS NULL
   AND f.token <= excluded.token
   AND (f.token < excluded.token OR f.owner = excluded.owner)  -- fence
   AND (f.lost_token IS NULL OR f.lost_token < excluded.token)
+  AND f.pruned_at IS NULL
 RETURNING job_id;
 
 -- name: transaction_begin
@@ -53,6 +60,7 @@ WITH advanced AS (
       AND f.token <= excluded.token
       AND (f.token < excluded.token OR f.owner = excluded.owner)  -- fence
       AND (f.lost_token IS NULL OR f.lost_token < excluded.token)
+      AND f.pruned_at IS NULL
     RETURNING job_id
 )
 SELECT job_id,
@@ -103,11 +111,12 @@ RETURNING e.*;
 -- name: effect_owner_live
 -- Whether the owner of a pending key, another job's attempt, may still be running it:
 -- the ledger's fence of its job still carries its token, the job is not done, and the
--- broker has not confirmed its lease lost (lease_lost). This ledger does not see
--- Redis's lease expiry itself: taking a key from a live owner would run it twice.
+-- broker has not confirmed its lease lost (lease_lost), nor pruned its job. This ledger
+-- does not see Redis's lease expiry itself: taking a key from a live owner would run
+-- it twice.
 SELECT 1 FROM {schema}.job_fences AS j
 WHERE j.job_id = %(job_id)s AND j.token = %(token)s AND j.done_token IS NULL
-  AND (j.lost_token IS NULL OR j.lost_token < j.token);
+  AND (j.lost_token IS NULL OR j.lost_token < j.token) AND j.pruned_at IS NULL;
 
 -- name: effect_take_over
 -- Takes a pending key from another job's attempt that effect_owner_live found gone;
@@ -163,12 +172,29 @@ ORDER BY key COLLATE "C"
 LIMIT %(limit)s;
 
 -- name: fences_unsettled
--- One batch, by job id, of the jobs the ledger has seen and not completed, and not
--- yet found gone from Redis: the split store asks Redis which of them it still holds.
+-- One batch, by job id, of the jobs the ledger has seen and not completed, not yet
+-- found gone from Redis, and not pruned: the split store asks Redis which of them it
+-- still holds. The conditions are the partial index job_fences_unsettled's.
 SELECT job_id, token, owner FROM {schema}.job_fences
-WHERE done_token IS NULL AND lost_at IS NULL AND job_id > %(after)s
+WHERE done_token IS NULL AND lost_at IS NULL AND pruned_at IS NULL AND job_id > %(after)s
 ORDER BY job_id
 LIMIT %(limit)s;
+
+-- name: fences_still_unsettled
+-- Of the jobs fences_unsettled returned and Redis did not hold, those still unsettled
+-- now: one pruned (and settled) between the two reads is not lost.
+SELECT job_id FROM {schema}.job_fences
+WHERE job_id = ANY(%(job_ids)s::bigint[])
+  AND done_token IS NULL AND lost_at IS NULL AND pruned_at IS NULL;
+
+-- name: fences_pruned
+-- The fences of jobs retention deleted from Redis, settled rather than deleted: an
+-- absent row would let the job's next ledger write in (fence_check inserts one), and
+-- a stale attempt of a pruned job must stay refused. Settled rows are left by the
+-- lost-job check and refuse every token.
+UPDATE {schema}.job_fences
+SET pruned_at = {schema}.now_epoch(%(now)s), updated_at = {schema}.now_epoch(%(now)s)
+WHERE job_id = ANY(%(job_ids)s::bigint[]) AND pruned_at IS NULL;
 
 -- name: repair_effect_fail
 -- Only while still pending under the token seen (its lease is gone: Redis said so,
@@ -185,7 +211,7 @@ UPDATE {schema}.job_fences
 SET lost_at = {schema}.now_epoch(%(now)s), lost_token = token,
     updated_at = {schema}.now_epoch(%(now)s)
 WHERE job_id = %(job_id)s AND token = %(token)s AND owner = %(owner)s
-  AND done_token IS NULL AND lost_at IS NULL
+  AND done_token IS NULL AND lost_at IS NULL AND pruned_at IS NULL
 RETURNING job_id;
 
 -- name: leader_fence
