@@ -42,8 +42,8 @@ never for safety.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import dict_row
@@ -63,7 +63,14 @@ from ..._records import (
 from .._repairs import ABANDONED
 from .._rows import effect_from_row
 from .._sql import load_queries
-from ..base import Drift, FencedTransaction, Inconsistency, ResourceLease, leader_refused
+from ..base import (
+    Drift,
+    FencedTransaction,
+    Inconsistency,
+    PruneKind,
+    ResourceLease,
+    leader_refused,
+)
 from ..postgres import PostgresStore
 from ..postgres._migrations import compose
 from ..postgres._steps import AsyncDriver, Steps, fetch_one
@@ -72,6 +79,13 @@ from ..postgres._transaction import PostgresFencedTransaction
 __all__ = ["SplitLedger"]
 
 _SPLIT_Q = load_queries(__name__.rpartition(".")[0])
+#: The PostgreSQL store's query deleting a batch of each audit kind.
+_AUDIT_PRUNE = {
+    PruneKind.STALE_COMMITS: "prune_stale_commits",
+    PruneKind.DUPLICATES: "prune_duplicates",
+}
+
+T = TypeVar("T")
 
 
 class SplitLedger(PostgresStore):
@@ -228,7 +242,55 @@ class SplitLedger(PostgresStore):
         self, *, leader: ResourceLease, found: Sequence[Inconsistency]
     ) -> list[bool]:
         """The ledger's repairs (``EFFECT_PENDING``, ``JOB_LOST``) in one transaction
-        that first advances the maintenance lease's own fence to ``leader``'s term.
+        fenced by ``leader``'s term (see :meth:`_leader_fenced`)."""
+
+        async def repair(cur: AsyncCursor[Any]) -> list[bool]:
+            return [await self._repair_on(cur, item) for item in found]
+
+        return await self._leader_fenced(leader, "reconcile", repair)
+
+    async def fences_pruned(self, *, leader: ResourceLease, job_ids: Sequence[int]) -> int:
+        """Settle the fences of ``job_ids``, jobs retention deleted from the broker, in
+        one transaction fenced by ``leader``'s term: they refuse every token from now
+        on and leave the lost-job check (``fences_pruned`` in ``queries.sql`` says why
+        they are kept). How many rows were settled."""
+        params = {"job_ids": list(job_ids), "now": self._now()}
+
+        async def settle(cur: AsyncCursor[Any]) -> int:
+            await cur.execute(self._q("fences_pruned"), params)
+            return cur.rowcount
+
+        return await self._leader_fenced(leader, "prune", settle)
+
+    async def prune_audit(
+        self, *, leader: ResourceLease, kind: PruneKind, before: float, limit: int
+    ) -> int:
+        """Delete up to ``limit`` of the ledger's audit rows of ``kind`` (stale commits
+        or duplicates) older than ``before``, fenced by ``leader``'s term."""
+        query = self._q(_AUDIT_PRUNE[PruneKind(kind)])
+        params = {"before": before, "limit": limit}
+
+        async def prune(cur: AsyncCursor[Any]) -> int:
+            await cur.execute(query, params)
+            return cur.rowcount
+
+        return await self._leader_fenced(leader, "prune", prune)
+
+    async def fences_still_unsettled(self, *, job_ids: Sequence[int]) -> set[int]:
+        """The jobs among ``job_ids`` not done, not flagged lost and not pruned."""
+        if not job_ids:
+            return set()
+        rows = await self._tuples(self._q("fences_still_unsettled"), {"job_ids": list(job_ids)})
+        return {int(r[0]) for r in rows}
+
+    async def _leader_fenced(
+        self,
+        leader: ResourceLease,
+        operation: str,
+        write: Callable[[AsyncCursor[Any]], Awaitable[T]],
+    ) -> T:
+        """``write`` in one transaction that first advances the maintenance lease's own
+        fence in the ledger to ``leader``'s term (``leader_fence``).
 
         The maintenance lease lives in Redis, which the split store asks first; this
         fence is what refuses a lower term here even if Redis has lost that lease (a
@@ -245,13 +307,13 @@ class SplitLedger(PostgresStore):
             "now": self._now(),
         }
 
-        async def run(conn: AsyncConnection[Any]) -> list[bool]:
+        async def run(conn: AsyncConnection[Any]) -> T:
             cur = conn.cursor()
             async with conn.transaction():
                 await cur.execute(self._q("leader_fence"), params)
                 if await cur.fetchone() is None:
-                    raise leader_refused(leader, "reconcile")
-                return [await self._repair_on(cur, item) for item in found]
+                    raise leader_refused(leader, operation)
+                return await write(cur)
 
         return await self._call(run)
 
