@@ -16,7 +16,9 @@ disagrees (:class:`~tokenline.stores.base.Drift`):
 * ``job_lost_from_broker``: a job the ledger has seen and not completed that Redis no
   longer holds at all (a failover or a restart lost it). Nothing can repair it, the
   payload went with Redis: it is flagged in the ledger once, reported with the reason,
-  and the attempt that held it may write nothing more there.
+  and the attempt that held it may write nothing more there. A job retention pruned is
+  not lost: its fence is settled (``pruned_at``) or, until it is, the job is noted in
+  Redis as pruned (``retention.py``); the check leaves both.
 
 Fencing. The repairs on Redis run in one script that first checks the maintenance
 lease (``reconcile_apply.lua``). The ledger's repairs run in one PostgreSQL
@@ -27,9 +29,9 @@ if Redis lost the lease. Each side is atomic on its own; a term that ends betwee
 two leaves the second side's repairs undone, and the next leader finds them again.
 
 Cost. A pass reads every job Redis holds, a batch per script call (see
-``reconcile_scan.lua``), and every fence row of a job the ledger has not completed or
-flagged; the pruner keeps the first bounded. Dead jobs that wrote to the ledger stay in
-the second: their rows are read by each pass.
+``reconcile_scan.lua``), and every fence row of a job the ledger has not completed,
+flagged or seen pruned (a partial index holds just those); the pruner keeps both
+bounded: a pruned dead job's row leaves the second.
 """
 
 from __future__ import annotations
@@ -98,7 +100,14 @@ class SplitMaintenance:
                 break
             ids = [row.job_id for row in rows if row.job_id is not None]
             present = await self.redis.jobs_existing(job_ids=ids)
-            lost += [row for row in rows if row.job_id not in present]
+            # Pruned, its fence not yet settled: retention's, not lost.
+            present |= await self.redis.jobs_pruned(job_ids=ids)
+            gone = [row for row in rows if row.job_id not in present]
+            # Read again: a job pruned and settled since the first read is not lost.
+            still = await self.ledger.fences_still_unsettled(
+                job_ids=[row.job_id for row in gone if row.job_id is not None]
+            )
+            lost += [row for row in gone if row.job_id in still]
             after = max(ids)
         return lost[:limit]
 

@@ -17,7 +17,8 @@ Maintenance (``maintenance.py``): the reconciler's checks read one side and ask 
 other — jobs Redis still holds that the ledger has completed, effects the ledger holds
 pending whose lease Redis has let go, orphaned leases and open attempts in Redis, and
 jobs the ledger has seen that Redis lost — each repair fenced by the leader's term on
-the side it writes to.
+the side it writes to. Retention (``retention.py``) prunes Redis and settles the
+ledger's fences of the jobs it pruned, so that those are never taken for lost.
 """
 
 from __future__ import annotations
@@ -56,13 +57,14 @@ from ..base import Capabilities, Depth, FencedTransaction, ResourceLease, Store
 from ..redis import RedisStore
 from .ledger import SplitLedger
 from .maintenance import SplitMaintenance
+from .retention import SplitRetention
 
 __all__ = ["RolesUnavailableError", "SplitStore"]
 
 log = logging.getLogger("tokenline.store.split")
 
 
-class SplitStore(SplitMaintenance, Store):
+class SplitStore(SplitMaintenance, SplitRetention, Store):
     """Broker and leases from a :class:`RedisStore`, the ledger from a
     :class:`SplitLedger` on PostgreSQL."""
 
