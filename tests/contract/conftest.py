@@ -71,7 +71,7 @@ BACKENDS: dict[str, Callable[[FakeClock, Path, pytest.FixtureRequest], Any]] = {
 #: The backends that play the ledger role: the only ones a ``ledger`` test runs on.
 LEDGER_BACKENDS = frozenset({"memory", "sqlite", "postgres", "split"})
 #: The backends holding the jobs and the ledger in one store: the only ones a
-#: ``one_store`` test runs on (the reconciler's checks, retention, periodic marks).
+#: ``one_store`` test runs on (the reconciler's checks that need both in one store).
 ONE_STORE_BACKENDS = frozenset({"memory", "sqlite", "postgres"})
 
 

@@ -35,6 +35,10 @@ Why no effect is applied twice and no stale write is accepted, whatever Redis sa
    server at hand (``enqueue.lua`` checks it), so ``job_fences`` never sees two jobs
    under one id.
 
+Retention keeps that promise: a job pruned from Redis keeps its ``job_fences`` row,
+marked ``pruned_at`` (``fences_pruned``), which refuses every token; deleting it would
+let the job's stale attempt create a fresh row and write (see ``retention.py``).
+
 What Redis is still trusted for: telling a worker early that its lease is gone (the
 split store checks the lease there before a ledger write, to avoid pointless work);
 never for safety.
