@@ -90,7 +90,10 @@ class RedisRetention:
         """One batch of ``kind`` (``finished`` or ``dead``): the ids of the jobs
         deleted. With ``note``, each id is also kept in ``pruned`` until
         :meth:`pruned_forget`: the split store's record of what its ledger must hear."""
-        name = _JOB_KINDS[PruneKind(kind)]
+        kind = PruneKind(kind)
+        if kind not in _JOB_KINDS:
+            raise ValueError(f"jobs_prune prunes jobs (finished, dead), not {kind.value}")
+        name = _JOB_KINDS[kind]
         if limit < 1:
             return []
         await self._fill_index(leader, limit)
