@@ -129,8 +129,8 @@ class SplitMaintenance:
         if on_ledger:
             if not await self.redis.resource_lease_held(lease=leader):
                 raise leader_refused(leader, "reconcile")
-            # A job gone from Redis that is back can only be another job under a reused
-            # id (Redis's id counter went back with it): not flagged as lost.
+            # Read again just before the flag: a job Redis holds now is not lost,
+            # whatever the scan saw (ids are never reused: see epoch.lua).
             lost = [found[i].job_id or 0 for i in on_ledger if found[i].kind is Drift.JOB_LOST]
             back = await self.redis.jobs_existing(job_ids=lost)
             still = [
