@@ -90,7 +90,8 @@ def test_scenario_keeps_every_invariant_on_the_split_topology(
 ) -> None:
     """The same on the split topology: broker and leases on Redis, each worker reaching
     it through its own fault proxy, the ledger on PostgreSQL (redis_failover: on a
-    primary and replica of the drill's own)."""
+    primary and replica of the drill's own); and during each fault, tokenline status
+    names the failing channels' server as the scenario declares."""
     if name == "redis_failover":
         request.getfixturevalue("redis_server_binary")
     from tokenline.stores import split_url
@@ -99,6 +100,25 @@ def test_scenario_keeps_every_invariant_on_the_split_topology(
     assert result.report.ok, _explain(result)
     if DRILL_SCENARIOS[name].injection is not None:
         assert result.fault is not None, "the fault was never injected"
+    _check_status(name, result)
+
+
+def _check_status(name: str, result: ScenarioResult) -> None:
+    """tokenline status, run as the struck worker during the fault, named Redis for the
+    channels a Redis fault cuts, and blamed no channel the fault did not cut."""
+    expected = DRILL_SCENARIOS[name].status
+    assert expected is not None
+    seen = result.status
+    assert seen is not None, "tokenline status never ran during the fault"
+    assert seen.error is None, _explain(result)
+    assert result.report.status_wrong == 0, _explain(result)
+    for channel, c in seen.channels.items():
+        if channel in expected.failing:
+            assert c.ok is False, _explain(result)
+            server = "Redis at " if channel != "ledger" else "PostgreSQL "
+            assert (seen.named(channel) or "").startswith(server), _explain(result)
+        elif channel not in expected.maybe:
+            assert c.ok is True, _explain(result)
 
 
 def _stores() -> list[object]:

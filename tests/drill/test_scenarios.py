@@ -8,7 +8,9 @@ from tokenline.drill.scenarios import (
     DRILL_SCENARIOS,
     Action,
     Injection,
+    Scenario,
     Schedule,
+    StatusExpectation,
     scenarios_for,
 )
 
@@ -75,3 +77,22 @@ def test_the_periodic_scenarios_strike_the_leader_where_schedules_are_kept() -> 
         assert s.applies_to("sqlite")
         assert s.applies_to("postgresql")
         assert s.applies_to("split")
+
+
+def test_each_split_scenario_declares_what_status_must_say() -> None:
+    """On the split topology status must blame Redis for broker and leases when Redis is
+    cut or fails over, the leases channel alone for a leases partition, and nothing when
+    only a process is struck."""
+    status = {s.name: s.status for s in scenarios_for("split")}
+    assert all(expected is not None for expected in status.values())
+    for name in SPLIT_ONLY:
+        assert status[name] == StatusExpectation(failing=frozenset({"broker", "leases"}))
+    assert status["partition_leases"] == StatusExpectation(failing=frozenset({"leases"}))
+    for name in ("kill9", "sigstop", "periodic_kill9_leader", "periodic_sigstop_leader"):
+        assert status[name] == StatusExpectation()
+
+
+def test_a_split_scenario_without_a_status_expectation_is_refused() -> None:
+    """A scenario on the split topology that says nothing of status would check nothing."""
+    with pytest.raises(ValueError, match="declare its status"):
+        Scenario("x", "x", Injection(Action.KILL), stores=frozenset({"split"}))

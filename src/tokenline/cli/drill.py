@@ -17,9 +17,10 @@ from ..drill.dependency import NAME as DEPENDENCY
 from ..drill.dependency import TIMEOUT
 from ..drill.runner import Drill, DrillError, ScenarioResult
 from ..drill.scenarios import DRILL_SCENARIOS
+from ..stores.base import Role
 from ._common import console, err_console, plural
 
-__all__ = ["dependency_table", "drill", "periodic_table", "results_table"]
+__all__ = ["dependency_table", "drill", "periodic_table", "results_table", "status_table"]
 
 
 def _count(n: int, bad: bool = True) -> str:
@@ -57,6 +58,8 @@ def results_table(results: list[ScenarioResult], *, title: str) -> Table:
                 f" ({r.dead_letters} dead-lettered, "
                 f"{plural(r.spent_by_deferrals, 'attempt')} spent held back)"
             )
+        if r.status_wrong:
+            verdict += " (status wrong)"
         table.add_row(
             res.scenario,
             str(r.jobs),
@@ -127,6 +130,44 @@ def periodic_table(results: list[ScenarioResult]) -> Table | None:
             _count(r.periodic_late),
             f"{lag} ({r.periodic_bound:.1f}s)",
         )
+    return table
+
+
+def status_table(results: list[ScenarioResult]) -> Table | None:
+    """What ``tokenline status`` said during each fault, run as the struck worker, for
+    the scenarios that probed it (the split topology; ``None``: none did): each channel
+    ok, or how it failed and the server its error named. "expected failing": the
+    channels that had to fail (``?``: that may)."""
+    rows = [r for r in results if r.status is not None and r.status_expected is not None]
+    if not rows:
+        return None
+    table = Table(title="tokenline status during the fault, as the struck worker sees the store")
+    table.add_column("scenario")
+    table.add_column("expected failing")
+    for role in Role:
+        table.add_column(role.value)
+    table.add_column("verdict")
+    for res in rows:
+        seen, expected = res.status, res.status_expected
+        assert seen is not None
+        assert expected is not None
+        wanted = [*sorted(expected.failing), *(f"{c}?" for c in sorted(expected.maybe))]
+        cells = []
+        for role in Role:
+            c = seen.channels.get(role.value)
+            if c is None:
+                cells.append("[bold red]no report[/]")
+            elif c.ok is None:
+                cells.append("—")
+            elif c.ok:
+                cells.append("[green]ok[/]")
+            else:
+                named = seen.named(role.value)
+                where = escape(named) if named else "[bold red]no server named[/]"
+                cells.append(f"[red]{escape(str(c.failure))}[/]: {where}")
+        wrong = res.report.status_wrong
+        verdict = "[green]right[/]" if not wrong else f"[bold red]WRONG[/] ({wrong})"
+        table.add_row(res.scenario, ", ".join(wanted) or "none", *cells, verdict)
     return table
 
 
@@ -253,6 +294,9 @@ def drill(
         periodic = periodic_table(results)
         if periodic is not None:
             console.print(periodic)
+        statuses = status_table(results)
+        if statuses is not None:
+            console.print(statuses)
         for res in failed:
             console.print(f"[bold red]{res.scenario}[/]:", highlight=False)
             for line in res.report.violations:

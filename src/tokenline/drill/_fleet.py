@@ -97,6 +97,9 @@ class Fleet:
         self.run_id = run_id
         self.proxies: list[ThreadedFaultProxy] = []
         self.procs: list[subprocess.Popen[bytes]] = []
+        #: The app the workers run, and each worker's environment (once spawned).
+        self.app = ""
+        self.envs: list[dict[str, str]] = []
         self.fault_files = [work_dir / f"faults-{i}.json" for i in range(workers)]
         self.logs = [work_dir / f"worker-{i}.log" for i in range(workers)]
 
@@ -145,6 +148,7 @@ class Fleet:
     ) -> None:
         """Start every worker process; ``per_worker`` adds environment to some."""
         argv = self.settings.argv(app, queue)
+        self.app = app
         for i in range(self.count):
             env = {
                 **os.environ,
@@ -155,6 +159,7 @@ class Fleet:
                 SEED_ENV: str(self.seed + i),
                 RUN_ENV: self.run_id,
             }
+            self.envs.append(env)
             with self.logs[i].open("wb") as log:
                 self.procs.append(
                     subprocess.Popen(argv, env=env, stdout=log, stderr=log, start_new_session=True)

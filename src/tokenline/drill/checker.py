@@ -33,6 +33,14 @@ anything the workers said:
    bound + the scheduler's period + :data:`SLACK` of its time, and every instant due
    that long before the run ended was enqueued (else *late*).
 
+10. On the split topology, :func:`check_status` holds what ``tokenline status`` said
+    during the fault, run as the struck worker, to what the scenario declares
+    (:class:`~.scenarios.StatusExpectation`): each channel expected failing is named
+    failing, with the server that plays it in its error (``Redis at …``, ``PostgreSQL
+    …``); a channel that may fail names its server if it does; every other channel is
+    ok. A channel blamed falsely, one not blamed, a server not named, or no report at
+    all is a violation (*status wrong*).
+
 It also measures the **recovery time** (fault injection → the affected jobs running
 again, from attempt timestamps) and counts **duplicate executions**, which are allowed:
 re-runs, stale commits the store refused, duplicates the ledger recorded.
@@ -43,15 +51,29 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from ..stores.base import Role
 
 if TYPE_CHECKING:
     from .._periodic import Periodic
     from ._scratch import ScratchStore
+    from .scenarios import StatusExpectation
 
-__all__ = ["SLACK", "Attempt", "FaultWindow", "Report", "Snapshot", "check", "read_snapshot"]
+__all__ = [
+    "SLACK",
+    "Attempt",
+    "ChannelSeen",
+    "FaultWindow",
+    "Report",
+    "Snapshot",
+    "StatusSeen",
+    "check",
+    "check_status",
+    "read_snapshot",
+]
 
 #: Seconds allowed on top of TTL + rescue period: the leadership lease may sit with the
 #: faulted worker and expire first (one more TTL is added for that), polling periods,
@@ -147,6 +169,9 @@ class Report:
     #: Longest delay from an instant to its enqueue, and the bound it was held to.
     periodic_lag: float | None = None
     periodic_bound: float = 0.0
+    #: Channels ``tokenline status`` got wrong during the fault (blamed falsely, not
+    #: blamed, its server not named), or 1 when it gave no report.
+    status_wrong: int = 0
     violations: list[str] = field(default_factory=list)
 
     @property
@@ -167,6 +192,7 @@ class Report:
             or self.periodic_doubled
             or self.periodic_skipped
             or self.periodic_late
+            or self.status_wrong
         )
 
     @property
@@ -178,6 +204,101 @@ class Report:
         """Keep the first few violations verbatim."""
         if len(self.violations) < _KEEP:
             self.violations.append(text)
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelSeen:
+    """One channel as ``tokenline status --json`` reported it."""
+
+    #: ``None``: the store does not provide the channel.
+    ok: bool | None
+    #: How it fails (``unreachable``, ``slow``, ``refusing``, ``not migrated``).
+    failure: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StatusSeen:
+    """What ``tokenline status`` said during a fault, run as the struck worker."""
+
+    #: Each channel as reported (empty when the probe gave no report).
+    channels: Mapping[str, ChannelSeen]
+    #: The server that plays each channel, as the store spells it (``Redis at …``).
+    servers: Mapping[str, str] = field(default_factory=dict)
+    #: Why there is no report (the probe failed, hung or printed no JSON), else ``None``.
+    error: str | None = None
+
+    @classmethod
+    def from_report(cls, report: object, servers: Mapping[str, str]) -> StatusSeen:
+        """From the parsed output of ``tokenline status --json``; one without its
+        channels is kept as an error naming what was missing."""
+        raw = report.get("channels") if isinstance(report, Mapping) else None
+        if not isinstance(raw, Mapping):
+            return cls({}, servers, f"no channels in the status report: {report!r:.300}")
+        channels = {}
+        for name, c in raw.items():
+            ok = c.get("ok") if isinstance(c, Mapping) else False
+            if not isinstance(c, Mapping) or not (ok is None or isinstance(ok, bool)):
+                return cls({}, servers, f"channel {name!r} malformed in the report: {c!r:.300}")
+            channels[str(name)] = ChannelSeen(ok, c.get("failure"), c.get("error"))
+        return cls(channels, servers)
+
+    def named(self, channel: str) -> str | None:
+        """The server a failing channel's error names (its own first), if any."""
+        seen = self.channels.get(channel)
+        error = seen.error if seen is not None else None
+        if not error:
+            return None
+        own = self.servers.get(channel)
+        if own is not None and own in error:
+            return own
+        return next((s for s in self.servers.values() if s in error), None)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready form (``tokenline drill --json``)."""
+        return {
+            "error": self.error,
+            "channels": {
+                name: {
+                    "ok": c.ok,
+                    "failure": c.failure,
+                    "server": self.named(name) if c.ok is False else None,
+                    "error": c.error,
+                }
+                for name, c in self.channels.items()
+            },
+        }
+
+
+def check_status(expected: StatusExpectation, seen: StatusSeen | None, report: Report) -> None:
+    """Hold what ``tokenline status`` said during the fault to ``expected`` (10.);
+    ``seen`` is ``None`` when it never ran."""
+    if seen is None or seen.error is not None:
+        report.status_wrong += 1
+        why = "it never ran (the fault never struck)" if seen is None else seen.error
+        report.note(f"status: no report during the fault: {why}")
+        return
+    for role in Role:
+        channel = role.value
+        got = seen.channels.get(channel)
+        server = seen.servers.get(channel)
+        naming = f", naming {server}" if server else ""
+        problem = None
+        if got is None:
+            problem = "missing from the report"
+        elif got.ok is not False:
+            if channel in expected.failing:
+                said = "not provided" if got.ok is None else "ok"
+                problem = f"reported {said} while its server was cut; expected failing{naming}"
+        elif channel not in expected.failing | expected.maybe:
+            problem = f"blamed falsely, no fault was on it: {got.failure}: {got.error}"
+        elif server is not None and seen.named(channel) != server:
+            other = seen.named(channel)
+            instead = f" (it names {other})" if other else ""
+            problem = f"failing ({got.failure}) without naming {server}{instead}: {got.error}"
+        if problem is not None:
+            report.status_wrong += 1
+            report.note(f"status: {channel} {problem}")
 
 
 def read_snapshot(scratch: ScratchStore, *, periodic: bool = False) -> Snapshot:

@@ -14,6 +14,11 @@ task every second beside the jobs; the run then goes on after the fault until an
 later than a new leader's election has run, so that the checker sees the schedule
 across the failover.
 
+On the split topology, while the fault is on, the controller also runs ``tokenline
+status`` as the struck worker (:mod:`.statusprobe`) and does not end the fault before the
+probe has answered; :func:`~.checker.check_status` holds its answer to the scenario's
+expectation, and the result keeps it.
+
 A scenario whose jobs call the drill's dependency (``slow_dependency``) runs them
 behind its circuit breaker, or without one when ``breakers`` is off, and adds the
 dependency's figures (:mod:`.dependency`) to its result.
@@ -47,7 +52,7 @@ from ..stores.base import ResourceLease
 from . import app as drill_app
 from ._fleet import Fleet, WorkerSettings
 from ._scratch import ScratchStore, scratch_for, upstream_of
-from .checker import FaultWindow, Report, check, read_snapshot
+from .checker import FaultWindow, Report, StatusSeen, check, check_status, read_snapshot
 from .dependency import DIR_ENV, WORKER_ENV, DependencyFigures, Stub, measure
 from .proxy import ThreadedFaultProxy
 from .scenarios import (
@@ -56,9 +61,11 @@ from .scenarios import (
     Action,
     Scenario,
     Schedule,
+    StatusExpectation,
     Target,
     scenarios_for,
 )
+from .statusprobe import StatusProbe
 
 __all__ = ["Drill", "DrillError", "ScenarioResult", "scheme_of"]
 
@@ -90,6 +97,10 @@ class ScenarioResult:
     #: With the leader as victim: its maintenance term when struck, and the term at the
     #: end of the run (higher: another worker was elected).
     leader_terms: tuple[int, int] | None = None
+    #: On the split topology: what ``tokenline status`` had to say during the fault,
+    #: and what it said.
+    status_expected: StatusExpectation | None = None
+    status: StatusSeen | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready summary (``tokenline drill --json``)."""
@@ -122,6 +133,9 @@ class ScenarioResult:
             "violations": r.violations,
             "dependency": None if self.dependency is None else self.dependency.to_json(),
             "leader_terms": None if self.leader_terms is None else list(self.leader_terms),
+            "status": None
+            if self.status is None or self.status_expected is None
+            else {"expected": self.status_expected.to_json(), **self.status.to_json()},
             "periodic": None
             if r.periodic_instants is None
             else {
@@ -343,6 +357,7 @@ class Drill:
                     last = asyncio.run(_maintenance_lease(scratch.url))
                     terms = (controller.victim_term, last.token if last else 0)
                 ended = time.time()
+                seen = controller.seen
                 tail = fleet.log_tail()
                 pids = [fleet.pid(i) for i in range(self.workers)]
             elapsed = time.monotonic() - started
@@ -361,6 +376,11 @@ class Drill:
                 periodic_interval=self.settings.periodic_interval,
                 ended=ended,
             )
+            expected = scenario.status if self.scheme == "split" else None
+            if expected is not None:
+                if seen is None:
+                    seen = StatusSeen({}, error="it never ran: the fault never struck")
+                check_status(expected, seen, report)
             figures = None
             if stub is not None:
                 figures = measure(stub, scratch, window, breakers=self.breakers)
@@ -376,6 +396,8 @@ class Drill:
             "" if report.ok else tail,
             figures,
             terms,
+            expected,
+            seen if expected is not None else None,
         )
 
     def _clocks(self, scenario: Scenario, schedule: Schedule) -> dict[int, dict[str, str]]:
@@ -528,6 +550,11 @@ class _Controller:
         self.stop_tries = 0
         #: The victim's maintenance term when struck (leader-victim scenarios).
         self.victim_term: int | None = None
+        #: ``tokenline status`` run as the victim while the fault is on (split only),
+        #: and what it said.
+        self.probes_status = drill.scheme == "split" and scenario.status is not None
+        self.probe: StatusProbe | None = None
+        self.seen: StatusSeen | None = None
 
     def done(self) -> int:
         """The drill's own jobs finished (a periodic schedule's are not counted)."""
@@ -580,9 +607,16 @@ class _Controller:
                 if done >= self.drill.jobs and self.settled():
                     break
                 time.sleep(_TICK)
+        except BaseException:
+            if self.probe is not None:
+                self.probe.stop()  # not waited for: the run is being abandoned
+            raise
         finally:
-            if self.started is not None and self.ended is None:
-                self._end()
+            try:
+                if self.started is not None and self.ended is None:
+                    self._end()
+            finally:
+                self._status_result()
         if self.started is None or self.inj is None:
             return None
         assert self.ended is not None
@@ -617,6 +651,10 @@ class _Controller:
             self.started = time.time()
             # A quarter TTL of writes the replica never sees: claims, renewals, finishes.
             address = self.scratch.fail_over(self.drill.settings.lease_ttl / 4)
+            # The primary is dead and the proxies still lead to it: the outage, which
+            # status must see before they move.
+            self._status_probe()
+            self._status_result()
             for proxy in self.fleet.proxies:
                 proxy.switch_upstream(address)
             self.ended = time.time()
@@ -627,6 +665,21 @@ class _Controller:
         else:
             self._switch(on=True)
             self.started = time.time()
+        self._status_probe()
+
+    def _status_probe(self) -> None:
+        """Start ``tokenline status`` as the victim, once per run (split only)."""
+        if self.probes_status and self.probe is None:
+            self.probe = StatusProbe.start(self.fleet, self.schedule.victim)
+
+    def _probing(self) -> bool:
+        """Whether the status probe still runs: the fault lasts until it has answered."""
+        return self.probe is not None and self.probe.running()
+
+    def _status_result(self) -> None:
+        """Keep what the probe said (waiting for it, up to its deadline)."""
+        if self.probe is not None and self.seen is None:
+            self.seen = self.probe.result()
 
     def _stop(self, victim: int) -> None:
         # A worker paused inside a transaction would hold a lock the rescue needs (the
@@ -668,10 +721,11 @@ class _Controller:
             ttl = self.drill.settings.lease_ttl
             # Resume as soon as the jobs were taken over, while their new owners still
             # work: the moment a zombie's commit is most dangerous.
-            if (since >= ttl and self._released()) or since >= self.duration:
+            over = (since >= ttl and self._released()) or since >= self.duration
+            if over and not self._probing():
                 self._end()
             return
-        if since >= self.duration:
+        if since >= self.duration and not self._probing():
             self._end()
             return
         if self.inj.flap:

@@ -56,6 +56,29 @@ every worker at once. With breakers on (the default) no job may be dead-lettered
 no job held back by the breaker may spend an attempt; with them off (a comparison the
 runner offers) the same calls go out without a breaker, and the report shows what that
 costs instead of failing on it.
+
+**What ``tokenline status`` says.** On the split topology, each scenario also declares
+(:attr:`Scenario.status`, a :class:`StatusExpectation`) what ``tokenline status`` must
+say while its fault is on, run as the struck worker runs: with that worker's URL (Redis
+through its proxy), app and fault file (:mod:`tokenline.drill.statusprobe`). A channel it
+must name failing has to carry, in its error, the server that plays it as the store
+spells it (``Redis at host:port/db`` for broker and leases, ``PostgreSQL database … on
+host:port`` for the ledger); every channel not declared must be ok. So:
+
+* ``redis_partition_one``, ``redis_partition_all``: broker and leases failing, naming
+  Redis (the struck worker's proxy drops everything); the ledger ok.
+* ``redis_failover``: broker and leases failing, naming Redis: the probe runs once the
+  primary is dead, and the proxies move to the promoted replica once it has answered
+  (the outage lasts about as long as the probe, a second or so, as clients see a
+  failover before they are told where the new primary is).
+* ``partition_leases``: the leases channel failing, naming Redis; broker and ledger ok.
+* ``lost_ack``: the broker's faults hit only its finishes, which status never calls, so
+  broker and leases must be ok; the ledger's strike at random (and answers only are
+  lost), so status may name the ledger failing, and then PostgreSQL, or not.
+* ``kill9``, ``sigstop`` and the ``periodic_*`` scenarios: a process is struck, no
+  channel is: every channel must be ok, or status blames the network falsely.
+
+A run whose probe says otherwise (or never ran) fails, with the reason.
 """
 
 from __future__ import annotations
@@ -66,7 +89,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .proxy import Faults
-from .storefaults import RoleFaults, StoreFaults
+from .storefaults import Role, RoleFaults, StoreFaults
 
 __all__ = [
     "DRILL_SCENARIOS",
@@ -75,6 +98,7 @@ __all__ = [
     "Injection",
     "Scenario",
     "Schedule",
+    "StatusExpectation",
     "Target",
     "scenarios_for",
 ]
@@ -129,6 +153,46 @@ class Injection:
 
 
 @dataclass(frozen=True, slots=True)
+class StatusExpectation:
+    """What ``tokenline status``, run as the struck worker during the fault, must say on
+    the split topology (see the module docstring): the channels it names failing, each
+    naming its server; the others ok."""
+
+    #: Channels (``broker``, ``leases``, ``ledger``) it must name failing.
+    failing: frozenset[str] = frozenset()
+    #: Channels it may name failing or not (a fault that strikes calls at random); if
+    #: failing, naming their server all the same.
+    maybe: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        known = {r.value for r in Role}
+        for name in ("failing", "maybe"):
+            channels = getattr(self, name)
+            if isinstance(channels, str):
+                raise ValueError(f"{name} must be a set of channel names, got {channels!r}")
+            unknown = sorted(set(channels) - known)
+            if unknown:
+                raise ValueError(
+                    f"{name}: unknown channel {', '.join(unknown)}; "
+                    f"known: {', '.join(sorted(known))}"
+                )
+            object.__setattr__(self, name, frozenset(channels))
+        both = sorted(self.failing & self.maybe)
+        if both:
+            raise ValueError(f"channel {', '.join(both)} is both failing and maybe failing")
+
+    def to_json(self) -> dict[str, list[str]]:
+        """A JSON-ready form (``tokenline drill --json``)."""
+        return {"failing": sorted(self.failing), "maybe": sorted(self.maybe)}
+
+
+#: No channel is faulted: status must say every one is ok.
+_ALL_OK = StatusExpectation()
+#: Redis is cut or gone: broker and leases fail, naming it.
+_REDIS_DOWN = StatusExpectation(failing=frozenset({"broker", "leases"}))
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     """A named drill scenario (see the module docstring)."""
 
@@ -151,6 +215,13 @@ class Scenario:
     #: The workers also run the drill's periodic task (:data:`~.app.PERIODIC`), whose
     #: instants the checker holds to exactly once.
     periodic: bool = False
+    #: What ``tokenline status`` must say during the fault on the split topology
+    #: (``None``: the scenario does not run there).
+    status: StatusExpectation | None = None
+
+    def __post_init__(self) -> None:
+        if "split" in self.stores and self.status is None:
+            raise ValueError(f"scenario {self.name} runs on the split topology: declare its status")
 
     def applies_to(self, scheme: str) -> bool:
         """Whether the scenario runs on a store of this scheme."""
@@ -210,12 +281,14 @@ _SCENARIOS = (
         "kill -9 a worker mid-job; its jobs come back after the lease TTL",
         Injection(Action.KILL, at_done=0.3),
         stores=_WITH_SPLIT,
+        status=_ALL_OK,
     ),
     Scenario(
         "sigstop",
         "SIGSTOP a worker past its lease; SIGCONT once its jobs were re-leased",
         Injection(Action.STOP, at_done=0.3, ttls=4.0),
         stores=_WITH_SPLIT,
+        status=_ALL_OK,
     ),
     Scenario(
         "kill9_leader",
@@ -237,6 +310,7 @@ _SCENARIOS = (
         stores=_WITH_SPLIT,
         leader_victim=True,
         periodic=True,
+        status=_ALL_OK,
     ),
     Scenario(
         "periodic_sigstop_leader",
@@ -246,6 +320,7 @@ _SCENARIOS = (
         stores=_WITH_SPLIT,
         leader_victim=True,
         periodic=True,
+        status=_ALL_OK,
     ),
     Scenario(
         "lost_ack",
@@ -268,12 +343,14 @@ _SCENARIOS = (
             ),
         ),
         stores=_WITH_SPLIT,
+        status=StatusExpectation(maybe=frozenset({"ledger"})),
     ),
     Scenario(
         "redis_partition_one",
         "split topology: one worker loses Redis (proxy blackhole); PostgreSQL still answers",
         Injection(Action.FAULT, at_done=0.2, ttls=2.0, proxy=Faults(blackhole=True)),
         stores=frozenset({"split"}),
+        status=_REDIS_DOWN,
     ),
     Scenario(
         "redis_partition_all",
@@ -287,6 +364,7 @@ _SCENARIOS = (
             reset=True,
         ),
         stores=frozenset({"split"}),
+        status=_REDIS_DOWN,
     ),
     Scenario(
         "redis_failover",
@@ -294,6 +372,7 @@ _SCENARIOS = (
         "missed the last writes; every worker's proxy moves to it",
         Injection(Action.FAILOVER, Target.ALL, at_done=0.3),
         stores=frozenset({"split"}),
+        status=_REDIS_DOWN,
     ),
     Scenario(
         "partition_leases",
@@ -302,6 +381,7 @@ _SCENARIOS = (
             Action.FAULT, at_done=0.2, ttls=2.5, store=StoreFaults(leases=RoleFaults(error=True))
         ),
         stores=_WITH_SPLIT,
+        status=StatusExpectation(failing=frozenset({"leases"})),
     ),
     Scenario(
         "partition_total",

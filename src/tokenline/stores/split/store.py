@@ -54,6 +54,7 @@ from ..._records import (
     by_attempt,
 )
 from ..base import Capabilities, Depth, FencedTransaction, ResourceLease, Store
+from ..postgres import PostgresStore
 from ..redis import RedisStore
 from .ledger import SplitLedger
 from .maintenance import SplitMaintenance
@@ -126,7 +127,15 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
     async def open_within(self, timeout: float) -> None:  # noqa: ASYNC109
         """Open each side within ``timeout`` seconds, on its own, for ``tokenline
         status``: what failed is kept in :attr:`roles_down`, nothing is raised, and no
-        epoch is taken (status issues no token; a script that needs one takes it)."""
+        epoch is taken (status issues no token; a script that needs one takes it).
+
+        The ledger is opened as a PostgreSQL store only (its schema checked), without
+        the split tables' set-up of :meth:`SplitLedger.open`: its ``ALTER TABLE … ADD
+        COLUMN IF NOT EXISTS`` takes the table's exclusive lock even when the column is
+        there, so it waits for any transaction holding a job's fence (a paused worker's)
+        — status would call a healthy ledger slow, and every fence check would queue
+        behind it meanwhile. Status reads nothing of those tables.
+        """
 
         async def side(opening: Any, server: str) -> Exception | None:
             try:
@@ -139,7 +148,7 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
             return None
 
         ledger, redis = await asyncio.gather(
-            side(self.ledger.open(), self.server("ledger")),
+            side(PostgresStore.open(self.ledger), self.server("ledger")),
             side(self.redis.connect(), self.server("broker")),
         )
         self.roles_down = {}
