@@ -234,3 +234,29 @@ def test_status_names_redis_when_the_drill_proxy_cuts_it_off(
         "ledger": None,
     }, channels
     assert "Redis at" in channels["broker"]["error"], channels
+
+
+async def test_a_ledger_from_before_the_later_columns_is_brought_up_to_date(
+    split: SplitStore, redis_url: str, postgres_url: str, clock: FakeClock
+) -> None:
+    """A ledger whose job_fences lacks the columns and index added later gets them when
+    a store opens it (and one that has them is left alone: see the held-fence test)."""
+    schema = split.ledger.schema
+
+    async def drop(conn: Any) -> None:
+        await conn.execute(f'DROP INDEX "{schema}".job_fences_unsettled')
+        await conn.execute(f'ALTER TABLE "{schema}".job_fences DROP COLUMN lost_at')
+        await conn.execute(f'ALTER TABLE "{schema}".job_fences DROP COLUMN pruned_at')
+
+    await split.ledger._call(drop)
+    again = SplitStore(broker=redis_url, ledger=postgres_url, clock=clock)
+    await again.open()
+    try:
+
+        async def columns(conn: Any) -> list[Any]:
+            cur = await conn.execute(again.ledger._q("split_schema_current"), {"schema": schema})
+            return list(await cur.fetchall())
+
+        assert await again.ledger._call(columns) == [(True,)]
+    finally:
+        await again.close()

@@ -68,3 +68,22 @@ def test_status_calls_the_ledger_ok_while_a_transaction_holds_a_job_fence(
         held.rollback()
     ledger = report["channels"]["ledger"]
     assert ledger["ok"] is True, ledger
+
+
+def test_a_worker_opening_the_split_store_does_not_wait_behind_a_held_fence(
+    split_scratch: ScratchStore, postgres_server: str
+) -> None:
+    """A worker starting (a full open, the split tables' set-up included) while another
+    holds a job's fence row in an open transaction opens at once: the set-up changes the
+    tables only when something is missing, so it takes no lock on them otherwise."""
+    import psycopg
+
+    schema = split_scratch.tables["duplicates"].partition(".")[0]
+    with psycopg.connect(postgres_server) as held:
+        held.execute(
+            f"INSERT INTO {schema}.job_fences (job_id, token, owner, updated_at) "
+            "VALUES (1, 1, 'paused-worker', 0)"
+        )
+        held.execute(f"LOCK TABLE {schema}.job_fences IN ROW EXCLUSIVE MODE")
+        asyncio.run(asyncio.wait_for(_open_and_close(split_scratch.url), 20))
+        held.rollback()

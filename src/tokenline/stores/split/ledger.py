@@ -107,10 +107,17 @@ class SplitLedger(PostgresStore):
     async def open(self) -> None:
         """Open the PostgreSQL store, then create the split tables if missing."""
         await super().open()
-        query = self._q("split_schema")
+        create, current = self._q("split_schema"), self._q("split_schema_current")
+        upgrade = self._q("split_schema_upgrade")
 
         async def run(conn: AsyncConnection[Any]) -> None:
-            await conn.execute(query)
+            await conn.execute(create)
+            cur = await conn.execute(current, {"schema": self.schema})
+            row = await cur.fetchone()
+            # Only when something is missing: the upgrade locks job_fences, and would
+            # wait behind any ledger transaction holding a fence row.
+            if row is None or not row[0]:
+                await conn.execute(upgrade)
 
         await self._call(run)
 

@@ -19,6 +19,28 @@ CREATE TABLE IF NOT EXISTS {schema}.redis_epochs (
 );
 -- Epoch 0 first: tokens equal Redis's counters until the first failover.
 CREATE SEQUENCE IF NOT EXISTS {schema}.redis_epoch_seq MINVALUE 0 START 0;
+
+-- name: split_schema_current
+-- Whether the columns and the index added after job_fences came are all there. Asked
+-- first, because ALTER TABLE … IF NOT EXISTS and CREATE INDEX IF NOT EXISTS lock the
+-- table even when there is nothing to do: behind a ledger transaction that holds a
+-- fence row (a paused worker's), and every fence check of the other workers behind them.
+SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute AS a
+               JOIN pg_catalog.pg_class AS c ON c.oid = a.attrelid
+               JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+               WHERE n.nspname = %(schema)s AND c.relname = 'job_fences'
+                 AND a.attname = 'lost_at' AND NOT a.attisdropped)
+   AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute AS a
+               JOIN pg_catalog.pg_class AS c ON c.oid = a.attrelid
+               JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+               WHERE n.nspname = %(schema)s AND c.relname = 'job_fences'
+                 AND a.attname = 'pruned_at' AND NOT a.attisdropped)
+   AND EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c
+               JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+               WHERE n.nspname = %(schema)s AND c.relname = 'job_fences_unsettled'
+                 AND c.relkind = 'i') AS current;
+
+-- name: split_schema_upgrade
 -- When the reconciler found the job gone from Redis, not done (added after the table).
 ALTER TABLE {schema}.job_fences ADD COLUMN IF NOT EXISTS lost_at double precision;
 -- When retention pruned the job from Redis (added after the table): the row is kept,
