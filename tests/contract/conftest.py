@@ -90,6 +90,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.fixture
+async def split(redis_url: str, postgres_url: str, clock: FakeClock) -> AsyncIterator[Any]:
+    """An open split store (for the split topology's own tests): a fresh Redis key
+    prefix and a fresh PostgreSQL schema."""
+    from tokenline.stores.split import SplitStore
+
+    store = SplitStore(broker=redis_url, ledger=postgres_url, clock=clock)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@pytest.fixture
 def postgres_schema(postgres_server: str) -> Iterator[str]:
     """A fresh schema name for this test; the schema is dropped afterwards."""
     import psycopg

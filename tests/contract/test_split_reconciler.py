@@ -5,7 +5,6 @@ a dry run repairs nothing, and a deposed leader's repair is refused on both side
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -21,17 +20,6 @@ from tokenline.stores.split import SplitStore
 TTL = 10.0
 DEADLINE = 60.0
 Q = ["default"]
-
-
-@pytest.fixture
-async def split(redis_url: str, postgres_url: str, clock: FakeClock) -> AsyncIterator[SplitStore]:
-    """An open split store: a fresh Redis key prefix and a fresh PostgreSQL schema."""
-    store = SplitStore(broker=redis_url, ledger=postgres_url, clock=clock)
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 def new(run_at: float | None = None) -> NewJob:

@@ -4,8 +4,6 @@ and a pruned job's fence keeps refusing its stale attempts."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from tokenline._clock import FakeClock
@@ -16,17 +14,6 @@ from tokenline.stores.base import Drift, PruneKind, ResourceLease
 from tokenline.stores.split import SplitStore
 
 Q = ["default"]
-
-
-@pytest.fixture
-async def split(redis_url: str, postgres_url: str, clock: FakeClock) -> AsyncIterator[SplitStore]:
-    """An open split store: a fresh Redis key prefix and a fresh PostgreSQL schema."""
-    store = SplitStore(broker=redis_url, ledger=postgres_url, clock=clock)
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 async def leader(store: SplitStore) -> ResourceLease:

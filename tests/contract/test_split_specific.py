@@ -3,7 +3,6 @@ the topology is named (App, settings, URL)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -19,17 +18,6 @@ from tokenline.stores.redis.store import LEDGER_DONE
 from tokenline.stores.split import SplitStore
 
 Q = ["default"]
-
-
-@pytest.fixture
-async def split(redis_url: str, postgres_url: str, clock: FakeClock) -> AsyncIterator[SplitStore]:
-    """An open split store: a fresh Redis key prefix and a fresh PostgreSQL schema."""
-    store = SplitStore(broker=redis_url, ledger=postgres_url, clock=clock)
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 async def _write(store: SplitStore, lease: Lease, value: str) -> None:

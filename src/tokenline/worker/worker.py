@@ -580,6 +580,15 @@ class Worker:
             s.cancel_reason = reason
             with contextlib.suppress(ValueError):
                 self._waiting.remove(s)
+        try:
+            await self._release(slots, reason)
+        finally:
+            for s in slots:
+                self._free(s)
+
+    async def _release(self, slots: Sequence[Slot], reason: str) -> None:
+        """Give the jobs of ``slots`` back, attempt refunded, within the call timeout;
+        if the store cannot be told, their leases expire and the rescue takes them."""
         finishes = [Finish(s.lease, Outcome.RELEASE, 0.0, reason, "coordination") for s in slots]
         try:
             async with asyncio.timeout(self.settings.call_timeout):
@@ -587,9 +596,6 @@ class Worker:
             self.counters.released += sum(results)
         except (StoreError, TimeoutError) as exc:
             log.warning("worker %s could not give back %d jobs: %s", self.id, len(slots), exc)
-        finally:
-            for s in slots:
-                self._free(s)
 
     def _launch(self, slot: Slot) -> None:
         claimed = slot.claimed
@@ -960,13 +966,7 @@ class Worker:
         # expire and the rescuer takes them.
         keep = [s for s in slots if now_mono < s.valid_until] if release else []
         if keep:
-            finishes = [Finish(s.lease, Outcome.RELEASE, 0.0, reason, "coordination") for s in keep]
-            try:
-                async with asyncio.timeout(self.settings.call_timeout):
-                    results = await self.store.jobs_finish(finishes=finishes)
-                self.counters.released += sum(results)
-            except (StoreError, TimeoutError) as exc:
-                log.warning("worker %s could not release %d jobs: %s", self.id, len(keep), exc)
+            await self._release(keep, reason)
         waiting = {s.task for s in slots if s.task is not None and s.task is not current}
         if waiting:
             # Bounded: a task that ignores its cancellation must not keep the worker
