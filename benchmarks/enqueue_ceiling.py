@@ -1,0 +1,96 @@
+"""A single enqueue on PostgreSQL against its ceiling on the same server.
+
+``app.enqueue`` from plain synchronous code, one job per call, against a bare
+``INSERT … RETURNING id`` of a similar row into a plain table, committed one at a time
+from one psycopg connection: the least a durable single enqueue can cost there.
+Interleaved, round by round, each on a fresh schema or table removed afterwards.
+
+    python benchmarks/enqueue_ceiling.py [--url postgresql://…] [--calls 3000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import statistics
+import time
+from typing import Any
+
+import psycopg
+
+from tokenline import App
+from tokenline.drill._scratch import scratch_for
+
+DEFAULT_URL = os.environ.get(
+    "TOKENLINE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+
+
+def app_round(url: str, calls: int) -> float:
+    """Single-call enqueues per second through tokenline, on a fresh schema."""
+    scratch = scratch_for(url, keep=False, prefix="tokenline_ceiling")
+    try:
+        scratch.prepare({})
+        app = App(scratch.url)
+
+        @app.task(name="ceiling.noop")
+        def noop(ctx: Any, i: int) -> None:
+            """Never runs here."""
+
+        app.enqueue("ceiling.noop", -1)  # opens the store: not timed
+        t = time.perf_counter()
+        for i in range(calls):
+            app.enqueue("ceiling.noop", i)
+        rate = calls / (time.perf_counter() - t)
+        app.close()
+        return rate
+    finally:
+        scratch.cleanup()
+
+
+def raw_round(url: str, calls: int) -> float:
+    """Bare committed INSERTs per second of a similar row, on a fresh table."""
+    table = f"tokenline_ceiling_{secrets.token_hex(4)}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE {table} (id bigserial PRIMARY KEY, queue text, task text, "  # type: ignore[arg-type]
+            "args text, priority integer, run_at double precision, state text, "
+            "created_at double precision)"
+        )
+        try:
+            insert = (
+                f"INSERT INTO {table} (queue, task, args, priority, run_at, state, created_at) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id"
+            )
+            t = time.perf_counter()
+            for i in range(calls):
+                conn.execute(insert, ("default", "ceiling.noop", f"[{i}]", 0, 0.0, "queued", 0.0))  # type: ignore[arg-type]
+            return calls / (time.perf_counter() - t)
+        finally:
+            conn.execute(f"DROP TABLE {table}")  # type: ignore[arg-type]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the options, run the rounds interleaved, print each and the medians."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--url", default=DEFAULT_URL, help="the postgresql:// server")
+    p.add_argument("--calls", type=int, default=3000)
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args(argv)
+    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    rates: dict[str, list[float]] = {"app.enqueue": [], "bare INSERT": []}
+    for _ in range(args.rounds):
+        rates["app.enqueue"].append(app_round(args.url, args.calls))
+        rates["bare INSERT"].append(raw_round(args.url, args.calls))
+    for name, got in rates.items():
+        each = ", ".join(f"{r:,.0f}" for r in got)
+        print(f"{name}: {statistics.median(got):,.0f}/s (median; rounds {each})")
+    print(
+        f"{os.cpu_count()} cores, load {load_before} before, "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} after"
+    )
+
+
+if __name__ == "__main__":
+    main()
