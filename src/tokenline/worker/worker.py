@@ -1084,6 +1084,8 @@ class Worker:
             await asyncio.sleep(period)
             self._last_tick = self.clock.monotonic()
             if self._waiting:
+                if not self._stop_requested and not self._fencing:
+                    self._promote()  # the adaptive limit may have grown since
                 await self._give_back_overdue()
             if not self.settings.local_fencing or self.state is WorkerState.STOPPED:
                 continue
