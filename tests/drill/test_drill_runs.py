@@ -70,6 +70,16 @@ def test_scenario_keeps_every_invariant_on_sqlite(name: str, tmp_path: Path) -> 
     _check_leader_victim(name, result)
 
 
+@pytest.mark.parametrize("name", ["lost_ack", "kill9"])
+def test_prefetching_workers_keep_every_invariant(name: str, tmp_path: Path) -> None:
+    """Workers that hold prefetched jobs (claimed with their finishes, waiting under
+    lease): a lost answer to a finish-and-claim strands more jobs, and a killed worker
+    takes its prefetched jobs down with it; none is lost, none runs its effect twice."""
+    result = _run(None, name, tmp_path, TOKENLINE_PREFETCH="4")
+    assert result.report.ok, _explain(result)
+    assert result.fault is not None, "the fault was never injected"
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize("name", [s.name for s in scenarios_for("postgresql")])
 def test_scenario_keeps_every_invariant_on_postgres(
