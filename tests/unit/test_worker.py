@@ -896,6 +896,21 @@ class _CountingSlowClaims(MemoryStore):
         return done, claimed
 
 
+def _counting(app: App, name: str) -> dict[str, int]:
+    """Register ``name`` as a short async task that counts how many of it run at once:
+    the dict's ``most`` is the most seen together."""
+    seen = {"now": 0, "most": 0}
+
+    @app.task(name=name)
+    async def handler(ctx: JobContext) -> None:
+        seen["now"] += 1
+        seen["most"] = max(seen["most"], seen["now"])
+        await asyncio.sleep(0.001)
+        seen["now"] -= 1
+
+    return seen
+
+
 @pytest.mark.parametrize("concurrency", [1, 3])
 async def test_the_next_jobs_come_with_the_finish_and_never_exceed_the_concurrency(
     concurrency: int,
@@ -905,17 +920,7 @@ async def test_the_next_jobs_come_with_the_finish_and_never_exceed_the_concurren
     take more jobs than its concurrency."""
     store = _CountingSlowClaims(delay=0.002)
     app = App("memory://")
-    running_now = 0
-    most = 0
-
-    @app.task(name="t.count")
-    async def handler(ctx: JobContext) -> None:
-        nonlocal running_now, most
-        running_now += 1
-        most = max(most, running_now)
-        await asyncio.sleep(0.001)
-        running_now -= 1
-
+    seen = _counting(app, "t.count")
     n = 60
     ids = [await app.enqueue_async("t.count", store=store) for _ in range(n)]
     settings = WorkerSettings(
@@ -930,7 +935,7 @@ async def test_the_next_jobs_come_with_the_finish_and_never_exceed_the_concurren
     async with running(worker):
         for jid in ids:
             await job_in(store, jid, JobState.SUCCEEDED)
-    assert most <= concurrency
+    assert seen["most"] <= concurrency
     assert worker.counters.succeeded == n
     # Most jobs arrived with a finish; the fetch loop claimed only to start and refill.
     assert store.finish_and_claims >= n // (2 * concurrency)
@@ -1006,17 +1011,7 @@ async def test_a_prefetched_job_starts_while_the_last_outcome_is_written(prefetc
     the finish that claims it."""
     store = _FinishWatch()
     app = App("memory://")
-    running_now = 0
-    most = 0
-
-    @app.task(name="t.pre")
-    async def handler(ctx: JobContext) -> None:
-        nonlocal running_now, most
-        running_now += 1
-        most = max(most, running_now)
-        await asyncio.sleep(0.001)
-        running_now -= 1
-
+    seen = _counting(app, "t.pre")
     n = 20
     ids = [await app.enqueue_async("t.pre", store=store) for _ in range(n)]
     worker = Worker(app, PREFETCH if prefetch else QUIET, store=store)
@@ -1024,7 +1019,7 @@ async def test_a_prefetched_job_starts_while_the_last_outcome_is_written(prefetc
     async with running(worker):
         for jid in ids:
             await job_in(store, jid, JobState.SUCCEEDED)
-    assert most == 1
+    assert seen["most"] == 1
     assert worker.counters.succeeded == n
     done = 0
     ahead = 0
