@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -1081,15 +1082,7 @@ async def test_a_prefetched_job_waits_at_most_a_renewal_interval() -> None:
     and runs later: a long job never keeps the next one from free workers."""
     app = App("memory://")
     store = app.open_store()
-    settings = WorkerSettings(
-        lease_ttl=3.0,
-        renew_interval=0.2,
-        poll_interval=0.02,
-        rescue_interval=10.0,
-        concurrency=1,
-        prefetch=1,
-        concurrency_control="fixed",
-    )
+    settings = dataclasses.replace(PREFETCH, lease_ttl=3.0, renew_interval=0.2)
     worker, _long_id, next_id, release, ran, task = await _prefetch_one_behind(app, store, settings)
     try:
         back = await job_in(store, next_id, JobState.QUEUED)

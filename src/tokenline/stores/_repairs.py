@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-__all__ = ["ABANDONED", "ACKNOWLEDGED", "ACKNOWLEDGED_ERROR", "LOST", "LOST_ERROR"]
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .base import Inconsistency
+
+__all__ = [
+    "ABANDONED",
+    "ACKNOWLEDGED",
+    "ACKNOWLEDGED_ERROR",
+    "LOST",
+    "LOST_ERROR",
+    "repair_params",
+]
 
 #: The outcome and error of an attempt the reconciler closes.
 LOST = "lost"
@@ -12,3 +24,16 @@ ACKNOWLEDGED = "acknowledged"
 ACKNOWLEDGED_ERROR = "acknowledged by the reconciler: its work had already committed"
 #: The error of a pending effect the reconciler marks failed.
 ABANDONED = "abandoned: pending past the deadline after its attempt lost its lease"
+
+
+def repair_params(item: Inconsistency, now: float | None) -> dict[str, Any]:
+    """The named parameters of one repair statement: what the reconciler saw of
+    ``item`` (the repair applies only if it is still so), and the store's ``now``."""
+    return {
+        "job_id": item.job_id,
+        "token": item.token,
+        "key": item.key,
+        "owner": item.owner,
+        "state": item.state,
+        "now": now,
+    }

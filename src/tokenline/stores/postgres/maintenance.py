@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import TupleRow, tuple_row
 
-from .._repairs import ABANDONED, ACKNOWLEDGED, ACKNOWLEDGED_ERROR, LOST, LOST_ERROR
+from .._repairs import (
+    ABANDONED,
+    ACKNOWLEDGED,
+    ACKNOWLEDGED_ERROR,
+    LOST,
+    LOST_ERROR,
+    repair_params,
+)
 from ..base import Drift, Inconsistency, ResourceLease, leader_refused
 
 __all__ = ["PostgresMaintenance", "check_leader"]
@@ -108,14 +115,7 @@ class PostgresMaintenance:
     async def _repair(
         self, cur: AsyncCursor[TupleRow], item: Inconsistency, now: float | None
     ) -> bool:
-        p: dict[str, Any] = {
-            "job_id": item.job_id,
-            "token": item.token,
-            "key": item.key,
-            "owner": item.owner,
-            "state": item.state,
-            "now": now,
-        }
+        p = repair_params(item, now)
 
         async def count(query: str, params: dict[str, Any]) -> int:
             await cur.execute(self._q(query), params)

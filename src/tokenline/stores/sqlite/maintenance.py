@@ -14,7 +14,14 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._repairs import ABANDONED, ACKNOWLEDGED, ACKNOWLEDGED_ERROR, LOST, LOST_ERROR
+from .._repairs import (
+    ABANDONED,
+    ACKNOWLEDGED,
+    ACKNOWLEDGED_ERROR,
+    LOST,
+    LOST_ERROR,
+    repair_params,
+)
 from ..base import Drift, Inconsistency, ResourceLease, leader_refused
 from ._connection import immediate
 
@@ -103,14 +110,7 @@ class SQLiteMaintenance:
     def _repair(
         self, conn: sqlite3.Connection, coord: sqlite3.Connection, item: Inconsistency, now: float
     ) -> bool:
-        p: dict[str, Any] = {
-            "job_id": item.job_id,
-            "token": item.token,
-            "key": item.key,
-            "owner": item.owner,
-            "state": item.state,
-            "now": now,
-        }
+        p = repair_params(item, now)
         if item.kind is Drift.JOB_UNACKNOWLEDGED:
             if item.state != "running":
                 if conn.execute(self._q("repair_take"), p).rowcount != 1:
