@@ -559,7 +559,8 @@ class Worker:
         while self._waiting and self._handlers < self._run_limit():
             slot = self._waiting.popleft()
             slot.waiting_since = None
-            self._launch(slot)
+            if slot.cancel_reason is None:  # else it is being given back
+                self._launch(slot)
 
     def _handler_returned(self, slot: Slot) -> None:
         """``slot``'s handler is done (its outcome may still be committing): a prefetched
