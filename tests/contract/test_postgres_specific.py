@@ -34,6 +34,7 @@ from tokenline._jobs import Finish, JobState, Lease, NewJob, Outcome
 from tokenline.stores import store_from_url
 from tokenline.stores.postgres import SCHEMA_VERSION, PostgresStore
 from tokenline.stores.postgres._deadline import CANCEL_GRACE, run_bounded
+from tokenline.stores.postgres.store import LITERAL_CLAIM_LIMIT, with_claim_limit
 
 pytestmark = pytest.mark.postgres
 
@@ -626,3 +627,76 @@ async def test_deadline_hands_back_a_result_that_arrives_too_late() -> None:
     with pytest.raises(TimeoutError):
         await run_bounded(late(), 0.05, discard=discard)
     assert discarded == ["connection"]
+
+
+def test_a_small_claim_names_its_size_in_the_text_and_a_big_one_does_not() -> None:
+    """Up to LITERAL_CLAIM_LIMIT the number replaces every %(limit)s; beyond, the
+    parameter stays (so the texts per statement stay few)."""
+    text = "SELECT 1 LIMIT %(limit)s; HAVING count(*) >= %(limit)s"
+    assert with_claim_limit(text, 1) == "SELECT 1 LIMIT 1; HAVING count(*) >= 1"
+    assert with_claim_limit(text, LITERAL_CLAIM_LIMIT).count(str(LITERAL_CLAIM_LIMIT)) == 2
+    assert with_claim_limit(text, LITERAL_CLAIM_LIMIT + 1) == text
+    assert with_claim_limit(text, 0) == text
+
+
+@pytest.mark.parametrize("fused", [False, True])
+async def test_small_claims_keep_one_plan_on_the_server(
+    pg: PostgresStore, postgres_url: str, fused: bool
+) -> None:
+    """Executed as a prepared statement, a small claim (alone or fused with a finish)
+    gets the server's generic plan, not a fresh plan per call: with its limit as a
+    parameter the server re-plans every call (it takes the LIMIT for a tenth of the
+    table), which cost more than the claim itself. A few thousand jobs queued, enough
+    for that guess to make every generic plan look dear."""
+    await pg.jobs_enqueue(jobs=[new() for _ in range(5000)])
+    conn = await psycopg.AsyncConnection.connect(pg.target.conninfo, autocommit=True)
+    try:
+        held: list[Lease] = []
+        for _ in range(12):
+            params = pg._claim_params("w", ["default"], 1, 60.0, None)
+            if fused:
+                done = [Finish(lease, Outcome.SUCCEEDED) for lease in held]
+                params = {**pg._finish_params(done), **params}
+            cur = await conn.execute(pg._claim_text(1, fused=fused), params, prepare=True)
+            rows = await cur.fetchall()
+            jid, token = _col(cur, "id"), _col(cur, "lease_token")
+            held = [Lease(int(r[jid]), "w", int(r[token]), 0.0) for r in rows]
+        # The most used one (an empty first batch of finishes has other parameter types).
+        cur = await conn.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " ORDER BY generic_plans + custom_plans DESC LIMIT 1"
+        )
+        ((generic, custom),) = await cur.fetchall()
+    finally:
+        await conn.close()
+    assert generic > 0, (generic, custom)
+    assert custom <= 5, (generic, custom)
+
+
+def _col(cur: psycopg.AsyncCursor[Any], name: str) -> int:
+    assert cur.description is not None
+    return [c.name for c in cur.description].index(name)
+
+
+@pytest.mark.parametrize("limit", [LITERAL_CLAIM_LIMIT, LITERAL_CLAIM_LIMIT + 1])
+async def test_a_claim_takes_exactly_its_limit_on_both_sides_of_the_literal_bound(
+    pg: PostgresStore, limit: int
+) -> None:
+    """The texts with the number and with the parameter claim the same: the best
+    ``limit`` jobs, no more, in priority order, alone and fused with a finish."""
+    await pg.jobs_enqueue(jobs=[NewJob("default", "t", "[]", priority=p % 5) for p in range(60)])
+    alone = await pg.jobs_claim(owner="w", queues=["default"], limit=limit, ttl=60)
+    assert len(alone) == limit
+    assert [c.job.priority for c in alone] == sorted((c.job.priority for c in alone), reverse=True)
+    assert all(c.job.priority == 4 for c in alone[:12])
+    done, fused = await pg.jobs_finish_and_claim(
+        finishes=[Finish(alone[0].lease, Outcome.SUCCEEDED)],
+        owner="w",
+        queues=["default"],
+        limit=limit,
+        ttl=60,
+    )
+    assert done == [True]
+    assert len(fused) == limit
+    taken = {c.job.id for c in alone} | {c.job.id for c in fused}
+    assert len(taken) == 2 * limit

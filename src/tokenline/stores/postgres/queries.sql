@@ -174,6 +174,10 @@ SELECT count(pg_notify(%(channel)s, q.queue)) FROM unnest(%(queues)s::text[]) AS
 --   by_age       the `limit` oldest runnable jobs of each of those priorities.
 -- Rows locked by these scans but not picked stay untouched, unlocked when the claim's
 -- transaction ends.
+-- A small claim has its size written into the text in place of %(limit)s (see
+-- PostgresStore._claim_text): given a LIMIT it cannot see, the planner assumes a tenth
+-- of the table, finds every plan dear and plans each call afresh, which costs more
+-- than the claim itself; with the number it keeps one plan for all calls.
 WITH RECURSIVE clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
 open_queues AS (
     SELECT q.name
@@ -291,10 +295,13 @@ WITH input AS (
 clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
 -- Row locks in id order: a renewal batch and a finish batch of the same worker, on two
 -- connections, can never deadlock. FOR UPDATE reads the newest committed version of
--- each row, which is what "who holds it now" below must see.
+-- each row, which is what "who holds it now" below must see. `= ANY` of the array, not
+-- `IN (SELECT … FROM input)`: a plan made without the array's values (a generic plan,
+-- kept for every call) then still reads the rows by primary key, so the server can
+-- keep one instead of planning each call afresh (as much as a small batch costs).
 locked AS MATERIALIZED (
     SELECT j.id, j.lease_token, j.lease_owner FROM {schema}.jobs AS j
-    WHERE j.id IN (SELECT job_id FROM input)
+    WHERE j.id = ANY (%(job_id)s::bigint[])
     ORDER BY j.id
     FOR NO KEY UPDATE
 ),
@@ -338,9 +345,10 @@ WITH input AS (
                                error, error_class, ord)
 ),
 clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
+-- By primary key from the array, as in job_leases_renew (one generic plan).
 locked AS MATERIALIZED (
     SELECT j.id FROM {schema}.jobs AS j
-    WHERE j.id IN (SELECT job_id FROM input)
+    WHERE j.id = ANY (%(job_id)s::bigint[])
     ORDER BY j.id
     FOR NO KEY UPDATE
 ),

@@ -135,6 +135,21 @@ def fuse_finish_claim(finish: str, claim: str) -> str:
     )
 
 
+#: Claims of at most this many jobs have their size written into the statement's text
+#: (see the claim query in queries.sql), so that the server keeps one plan for each: at
+#: most this many texts per claim statement and connection, well inside psycopg's cache
+#: of prepared statements. A bigger claim is planned afresh, a cost its jobs share.
+LITERAL_CLAIM_LIMIT = 16
+
+
+def with_claim_limit(text: str, limit: int) -> str:
+    """The claim statement ``text`` for a claim of ``limit`` jobs: the number in place
+    of its ``%(limit)s`` parameter when the claim is small, else ``text`` itself."""
+    if not 0 < limit <= LITERAL_CLAIM_LIMIT:
+        return text
+    return text.replace("%(limit)s", str(int(limit)))
+
+
 class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Store):
     """A store in a PostgreSQL schema (``postgresql://user@host/db?schema=name``).
 
@@ -173,7 +188,8 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         self.migrate_on_open = migrate
         self.max_connections = max_connections
         self._queries = {name: compose(text, self.schema) for name, text in _Q.items()}
-        self._finish_claim: str | None = None
+        # The claim statements by (fused with a finish, literal limit or 0), built once.
+        self._claim_texts: dict[tuple[bool, int], str] = {}
         self._schema_tag = f"{zlib.crc32(self.schema.encode()):08x}"
         self._pool: AsyncConnectionPool[AsyncConnection[TupleRow]] | None = None
         # Sync handlers' fenced transactions run in their own threads: they get blocking
@@ -511,7 +527,19 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         if limit <= 0 or not queues:
             return []
         params = self._claim_params(owner, queues, limit, ttl, priority_aging)
-        return self._claimed(owner, await self._rows(self._q("claim"), params))
+        return self._claimed(owner, await self._rows(self._claim_text(limit), params))
+
+    def _claim_text(self, limit: int, *, fused: bool = False) -> str:
+        """The claim statement for ``limit`` jobs, alone or fused with a finish (see
+        :func:`fuse_finish_claim`), from ``_q``'s texts: a subclass that rewrites those
+        rewrites these too."""
+        key = (fused, limit if 0 < limit <= LITERAL_CLAIM_LIMIT else 0)
+        text = self._claim_texts.get(key)
+        if text is None:
+            claim = self._q("claim")
+            text = fuse_finish_claim(self._q("finish"), claim) if fused else claim
+            text = self._claim_texts[key] = with_claim_limit(text, limit)
+        return text
 
     def _claim_params(
         self,
@@ -631,14 +659,11 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
                 finishes=finishes, owner=owner, queues=queues, limit=limit, ttl=ttl,
                 priority_aging=priority_aging,
             )  # fmt: skip
-        if self._finish_claim is None:
-            # From _q's texts, so a subclass that rewrites those rewrites this too.
-            self._finish_claim = fuse_finish_claim(self._q("finish"), self._q("claim"))
         params = {
             **self._finish_params(finishes),
             **self._claim_params(owner, queues, limit, ttl, priority_aging),
         }
-        rows = await self._rows(self._finish_claim, params)
+        rows = await self._rows(self._claim_text(limit, fused=True), params)
         accepted = set(rows[0]["finished_ords"] or ())
         done = [n + 1 in accepted for n in range(len(finishes))]
         claimed = [r for r in rows if r["id"] is not None]
