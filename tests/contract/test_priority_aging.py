@@ -5,6 +5,7 @@ and reads a bounded number of rows to do it."""
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 import pytest
@@ -138,9 +139,14 @@ async def test_aging_never_claims_from_a_paused_queue_or_an_unrequested_one(
     assert len(await claim(store, 5, 1.0, ["paused"])) == 1
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize(
+    ("seed", "sizes", "count"),
+    [(0, (1, 7), 60), (1, (1, 7), 60), (2, (1, 7), 60), (3, (1, 7), 60),
+     # Claims above 16 jobs, and across that bound (see with_claim_limit).
+     (4, (17, 40), 300), (5, (14, 70), 300)],
+)  # fmt: skip
 async def test_claims_match_ranking_every_runnable_job(
-    store: Any, clock: FakeClock, seed: int
+    store: Any, clock: FakeClock, seed: int, sizes: tuple[int, int], count: int
 ) -> None:
     """Against a ranking of every runnable job by effective priority, claim after claim
     of random sizes over two queues, with a few priorities, ages and scheduled jobs: the
@@ -149,7 +155,7 @@ async def test_claims_match_ranking_every_runnable_job(
     aging = rng.choice([0.5, 1.0, 3.0])
     queues = ["a", "b"]
     jobs: dict[int, tuple[int, float]] = {}
-    for _ in range(60):
+    for _ in range(count):
         delay = rng.choice([0.0, 0.0, 0.0, rng.uniform(0, 15)])
         job = NewJob(
             queue=rng.choice(queues), task="t", args="[]", priority=rng.randint(-3, 3),
@@ -161,7 +167,7 @@ async def test_claims_match_ranking_every_runnable_job(
     while jobs:
         clock.advance(rng.uniform(0, 2))
         now = clock.now()
-        limit = rng.randint(1, 7)
+        limit = rng.randint(*sizes)
         ranked = sorted(
             (jid for jid, (_, at) in jobs.items() if at <= now),
             key=lambda jid: claim_key(jobs[jid][0], jobs[jid][1], jid, now, aging),
@@ -197,15 +203,55 @@ async def test_postgres_claim_with_aging_reads_jobs_only_through_indexes(
             "aging": 1.0,
             "now": clock.now(),
         }
-        cur = await admin.execute("EXPLAIN " + store._q("claim"), params)
+        cur = await admin.execute("EXPLAIN " + store._claim_text(10), params)
         plan = "\n".join(row[0] for row in await cur.fetchall())
         assert "Seq Scan on jobs" not in plan, plan
         # In the order of the indexes: by priority, and by age for the oldest job.
         assert "Index Scan using jobs_ready on jobs" in plan, plan
         assert "jobs_ready_age on jobs" in plan, plan
+        # The plan the server keeps for every call of a small claim (a generic plan,
+        # made without the parameters' values), alone and fused with a finish.
+        for limit, fused in ((1, False), (10, False), (10, True)):
+            plan = await generic_plan(admin, store._claim_text(limit, fused=fused))
+            assert "Seq Scan on jobs" not in plan, (limit, fused, plan)
+            assert "Index Scan using jobs_ready on jobs" in plan, (limit, fused, plan)
         assert len(await claim(store, 10, 1.0)) == 10
     finally:
         await store.close()
+
+
+#: The parameter types of the claim statements (fused: with the finish's arrays).
+_PARAM_TYPES = {
+    "owner": "text", "queues": "text[]", "limit": "integer", "ttl": "double precision",
+    "aging": "double precision", "now": "double precision", "job_id": "bigint[]",
+    "token": "bigint[]", "lease_owner": "text[]", "outcome": "text[]", "state": "text[]",
+    "delay": "double precision[]", "refund": "integer[]", "final": "boolean[]",
+    "error": "text[]", "error_class": "text[]",
+}  # fmt: skip
+
+
+async def generic_plan(admin: Any, text: str) -> str:
+    """The plan PostgreSQL keeps for ``text`` once it plans it without parameter values
+    (EXPLAIN EXECUTE of a server-side prepared statement, generic plans forced)."""
+    names: list[str] = []
+
+    def number(m: re.Match[str]) -> str:
+        if m.group(1) not in names:
+            names.append(m.group(1))
+        return f"${names.index(m.group(1)) + 1}"
+
+    body = re.sub(r"%\((\w+)\)s", number, text)
+    types = ", ".join(_PARAM_TYPES[n] for n in names)
+    await admin.execute("DEALLOCATE ALL")
+    await admin.execute(f"PREPARE generic_claim ({types}) AS {body}")
+    await admin.execute("SET plan_cache_mode = force_generic_plan")
+    try:
+        args = ", ".join("NULL" for _ in names)
+        cur = await admin.execute(f"EXPLAIN EXECUTE generic_claim({args})")
+        return "\n".join(row[0] for row in await cur.fetchall())
+    finally:
+        await admin.execute("RESET plan_cache_mode")
+        await admin.execute("DEALLOCATE generic_claim")
 
 
 async def test_sqlite_claim_queries_read_jobs_only_through_indexes(tmp_path: Any) -> None:

@@ -175,9 +175,11 @@ SELECT count(pg_notify(%(channel)s, q.queue)) FROM unnest(%(queues)s::text[]) AS
 -- Rows locked by these scans but not picked stay untouched, unlocked when the claim's
 -- transaction ends.
 -- A small claim has its size written into the text in place of %(limit)s (see
--- PostgresStore._claim_text): given a LIMIT it cannot see, the planner assumes a tenth
--- of the table, finds every plan dear and plans each call afresh, which costs more
--- than the claim itself; with the number it keeps one plan for all calls.
+-- with_claim_limit in store.py). Given a LIMIT it cannot see, the planner takes the
+-- claim for a tenth of the table: it plans each call afresh, which costs more than the
+-- claim itself, or keeps a plan, made while the table was small, that joins the picked
+-- rows to a scan of the whole table once it has grown (26 ms against 0.5 ms for one job
+-- of 200,000, seen before an ANALYZE); with the number, its plan reads only indexes.
 WITH RECURSIVE clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
 open_queues AS (
     SELECT q.name

@@ -138,7 +138,8 @@ def fuse_finish_claim(finish: str, claim: str) -> str:
 #: Claims of at most this many jobs have their size written into the statement's text
 #: (see the claim query in queries.sql), so that the server keeps one plan for each: at
 #: most this many texts per claim statement and connection, well inside psycopg's cache
-#: of prepared statements. A bigger claim is planned afresh, a cost its jobs share.
+#: of prepared statements. A bigger claim keeps the parameter and may be planned afresh,
+#: a cost its jobs share.
 LITERAL_CLAIM_LIMIT = 16
 
 
@@ -188,7 +189,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         self.migrate_on_open = migrate
         self.max_connections = max_connections
         self._queries = {name: compose(text, self.schema) for name, text in _Q.items()}
-        # The claim statements by (fused with a finish, literal limit or 0), built once.
+        # The claim statements by (fused with a finish, the size written in or 0), built once.
         self._claim_texts: dict[tuple[bool, int], str] = {}
         self._schema_tag = f"{zlib.crc32(self.schema.encode()):08x}"
         self._pool: AsyncConnectionPool[AsyncConnection[TupleRow]] | None = None
