@@ -21,6 +21,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from pg_plans import generic_plan
 from tokenline._clock import FakeClock
 from tokenline._errors import (
     ConfigError,
@@ -700,3 +701,21 @@ async def test_a_claim_takes_exactly_its_limit_on_both_sides_of_the_literal_boun
     assert len(fused) == limit
     taken = {c.job.id for c in alone} | {c.job.id for c in fused}
     assert len(taken) == 2 * limit
+
+
+@pytest.mark.parametrize("statement", ["claim", "finish_and_claim", "finish", "job_leases_renew"])
+async def test_the_plans_kept_for_per_job_statements_read_jobs_by_index(
+    pg: PostgresStore, admin: psycopg.AsyncConnection[Any], postgres_schema: str, statement: str
+) -> None:
+    """The plan the server keeps for a worker's per-job statements (made without the
+    parameters' values) reads the jobs table by index on a table of some thousands of
+    jobs: never a scan of the whole table per call (a claim with its size as a
+    parameter does: it fails so)."""
+    await pg.jobs_enqueue(jobs=[new() for _ in range(5000)])
+    await admin.execute(f'ANALYZE "{postgres_schema}".jobs')
+    text = {
+        "claim": pg._claim_text(1),
+        "finish_and_claim": pg._claim_text(1, fused=True),
+    }.get(statement) or pg._q(statement)
+    plan = await generic_plan(admin, text)
+    assert "Seq Scan on jobs" not in plan, plan

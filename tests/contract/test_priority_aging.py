@@ -5,11 +5,11 @@ and reads a bounded number of rows to do it."""
 from __future__ import annotations
 
 import random
-import re
 from typing import Any
 
 import pytest
 
+from pg_plans import generic_plan
 from tokenline._clock import FakeClock
 from tokenline._jobs import NewJob, claim_key
 
@@ -218,40 +218,6 @@ async def test_postgres_claim_with_aging_reads_jobs_only_through_indexes(
         assert len(await claim(store, 10, 1.0)) == 10
     finally:
         await store.close()
-
-
-#: The parameter types of the claim statements (fused: with the finish's arrays).
-_PARAM_TYPES = {
-    "owner": "text", "queues": "text[]", "limit": "integer", "ttl": "double precision",
-    "aging": "double precision", "now": "double precision", "job_id": "bigint[]",
-    "token": "bigint[]", "lease_owner": "text[]", "outcome": "text[]", "state": "text[]",
-    "delay": "double precision[]", "refund": "integer[]", "final": "boolean[]",
-    "error": "text[]", "error_class": "text[]",
-}  # fmt: skip
-
-
-async def generic_plan(admin: Any, text: str) -> str:
-    """The plan PostgreSQL keeps for ``text`` once it plans it without parameter values
-    (EXPLAIN EXECUTE of a server-side prepared statement, generic plans forced)."""
-    names: list[str] = []
-
-    def number(m: re.Match[str]) -> str:
-        if m.group(1) not in names:
-            names.append(m.group(1))
-        return f"${names.index(m.group(1)) + 1}"
-
-    body = re.sub(r"%\((\w+)\)s", number, text)
-    types = ", ".join(_PARAM_TYPES[n] for n in names)
-    await admin.execute("DEALLOCATE ALL")
-    await admin.execute(f"PREPARE generic_claim ({types}) AS {body}")
-    await admin.execute("SET plan_cache_mode = force_generic_plan")
-    try:
-        args = ", ".join("NULL" for _ in names)
-        cur = await admin.execute(f"EXPLAIN EXECUTE generic_claim({args})")
-        return "\n".join(row[0] for row in await cur.fetchall())
-    finally:
-        await admin.execute("RESET plan_cache_mode")
-        await admin.execute("DEALLOCATE generic_claim")
 
 
 async def test_sqlite_claim_queries_read_jobs_only_through_indexes(tmp_path: Any) -> None:
