@@ -29,6 +29,7 @@ from ..._errors import StaleTokenError
 from ..._jobs import Finish, Lease, Outcome
 from ..._records import DuplicateKind, Fence, by_attempt
 from ..base import FencedTransaction
+from ._connection import begin_immediate
 from ._errors import map_sqlite_errors
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class SQLiteFencedTransaction(FencedTransaction):
         with map_sqlite_errors(store.path):
             conn = store.transaction_connection(self._wait)
             try:
-                conn.execute("BEGIN IMMEDIATE")
+                begin_immediate(conn)
                 self._holding = store.holding_write_lock()
                 self._holding.__enter__()
                 now = store.clock.now()

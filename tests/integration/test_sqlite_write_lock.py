@@ -1,0 +1,100 @@
+"""Waiting for another connection's write lock on a SQLite file: in short pauses, for
+as long as the connection's busy timeout, and no longer (see begin_immediate)."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tokenline.stores.sqlite import _connection
+from tokenline.stores.sqlite._connection import begin_immediate
+
+
+def _connect(path: Path, timeout: float) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, timeout=timeout, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode = WAL")
+    return conn
+
+
+def test_a_held_lock_is_waited_for_in_short_pauses_then_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While another connection holds the lock, the waiter pauses a tenth of a
+    millisecond, then a little longer, never SQLite's own first millisecond; once the
+    holder commits, it has the lock, and its busy timeout is as it was."""
+    holder = _connect(tmp_path / "f.db", 5.0)
+    waiter = _connect(tmp_path / "f.db", 5.0)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN IMMEDIATE")
+    pauses: list[float] = []
+    real_sleep = _connection.time.sleep
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 5:
+            holder.execute("COMMIT")  # the holder lets go while the waiter waits
+        real_sleep(seconds)
+
+    monkeypatch.setattr(_connection.time, "sleep", pause)
+    begin_immediate(waiter)
+    waiter.execute("INSERT INTO t VALUES (1)")
+    waiter.execute("COMMIT")
+    assert len(pauses) >= 5
+    assert pauses[0] < 0.001, pauses
+    assert max(pauses) <= 0.001, pauses
+    assert waiter.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
+
+
+def test_the_wait_ends_with_sqlites_busy_error_after_the_busy_timeout(tmp_path: Path) -> None:
+    """A lock held past the waiter's busy timeout: SQLite's busy error, as without the
+    short pauses, and the timeout is restored."""
+    holder = _connect(tmp_path / "f.db", 5.0)
+    waiter = _connect(tmp_path / "f.db", 0.05)
+    holder.execute("BEGIN IMMEDIATE")
+    with pytest.raises(sqlite3.OperationalError) as caught:
+        begin_immediate(waiter)
+    code: Any = getattr(caught.value, "sqlite_errorcode", None)
+    assert code is not None
+    assert code & 0xFF == sqlite3.SQLITE_BUSY
+    assert waiter.execute("PRAGMA busy_timeout").fetchone()[0] == 50
+    assert not waiter.in_transaction
+    holder.execute("ROLLBACK")
+
+
+def test_no_busy_timeout_means_no_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection with no busy timeout gets the busy error at once, unpaused."""
+    holder = _connect(tmp_path / "f.db", 5.0)
+    waiter = _connect(tmp_path / "f.db", 0.0)
+    holder.execute("BEGIN IMMEDIATE")
+    monkeypatch.setattr(_connection.time, "sleep", lambda s: pytest.fail("paused"))
+    with pytest.raises(sqlite3.OperationalError):
+        begin_immediate(waiter)
+    holder.execute("ROLLBACK")
+
+
+def test_concurrent_writers_all_get_through(tmp_path: Path) -> None:
+    """Four threads, each with its own connection, 200 short write transactions each:
+    every one commits, none sees a busy error."""
+    _connect(tmp_path / "f.db", 5.0).execute("CREATE TABLE t (x)")
+    errors: list[BaseException] = []
+
+    def write(n: int) -> None:
+        conn = _connect(tmp_path / "f.db", 5.0)
+        try:
+            for i in range(200):
+                with _connection.immediate(conn):
+                    conn.execute("INSERT INTO t VALUES (?)", (n * 1000 + i,))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert _connect(tmp_path / "f.db", 5.0).execute("SELECT count(*) FROM t").fetchone()[0] == 800
