@@ -298,9 +298,10 @@ clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
 -- Row locks in id order: a renewal batch and a finish batch of the same worker, on two
 -- connections, can never deadlock. FOR UPDATE reads the newest committed version of
 -- each row, which is what "who holds it now" below must see. `= ANY` of the array, not
--- `IN (SELECT … FROM input)`: a plan made without the array's values (a generic plan,
--- kept for every call) then still reads the rows by primary key, so the server can
--- keep one instead of planning each call afresh (as much as a small batch costs).
+-- `IN (SELECT … FROM input)`: a plan the server keeps for every call (made without the
+-- array's values) then reads the rows by primary key, where the IN form's, kept from a
+-- small table, went on scanning the whole table as it grew (a finish took 22 ms
+-- against 0.5 ms at 200,000 jobs, seen).
 locked AS MATERIALIZED (
     SELECT j.id, j.lease_token, j.lease_owner FROM {schema}.jobs AS j
     WHERE j.id = ANY (%(job_id)s::bigint[])
@@ -347,7 +348,7 @@ WITH input AS (
                                error, error_class, ord)
 ),
 clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
--- By primary key from the array, as in job_leases_renew (one generic plan).
+-- By primary key from the array, as in job_leases_renew.
 locked AS MATERIALIZED (
     SELECT j.id FROM {schema}.jobs AS j
     WHERE j.id = ANY (%(job_id)s::bigint[])
