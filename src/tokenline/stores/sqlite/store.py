@@ -74,6 +74,7 @@ from ..._records import Fence
 from .._rows import attempt_from_row, job_from_row
 from .._sql import load_queries
 from ..base import Capabilities, Depth, FencedTransaction, ResourceLease, Store
+from ._callers import CallerConnections
 from ._claim import claim_candidates
 from ._clock import Anchor, MachineClock, Uptime, WallClock, boot_id
 from ._connection import (
@@ -178,6 +179,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         self.timeout = timeout
         self._main: Lane | None = None
         self._coord: Lane | None = None
+        self._callers: CallerConnections | None = None
         self._uptime: Uptime | None = None
         self._writers = Writers()
         self._pending: set[asyncio.Task[None]] = set()
@@ -303,6 +305,13 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                 self._uptime = None
             raise
         self._main, self._coord = main, coord
+        self._callers = CallerConnections(self._connect_caller)
+
+    def _connect_caller(self) -> sqlite3.Connection:
+        """A main-file connection for a synchronous caller's thread (see _callers.py);
+        its lock waits are short turns of :meth:`_waiting`, as on the store's thread."""
+        with map_sqlite_errors(self.path):
+            return connect_main(self.path, busy_timeout=_POLL, same_thread=False)
 
     def _while_busy(self, fn: Callable[[], T]) -> T:
         """``fn()``, tried again while the file is busy, for up to the store timeout.
@@ -469,6 +478,9 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         if self._main is None:
             return
         await self._flush()
+        callers, self._callers = self._callers, None
+        if callers is not None and not await asyncio.to_thread(callers.close, self._deadline):
+            log.warning("closing %s with an enqueue still writing to it", str(self.path))
         lanes = [lane for lane in (self._main, self._coord) if lane is not None]
         self._main = self._coord = None
         for lane in lanes:
@@ -539,12 +551,16 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         return list(range(start, last + 1))
 
     def jobs_enqueue_blocking(self, *, jobs: Sequence[NewJob]) -> list[int]:
-        """:meth:`jobs_enqueue` on the store's own thread for the main file, the caller
-        waiting on its own thread (no event loop in between)."""
+        """:meth:`jobs_enqueue` on the caller's own thread, with a connection of its own
+        (see ``_callers.py``): the same transaction, and the same waits for the write
+        lock, as on the store's thread, without the two thread switches."""
         if not jobs:
             return []
-        lane = self._lane(self._main)
-        return self._on_main_blocking(lambda: self._enqueue_on(lane.conns[0], jobs))
+        callers = self._callers
+        if callers is None:
+            raise StoreError("the SQLite store is not open; call open() first")
+        with callers.lend() as conn:
+            return self._waiting(lambda: self._enqueue_on(conn, jobs))(lambda: False)
 
     async def jobs_claim(
         self,

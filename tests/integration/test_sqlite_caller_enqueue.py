@@ -1,0 +1,193 @@
+"""A blocking enqueue on SQLite writes on the caller's own thread, with a connection
+of its own (see ``_callers.py``): never queued behind the store's thread, ordered with
+every other writer by the file's lock, and tidy when it fails or the store closes."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tokenline import StoreUnavailableError
+from tokenline._errors import StoreError
+from tokenline._jobs import JobState, NewJob
+from tokenline.stores.sqlite import SQLiteStore
+
+
+def job(n: int = 0) -> NewJob:
+    return NewJob(queue="default", task="t", args=f"[{n}]")
+
+
+async def test_an_enqueue_does_not_wait_for_the_stores_thread(tmp_path: Path) -> None:
+    """With the store's thread busy for seconds (a long call of this process), a
+    blocking enqueue is written, and counted, at once; through that thread it would
+    have waited its turn."""
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'q.db'}")
+    await store.open()
+    release = threading.Event()
+    occupied = threading.Event()
+
+    def occupy(conn: sqlite3.Connection) -> None:
+        occupied.set()
+        release.wait(30)
+
+    busy = asyncio.ensure_future(store._call(occupy))
+    try:
+        await asyncio.to_thread(occupied.wait, 10)
+        caller = threading.current_thread().ident
+
+        def enqueue() -> tuple[list[int], int | None]:
+            return store.jobs_enqueue_blocking(jobs=[job()]), threading.current_thread().ident
+
+        (ids, ran_on) = await asyncio.wait_for(asyncio.to_thread(enqueue), 5)
+        assert ran_on != caller  # the worker thread asyncio.to_thread chose, not the lane
+        assert not busy.done()  # the store's thread is still occupied
+        with sqlite3.connect(tmp_path / "q.db") as reader:
+            (state,) = reader.execute(
+                "SELECT state FROM tokenline_jobs WHERE id = ?", (ids[0],)
+            ).fetchone()
+        assert state == "queued"
+    finally:
+        release.set()
+        await busy
+        await store.close()
+
+
+async def test_sequential_enqueues_reuse_one_connection(tmp_path: Path) -> None:
+    """One caller after another: one connection, kept between calls."""
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'q.db'}")
+    await store.open()
+    try:
+        callers = store._callers
+        assert callers is not None
+        opened: list[sqlite3.Connection] = []
+        connect = callers._connect
+
+        def counting() -> sqlite3.Connection:
+            opened.append(connect())
+            return opened[-1]
+
+        callers._connect = counting
+
+        def many() -> list[int]:
+            return [store.jobs_enqueue_blocking(jobs=[job(n)])[0] for n in range(50)]
+
+        ids = await asyncio.to_thread(many)
+        assert len(set(ids)) == 50
+        assert len(opened) == 1
+        assert callers.idle == 1
+    finally:
+        await store.close()
+
+
+async def test_threads_enqueueing_at_once_all_commit_with_distinct_ids(tmp_path: Path) -> None:
+    """Eight threads, 100 enqueues each, at once: 800 jobs, 800 ids, no busy error, and
+    no more than ``keep`` connections left open afterwards."""
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'q.db'}")
+    await store.open()
+    try:
+        start = threading.Barrier(8)
+        results: dict[int, list[int]] = {}
+
+        def worker(w: int) -> None:
+            start.wait(10)
+            results[w] = [
+                store.jobs_enqueue_blocking(jobs=[job(w * 1000 + n)])[0] for n in range(100)
+            ]
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            await asyncio.to_thread(t.join, 60)
+        ids = [i for r in results.values() for i in r]
+        assert len(set(ids)) == 800
+        jobs = await store.jobs_list(state=JobState.QUEUED, limit=1000)
+        assert sorted(j.id for j in jobs) == sorted(ids)
+        assert sorted(j.args for j in jobs) == sorted(
+            f"[{w * 1000 + n}]" for w in range(8) for n in range(100)
+        )
+        assert store._callers is not None
+        assert 1 <= store._callers.idle <= 4
+    finally:
+        await store.close()
+
+
+async def test_a_lock_held_past_the_timeout_is_a_clear_error_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    """Another process holds the write lock: the enqueue waits the store timeout, then
+    raises StoreUnavailableError with nothing written, and its connection is closed
+    rather than lent again. Once the lock is free, enqueues work as before."""
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'q.db'}", timeout=0.3)
+    await store.open()
+    holder = sqlite3.connect(tmp_path / "q.db", isolation_level=None, check_same_thread=False)
+    try:
+        await asyncio.to_thread(store.jobs_enqueue_blocking, jobs=[job()])
+        assert store._callers is not None
+        assert store._callers.idle == 1
+        holder.execute("BEGIN IMMEDIATE")
+        began = time.monotonic()
+        with pytest.raises(StoreUnavailableError):
+            await asyncio.to_thread(store.jobs_enqueue_blocking, jobs=[job(1)])
+        assert time.monotonic() - began >= 0.3
+        assert store._callers.idle == 0
+        holder.execute("ROLLBACK")
+        await asyncio.to_thread(store.jobs_enqueue_blocking, jobs=[job(2)])
+        args = sorted(j.args for j in await store.jobs_list(state=JobState.QUEUED))
+        assert args == ["[0]", "[2]"]
+    finally:
+        holder.close()
+        await store.close()
+
+
+async def test_the_lock_freed_while_waiting_is_taken(tmp_path: Path) -> None:
+    """A lock another process holds for a while (under the store timeout) is waited
+    for, and the enqueue then lands."""
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'q.db'}", timeout=10)
+    await store.open()
+    holder = sqlite3.connect(tmp_path / "q.db", isolation_level=None, check_same_thread=False)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        timer = threading.Timer(0.5, holder.rollback)
+        timer.start()
+        began = time.monotonic()
+        (jid,) = await asyncio.to_thread(store.jobs_enqueue_blocking, jobs=[job()])
+        assert time.monotonic() - began >= 0.4
+        assert (await store.job_get(job_id=jid)).state is JobState.QUEUED
+        timer.join()
+    finally:
+        holder.close()
+        await store.close()
+
+
+async def test_closing_waits_for_an_enqueue_in_progress_then_refuses_more(
+    tmp_path: Path,
+) -> None:
+    """``close()`` while an enqueue waits for a lock: the enqueue finishes (the row is
+    in the file), its connection is closed, not kept; a later enqueue is refused with a
+    clear error, and so is one on a store never opened."""
+    path = tmp_path / "q.db"
+    store = SQLiteStore(f"sqlite:///{path}", timeout=10)
+    await store.open()
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    enqueue = asyncio.ensure_future(asyncio.to_thread(store.jobs_enqueue_blocking, jobs=[job()]))
+    await asyncio.sleep(0.3)  # the enqueue is waiting for the lock
+    callers = store._callers
+    assert callers is not None
+    threading.Timer(0.5, holder.rollback).start()
+    await store.close()
+    with sqlite3.connect(path) as reader:  # close waited for the enqueue to commit
+        assert reader.execute("SELECT id FROM tokenline_jobs").fetchall() == [(1,)]
+    assert await enqueue == [1]
+    assert callers.idle == 0
+    holder.close()
+    with pytest.raises(StoreError, match="not open"):
+        store.jobs_enqueue_blocking(jobs=[job()])
+    with pytest.raises(StoreError, match="not open"):
+        SQLiteStore(f"sqlite:///{tmp_path / 'other.db'}").jobs_enqueue_blocking(jobs=[job()])
