@@ -772,12 +772,20 @@ class App:
         open store can (no hop to the facade's loop and back: most of a single
         enqueue's cost), else through the loop."""
         store = self._portal.open_store()
-        if store is not None and store.capabilities.blocking_enqueue:
+        if store is None:
+            # Opened on the facade's loop, then used from here like every later call:
+            # the first enqueue of a process is checked and written as the next ones.
+            store = self.run(_itself)
+        if store.capabilities.blocking_enqueue:
             try:
                 return store.jobs_enqueue_blocking(jobs=jobs)
             except EventLoopNeeded:
                 pass  # nothing written: the async path takes what it needs first
         return self.run(lambda s: s.jobs_enqueue(jobs=jobs))
+
+
+async def _itself(store: Store) -> Store:
+    return store
 
 
 class _Enqueuer(Protocol):

@@ -12,9 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from tokenline import StoreUnavailableError
+from tokenline import (
+    App,
+    JobContext,
+    NotSupportedError,
+    Settings,
+    StoreUnavailableError,
+    Worker,
+    WorkerSettings,
+)
 from tokenline._errors import StoreError
-from tokenline._jobs import JobState, NewJob
+from tokenline._jobs import Job, JobState, NewJob
 from tokenline.stores.sqlite import SQLiteStore
 
 
@@ -191,3 +199,138 @@ async def test_closing_waits_for_an_enqueue_in_progress_then_refuses_more(
         store.jobs_enqueue_blocking(jobs=[job()])
     with pytest.raises(StoreError, match="not open"):
         SQLiteStore(f"sqlite:///{tmp_path / 'other.db'}").jobs_enqueue_blocking(jobs=[job()])
+
+
+async def test_an_enqueue_inside_the_threads_own_transaction_is_refused_at_once(
+    tmp_path: Path,
+) -> None:
+    """A blocking enqueue from the thread that holds the file's write lock in a sync
+    fenced transaction would wait for itself (here: until the store timeout, then a
+    busy error; in the worker's own store, for ever). It is refused at once, by any
+    store on that file, naming ``connection=``. Another thread's enqueue meanwhile
+    waits for the lock and lands after the commit, and so does this thread's once the
+    transaction is over."""
+    path = tmp_path / "q.db"
+    worker_store = SQLiteStore(f"sqlite:///{path}", timeout=30)
+    app_store = SQLiteStore(f"sqlite:///{tmp_path}/../{tmp_path.name}/q.db", timeout=30)
+    await worker_store.open()
+    await app_store.open()
+    try:
+        await worker_store.jobs_enqueue(jobs=[job()])
+        (claimed,) = await worker_store.jobs_claim(owner="w", queues=["default"], limit=1, ttl=60)
+
+        def in_transaction() -> tuple[float, str, list[int]]:
+            with worker_store.fenced_transaction(lease=claimed.lease, timeout=30) as conn:
+                began = time.monotonic()
+                with pytest.raises(NotSupportedError) as refused:
+                    app_store.jobs_enqueue_blocking(jobs=[job(1)])
+                took = time.monotonic() - began
+                other: list[int] = []
+                elsewhere = threading.Thread(
+                    target=lambda: other.extend(app_store.jobs_enqueue_blocking(jobs=[job(2)]))
+                )
+                elsewhere.start()
+                time.sleep(0.2)
+                assert other == []  # waiting for this transaction's lock
+                conn.execute("CREATE TABLE marks (n)")
+            elsewhere.join(30)
+            return took, str(refused.value), other
+
+        took, message, other = await asyncio.to_thread(in_transaction)
+        assert took < 5  # not the store timeout (30 s)
+        assert "connection=conn" in message
+        assert len(other) == 1
+        await asyncio.to_thread(app_store.jobs_enqueue_blocking, jobs=[job(3)])
+        args = sorted(j.args for j in await app_store.jobs_list(state=JobState.QUEUED))
+        assert args == ["[2]", "[3]"]
+        assert (await worker_store.job_get(job_id=claimed.job.id)).state is JobState.SUCCEEDED
+    finally:
+        await app_store.close()
+        await worker_store.close()
+
+
+async def test_an_async_transaction_marks_no_thread(tmp_path: Path) -> None:
+    """``async with`` enters and leaves on pool threads, which run other calls
+    meanwhile: blocking enqueues from those threads are not refused; they wait for the
+    lock and land after the commit."""
+    path = tmp_path / "q.db"
+    store = SQLiteStore(f"sqlite:///{path}", timeout=30)
+    await store.open()
+    try:
+        await store.jobs_enqueue(jobs=[job()])
+        (claimed,) = await store.jobs_claim(owner="w", queues=["default"], limit=1, ttl=60)
+        results: list[int] = []
+
+        def enqueue(n: int) -> None:
+            results.extend(store.jobs_enqueue_blocking(jobs=[job(n)]))
+
+        async with store.fenced_transaction(lease=claimed.lease, timeout=30) as conn:
+            # Some of these run on the pool thread that entered the transaction.
+            waiting = [asyncio.ensure_future(asyncio.to_thread(enqueue, n)) for n in range(1, 4)]
+            await asyncio.sleep(0.3)
+            assert not any(w.done() for w in waiting)
+            assert results == []
+            conn.execute("CREATE TABLE marks (n)")
+        await asyncio.gather(*waiting)
+        assert len(set(results)) == 3
+    finally:
+        await store.close()
+
+
+async def test_a_sync_handler_enqueueing_inside_its_transaction_is_told_how(
+    tmp_path: Path,
+) -> None:
+    """In a worker, a sync handler calling ``app.enqueue`` inside its own
+    ``ctx.transaction()`` gets NotSupportedError at once (the app's first enqueue in
+    the process, too), not a wait for its own lock; ``connection=conn`` enqueues in the
+    transaction, and the handler's job succeeds."""
+    # Waiting for its own lock, the enqueue would give up after the store timeout.
+    app = App(f"sqlite:///{tmp_path / 'q.db'}", settings=Settings(store_timeout=30))
+    refusals: list[tuple[str, float]] = []
+    runs: list[int] = []
+
+    @app.task(name="inner")
+    def inner(ctx: JobContext, n: int) -> None:
+        """Never runs here (no worker reads its queue)."""
+
+    @app.task(name="outer", queue="outer", max_attempts=1)
+    def outer(ctx: JobContext, n: int) -> None:
+        runs.append(ctx.attempt)
+        with ctx.transaction() as conn:
+            began = time.monotonic()
+            try:
+                app.enqueue("inner", n)
+            except NotSupportedError as exc:
+                refusals.append((str(exc), time.monotonic() - began))
+            app.enqueue("inner", n + 1, connection=conn)
+
+    store = app.open_store(timeout=5)
+    await store.open()
+    settings = WorkerSettings(lease_ttl=60, poll_interval=0.05, queues=("outer",))
+    worker = Worker(app, settings, store=store)
+    run = asyncio.create_task(worker.run())
+    try:
+        # Through the worker's store: the app's own is not open yet, as in a worker
+        # process whose handler enqueues first.
+        (jid,) = await store.jobs_enqueue(jobs=[app.build_job("outer", (10,))])
+
+        async def finished() -> Job:
+            while True:
+                got = await store.job_get(job_id=jid)
+                if got.state.finished:
+                    return got
+                await asyncio.sleep(0.05)
+
+        done = await asyncio.wait_for(finished(), 60)
+        assert done.state is JobState.SUCCEEDED, done
+        assert runs == [1]  # no attempt given back after a wait for its own lock
+        ((message, took),) = refusals
+        assert "connection=conn" in message
+        assert took < 15  # refused, not waited out
+        queued = await store.jobs_list(state=JobState.QUEUED)
+        assert [(j.task, j.args) for j in queued] == [("inner", '{"args":[11],"kwargs":{}}')]
+    finally:
+        worker.request_shutdown()
+        await asyncio.wait_for(run, 60)
+        await asyncio.to_thread(app.close)
+        await store.close()

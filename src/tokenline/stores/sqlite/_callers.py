@@ -18,7 +18,18 @@ from collections.abc import Callable, Iterator
 
 from ..._errors import StoreError
 
-__all__ = ["CallerConnections"]
+__all__ = ["CallerConnections", "held_by_this_thread"]
+
+_local = threading.local()
+
+
+def held_by_this_thread() -> set[str]:
+    """Store files (resolved paths) whose write lock a fenced transaction of the current
+    thread holds: a blocking write there from this thread would wait for itself."""
+    held: set[str] | None = getattr(_local, "files", None)
+    if held is None:
+        held = _local.files = set()
+    return held
 
 
 class CallerConnections:

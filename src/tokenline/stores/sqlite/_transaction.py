@@ -29,6 +29,7 @@ from ..._errors import StaleTokenError
 from ..._jobs import Finish, Lease, Outcome
 from ..._records import DuplicateKind, Fence, by_attempt
 from ..base import FencedTransaction
+from ._callers import held_by_this_thread
 from ._connection import begin_immediate
 from ._errors import map_sqlite_errors
 
@@ -56,6 +57,11 @@ class SQLiteFencedTransaction(FencedTransaction):
         self._wait = wait
         self._conn: sqlite3.Connection | None = None
         self._holding: contextlib.AbstractContextManager[Any] | None = None
+        # A sync `with` holds the lock on the caller's thread until it exits there: a
+        # blocking enqueue from that thread meanwhile would wait for itself (see
+        # jobs_enqueue_blocking). An `async with` enters and exits on pool threads.
+        self._async = False
+        self._marked: str | None = None
 
     def __enter__(self) -> sqlite3.Connection:
         store, lease = self._store, self._lease
@@ -65,6 +71,10 @@ class SQLiteFencedTransaction(FencedTransaction):
                 begin_immediate(conn)
                 self._holding = store.holding_write_lock()
                 self._holding.__enter__()
+                held = held_by_this_thread()
+                if not self._async and store._file not in held:
+                    held.add(store._file)
+                    self._marked = store._file
                 now = store.clock.now()
                 params = {
                     "job_id": lease.job_id,
@@ -94,8 +104,8 @@ class SQLiteFencedTransaction(FencedTransaction):
                         token=refused.token,
                         operation="transaction",
                     )
-            except sqlite3.Error:
-                self._close(conn)
+            except BaseException:
+                self._close(conn)  # again after a refusal above: closing twice is harmless
                 raise
         self._conn = conn
         return conn
@@ -107,6 +117,9 @@ class SQLiteFencedTransaction(FencedTransaction):
             holding, self._holding = self._holding, None
             if holding is not None:
                 holding.__exit__(None, None, None)
+            marked, self._marked = self._marked, None
+            if marked is not None:
+                held_by_this_thread().discard(marked)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         conn = self._conn
@@ -140,6 +153,7 @@ class SQLiteFencedTransaction(FencedTransaction):
         return True
 
     async def __aenter__(self) -> sqlite3.Connection:
+        self._async = True
         conn: sqlite3.Connection = await self._enter_on_a_thread()
         return conn
 

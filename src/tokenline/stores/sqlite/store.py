@@ -53,7 +53,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..._clock import Clock
-from ..._errors import JobNotFoundError, SchemaVersionError, StoreError, StoreUnavailableError
+from ..._errors import (
+    JobNotFoundError,
+    NotSupportedError,
+    SchemaVersionError,
+    StoreError,
+    StoreUnavailableError,
+)
 from ..._jobs import (
     Attempt,
     ClaimedJob,
@@ -74,7 +80,7 @@ from ..._records import Fence
 from .._rows import attempt_from_row, job_from_row
 from .._sql import load_queries
 from ..base import Capabilities, Depth, FencedTransaction, ResourceLease, Store
-from ._callers import CallerConnections
+from ._callers import CallerConnections, held_by_this_thread
 from ._claim import claim_candidates
 from ._clock import Anchor, MachineClock, Uptime, WallClock, boot_id
 from ._connection import (
@@ -180,6 +186,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         self._main: Lane | None = None
         self._coord: Lane | None = None
         self._callers: CallerConnections | None = None
+        self._file = ""  # the resolved path, once open
         self._uptime: Uptime | None = None
         self._writers = Writers()
         self._pending: set[asyncio.Task[None]] = set()
@@ -305,6 +312,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                 self._uptime = None
             raise
         self._main, self._coord = main, coord
+        self._file = str(self.path.resolve())
         self._callers = CallerConnections(self._connect_caller)
 
     def _connect_caller(self) -> sqlite3.Connection:
@@ -559,6 +567,13 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         callers = self._callers
         if callers is None:
             raise StoreError("the SQLite store is not open; call open() first")
+        if self._file in held_by_this_thread():
+            raise NotSupportedError(
+                f"enqueue inside an open ctx.transaction() on SQLite ({str(self.path)!r}) "
+                "would wait for the transaction's own write lock: pass connection=conn to "
+                "enqueue in that transaction (the job then exists if and only if it "
+                "commits), or enqueue after it"
+            )
         with callers.lend() as conn:
             return self._waiting(lambda: self._enqueue_on(conn, jobs))(lambda: False)
 
