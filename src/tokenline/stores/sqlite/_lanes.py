@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeoutError
 from pathlib import Path
 from typing import TypeVar
 
@@ -107,32 +106,6 @@ class Lane:
                     raise StoreUnavailableError(
                         f"SQLite store {str(path)!r} did not answer within {deadline:g}s"
                     )
-        except BaseException:
-            self._abandon(state)
-            future.cancel()
-            raise
-
-    def call_blocking(
-        self,
-        fn: Callable[[Callable[[], bool]], T],
-        *,
-        deadline: float,
-        path: Path,
-        keep_waiting: Callable[[float], bool] | None = None,
-    ) -> T:
-        """:meth:`call` for a synchronous caller on another thread (not the lane's)."""
-        state = _Call()
-        future = self.executor.submit(self._guarded(fn, state, path))
-        try:
-            while True:
-                began = time.monotonic()
-                try:
-                    return future.result(timeout=deadline)
-                except FutureTimeoutError:
-                    if keep_waiting is None or not keep_waiting(began):
-                        raise StoreUnavailableError(
-                            f"SQLite store {str(path)!r} did not answer within {deadline:g}s"
-                        ) from None
         except BaseException:
             self._abandon(state)
             future.cancel()

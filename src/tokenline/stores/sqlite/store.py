@@ -220,16 +220,6 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
             path=self.path,
         )
 
-    def _on_main_blocking(self, call: Callable[[], T]) -> T:
-        """:meth:`_on_main` for a synchronous caller on its own thread."""
-        lane = self._lane(self._main)
-        return lane.call_blocking(
-            self._waiting(call),
-            deadline=self._deadline,
-            keep_waiting=self._writers.held_since,
-            path=self.path,
-        )
-
     def _waiting(self, call: Callable[[], T]) -> Callable[[Callable[[], bool]], T]:
         def run(abandoned: Callable[[], bool]) -> T:
             # The connection's own busy wait is short (_POLL): the wait for another
