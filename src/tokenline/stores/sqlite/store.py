@@ -34,7 +34,9 @@ for the lock must not hand out a lease that the wait has already aged.
 coordination file on another, so a renewal never queues behind a claim or a finish
 that waits for the main file's lock. While one of this process's own fenced
 transactions holds that lock, main-file calls wait for it instead of reporting the
-store unavailable: the lock holder is alive, and it is us. ``synchronous=NORMAL`` in
+store unavailable: the lock holder is alive, and it is us. A blocking enqueue from
+ordinary code is the exception: it writes on the caller's own thread, with a
+connection of its own (``_callers.py``). ``synchronous=NORMAL`` in
 WAL mode survives a crash of any process (kill -9); only an operating system crash or
 power loss can drop the last commits.
 """
