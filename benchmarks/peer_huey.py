@@ -22,20 +22,16 @@ import json
 import os
 import secrets
 import signal
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-SINK_ENV = "TOKENLINE_SCENARIO_SINK"
-TABLE_ENV = "TOKENLINE_SCENARIO_TABLE"
+from scenario_bench import DEFAULT_SINK, SINK_ENV, TABLE_ENV, load_average, summary
+
 NAME_ENV = "TOKENLINE_PEER_QUEUE"
 REDIS_ENV = "TOKENLINE_PEER_REDIS"
-DEFAULT_SINK = os.environ.get(
-    "TOKENLINE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
-)
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
 
@@ -69,10 +65,6 @@ huey = (
     if os.environ.get(NAME_ENV)
     else None
 )
-
-
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def one_round(sink: str, redis_url: str, jobs: int, workers: int) -> dict[str, Any]:
@@ -155,19 +147,14 @@ def main(argv: list[str] | None = None) -> None:
         import huey as _huey  # noqa: F401
     except ImportError:
         raise SystemExit('this benchmark runs Huey: pip install -e ".[peers]"') from None
-    load_before = _load()
+    load_before = load_average()
     rounds = []
     for _ in range(args.rounds):
         r = one_round(args.sink, args.redis, args.jobs, args.workers)
         print(json.dumps(r), flush=True)
         rounds.append(r)
-    print(
-        f"huey (redis): {args.jobs} jobs, {args.workers} workers x 1: single-call enqueue "
-        f"{statistics.median(r['enqueue_per_s'] for r in rounds):,.0f}/s, processed "
-        f"{statistics.median(r['processed_per_s'] for r in rounds):,.0f}/s "
-        f"(median of {len(rounds)}); {os.cpu_count()} cores, load {load_before} before, "
-        f"{_load()} after"
-    )
+    label = f"huey (redis): {args.jobs} jobs, {args.workers} workers x 1"
+    print(summary(label, rounds, load_before))
 
 
 if __name__ == "__main__":

@@ -65,8 +65,20 @@ def scenario_app(url: str | None) -> App:
 app = scenario_app(None) if os.environ.get("TOKENLINE_URL") else None
 
 
-def _load() -> str:
+def load_average() -> str:
+    """The load average (1, 5 and 15 min), for the summary line."""
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def summary(label: str, rounds: list[dict[str, Any]], load_before: str) -> str:
+    """One line of medians over ``rounds``, with the machine's cores and load."""
+    return (
+        f"{label}: single-call enqueue "
+        f"{statistics.median(r['enqueue_per_s'] for r in rounds):,.0f}/s, processed "
+        f"{statistics.median(r['processed_per_s'] for r in rounds):,.0f}/s "
+        f"(median of {len(rounds)}); {os.cpu_count()} cores, load {load_before} before, "
+        f"{load_average()} after"
+    )
 
 
 def _succeeded(scratch: Any) -> int:
@@ -163,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
         help="the workers' prefetch; several values are run interleaved, round by round",
     )
     args = p.parse_args(argv)
-    load_before = _load()
+    load_before = load_average()
     results: dict[int, list[dict[str, Any]]] = {n: [] for n in args.prefetch}
     for _ in range(args.rounds):
         for n in args.prefetch:
@@ -171,14 +183,11 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps(r), flush=True)
             results[n].append(r)
     for n, rounds in results.items():
-        print(
+        label = (
             f"{rounds[0]['store']}: {args.jobs} jobs, {args.workers} workers x "
-            f"{args.concurrency}, prefetch {n}: single-call enqueue "
-            f"{statistics.median(r['enqueue_per_s'] for r in rounds):,.0f}/s, processed "
-            f"{statistics.median(r['processed_per_s'] for r in rounds):,.0f}/s "
-            f"(median of {len(rounds)}); {os.cpu_count()} cores, load {load_before} before, "
-            f"{_load()} after"
+            f"{args.concurrency}, prefetch {n}"
         )
+        print(summary(label, rounds, load_before))
 
 
 if __name__ == "__main__":
