@@ -222,6 +222,37 @@ def test_ledger_bench_leaves_nothing(sandbox: Sandbox) -> None:
     assert sandbox.left() == []
 
 
+def _sink_tables(url: str) -> set[str]:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT table_schema || '.' || table_name FROM information_schema.tables "
+            "WHERE table_name LIKE 'tokenline_scenario_sink_%'"
+        )
+        return {r[0] for r in rows.fetchall()}
+
+
+@pytest.mark.acceptance
+@pytest.mark.postgres
+def test_scenario_bench_checks_its_sink_and_leaves_nothing(
+    sandbox: Sandbox, postgres_server: str
+) -> None:
+    """benchmarks/scenario_bench.py: the run passes only with every job in the sink
+    exactly once, prints its medians with the core count, and removes its store file and
+    its sink table."""
+    before = _sink_tables(postgres_server)
+    result = sandbox.run(
+        sys.executable, str(BENCHMARKS / "scenario_bench.py"),
+        "--jobs", "40", "--sink", postgres_server,
+    )  # fmt: skip
+    assert result.returncode == 0, _explain(result)
+    assert '"processed_per_s"' in result.stdout
+    assert f"(median of 1); {os.cpu_count()} cores" in result.stdout
+    assert sandbox.left() == []
+    assert _sink_tables(postgres_server) == before
+
+
 @pytest.mark.acceptance
 def test_drill_ignores_tokenline_url_and_leaves_nothing(sandbox: Sandbox) -> None:
     """One short scenario: the drill does not run on TOKENLINE_URL's store (it used to
