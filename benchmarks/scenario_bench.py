@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenline import App
+from tokenline.cli.bench import _cpu_seconds
 from tokenline.drill._scratch import scratch_for
 
 QUEUE = "scenario"
@@ -81,6 +82,14 @@ def summary(label: str, rounds: list[dict[str, Any]], load_before: str) -> str:
     )
 
 
+def _machine_busy() -> tuple[float, float]:
+    """Busy and total CPU ticks of the whole machine so far (Linux's /proc/stat)."""
+    with open("/proc/stat", encoding="ascii") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle and iowait
+    return sum(ticks) - idle, sum(ticks)
+
+
 def _succeeded(scratch: Any) -> int:
     return scratch.scalar(
         f"SELECT count(*) FROM {scratch.tables['jobs']} WHERE state = 'succeeded'"
@@ -124,6 +133,7 @@ def one_round(
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                 raise SystemExit("the workers did not start")
             time.sleep(0.05)
+        cpu_before, busy_before = _cpu_seconds(procs), _machine_busy()
         t = time.perf_counter()
         a.run(lambda s: s.queue_resume(queue=QUEUE))
         while _succeeded(scratch) < jobs:
@@ -131,6 +141,7 @@ def one_round(
                 raise SystemExit("a worker process exited early")
             time.sleep(0.02)
         process_s = time.perf_counter() - t
+        cpu_after, busy_after = _cpu_seconds(procs), _machine_busy()
         with psycopg.connect(sink, autocommit=True) as conn:
             row = conn.execute(
                 f"SELECT count(*), count(DISTINCT i) FROM {table}"  # type: ignore[arg-type]
@@ -147,6 +158,16 @@ def one_round(
             "prefetch": prefetch,
             "enqueue_per_s": round(jobs / enqueue_s),
             "processed_per_s": round(jobs / process_s),
+            # Both workers' CPU (all threads) per job, and how busy the machine's cores
+            # were meanwhile (workers, servers and this process): is the run CPU-bound?
+            "worker_cpu_us_per_job": (
+                round((cpu_after - cpu_before) / jobs * 1e6)
+                if cpu_before is not None and cpu_after is not None
+                else None
+            ),
+            "machine_busy": round(
+                (busy_after[0] - busy_before[0]) / max(1, busy_after[1] - busy_before[1]), 2
+            ),
         }
     finally:
         for p in procs:
