@@ -98,3 +98,29 @@ def test_concurrent_writers_all_get_through(tmp_path: Path) -> None:
         t.join()
     assert errors == []
     assert _connect(tmp_path / "f.db", 5.0).execute("SELECT count(*) FROM t").fetchone()[0] == 800
+
+
+def test_a_store_connection_takes_the_lock_without_asking_sqlite_its_timeout(
+    tmp_path: Path,
+) -> None:
+    """The store's connections remember their busy timeout: a write transaction sends
+    BEGIN IMMEDIATE and its statements, not a PRAGMA to read the timeout first, and the
+    timeout SQLite has stays the one remembered."""
+    conn = _connection.connect_main(tmp_path / "f.db", busy_timeout=2.0)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("CREATE TABLE t (x)")
+    sent: list[str] = []
+    conn.set_trace_callback(sent.append)
+    with _connection.immediate(conn):
+        conn.execute("INSERT INTO t VALUES (1)")
+    conn.set_trace_callback(None)
+    assert not [s for s in sent if s.strip().upper() == "PRAGMA BUSY_TIMEOUT"], sent
+    assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 2000
+    _connection.set_busy_timeout(conn, 0)
+    assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 0
+    assert _connection.busy_timeout(conn) == 0
+    sent.clear()
+    conn.set_trace_callback(sent.append)
+    _connection.set_busy_timeout(conn, 0)  # already so: nothing sent
+    conn.set_trace_callback(None)
+    assert sent == []

@@ -19,14 +19,47 @@ from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = [
+    "Connection",
     "attach_coord",
     "begin_immediate",
+    "busy_timeout",
     "connect_coord",
     "connect_main",
     "coord_path",
     "immediate",
+    "set_busy_timeout",
     "statements",
 ]
+
+
+class Connection(sqlite3.Connection):
+    """A ``sqlite3`` connection that remembers its busy timeout.
+
+    Every write transaction needs it (see :func:`begin_immediate`); asking SQLite with a
+    ``PRAGMA`` each time cost a statement per transaction, a tenth of a claim's time.
+    Set it with :func:`set_busy_timeout` only, so that the record stays true.
+    """
+
+    #: SQLite's busy timeout on this connection, in milliseconds.
+    busy_ms: int = 0
+
+
+def busy_timeout(conn: sqlite3.Connection) -> int:
+    """``conn``'s busy timeout in milliseconds (asked of SQLite for a foreign connection)."""
+    if isinstance(conn, Connection):
+        return conn.busy_ms
+    return int(conn.execute("PRAGMA busy_timeout").fetchone()[0])
+
+
+def set_busy_timeout(conn: sqlite3.Connection, ms: int) -> None:
+    """Set ``conn``'s busy timeout to ``ms`` milliseconds (nothing to do if it is already)."""
+    if isinstance(conn, Connection):
+        if conn.busy_ms == ms:
+            return
+        conn.execute(f"PRAGMA busy_timeout = {int(ms):d}")
+        conn.busy_ms = ms
+        return
+    conn.execute(f"PRAGMA busy_timeout = {int(ms):d}")
 
 
 def coord_path(main: Path) -> Path:
@@ -54,17 +87,24 @@ def _tune(conn: sqlite3.Connection) -> sqlite3.Connection:
     return conn
 
 
-def connect_main(
-    path: Path, *, busy_timeout: float, same_thread: bool = True, coord: Path | None = None
-) -> sqlite3.Connection:
-    """A connection to the store file; with ``coord``, that file attached read-only."""
+def _connect(target: str, wait: float, same_thread: bool) -> Connection:
     conn = sqlite3.connect(
-        _uri(path),
+        target,
         uri=True,
         isolation_level=None,
-        timeout=busy_timeout,
+        timeout=wait,
         check_same_thread=same_thread,
+        factory=Connection,
     )
+    conn.busy_ms = round(wait * 1000)
+    return conn
+
+
+def connect_main(
+    path: Path, *, busy_timeout: float, same_thread: bool = True, coord: Path | None = None
+) -> Connection:
+    """A connection to the store file; with ``coord``, that file attached read-only."""
+    conn = _connect(_uri(path), busy_timeout, same_thread)
     try:
         _tune(conn)
         if coord is not None:
@@ -80,9 +120,9 @@ def attach_coord(conn: sqlite3.Connection, path: Path, *, readonly: bool) -> Non
     conn.execute("ATTACH DATABASE ? AS coord", (_uri(path, readonly=readonly),))
 
 
-def connect_coord(path: Path, *, busy_timeout: float) -> sqlite3.Connection:
+def connect_coord(path: Path, *, busy_timeout: float, same_thread: bool = True) -> Connection:
     """A connection whose writes lock only the coordination file ``path``."""
-    conn = sqlite3.connect(":memory:", uri=True, isolation_level=None, timeout=busy_timeout)
+    conn = _connect(":memory:", busy_timeout, same_thread)
     try:
         _tune(conn)
         attach_coord(conn, path, readonly=False)
@@ -103,11 +143,11 @@ _LOCK_PAUSES = (0.0001, 0.0002, 0.0005, 0.001)
 def begin_immediate(conn: sqlite3.Connection) -> None:
     """``BEGIN IMMEDIATE``, waiting for a write lock another connection holds for up to
     ``conn``'s busy timeout, in short pauses; then SQLite's busy error, as before."""
-    waited = conn.execute("PRAGMA busy_timeout").fetchone()[0]
+    waited = busy_timeout(conn)
     if not waited:
         conn.execute("BEGIN IMMEDIATE")
         return
-    conn.execute("PRAGMA busy_timeout = 0")
+    set_busy_timeout(conn, 0)
     try:
         deadline = time.monotonic() + waited / 1000
         tries = 0
@@ -124,7 +164,7 @@ def begin_immediate(conn: sqlite3.Connection) -> None:
             time.sleep(_LOCK_PAUSES[min(tries, len(_LOCK_PAUSES) - 1)])
             tries += 1
     finally:
-        conn.execute(f"PRAGMA busy_timeout = {int(waited):d}")
+        set_busy_timeout(conn, waited)
 
 
 @contextlib.contextmanager
