@@ -1,8 +1,11 @@
 """The SQLite store's threads: a lane per file, and the calls that run on them.
 
-Every call on a file runs on that file's own thread (a :class:`_Lane`), so the event
-loop never blocks on SQLite and a renewal (coordination file) never queues behind a
-claim (main file). :class:`Writers` counts this process's fenced transactions holding
+Every call on a file that may have to wait runs on that file's own thread (a
+:class:`Lane`), so the event loop never blocks on SQLite and a renewal (coordination
+file) never queues behind a claim (main file). A short call that can run at once — the
+lane is idle and no other connection holds the lock it needs — may instead run on the
+caller's thread (:meth:`Lane.try_here`): a round trip to a thread and back costs more
+than a claim itself. :class:`Writers` counts this process's fenced transactions holding
 the main file's write lock, so that the store's own calls wait for them instead of
 reporting the store unavailable.
 """
@@ -62,7 +65,9 @@ class _Abandoned(StoreUnavailableError):
 
 
 class Lane:
-    """One thread and the connections it owns; calls run there one at a time.
+    """One thread and the connections it owns; calls run there one at a time, or on
+    the caller's thread while the lane is idle (:meth:`try_here`): ``lock`` keeps the
+    connections to one user at a time, whichever thread it is.
 
     A call is bounded twice. Its own wait for another connection's lock ends after the
     store timeout, cleanly, having changed nothing. The caller's deadline, longer, is
@@ -76,9 +81,28 @@ class Lane:
     def __init__(self, name: str) -> None:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self.conns: tuple[sqlite3.Connection, ...] = ()
+        #: Held by whoever uses the connections: the lane's thread, or a caller's.
+        self.lock = threading.Lock()
 
     async def run(self, fn: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+        """Run ``fn`` on the lane's thread, holding the lane's lock (opening, closing)."""
+
+        def locked() -> T:
+            with self.lock:
+                return fn()
+
+        return await asyncio.get_running_loop().run_in_executor(self.executor, locked)
+
+    def try_here(self, fn: Callable[[], T]) -> tuple[bool, T | None]:
+        """``(True, fn())`` on the caller's thread if the lane is idle; ``(False, None)``,
+        at once, if its thread is using the connections. ``fn`` must not wait for a
+        lock either: it runs on the event loop."""
+        if not self.conns or not self.lock.acquire(blocking=False):
+            return False, None
+        try:
+            return True, fn()
+        finally:
+            self.lock.release()
 
     async def call(
         self,
@@ -94,7 +118,7 @@ class Lane:
         # The executor's own future, waited for directly: wrapping it in a task cost
         # two more turns of the event loop per call, a third of a call's overhead.
         future = asyncio.get_running_loop().run_in_executor(
-            self.executor, self._guarded(fn, state, path)
+            self.executor, self._guarded(fn, state, path, self.lock)
         )
         try:
             while True:
@@ -113,7 +137,7 @@ class Lane:
 
     @staticmethod
     def _guarded(
-        fn: Callable[[Callable[[], bool]], T], state: _Call, path: Path
+        fn: Callable[[Callable[[], bool]], T], state: _Call, path: Path, lock: threading.Lock
     ) -> Callable[[], T]:
         def run() -> T:
             with state.lock:
@@ -121,7 +145,8 @@ class Lane:
                     raise _Abandoned(f"SQLite store {str(path)!r}: call abandoned")
                 state.started = True
             try:
-                return fn(lambda: state.abandoned)
+                with lock:
+                    return fn(lambda: state.abandoned)
             finally:
                 with state.lock:
                     state.finished = True
@@ -137,8 +162,9 @@ class Lane:
         conns, self.conns = self.conns, ()
 
         def close_all() -> None:
-            for conn in conns:
-                conn.close()
+            with self.lock:
+                for conn in conns:
+                    conn.close()
 
         self.executor.submit(close_all).result()
         self.executor.shutdown(wait=True)

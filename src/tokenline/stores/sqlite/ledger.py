@@ -82,7 +82,9 @@ class SQLiteLedger:
     if TYPE_CHECKING:
         clock: Clock
 
-        async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+        async def _call(
+            self, fn: Callable[[sqlite3.Connection], T], *, here: bool = False
+        ) -> T: ...
 
         async def _coord_call(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
 
@@ -168,7 +170,8 @@ class SQLiteLedger:
                     return EffectBegin(Start.STALE, cur)
                 return EffectBegin(Start.BUSY, cur)
 
-        return await self._call(run)
+        # One short transaction: it may run on the event loop's thread (see _on_main).
+        return await self._call(run, here=True)
 
     async def effect_finish(
         self, *, lease: Lease, key: str, result: str | None = None, error: str | None = None
@@ -194,7 +197,8 @@ class SQLiteLedger:
                 )
                 return False
 
-        return await self._call(run)
+        # One short transaction: it may run on the event loop's thread (see _on_main).
+        return await self._call(run, here=True)
 
     async def effects_list(
         self, *, job_id: int | None = None, key: str | None = None, limit: int = 100
