@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncRawCursor
 from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, TupleRow, dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -70,6 +70,7 @@ from ._migrations import (
     too_new,
     too_old,
 )
+from ._raw import RawStatement, needs_raw
 from ._steps import (
     AsyncDriver,
     Begin,
@@ -191,6 +192,8 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         self._queries = {name: compose(text, self.schema) for name, text in _Q.items()}
         # The claim statements by (fused with a finish, the size written in or 0), built once.
         self._claim_texts: dict[tuple[bool, int], str] = {}
+        # Statements too long for psycopg's cache, converted once (see _raw.py).
+        self._raw: dict[str, RawStatement] = {}
         self._schema_tag = f"{zlib.crc32(self.schema.encode()):08x}"
         self._pool: AsyncConnectionPool[AsyncConnection[TupleRow]] | None = None
         # Sync handlers' fenced transactions run in their own threads: they get blocking
@@ -276,6 +279,19 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
             return self._sync_pool
 
     async def _rows(self, query: str, params: dict[str, Any]) -> list[DictRow]:
+        if needs_raw(query):
+            raw = self._raw.get(query)
+            if raw is None:
+                raw = self._raw[query] = RawStatement.convert(query)
+            values = raw.params(params)
+
+            async def run_raw(conn: AsyncConnection[Any]) -> list[DictRow]:
+                cur = AsyncRawCursor(conn, row_factory=dict_row)
+                await cur.execute(raw.text, values)
+                return await cur.fetchall()
+
+            return await self._call(run_raw)
+
         async def run(conn: AsyncConnection[Any]) -> list[DictRow]:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(query, params)
