@@ -632,7 +632,11 @@ class Worker:
                 self._waiting.remove(slot)
         self._handler_returned(slot)
         assert self._slot_freed is not None
-        self._slot_freed.set()
+        # The fetch loop waits for a free slot, a drain for every slot freed. A slot that
+        # the claim made with this job's finish has filled again wakes neither for
+        # nothing: at one job at a time, that was a turn of the loop per job.
+        if self._stop_requested or len(self._slots) + self._claiming < self.settings.concurrency:
+            self._slot_freed.set()
         if not self._slots and self.state is WorkerState.PROCESSING:
             self._fire(WorkerEvent.ALL_JOBS_DONE)
 
