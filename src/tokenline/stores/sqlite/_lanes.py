@@ -2,12 +2,12 @@
 
 Every call on a file that may have to wait runs on that file's own thread (a
 :class:`Lane`), so the event loop never blocks on SQLite and a renewal (coordination
-file) never queues behind a claim (main file). A short call that can run at once — the
-lane is idle and no other connection holds the lock it needs — may instead run on the
-caller's thread (:meth:`Lane.try_here`): a round trip to a thread and back costs more
-than a claim itself. :class:`Writers` counts this process's fenced transactions holding
-the main file's write lock, so that the store's own calls wait for them instead of
-reporting the store unavailable.
+file) never queues behind a claim (main file). A short call may instead run on the
+event loop's own thread, with connections of its own that never wait for a lock
+(:class:`Here`): a round trip to a thread and back costs more than a claim itself.
+:class:`Writers` counts this process's fenced transactions holding the main file's
+write lock, so that the store's own calls wait for them instead of reporting the store
+unavailable.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import TypeVar
 
 from ..._errors import StoreUnavailableError
 
-__all__ = ["Lane", "Writers"]
+__all__ = ["Here", "Lane", "Writers"]
 
 T = TypeVar("T")
 
@@ -65,9 +65,7 @@ class _Abandoned(StoreUnavailableError):
 
 
 class Lane:
-    """One thread and the connections it owns; calls run there one at a time, or on
-    the caller's thread while the lane is idle (:meth:`try_here`): ``lock`` keeps the
-    connections to one user at a time, whichever thread it is.
+    """One thread and the connections it owns; calls run there one at a time.
 
     A call is bounded twice. Its own wait for another connection's lock ends after the
     store timeout, cleanly, having changed nothing. The caller's deadline, longer, is
@@ -81,28 +79,9 @@ class Lane:
     def __init__(self, name: str) -> None:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self.conns: tuple[sqlite3.Connection, ...] = ()
-        #: Held by whoever uses the connections: the lane's thread, or a caller's.
-        self.lock = threading.Lock()
 
     async def run(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` on the lane's thread, holding the lane's lock (opening, closing)."""
-
-        def locked() -> T:
-            with self.lock:
-                return fn()
-
-        return await asyncio.get_running_loop().run_in_executor(self.executor, locked)
-
-    def try_here(self, fn: Callable[[], T]) -> tuple[bool, T | None]:
-        """``(True, fn())`` on the caller's thread if the lane is idle; ``(False, None)``,
-        at once, if its thread is using the connections. ``fn`` must not wait for a
-        lock either: it runs on the event loop."""
-        if not self.conns or not self.lock.acquire(blocking=False):
-            return False, None
-        try:
-            return True, fn()
-        finally:
-            self.lock.release()
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
 
     async def call(
         self,
@@ -118,7 +97,7 @@ class Lane:
         # The executor's own future, waited for directly: wrapping it in a task cost
         # two more turns of the event loop per call, a third of a call's overhead.
         future = asyncio.get_running_loop().run_in_executor(
-            self.executor, self._guarded(fn, state, path, self.lock)
+            self.executor, self._guarded(fn, state, path)
         )
         try:
             while True:
@@ -137,7 +116,7 @@ class Lane:
 
     @staticmethod
     def _guarded(
-        fn: Callable[[Callable[[], bool]], T], state: _Call, path: Path, lock: threading.Lock
+        fn: Callable[[Callable[[], bool]], T], state: _Call, path: Path
     ) -> Callable[[], T]:
         def run() -> T:
             with state.lock:
@@ -145,8 +124,7 @@ class Lane:
                     raise _Abandoned(f"SQLite store {str(path)!r}: call abandoned")
                 state.started = True
             try:
-                with lock:
-                    return fn(lambda: state.abandoned)
+                return fn(lambda: state.abandoned)
             finally:
                 with state.lock:
                     state.finished = True
@@ -162,9 +140,36 @@ class Lane:
         conns, self.conns = self.conns, ()
 
         def close_all() -> None:
-            with self.lock:
-                for conn in conns:
-                    conn.close()
+            for conn in conns:
+                conn.close()
 
         self.executor.submit(close_all).result()
         self.executor.shutdown(wait=True)
+
+
+class Here:
+    """Connections for calls on the caller's own thread (the event loop's), one call at
+    a time. Their busy timeout is 0: a lock another connection holds — this process's
+    lane included — makes SQLite answer "busy" at once, and the call goes to the lane.
+    """
+
+    def __init__(self, conns: tuple[sqlite3.Connection, ...]) -> None:
+        self.conns = conns
+        self._lock = threading.Lock()
+
+    def run(self, fn: Callable[[tuple[sqlite3.Connection, ...]], T]) -> tuple[bool, T | None]:
+        """``(True, fn(conns))``, or ``(False, None)`` at once if another thread is
+        using the connections (a store shared by two event loops) or they are closed."""
+        if not self.conns or not self._lock.acquire(blocking=False):
+            return False, None
+        try:
+            return True, fn(self.conns)
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        """Close the connections (waiting for a call in progress on another thread)."""
+        with self._lock:
+            conns, self.conns = self.conns, ()
+            for conn in conns:
+                conn.close()

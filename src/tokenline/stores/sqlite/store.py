@@ -95,7 +95,7 @@ from ._connection import (
     statements,
 )
 from ._errors import SQLiteBusyError, map_sqlite_errors
-from ._lanes import Lane, Writers
+from ._lanes import Here, Lane, Writers
 from .leases import SQLiteLeases
 from .ledger import LQ, SQLiteLedger, insert_job
 from .maintenance import SQLiteMaintenance, check_leader
@@ -111,17 +111,19 @@ CQ = load_queries(__name__.rpartition(".")[0], "coord.sql")
 #: Version of the coordination file's schema (its own ``user_version``).
 COORD_VERSION = 4
 T = TypeVar("T")
+#: The connections a main-lane call gets: the main file's, and a coordination one.
+Conns = tuple[sqlite3.Connection, ...]
 
 #: Lease rows expired longer than this are pruned by the rescue.
 _PRUNE_AFTER = 60.0
 #: The main connection's own busy wait, per try (see SQLiteStore._on_main).
 _POLL = 0.05
-#: Rows the main lane's connections write between two checkpoints of the write-ahead
-#: logs. Their commits may run on the event loop's thread, where SQLite's own
-#: checkpoint (writing pages back to the file, and an fsync) must not: they never
-#: checkpoint themselves, and the lane's thread does it instead, about as often as
-#: WAL_AUTOCHECKPOINT pages would (a job's enqueue, claim and finish write 5 rows and
-#: about 17 pages, when each is its own transaction).
+#: Rows the event loop's connections (see _on_main) write between two checkpoints of
+#: the write-ahead logs. SQLite's own checkpoint writes pages back to the file and
+#: fsyncs it, inside the committing call: on the event loop it must not. Those
+#: connections never checkpoint themselves; the lane's thread does it instead, about
+#: as often as WAL_AUTOCHECKPOINT pages would (a job's enqueue, claim and finish write
+#: 5 rows and about 17 pages, when each is its own transaction).
 _CHECKPOINT_ROWS = 2_500
 #: What a call on the event loop's thread answers when it would have had to wait.
 _BUSY = object()
@@ -206,7 +208,9 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         self._uptime: Uptime | None = None
         self._writers = Writers()
         self._pending: set[asyncio.Task[None]] = set()
-        #: Rows the main lane's connections had written at the last checkpoint.
+        #: Connections for calls on the event loop's thread (see _on_main).
+        self._here: Here | None = None
+        #: Rows those connections had written at the last checkpoint.
         self._checkpointed = 0
         self._checkpointing = False
         # SQLite's busy timeout (``timeout``) ends a wait for a lock first; this is the
@@ -222,8 +226,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
     async def _call(self, fn: Callable[[sqlite3.Connection], T], *, here: bool = False) -> T:
         """Run ``fn`` on the main connection (main file, leases read-only); ``here``: see
         :meth:`_on_main`."""
-        lane = self._lane(self._main)
-        return await self._on_main(lambda: fn(lane.conns[0]), here=here)
+        return await self._on_main(lambda conns: fn(conns[0]), here=here)
 
     async def _call_both(
         self, fn: Callable[[sqlite3.Connection, sqlite3.Connection], T], *, here: bool = False
@@ -231,69 +234,59 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         """Run ``fn`` with the main connection and the main thread's coordination
         connection (to write leases inside a main-file transaction); ``here``: see
         :meth:`_on_main`."""
-        lane = self._lane(self._main)
-        return await self._on_main(lambda: fn(lane.conns[0], lane.conns[1]), here=here)
+        return await self._on_main(lambda conns: fn(conns[0], conns[1]), here=here)
 
-    async def _on_main(self, call: Callable[[], T], *, here: bool = False) -> T:
-        """Run ``call`` with the main lane's connections, on the lane's thread.
+    async def _on_main(self, call: Callable[[Conns], T], *, here: bool = False) -> T:
+        """Run ``call`` with a main connection and a coordination connection, on the
+        main lane's thread.
 
-        ``here``: first try it on the event loop's own thread, if it can run without
-        waiting — the lane idle, and no other connection holding a lock it needs (the
-        connections' busy timeout is 0 meanwhile, so SQLite answers "busy" at once
-        instead of waiting). Only for calls that are one short transaction: a busy
-        error leaves nothing done, and the call then goes to the lane's thread, which
-        waits. The round trip to that thread and back cost more than a claim.
+        ``here``: first try it on the event loop's own thread, with connections of its
+        own that never wait (:class:`Here`): if another connection holds a lock it needs
+        — another process's, or this lane's — SQLite answers "busy" at once, the call's
+        transaction rolls back, and the call goes to the lane, which waits. Only for
+        calls that are one short transaction, so that a busy error leaves nothing done.
+        The round trip to the lane's thread and back cost more than a claim.
         """
         lane = self._lane(self._main)
-        if here:
+        here_conns = self._here
+        # While the lane checkpoints, calls queue behind it: a checkpoint that ran beside
+        # writes on the event loop's connections never caught up with them, and the log
+        # was never written again from its start (see _checkpoint_if_due).
+        if here and here_conns is not None and not self._checkpointing:
             # A turn of the loop first, as a call on the lane gives: a caller that makes
             # these calls one after another must not starve the loop's other tasks.
             await asyncio.sleep(0)
-            ran, result = lane.try_here(lambda: self._without_waiting(lane, call))
+            ran, result = here_conns.run(lambda conns: self._at_once(conns, call))
             if ran and result is not _BUSY:
-                self._after_main_call(lane)
+                self._checkpoint_if_due(here_conns)
                 return result  # type: ignore[return-value]
-        try:
-            return await lane.call(
-                self._waiting(self._with_waits(lane, call)),
-                deadline=self._deadline,
-                keep_waiting=self._writers.held_since,
-                path=self.path,
-            )
-        finally:
-            self._after_main_call(lane)
+        return await lane.call(
+            self._waiting(lambda: call(lane.conns)),
+            deadline=self._deadline,
+            keep_waiting=self._writers.held_since,
+            path=self.path,
+        )
 
-    def _without_waiting(self, lane: Lane, call: Callable[[], T]) -> T | object:
-        """``call()`` with no busy wait on the lane's connections; ``_BUSY`` if another
-        connection holds a lock it needs (nothing was done)."""
-        for conn in lane.conns:
-            set_busy_timeout(conn, 0)
+    def _at_once(self, conns: Conns, call: Callable[[Conns], T]) -> T | object:
+        """``call(conns)`` on connections that never wait; ``_BUSY`` if a lock it needs
+        is held (nothing was done)."""
         try:
             with map_sqlite_errors(self.path):
-                return call()
+                return call(conns)
         except SQLiteBusyError:
             return _BUSY
 
-    def _with_waits(self, lane: Lane, call: Callable[[], T]) -> Callable[[], T]:
-        """``call`` with the lane's connections' busy waits back (a call on the event
-        loop's thread set them to 0)."""
-
-        def run() -> T:
-            main, coord = lane.conns
-            set_busy_timeout(main, round(_POLL * 1000))
-            set_busy_timeout(coord, round(self.timeout * 1000))
-            return call()
-
-        return run
-
-    def _after_main_call(self, lane: Lane) -> None:
-        """Checkpoint the write-ahead logs on the lane's thread once the lane's
-        connections have written enough rows since the last time (see _CHECKPOINT_ROWS)."""
-        written = sum(conn.total_changes for conn in lane.conns)
+    def _checkpoint_if_due(self, here: Here) -> None:
+        """Have the lane checkpoint both write-ahead logs once the event loop's
+        connections have written ``_CHECKPOINT_ROWS`` rows since the last time: they
+        never checkpoint on their own, which would write pages back to the files and
+        fsync them on the event loop."""
+        written = sum(conn.total_changes for conn in here.conns)
         if written - self._checkpointed < _CHECKPOINT_ROWS or self._checkpointing:
             return
         self._checkpointed = written
         self._checkpointing = True
+        lane = self._lane(self._main)
 
         def run(abandoned: Callable[[], bool]) -> None:
             main, coord = lane.conns
@@ -387,6 +380,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         try:
             main.conns = await main.run(lambda: self._while_busy(self._open_main))
             coord.conns = await coord.run(self._open_coord)
+            here = Here(await main.run(self._open_here))
         except BaseException:
             for lane in (main, coord):
                 lane.close()
@@ -394,7 +388,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                 self._uptime.close()
                 self._uptime = None
             raise
-        self._main, self._coord = main, coord
+        self._main, self._coord, self._here = main, coord, here
         self._file = str(self.path.resolve())
         self._callers = CallerConnections(self._connect_caller)
 
@@ -422,8 +416,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
 
     def _open_main(self) -> tuple[sqlite3.Connection, sqlite3.Connection]:
         with map_sqlite_errors(self.path):
-            # Usable from the event loop's thread too, under the lane's lock (see Lane).
-            conn = connect_main(self.path, busy_timeout=self.timeout, same_thread=False)
+            conn = connect_main(self.path, busy_timeout=self.timeout)
             try:
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if str(mode).lower() != "wal":
@@ -434,7 +427,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                 raise
         with map_sqlite_errors(self.coord_path):
             try:
-                coord = connect_coord(self.coord_path, busy_timeout=self.timeout, same_thread=False)
+                coord = connect_coord(self.coord_path, busy_timeout=self.timeout)
             except BaseException:
                 conn.close()
                 raise
@@ -448,13 +441,25 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                 # Migrations waited the whole store timeout for the lock; from now on
                 # _on_main waits in short turns, so that a wait can be given up.
                 set_busy_timeout(conn, round(_POLL * 1000))
-                # The store checkpoints for these two, on the lane (_after_main_call).
-                conn.execute("PRAGMA wal_autocheckpoint = 0")
-                coord.execute("PRAGMA wal_autocheckpoint = 0")
             except BaseException:
                 conn.close()
                 coord.close()
                 raise
+        return conn, coord
+
+    def _open_here(self) -> Conns:
+        """The event loop's connections (see _on_main): a main one with the coordination
+        file attached read-only, and a coordination one, neither waiting for a lock nor
+        checkpointing on its own."""
+        with map_sqlite_errors(self.path):
+            conn = connect_main(self.path, busy_timeout=0, same_thread=False, coord=self.coord_path)
+            try:
+                coord = connect_coord(self.coord_path, busy_timeout=0, same_thread=False)
+            except BaseException:
+                conn.close()
+                raise
+        for c in (conn, coord):
+            c.execute("PRAGMA wal_autocheckpoint = 0")
         return conn, coord
 
     def _open_coord(self) -> tuple[sqlite3.Connection]:
@@ -577,7 +582,10 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         if callers is not None and not await asyncio.to_thread(callers.close, self._deadline):
             log.warning("closing %s with an enqueue still writing to it", str(self.path))
         lanes = [lane for lane in (self._main, self._coord) if lane is not None]
+        here, self._here = self._here, None
         self._main = self._coord = None
+        if here is not None:
+            here.close()
         for lane in lanes:
             lane.close()
         if self._uptime is not None:
