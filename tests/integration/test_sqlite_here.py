@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tokenline._errors import StoreError
 from tokenline._jobs import Finish, JobState, NewJob, Outcome
 from tokenline.stores.sqlite import SQLiteStore
 from tokenline.stores.sqlite import store as sqlite_store
@@ -191,3 +192,19 @@ async def test_the_lane_checkpoints_what_the_loop_thread_writes(
         assert pages < 1500, pages
     else:
         assert pages > 3000, pages
+
+
+async def test_a_call_that_meets_the_store_closing_is_a_clear_store_error(
+    tmp_path: Path,
+) -> None:
+    """The turn of the loop a call takes before it runs may let the store close (here a
+    close with nothing to wait for, done within that turn): the call then says the store
+    is not open, never a bare error from a closed thread or connection."""
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'closing.db'}", timeout=5.0)
+    await store.open()
+    store._callers = None  # nothing for close() to wait for: it ends within one turn
+    call = asyncio.ensure_future(store.jobs_enqueue(jobs=[_job()]))
+    await asyncio.sleep(0)  # the call is at its turn of the loop
+    await store.close()
+    with pytest.raises(StoreError, match="not open"):
+        await call

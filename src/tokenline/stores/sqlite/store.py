@@ -247,15 +247,17 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         calls that are one short transaction, so that a busy error leaves nothing done.
         The round trip to the lane's thread and back cost more than a claim.
         """
+        if here:
+            # A turn of the loop first, as a call on the lane gives: a caller that makes
+            # these calls one after another must not starve the loop's other tasks.
+            await asyncio.sleep(0)
+        # Looked up after that turn: the store may have been closed meanwhile.
         lane = self._lane(self._main)
         here_conns = self._here
         # While the lane checkpoints, calls queue behind it: a checkpoint that ran beside
         # writes on the event loop's connections never caught up with them, and the log
         # was never written again from its start (see _checkpoint_if_due).
         if here and here_conns is not None and not self._checkpointing:
-            # A turn of the loop first, as a call on the lane gives: a caller that makes
-            # these calls one after another must not starve the loop's other tasks.
-            await asyncio.sleep(0)
             ran, result = here_conns.run(lambda conns: self._at_once(conns, call))
             if ran and result is not _BUSY:
                 self._checkpoint_if_due(here_conns)
