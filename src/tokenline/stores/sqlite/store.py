@@ -382,7 +382,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         try:
             main.conns = await main.run(lambda: self._while_busy(self._open_main))
             coord.conns = await coord.run(self._open_coord)
-            here = Here(await main.run(self._open_here))
+            here = Here(await main.run(lambda: self._while_busy(self._open_here)))
         except BaseException:
             for lane in (main, coord):
                 lane.close()
@@ -452,17 +452,30 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
     def _open_here(self) -> Conns:
         """The event loop's connections (see _on_main): a main one with the coordination
         file attached read-only, and a coordination one, neither waiting for a lock nor
-        checkpointing on its own."""
-        with map_sqlite_errors(self.path):
-            conn = connect_main(self.path, busy_timeout=0, same_thread=False, coord=self.coord_path)
-            try:
-                coord = connect_coord(self.coord_path, busy_timeout=0, same_thread=False)
-            except BaseException:
+        checkpointing on its own once open. Opening them waits as any opening does:
+        other processes may be creating the same new file at this moment."""
+        conns: list[sqlite3.Connection] = []
+        try:
+            with map_sqlite_errors(self.path):
+                conns.append(
+                    connect_main(
+                        self.path,
+                        busy_timeout=self.timeout,
+                        same_thread=False,
+                        coord=self.coord_path,
+                    )
+                )
+                conns.append(
+                    connect_coord(self.coord_path, busy_timeout=self.timeout, same_thread=False)
+                )
+                for conn in conns:
+                    conn.execute("PRAGMA wal_autocheckpoint = 0")
+                    set_busy_timeout(conn, 0)
+        except BaseException:
+            for conn in conns:
                 conn.close()
-                raise
-        for c in (conn, coord):
-            c.execute("PRAGMA wal_autocheckpoint = 0")
-        return conn, coord
+            raise
+        return tuple(conns)
 
     def _open_coord(self) -> tuple[sqlite3.Connection]:
         with map_sqlite_errors(self.coord_path):
