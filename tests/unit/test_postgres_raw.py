@@ -38,3 +38,12 @@ def test_the_fused_finish_and_claim_is_sent_raw_with_every_parameter() -> None:
     claim = store._claim_params("w", ["q"], 1, 30.0, None)
     assert set(raw.names) <= {*finish, *claim}
     assert not needs_raw(store._q("finish"))
+
+
+def test_the_length_limit_is_psycopgs() -> None:
+    """The copy of psycopg's cache limit is the installed psycopg's own value."""
+    import psycopg._queries
+
+    from tokenline.stores.postgres import _raw
+
+    assert psycopg._queries.MAX_CACHED_STATEMENT_LENGTH == _raw.MAX_CACHED_STATEMENT_LENGTH

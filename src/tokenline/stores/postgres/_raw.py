@@ -15,11 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
-
 from ..._errors import StoreError
 
 __all__ = ["RawStatement", "needs_raw"]
+
+#: The longest statement psycopg keeps converted (its ``MAX_CACHED_STATEMENT_LENGTH``,
+#: which lives in a private module: a copy here, so that a psycopg release moving it
+#: cannot break the import; were psycopg's limit to grow, a longer statement sent raw
+#: would still be right, only converted by us instead of by psycopg).
+MAX_CACHED_STATEMENT_LENGTH = 4096
 
 #: A named placeholder, a doubled percent sign (a literal one), or any other percent
 #: sign (an error: psycopg would refuse it too).
