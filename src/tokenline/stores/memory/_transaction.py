@@ -74,7 +74,10 @@ class MemoryFencedTransaction(FencedTransaction):
         conn = self._store.database.connection
         try:
             if exc_type is not None:
-                conn.execute("ROLLBACK")
+                # The caller's error is the one to see: a ROLLBACK with no transaction
+                # left (SQLite ended it after an error) would fail and hide it.
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 return
             refused = self._store.commit_transaction(
                 Finish(self._lease, Outcome.SUCCEEDED), self._fences, conn.commit

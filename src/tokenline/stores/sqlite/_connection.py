@@ -27,6 +27,7 @@ __all__ = [
     "connect_main",
     "coord_path",
     "immediate",
+    "rollback",
     "set_busy_timeout",
     "statements",
 ]
@@ -167,6 +168,20 @@ def begin_immediate(conn: sqlite3.Connection) -> None:
         set_busy_timeout(conn, waited)
 
 
+def rollback(conn: sqlite3.Connection) -> None:
+    """Roll back ``conn``'s transaction while an error is on its way out, if SQLite has
+    not already done so.
+
+    After a full disk or an I/O error SQLite may have rolled the transaction back
+    itself; a ``ROLLBACK`` then fails with "no transaction is active", which would hide
+    the error that matters. A ``ROLLBACK`` that fails for another reason is dropped for
+    the same reason: the error on its way out is the one to report.
+    """
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+
+
 @contextlib.contextmanager
 def immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """A write transaction that takes the write lock up front (of every file the
@@ -175,9 +190,15 @@ def immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     try:
         yield conn
     except BaseException:
-        conn.execute("ROLLBACK")
+        rollback(conn)
         raise
-    conn.execute("COMMIT")
+    try:
+        conn.execute("COMMIT")
+    except BaseException:
+        # A COMMIT that failed may leave the transaction open (busy, or interrupted):
+        # on a connection the store keeps, it would hold the write lock for good.
+        rollback(conn)
+        raise
 
 
 def statements(script: str) -> Iterator[str]:

@@ -30,6 +30,13 @@ _UNAVAILABLE = frozenset(
         sqlite3.SQLITE_INTERRUPT,
     }
 )
+_HINT = "check that the directory exists and is writable"
+_HINTS = {
+    sqlite3.SQLITE_FULL: (
+        "the disk holding it is full, or the file reached its size limit: "
+        "the write was rolled back; free space, then try again"
+    ),
+}
 _CORRUPT = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_FORMAT})
 
 
@@ -54,8 +61,7 @@ def map_sqlite_errors(path: Path) -> Iterator[None]:
             raise SQLiteBusyError(f"SQLite store {where} is busy: {exc}") from exc
         if code in _UNAVAILABLE:
             raise StoreUnavailableError(
-                f"cannot use SQLite store {where}: {exc} "
-                "(check that the directory exists and is writable)"
+                f"cannot use SQLite store {where}: {exc} ({_HINTS.get(code, _HINT)})"
             ) from exc
         if code in _CORRUPT:
             raise StoreCorruptError(

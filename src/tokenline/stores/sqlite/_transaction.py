@@ -30,7 +30,7 @@ from ..._jobs import Finish, Lease, Outcome
 from ..._records import DuplicateKind, Fence, by_attempt
 from ..base import FencedTransaction
 from ._callers import held_by_this_thread
-from ._connection import begin_immediate
+from ._connection import begin_immediate, rollback
 from ._errors import map_sqlite_errors
 
 if TYPE_CHECKING:
@@ -130,7 +130,9 @@ class SQLiteFencedTransaction(FencedTransaction):
         try:
             with map_sqlite_errors(store.path):
                 if exc_type is not None:
-                    conn.execute("ROLLBACK")
+                    # The caller's error is the one to see, even where SQLite has
+                    # already rolled back (a full disk).
+                    rollback(conn)
                     return
                 completed = self._complete(conn)
                 conn.execute("COMMIT")

@@ -23,7 +23,7 @@ from .._repairs import (
     repair_params,
 )
 from ..base import Drift, Inconsistency, ResourceLease, leader_refused
-from ._connection import immediate
+from ._connection import immediate, rollback
 
 __all__ = ["SQLiteMaintenance", "check_leader"]
 
@@ -87,9 +87,11 @@ class SQLiteMaintenance:
                     Inconsistency(Drift.ATTEMPT_OPEN, r[0], r[1], owner=r[2])
                     for r in conn.execute(self._q("reconcile_open_attempts"), p)
                 ]
-                return found
-            finally:
-                conn.execute("COMMIT")
+            except BaseException:
+                rollback(conn)
+                raise
+            conn.execute("COMMIT")
+            return found
 
         return await self._call(run)
 
