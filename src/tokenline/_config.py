@@ -154,8 +154,9 @@ class WorkerSettings:
     concurrency: int = 10
     #: Lease time-to-live (seconds): a worker silent for this long loses its jobs.
     lease_ttl: float = DEFAULT_LEASE_TTL
-    #: Period of the batched lease renewal and membership heartbeat (<= lease_ttl / 3).
-    renew_interval: float = DEFAULT_RENEW_INTERVAL
+    #: Period of the batched lease renewal and membership heartbeat (seconds; at most
+    #: lease_ttl / 3). ``None``: a third of the TTL, at most DEFAULT_RENEW_INTERVAL.
+    renew_interval: float | None = None
     #: Safety margin (seconds) under the TTL after which the worker fences itself.
     #: ``None``: a tenth of the TTL.
     lease_margin: float | None = None
@@ -234,7 +235,6 @@ class WorkerSettings:
         _positive_int("concurrency", self.concurrency)
         for name in (
             "lease_ttl",
-            "renew_interval",
             "poll_interval",
             "job_timeout",
             "drain_timeout",
@@ -244,12 +244,14 @@ class WorkerSettings:
             "clock_skew_warning",
         ):
             _positive(name, getattr(self, name))
+        if self.renew_interval is not None:
+            _positive("renew_interval", self.renew_interval)
         third = self.lease_ttl / 3
-        if self.renew_interval > third and not math.isclose(self.renew_interval, third):
+        if self.renew_period > third and not math.isclose(self.renew_period, third):
             raise ConfigError(
                 "renew_interval",
                 f"must be at most lease_ttl / 3 ({self.lease_ttl / 3:g}s) so that two "
-                f"renewals can fail before the lease expires; got {self.renew_interval:g}s",
+                f"renewals can fail before the lease expires; got {self.renew_period:g}s",
             )
         if self.effect_pending_deadline < self.lease_ttl:
             raise ConfigError(
@@ -260,7 +262,7 @@ class WorkerSettings:
             )
         if self.lease_margin is not None:
             _positive("lease_margin", self.lease_margin)
-            if self.lease_margin >= self.lease_ttl - self.renew_interval:
+            if self.lease_margin >= self.lease_ttl - self.renew_period:
                 raise ConfigError("lease_margin", "must be smaller than lease_ttl - renew_interval")
         if self.store_timeout is not None:
             _positive("store_timeout", self.store_timeout)
@@ -314,6 +316,13 @@ class WorkerSettings:
     def call_timeout(self) -> float:
         """The effective per-call store timeout in seconds."""
         return self.store_timeout if self.store_timeout is not None else self.lease_ttl / 3
+
+    @property
+    def renew_period(self) -> float:
+        """The effective renewal and heartbeat period in seconds."""
+        if self.renew_interval is not None:
+            return self.renew_interval
+        return min(DEFAULT_RENEW_INTERVAL, self.lease_ttl / 3)
 
     @property
     def margin(self) -> float:

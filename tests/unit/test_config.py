@@ -23,7 +23,7 @@ def test_default_worker_settings_are_valid() -> None:
     """WorkerSettings() builds and its derived timeouts follow the TTL."""
     w = WorkerSettings()
     assert w.queues == ("default",)
-    assert w.renew_interval * 3 <= w.lease_ttl
+    assert w.renew_period * 3 <= w.lease_ttl
     assert w.call_timeout == pytest.approx(w.lease_ttl / 3)
     assert w.margin == pytest.approx(w.lease_ttl / 10)
     assert w.local_fencing is True
@@ -132,6 +132,26 @@ def test_invalid_worker_setting_names_the_setting(setting: str, kwargs: dict[str
     assert repr(setting) in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("lease_ttl", "period"), [(30.0, 10.0), (3.0, 1.0), (0.6, 0.2), (60.0, 10.0), (300.0, 10.0)]
+)
+def test_renew_interval_left_out_follows_the_ttl(lease_ttl: float, period: float) -> None:
+    """Without renew_interval, a TTL shorter than the default's three renewals builds:
+    the period is a third of the TTL, and never longer than the default's 10 s."""
+    w = WorkerSettings(lease_ttl=lease_ttl)
+    assert w.renew_interval is None
+    assert w.renew_period == pytest.approx(period)
+    assert w.margin < w.lease_ttl - w.renew_period
+
+
+def test_renew_interval_left_out_of_every_source_follows_the_ttl() -> None:
+    """The same through load_settings, as the worker command builds its settings."""
+    w = load_settings(WorkerSettings, {"lease_ttl": 4.5, "renew_interval": None}, environ={})
+    assert w.renew_period == pytest.approx(1.5)
+    env = {"TOKENLINE_LEASE_TTL": "6", "TOKENLINE_RENEW_INTERVAL": "1.5"}
+    assert load_settings(WorkerSettings, environ=env).renew_period == 1.5
+
+
 def test_renew_interval_error_explains_the_rule() -> None:
     """The renew_interval error states the lease_ttl / 3 limit and the value given."""
     with pytest.raises(ConfigError, match=r"lease_ttl / 3 \(10s\).*got 12s"):
@@ -147,7 +167,7 @@ def test_renew_interval_of_exactly_a_third_of_the_ttl_is_accepted(
 ) -> None:
     """renew_interval == lease_ttl / 3 is allowed ("at most"), also for decimal fractions."""
     w = WorkerSettings(lease_ttl=lease_ttl, renew_interval=renew_interval)
-    assert w.renew_interval == renew_interval
+    assert w.renew_interval == w.renew_period == renew_interval
 
 
 def test_queues_from_a_comma_separated_string() -> None:

@@ -75,7 +75,7 @@ def _env(name: str) -> dict[str, Any]:
 @click.option(
     "--renew-interval",
     type=float,
-    help="Lease renewal period, <= TTL/3 [default: 10].",
+    help="Lease renewal period, <= TTL/3 [default: TTL/3, at most 10].",
     **_env("RENEW_INTERVAL"),
 )
 @click.option(

@@ -152,7 +152,7 @@ async def _serve(app: App, store: Store, settings: WorkerSettings, owner: str) -
     runner = MaintenanceRunner(
         leadership,
         standard_services(store, settings, app),
-        renew_interval=settings.renew_interval,
+        renew_interval=settings.renew_period,
     )
     task = asyncio.create_task(runner.run())
     try:

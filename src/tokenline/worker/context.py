@@ -278,7 +278,7 @@ class JobContext:
         """
         settings = self._settings
         default_ttl = settings.lease_ttl if settings is not None else 30.0
-        min_ttl = 3 * settings.renew_interval if settings is not None else 0.0
+        min_ttl = 3 * settings.renew_period if settings is not None else 0.0
         return LeaseScope(
             self,
             self._slot,

@@ -463,7 +463,7 @@ class Worker:
             # The worker fenced or began draining while the claim was in flight.
             await self._release_unstarted(claimed)
             return
-        if self.clock.monotonic() - sent_at > self.settings.renew_interval:
+        if self.clock.monotonic() - sent_at > self.settings.renew_period:
             claimed, sent_at = await self._refreshed(claimed)
         if claimed and self._board.active:
             claimed = await self._defer_held_back(claimed)
@@ -809,7 +809,7 @@ class Worker:
                 # The outcome is not lost: retry while the lease is still ours.
                 slot.finishing = False
                 self._coordination_failed("commit", exc)
-                await asyncio.sleep(min(1.0, self.settings.renew_interval / 2))
+                await asyncio.sleep(min(1.0, self.settings.renew_period / 2))
                 continue
             break
         if not ok:
@@ -952,7 +952,7 @@ class Worker:
                     await self._register()
                 except StoreError as exc:
                     self._coordination_failed("re-register", exc, "leases")
-                    await asyncio.sleep(self.settings.renew_interval)
+                    await asyncio.sleep(self.settings.renew_period)
                     continue
                 self._fire(WorkerEvent.REREGISTERED, "fresh membership lease")
         finally:
@@ -1012,7 +1012,7 @@ class Worker:
     # -- control plane --------------------------------------------------------------------
     async def _control_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.settings.renew_interval)
+            await asyncio.sleep(self.settings.renew_period)
             if self.state in (WorkerState.STOPPED, WorkerState.FENCED):
                 continue
             await self._renew_once()
@@ -1084,7 +1084,7 @@ class Worker:
         self._check_error_rate()
 
     async def _watchdog_loop(self) -> None:
-        period = min(1.0, self.settings.renew_interval / 2)
+        period = min(1.0, self.settings.renew_period / 2)
         while True:
             await asyncio.sleep(period)
             self._last_tick = self.clock.monotonic()
@@ -1106,10 +1106,10 @@ class Worker:
     async def _give_back_overdue(self) -> None:
         """Give back prefetched jobs that waited a renewal interval for a slot: a long
         job must not hold the next one here while other workers are free."""
-        limit = self.clock.monotonic() - self.settings.renew_interval
+        limit = self.clock.monotonic() - self.settings.renew_period
         overdue = [s for s in self._waiting if (s.waiting_since or 0.0) <= limit]
         if overdue:
-            why = f"prefetched job waited {self.settings.renew_interval:g}s for a slot: not run"
+            why = f"prefetched job waited {self.settings.renew_period:g}s for a slot: not run"
             await self._give_back(overdue, why)
 
     @property
@@ -1130,7 +1130,7 @@ class Worker:
             self._maintenance = MaintenanceRunner(
                 leadership,
                 services,
-                renew_interval=self.settings.renew_interval,
+                renew_interval=self.settings.renew_period,
                 may_lead=lambda: self.state not in (WorkerState.STOPPED, WorkerState.FENCED),
                 on_report=self._maintenance_report,
             )
