@@ -32,6 +32,7 @@ __all__ = [
     "LEASE_EXPIRED",
     "MAX_ATTEMPTS",
     "MAX_DELAY",
+    "MAX_ERROR_LENGTH",
     "MAX_INT_DIGITS",
     "MAX_PAYLOAD_DEPTH",
     "MAX_PRIORITY",
@@ -58,6 +59,7 @@ __all__ = [
     "claim_key",
     "describe",
     "effective_priority",
+    "error_text",
     "finish_transition",
     "priority_problem",
     "renewal_was_stale",
@@ -65,6 +67,25 @@ __all__ = [
     "run_at_problem",
     "seconds_problem",
 ]
+
+
+def error_text(text: str) -> str:
+    """``text`` as every store can keep it: NUL characters (which PostgreSQL refuses)
+    and lone surrogates (which no store can encode) written as backslash escapes, and
+    cut to :data:`MAX_ERROR_LENGTH` characters, saying how long it was.
+
+    Error texts come from exceptions raised by user code. Refused by the store, one
+    would fail the commit of its job on every try: the job would run again and again,
+    and a worker at one job at a time would run nothing else."""
+    if not isinstance(text, str):  # a user classifier's reason may be anything
+        text = describe(text, MAX_ERROR_LENGTH)
+    if not text.isascii() or "\x00" in text:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        text = text.replace("\x00", "\\x00")
+    if len(text) > MAX_ERROR_LENGTH:
+        cut = f"… ({len(text)} characters)"
+        text = text[: MAX_ERROR_LENGTH - len(cut)] + cut
+    return text
 
 
 def describe(value: object, limit: int = 60) -> str:
@@ -98,6 +119,9 @@ MAX_PAYLOAD_DEPTH = 100
 #: Most decimal digits of an integer argument; Python's own limit on converting an
 #: integer to or from text (4300 by default) would otherwise decide per process.
 MAX_INT_DIGITS = 4000
+#: Longest error text a store keeps for a job's attempt or an effect, in characters:
+#: an exception's message is the user's, and may be megabytes long.
+MAX_ERROR_LENGTH = 2000
 
 
 def _integer_problem(value: object, low: int, high: int) -> str | None:
@@ -303,6 +327,11 @@ class Finish:
     delay: float | None = None
     error: str | None = None
     error_class: str | None = None
+
+    def __post_init__(self) -> None:
+        # Here, once, for every store and every path that ends an attempt.
+        if self.error is not None:
+            object.__setattr__(self, "error", error_text(self.error))
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,6 +75,7 @@ from ._errors import (
     StaleTokenError,
     TokenlineError,
 )
+from ._jobs import error_text
 from ._records import EffectBegin, Fence, Start, validate_key
 
 if TYPE_CHECKING:
@@ -218,7 +219,9 @@ class EffectRun:
             text = encode_result(self.key, value)
         except PayloadError as exc:
             # A complete, truthful record: the effect ran; its result could not be kept.
-            await self.store.effect_finish(lease=self.lease, key=self.key, error=str(exc))
+            await self.store.effect_finish(
+                lease=self.lease, key=self.key, error=error_text(str(exc))
+            )
             raise
         if not await self.store.effect_finish(lease=self.lease, key=self.key, result=text):
             raise self._stale("effect_complete")
@@ -227,7 +230,7 @@ class EffectRun:
     async def failed(self, exc: BaseException) -> None:
         """Record that the callee raised ``exc``: the key may run again."""
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        await self.store.effect_finish(lease=self.lease, key=self.key, error=error[:2000])
+        await self.store.effect_finish(lease=self.lease, key=self.key, error=error_text(error))
 
 
 async def run_effect(

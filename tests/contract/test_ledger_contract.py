@@ -347,6 +347,26 @@ async def test_an_effect_that_raises_is_recorded_failed(store: Any, clock: FakeC
     assert await run_effect(store, x.lease, "k", lambda: "ok", clock=clock) == "ok"
 
 
+@pytest.mark.ledger
+async def test_an_effect_raising_any_message_is_recorded_failed_and_may_run_again(
+    store: Any, clock: FakeClock
+) -> None:
+    """A callee's message with NUL or a lone surrogate is kept escaped: the failed
+    record is written (not left pending), so the key may run again at once."""
+    await store.jobs_enqueue(jobs=[new()])
+    x = await claim_one(store)
+
+    def boom() -> None:
+        raise ConnectionError("reset \x00 by \udcff peer")
+
+    with pytest.raises(ConnectionError):
+        await run_effect(store, x.lease, "k", boom, clock=clock)
+    (record,) = await store.effects_list()
+    assert record.status is EffectStatus.FAILED
+    assert record.error == "ConnectionError: reset \\x00 by \\udcff peer"
+    assert await run_effect(store, x.lease, "k", lambda: "ok", clock=clock) == "ok"
+
+
 # -- fences -----------------------------------------------------------------------------
 @pytest.mark.ledger
 async def test_a_fence_keeps_the_highest_token_of_each_issuer(store: Any, clock: FakeClock) -> None:

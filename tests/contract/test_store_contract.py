@@ -9,7 +9,16 @@ import pytest
 
 from tokenline._clock import FakeClock
 from tokenline._errors import JobNotFoundError, NotSupportedError, StaleTokenError
-from tokenline._jobs import Finish, JobState, Lease, NewJob, Outcome, Unique, WorkerRecord
+from tokenline._jobs import (
+    MAX_ERROR_LENGTH,
+    Finish,
+    JobState,
+    Lease,
+    NewJob,
+    Outcome,
+    Unique,
+    WorkerRecord,
+)
 
 Q = ["default"]
 
@@ -205,6 +214,29 @@ async def test_retry_burns_an_attempt_and_release_gives_it_back(
     assert job.attempt == 1
     c3 = await claim_one(store)
     assert c3.lease.token == 3
+
+
+async def test_any_error_text_from_user_code_is_kept_readable_and_bounded(store: Any) -> None:
+    """An exception's message may hold NUL (PostgreSQL refuses it), lone surrogates
+    (no store can encode them) or megabytes: the finish is still accepted, and the job
+    keeps the text escaped and cut, so a bad message can never block its job's commit."""
+    ids = await store.jobs_enqueue(jobs=[new(), new(), new()])
+    texts = ["ValueError: a\x00b", "ValueError: bad \udcff surrogate", "x" * 3_000_000]
+    claimed = await store.jobs_claim(owner="w1", queues=Q, limit=3, ttl=10.0)
+    finishes = [
+        Finish(c.lease, Outcome.DEAD, None, text, "permanent")
+        for c, text in zip(sorted(claimed, key=lambda c: c.job.id), texts, strict=True)
+    ]
+    assert await store.jobs_finish(finishes=finishes) == [True, True, True]
+    nul, surrogate, huge = [await store.job_get(job_id=i) for i in ids]
+    assert nul.state is JobState.DEAD
+    assert nul.last_error == "ValueError: a\\x00b"
+    assert surrogate.last_error == "ValueError: bad \\udcff surrogate"
+    assert huge.last_error is not None
+    assert len(huge.last_error) == MAX_ERROR_LENGTH
+    assert huge.last_error.endswith("… (3000000 characters)")
+    attempts = await store.job_attempts(job_id=ids[0])
+    assert [a.error for a in attempts] == ["ValueError: a\\x00b"]
 
 
 async def test_dead_job_can_be_retried_by_operator_only_to_queued(store: Any) -> None:

@@ -10,12 +10,14 @@ from hypothesis import strategies as st
 from tokenline._errors import StoreError
 from tokenline._jobs import (
     ALLOWED_TRANSITIONS,
+    MAX_ERROR_LENGTH,
     Finish,
     JobState,
     Lease,
     Outcome,
     RescueCandidate,
     can_transition,
+    error_text,
     finish_transition,
     renewal_was_stale,
     rescue_transition,
@@ -86,3 +88,39 @@ def test_the_reference_store_refuses_a_move_the_state_machine_forbids() -> None:
     assert ALLOWED_TRANSITIONS[JobState.SUCCEEDED] == frozenset()
     same = _moved(job, attempt=2)  # no state change: nothing to refuse
     assert (same.state, same.attempt) == (JobState.SUCCEEDED, 2)
+
+
+@pytest.mark.parametrize(
+    ("given", "kept"),
+    [
+        ("plain text\nwith a newline", "plain text\nwith a newline"),
+        ("ünïcode ✓", "ünïcode ✓"),
+        ("a\x00b", "a\\x00b"),
+        ("lone \udcff surrogate", "lone \\udcff surrogate"),
+        ("a\\x00b", "a\\x00b"),  # an escape the user wrote stays as written
+    ],
+)
+def test_error_text_escapes_what_a_store_cannot_keep_and_nothing_else(
+    given: str, kept: str
+) -> None:
+    """NUL and lone surrogates become escapes; every other character is kept."""
+    assert error_text(given) == kept
+    assert error_text(given).encode("utf-8")  # encodable, whatever came in
+
+
+def test_error_text_is_cut_to_its_limit_saying_how_long_it_was() -> None:
+    """A long text keeps its start and says its length, within the limit."""
+    cut = error_text("é" * (MAX_ERROR_LENGTH * 3))
+    assert len(cut) == MAX_ERROR_LENGTH
+    assert cut.startswith("éé")
+    assert cut.endswith(f"… ({MAX_ERROR_LENGTH * 3} characters)")
+    exact = "x" * MAX_ERROR_LENGTH
+    assert error_text(exact) == exact
+
+
+def test_every_finish_carries_an_error_text_a_store_can_keep() -> None:
+    """Finish applies error_text itself: no path that ends an attempt can skip it."""
+    lease = Lease(1, "w", 1, 0.0)
+    assert Finish(lease, Outcome.DEAD, None, "a\x00b").error == "a\\x00b"
+    assert Finish(lease, Outcome.SUCCEEDED).error is None
+    assert Finish(lease, Outcome.RETRY, 1.0, 42).error == "42"  # type: ignore[arg-type]
