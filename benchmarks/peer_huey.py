@@ -28,7 +28,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scenario_bench import DEFAULT_SINK, SINK_ENV, TABLE_ENV, load_average, summary
+from scenario_bench import (
+    DEFAULT_SINK,
+    SINK_ENV,
+    TABLE_ENV,
+    _machine_busy,
+    load_average,
+    summary,
+)
+
+from tokenline.cli.bench import _cpu_seconds
 
 NAME_ENV = "TOKENLINE_PEER_QUEUE"
 REDIS_ENV = "TOKENLINE_PEER_REDIS"
@@ -97,6 +106,10 @@ def one_round(sink: str, redis_url: str, jobs: int, workers: int) -> dict[str, A
         cmd = [str(consumer), "peer_huey.huey", "-w", "1", "-k", "thread", "-d", "0.05", "-q"]
         procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL) for _ in range(workers)]
         deadline = time.monotonic() + 600
+        # CPU is counted from the first job seen done (the consumers' start-up is not),
+        # as the processing rate is; both are read at the same moments.
+        cpu_before: float | None = None
+        busy_before = (0, 0)
         with psycopg.connect(sink, autocommit=True) as conn:
             while True:
                 row = conn.execute(
@@ -104,7 +117,11 @@ def one_round(sink: str, redis_url: str, jobs: int, workers: int) -> dict[str, A
                     f"extract(epoch FROM max(at) - min(at)) FROM {table}"
                 ).fetchone()
                 assert row is not None
+                if row[0] and cpu_before is None:
+                    cpu_before, busy_before = _cpu_seconds(procs), _machine_busy()
+                    first = row[0]
                 if row[0] >= jobs:
+                    cpu_after, busy_after = _cpu_seconds(procs), _machine_busy()
                     break
                 if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                     raise SystemExit(f"the consumers stopped with {row[0]} of {jobs} rows")
@@ -118,6 +135,16 @@ def one_round(sink: str, redis_url: str, jobs: int, workers: int) -> dict[str, A
             "concurrency": 1,
             "enqueue_per_s": round(jobs / enqueue_s),
             "processed_per_s": round((jobs - 1) / float(row[2])),
+            # As in scenario_bench.py: the consumers' CPU per job, and how busy the
+            # machine's cores were meanwhile.
+            "worker_cpu_us_per_job": (
+                round((cpu_after - cpu_before) / (jobs - first) * 1e6)
+                if cpu_before is not None and cpu_after is not None and jobs > first
+                else None
+            ),
+            "machine_busy": round(
+                (busy_after[0] - busy_before[0]) / max(1, busy_after[1] - busy_before[1]), 2
+            ),
         }
     finally:
         for p in procs:
