@@ -19,6 +19,8 @@ async def generic_plan(admin: Any, text: str) -> str:
     """The plan PostgreSQL keeps for ``text`` once it plans it without parameter values
     (EXPLAIN EXECUTE of a server-side prepared statement, generic plans forced)."""
     names: list[str] = []
+    # A batch statement written for one row takes each array's one element.
+    scalar = set(re.findall(r"ARRAY\[%\((\w+)\)s::", text))
 
     def number(m: re.Match[str]) -> str:
         if m.group(1) not in names:
@@ -26,7 +28,9 @@ async def generic_plan(admin: Any, text: str) -> str:
         return f"${names.index(m.group(1)) + 1}"
 
     body = re.sub(r"%\((\w+)\)s", number, text)
-    types = ", ".join(_PARAM_TYPES[n] for n in names)
+    types = ", ".join(
+        _PARAM_TYPES[n].removesuffix("[]") if n in scalar else _PARAM_TYPES[n] for n in names
+    )
     await admin.execute("DEALLOCATE ALL")
     await admin.execute(f"PREPARE generic_plan ({types}) AS {body}")
     await admin.execute("SET plan_cache_mode = force_generic_plan")

@@ -35,7 +35,11 @@ from tokenline._jobs import Finish, JobState, Lease, NewJob, Outcome
 from tokenline.stores import store_from_url
 from tokenline.stores.postgres import SCHEMA_VERSION, PostgresStore
 from tokenline.stores.postgres._deadline import CANCEL_GRACE, run_bounded
-from tokenline.stores.postgres.store import LITERAL_CLAIM_LIMIT, with_claim_limit
+from tokenline.stores.postgres.store import (
+    LITERAL_CLAIM_LIMIT,
+    for_one_row,
+    with_claim_limit,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -703,19 +707,64 @@ async def test_a_claim_takes_exactly_its_limit_on_both_sides_of_the_literal_boun
     assert len(taken) == 2 * limit
 
 
-@pytest.mark.parametrize("statement", ["claim", "finish_and_claim", "finish", "job_leases_renew"])
+@pytest.mark.parametrize(
+    "statement", ["claim", "finish_and_claim", "finish", "finish_one", "job_leases_renew"]
+)
 async def test_the_plans_kept_for_per_job_statements_read_jobs_by_index(
     pg: PostgresStore, admin: psycopg.AsyncConnection[Any], postgres_schema: str, statement: str
 ) -> None:
     """The plan the server keeps for a worker's per-job statements (made without the
     parameters' values) reads the jobs table by index on a table of some thousands of
     jobs: never a scan of the whole table per call (a claim with its size as a
-    parameter does: it fails so)."""
+    parameter does: it fails so). A finish reads its jobs by primary key, never through
+    the index of running jobs: statistics taken while few jobs ran made that look cheap,
+    and each finish then read every running job (the finish's state check on the
+    updated row itself did so)."""
     await pg.jobs_enqueue(jobs=[new() for _ in range(5000)])
     await admin.execute(f'ANALYZE "{postgres_schema}".jobs')
+    one = Finish(Lease(1, "w", 1, 0.0), Outcome.SUCCEEDED)
     text = {
         "claim": pg._claim_text(1),
         "finish_and_claim": pg._claim_text(1, fused=True),
+        "finish_one": pg._finish_statement([one])[0],
     }.get(statement) or pg._q(statement)
     plan = await generic_plan(admin, text)
     assert "Seq Scan on jobs" not in plan, plan
+    if statement.startswith("finish"):
+        assert "jobs_expiry" not in plan, plan
+
+
+async def test_a_finish_of_one_job_keeps_one_plan_on_the_server(
+    pg: PostgresStore, postgres_url: str
+) -> None:
+    """Executed as a prepared statement, the finish of one job (the batch a worker at
+    one job at a time mostly sends) gets the server's generic plan, not a fresh plan
+    per call: given arrays, the server guessed ten rows, found that plan dearer than
+    one for the one row, and planned every call afresh."""
+    await pg.jobs_enqueue(jobs=[new() for _ in range(5000)])
+    claimed = await pg.jobs_claim(owner="w", queues=["default"], limit=12, ttl=60)
+    conn = await psycopg.AsyncConnection.connect(pg.target.conninfo, autocommit=True)
+    try:
+        for c in claimed:
+            text, params = pg._finish_statement([Finish(c.lease, Outcome.SUCCEEDED)])
+            cur = await conn.execute(text, params, prepare=True)
+            assert len(await cur.fetchall()) == 1  # accepted
+        cur = await conn.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " ORDER BY generic_plans + custom_plans DESC LIMIT 1"
+        )
+        ((generic, custom),) = await cur.fetchall()
+    finally:
+        await conn.close()
+    assert generic > 0, (generic, custom)
+    assert custom <= 5, (generic, custom)
+
+
+def test_a_batch_statement_for_one_row_takes_each_array_as_its_one_element() -> None:
+    """Every array parameter, element type kept, and nothing else."""
+    text = "unnest(%(a)s::bigint[], %(b)s::double precision[]) WHERE x = %(now)s"
+    assert for_one_row(text) == (
+        "unnest(ARRAY[%(a)s::bigint], ARRAY[%(b)s::double precision]) WHERE x = %(now)s"
+    )
+    with pytest.raises(StoreError):
+        for_one_row("SELECT %(now)s")

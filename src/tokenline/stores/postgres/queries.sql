@@ -348,13 +348,18 @@ WITH input AS (
                                error, error_class, ord)
 ),
 clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
--- By primary key from the array, as in job_leases_renew.
+-- By primary key from the array, as in job_leases_renew. Locked, each row is read in
+-- its newest committed version, and stays so until the commit: its token, owner and
+-- state are checked here, on what the update below changes.
 locked AS MATERIALIZED (
-    SELECT j.id FROM {schema}.jobs AS j
+    SELECT j.id, j.lease_token, j.lease_owner, j.state FROM {schema}.jobs AS j
     WHERE j.id = ANY (%(job_id)s::bigint[])
     ORDER BY j.id
     FOR NO KEY UPDATE
 ),
+-- The update finds its rows by primary key and nothing else: with a condition on the
+-- state of `j` itself, the plan the server keeps (made for a batch of unknown size)
+-- read every running job through jobs_expiry, then kept only the batch's.
 done AS (
     UPDATE {schema}.jobs AS j
     SET state = f.state,
@@ -367,9 +372,9 @@ done AS (
         finished_at = CASE WHEN f.final THEN c.now END,
         updated_at = c.now
     FROM input AS f, locked AS k, clock AS c
-    WHERE j.id = f.job_id AND k.id = j.id
-      AND j.lease_token = f.token AND j.lease_owner = f.owner  -- fence
-      AND j.state = 'running'
+    WHERE j.id = k.id AND k.id = f.job_id
+      AND k.lease_token = f.token AND k.lease_owner = f.owner  -- fence
+      AND k.state = 'running'
     RETURNING f.ord, j.id, f.token, f.outcome, f.error, f.error_class
 ),
 closed AS (

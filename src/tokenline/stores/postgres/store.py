@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import threading
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
@@ -144,6 +145,24 @@ def fuse_finish_claim(finish: str, claim: str) -> str:
 LITERAL_CLAIM_LIMIT = 16
 
 
+#: An array parameter of a batch statement, with its element type: ``%(name)s::type[]``.
+_ARRAY_PARAMETER = re.compile(r"%\((\w+)\)s::([a-z ]+)\[\]")
+
+
+def for_one_row(text: str) -> str:
+    """The batch statement ``text`` for a batch of one: each array parameter
+    ``%(name)s::type[]`` written ``ARRAY[%(name)s::type]``, to be given the one value.
+
+    Given arrays, the server plans for a batch of unknown size (ten rows, it guesses),
+    which looks costlier than the plan for the one row it is mostly given: it then plans
+    the statement afresh on every call, which took about as long as running it. With
+    the array's length in the text, the plan it keeps is the plan for one row."""
+    one, found = _ARRAY_PARAMETER.subn(r"ARRAY[%(\1)s::\2]", text)
+    if not found:
+        raise StoreError("a batch statement has no array parameter to write for one row")
+    return one
+
+
 def with_claim_limit(text: str, limit: int) -> str:
     """The claim statement ``text`` for a claim of ``limit`` jobs: the number in place
     of its ``%(limit)s`` parameter when the claim is small, else ``text`` itself."""
@@ -190,6 +209,9 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         self.migrate_on_open = migrate
         self.max_connections = max_connections
         self._queries = {name: compose(text, self.schema) for name, text in _Q.items()}
+        # The finish of one job (see for_one_row), from _q's text on first use: a
+        # subclass that rewrites that text rewrites this one too.
+        self._finish_one_text: str | None = None
         # The claim statements by (fused with a finish, the size written in or 0), built once.
         self._claim_texts: dict[tuple[bool, int], str] = {}
         # Statements too long for psycopg's cache, converted once (see _raw.py).
@@ -629,8 +651,19 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
 
     def _finish_steps(self, finishes: Sequence[Finish]) -> Steps[list[bool]]:
         """The fenced batch finish (one statement); whether each row was accepted."""
-        rows = yield from fetch_all(self._q("finish"), self._finish_params(finishes))
+        rows = yield from fetch_all(*self._finish_statement(finishes))
         return self._accepted(finishes, rows)
+
+    def _finish_statement(self, finishes: Sequence[Finish]) -> tuple[str, dict[str, Any]]:
+        """The finish statement for ``finishes`` and its parameters: a batch of one, the
+        most common, in the form whose plan the server keeps (see :func:`for_one_row`)."""
+        params = self._finish_params(finishes)
+        if len(finishes) != 1:
+            return self._q("finish"), params
+        text = self._finish_one_text
+        if text is None:
+            text = self._finish_one_text = for_one_row(self._q("finish"))
+        return text, {k: v[0] if isinstance(v, list) else v for k, v in params.items()}
 
     def _finish_params(self, finishes: Sequence[Finish]) -> dict[str, Any]:
         moves = [finish_transition(f) for f in finishes]
