@@ -38,6 +38,7 @@ from tokenline import (
 )
 from tokenline._jobs import ClaimedJob, NewJob
 from tokenline.stores import MemoryStore, Store
+from tokenline.worker import completer
 
 #: Deadline for anything a test waits on; a healthy run takes a small fraction of it.
 DEADLINE = 10.0
@@ -1117,3 +1118,64 @@ async def test_a_fenced_worker_gives_back_its_prefetched_jobs() -> None:
         worker.request_shutdown()
         worker.request_shutdown()
         await asyncio.wait_for(task, DEADLINE)
+
+
+async def test_with_jobs_prefetched_finishes_go_out_together_with_the_refill() -> None:
+    """With jobs prefetched to run meanwhile, finishes are gathered (half the prefetch)
+    and go out together with the claim that refills the worker: a few statements for
+    many jobs, not one per job, while handlers still run one at a time."""
+    store = _FinishWatch()
+    app = App("memory://")
+    seen = _counting(app, "t.gather")
+    n = 60
+    ids = [await app.enqueue_async("t.gather", store=store) for _ in range(n)]
+    worker = Worker(app, dataclasses.replace(PREFETCH, prefetch=8), store=store)
+    store.worker = worker
+    async with running(worker):
+        for jid in ids:
+            await job_in(store, jid, JobState.SUCCEEDED)
+    assert seen["most"] == 1
+    assert worker.counters.succeeded == n
+    sizes = [len(finished) for finished, _ in store.sent]
+    assert sum(sizes) == n
+    # Sent one by one, there would be n batches; gathered by 4, about n / 4.
+    assert len(sizes) <= n // 2, sizes
+    assert max(sizes) >= 4, sizes
+
+
+async def test_a_fence_while_an_outcome_is_gathered_records_it_and_never_reruns_the_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job whose outcome waits in the completer when the worker fences is not given
+    back as unrun: its outcome is written, it stays succeeded with one run, and no stale
+    write is recorded; the prefetched jobs go back unrun and run later."""
+    # Gathered outcomes wait for the fence, however slow the machine.
+    monkeypatch.setattr(completer, "GATHER_WAIT", 60.0)
+    store = _FinishWatch()
+    app = App("memory://")
+    worker = Worker(app, dataclasses.replace(PREFETCH, prefetch=8), store=store)
+    ran: list[int] = []
+    third = asyncio.Event()
+    go_on = asyncio.Event()
+
+    @app.task(name="t.fence")
+    async def handler(ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+        if len(ran) == 3:
+            # The second job's outcome is gathered: jobs wait prefetched to run meanwhile.
+            third.set()
+            await go_on.wait()
+
+    ids = [await app.enqueue_async("t.fence", store=store) for _ in range(10)]
+    async with running(worker):
+        await asyncio.wait_for(third.wait(), DEADLINE)
+        assert worker._completer is not None
+        assert [f.lease.job_id for f, _ in worker._completer._pending] == [ids[1]]
+        await worker._lease_lost("test: lease lost")
+        go_on.set()
+        for jid in ids:
+            await job_in(store, jid, JobState.SUCCEEDED)
+    second = await store.job_get(job_id=ids[1])
+    assert second.attempt == 1
+    assert ran.count(ids[1]) == 1, ran
+    assert (await store.stale_commits())[0] == 0

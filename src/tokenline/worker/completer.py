@@ -8,6 +8,11 @@ With a :class:`Refill`, a batch also claims the next jobs for the slots it frees
 at a time then pays one round trip per job instead of two. The claimed jobs are handed
 to the refill, which starts them, before the finished jobs' callers hear back, so the
 worker never sees a free slot that a claim in flight will fill.
+
+A refill may also ask for finishes to be gathered (:meth:`Refill.gather`): a worker with
+prefetched jobs keeps its handlers busy meanwhile, so its finishes wait, at most
+:data:`GATHER_WAIT`, to go out together with the claim that refills it, one statement
+for several jobs instead of one per job.
 """
 
 from __future__ import annotations
@@ -21,7 +26,11 @@ from typing import Protocol
 from .._jobs import ClaimedJob, Finish
 from ..stores.base import Store
 
-__all__ = ["BatchCompleter", "ClaimArgs", "Refill"]
+__all__ = ["GATHER_WAIT", "BatchCompleter", "ClaimArgs", "Refill"]
+
+#: The longest a finish waits for others to go out with (see :meth:`Refill.gather`):
+#: how much later a finished job may be recorded, and acknowledged, than it would be.
+GATHER_WAIT = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +67,11 @@ class Refill(Protocol):
         """The worker's monotonic clock."""
         ...
 
+    def gather(self) -> int:
+        """How many finishes to gather before sending them (1: send at once); asked
+        again whenever the completer is woken (:meth:`BatchCompleter.wake`)."""
+        ...
+
 
 class BatchCompleter:
     """Collects :class:`Finish` requests and writes them in batches."""
@@ -69,6 +83,8 @@ class BatchCompleter:
         self._pending: list[tuple[Finish, asyncio.Future[bool]]] = []
         self._wake = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
+        #: Loop time the oldest pending finish arrived (see _gathered).
+        self._first_at = 0.0
 
     def start(self) -> None:
         """Start the background flusher on the running loop."""
@@ -88,18 +104,43 @@ class BatchCompleter:
     async def submit(self, finish: Finish) -> bool:
         """Queue ``finish`` and wait for the store's verdict (True: accepted)."""
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if not self._pending:
+            self._first_at = asyncio.get_running_loop().time()
         self._pending.append((finish, fut))
         self._wake.set()
         if self._runner is None:
             await self._flush()
         return await fut
 
+    def wake(self) -> None:
+        """Have the completer ask :meth:`Refill.gather` again (the refill's answer may
+        have changed: nothing left to run meanwhile, a stop, a fence)."""
+        self._wake.set()
+
     async def _run(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
             while self._pending:
+                await self._gathered()
                 await self._flush()
+
+    async def _gathered(self) -> None:
+        """Return once the pending finishes should go: as many as the refill asks to
+        gather, or the first of them has waited :data:`GATHER_WAIT`."""
+        refill = self._refill
+        if refill is None:
+            return
+        deadline = self._first_at + GATHER_WAIT
+        loop = asyncio.get_running_loop()
+        while len(self._pending) < min(refill.gather(), self._max_batch):
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._wake.wait()
 
     async def _flush(self) -> None:
         batch = self._pending[: self._max_batch]

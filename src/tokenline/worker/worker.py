@@ -333,6 +333,7 @@ class Worker:
             self._fire(WorkerEvent.FORCE_STOP, "second shutdown request")
             return
         self._stop_requested = True
+        self._wake_completer()
         if self._stopped is None:
             return  # not running yet: run() sees the request and stops at once
         self._fire(WorkerEvent.SHUTDOWN, "shutdown requested")
@@ -454,6 +455,19 @@ class Worker:
         """The worker's monotonic clock (when a claim was sent)."""
         return self.clock.monotonic()
 
+    def gather(self) -> int:
+        """Finishes for the completer to gather before it sends them: half the prefetch
+        while prefetched jobs keep the handlers busy, so that several finishes go out
+        with the claim that refills the worker; else 1 (at once)."""
+        if not self._waiting or self._stop_requested or self._fencing:
+            return 1
+        return max(1, self.settings.prefetch // 2) if self.state.may_fetch else 1
+
+    def _wake_completer(self) -> None:
+        """The answer of :meth:`gather` may have fallen to 1: let the completer ask."""
+        if self._completer is not None:
+            self._completer.wake()
+
     async def take(self, claimed: list[ClaimedJob], sent_at: float) -> None:
         """Start jobs claimed by a request sent at ``sent_at`` (monotonic), unless the
         worker stopped fetching meanwhile (then they are given back unrun)."""
@@ -570,6 +584,8 @@ class Worker:
             self._handlers -= 1
             if self._waiting and not self._stop_requested and not self._fencing:
                 self._promote()
+            if not self._waiting:
+                self._wake_completer()
 
     async def _give_back(self, slots: Sequence[Slot], reason: str) -> None:
         """Release prefetched ``slots`` unrun (no attempt spent); if the store cannot be
@@ -581,6 +597,8 @@ class Worker:
             s.cancel_reason = reason
             with contextlib.suppress(ValueError):
                 self._waiting.remove(s)
+        if not self._waiting:
+            self._wake_completer()
         try:
             await self._release(slots, reason)
         finally:
@@ -939,6 +957,7 @@ class Worker:
         if self.state in (WorkerState.STOPPED, WorkerState.FENCED) or self._fencing:
             return
         self._fencing = True
+        self._wake_completer()
         try:
             self.counters.fenced += 1
             log.warning("worker %s fenced: %s", self.id, reason)
@@ -968,8 +987,12 @@ class Worker:
                 slot.task.cancel()
         now_mono = self.clock.monotonic()
         # Jobs whose lease is still ours go back at once, attempt refunded; the rest
-        # expire and the rescuer takes them.
-        keep = [s for s in slots if now_mono < s.valid_until] if release else []
+        # expire and the rescuer takes them. A job whose outcome the completer holds is
+        # left to it: released first, the job would run again, and its outcome be
+        # refused as stale.
+        keep = (
+            [s for s in slots if now_mono < s.valid_until and not s.finishing] if release else []
+        )
         if keep:
             await self._release(keep, reason)
         waiting = {s.task for s in slots if s.task is not None and s.task is not current}
