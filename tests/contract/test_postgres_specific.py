@@ -708,7 +708,15 @@ async def test_a_claim_takes_exactly_its_limit_on_both_sides_of_the_literal_boun
 
 
 @pytest.mark.parametrize(
-    "statement", ["claim", "finish_and_claim", "finish", "finish_one", "job_leases_renew"]
+    "statement",
+    [
+        "claim",
+        "finish_and_claim",
+        "finish_one_and_claim",
+        "finish",
+        "finish_one",
+        "job_leases_renew",
+    ],
 )
 async def test_the_plans_kept_for_per_job_statements_read_jobs_by_index(
     pg: PostgresStore, admin: psycopg.AsyncConnection[Any], postgres_schema: str, statement: str
@@ -726,6 +734,7 @@ async def test_the_plans_kept_for_per_job_statements_read_jobs_by_index(
     text = {
         "claim": pg._claim_text(1),
         "finish_and_claim": pg._claim_text(1, fused=True),
+        "finish_one_and_claim": pg._claim_text(1, fused=True, one=True),
         "finish_one": pg._finish_statement([one])[0],
     }.get(statement) or pg._q(statement)
     plan = await generic_plan(admin, text)

@@ -163,6 +163,12 @@ def for_one_row(text: str) -> str:
     return one
 
 
+def _one_row(params: dict[str, Any]) -> dict[str, Any]:
+    """A batch statement's parameters for a batch of one (see :func:`for_one_row`):
+    each list's one element."""
+    return {k: v[0] if isinstance(v, list) else v for k, v in params.items()}
+
+
 def with_claim_limit(text: str, limit: int) -> str:
     """The claim statement ``text`` for a claim of ``limit`` jobs: the number in place
     of its ``%(limit)s`` parameter when the claim is small, else ``text`` itself."""
@@ -213,7 +219,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         # subclass that rewrites that text rewrites this one too.
         self._finish_one_text: str | None = None
         # The claim statements by (fused with a finish, the size written in or 0), built once.
-        self._claim_texts: dict[tuple[bool, int], str] = {}
+        self._claim_texts: dict[tuple[bool, bool, int], str] = {}
         # Statements too long for psycopg's cache, converted once (see _raw.py).
         self._raw: dict[str, RawStatement] = {}
         self._schema_tag = f"{zlib.crc32(self.schema.encode()):08x}"
@@ -568,15 +574,19 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         params = self._claim_params(owner, queues, limit, ttl, priority_aging)
         return self._claimed(owner, await self._rows(self._claim_text(limit), params))
 
-    def _claim_text(self, limit: int, *, fused: bool = False) -> str:
+    def _claim_text(self, limit: int, *, fused: bool = False, one: bool = False) -> str:
         """The claim statement for ``limit`` jobs, alone or fused with a finish (see
-        :func:`fuse_finish_claim`), from ``_q``'s texts: a subclass that rewrites those
-        rewrites these too."""
-        key = (fused, limit if 0 < limit <= LITERAL_CLAIM_LIMIT else 0)
+        :func:`fuse_finish_claim`; ``one``: a finish of one job, see :func:`for_one_row`),
+        from ``_q``'s texts: a subclass that rewrites those rewrites these too."""
+        key = (fused, fused and one, limit if 0 < limit <= LITERAL_CLAIM_LIMIT else 0)
         text = self._claim_texts.get(key)
         if text is None:
             claim = self._q("claim")
-            text = fuse_finish_claim(self._q("finish"), claim) if fused else claim
+            if fused:
+                finish = self._q("finish")
+                text = fuse_finish_claim(for_one_row(finish) if one else finish, claim)
+            else:
+                text = claim
             text = self._claim_texts[key] = with_claim_limit(text, limit)
         return text
 
@@ -663,7 +673,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         text = self._finish_one_text
         if text is None:
             text = self._finish_one_text = for_one_row(self._q("finish"))
-        return text, {k: v[0] if isinstance(v, list) else v for k, v in params.items()}
+        return text, _one_row(params)
 
     def _finish_params(self, finishes: Sequence[Finish]) -> dict[str, Any]:
         moves = [finish_transition(f) for f in finishes]
@@ -709,11 +719,13 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
                 finishes=finishes, owner=owner, queues=queues, limit=limit, ttl=ttl,
                 priority_aging=priority_aging,
             )  # fmt: skip
+        one = len(finishes) == 1
+        finish = self._finish_params(finishes)
         params = {
-            **self._finish_params(finishes),
+            **(_one_row(finish) if one else finish),
             **self._claim_params(owner, queues, limit, ttl, priority_aging),
         }
-        rows = await self._rows(self._claim_text(limit, fused=True), params)
+        rows = await self._rows(self._claim_text(limit, fused=True, one=one), params)
         accepted = set(rows[0]["finished_ords"] or ())
         done = [n + 1 in accepted for n in range(len(finishes))]
         claimed = [r for r in rows if r["id"] is not None]
