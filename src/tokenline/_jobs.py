@@ -60,6 +60,7 @@ __all__ = [
     "describe",
     "effective_priority",
     "error_text",
+    "exception_text",
     "finish_transition",
     "priority_problem",
     "renewal_was_stale",
@@ -86,6 +87,20 @@ def error_text(text: str) -> str:
         cut = f"… ({len(text)} characters)"
         text = text[: MAX_ERROR_LENGTH - len(cut)] + cut
     return text
+
+
+def exception_text(exc: BaseException, *, with_type: bool = True) -> str:
+    """``Type: message`` of ``exc`` (``Type`` alone when it has no message; the message
+    alone without ``with_type``), never failing itself: ``__str__`` is user code too,
+    and one that raises must not keep a failed job from being recorded."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = "<str() of the exception raised>"
+    if not with_type:
+        return text
+    name = type(exc).__name__
+    return f"{name}: {text}" if text else name
 
 
 def describe(value: object, limit: int = 60) -> str:

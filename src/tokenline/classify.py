@@ -32,6 +32,7 @@ from ._errors import (
     Retry,
     StoreUnavailableError,
 )
+from ._jobs import exception_text
 
 __all__ = ["Classifier", "Decision", "ErrorClass", "classify"]
 
@@ -59,8 +60,7 @@ Classifier = Callable[[BaseException], "ErrorClass | Decision | None"]
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return exception_text(exc)
 
 
 def classify(exc: BaseException, user: Classifier | None = None) -> Decision:

@@ -75,7 +75,7 @@ from ._errors import (
     StaleTokenError,
     TokenlineError,
 )
-from ._jobs import error_text
+from ._jobs import error_text, exception_text
 from ._records import EffectBegin, Fence, Start, validate_key
 
 if TYPE_CHECKING:
@@ -229,8 +229,8 @@ class EffectRun:
 
     async def failed(self, exc: BaseException) -> None:
         """Record that the callee raised ``exc``: the key may run again."""
-        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        await self.store.effect_finish(lease=self.lease, key=self.key, error=error_text(error))
+        error = error_text(exception_text(exc))
+        await self.store.effect_finish(lease=self.lease, key=self.key, error=error)
 
 
 async def run_effect(

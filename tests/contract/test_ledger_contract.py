@@ -367,6 +367,30 @@ async def test_an_effect_raising_any_message_is_recorded_failed_and_may_run_agai
     assert await run_effect(store, x.lease, "k", lambda: "ok", clock=clock) == "ok"
 
 
+@pytest.mark.ledger
+async def test_an_effect_raising_an_exception_whose_message_cannot_be_read_is_failed(
+    store: Any, clock: FakeClock
+) -> None:
+    """A callee's exception whose ``__str__`` raises still leaves a failed record (not
+    a pending one, which would hold the key until its deadline), and propagates."""
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no message")
+
+    await store.jobs_enqueue(jobs=[new()])
+    x = await claim_one(store)
+
+    def boom() -> None:
+        raise Unprintable
+
+    with pytest.raises(Unprintable):
+        await run_effect(store, x.lease, "k", boom, clock=clock)
+    (record,) = await store.effects_list()
+    assert record.status is EffectStatus.FAILED
+    assert record.error == "Unprintable: <str() of the exception raised>"
+
+
 # -- fences -----------------------------------------------------------------------------
 @pytest.mark.ledger
 async def test_a_fence_keeps_the_highest_token_of_each_issuer(store: Any, clock: FakeClock) -> None:

@@ -299,6 +299,67 @@ async def test_app_classifier_decides_for_the_worker() -> None:
     assert job.last_error == "ValueError: bad row"
 
 
+class _Unprintable(Exception):
+    """An exception whose message cannot be read: its ``__str__`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no message for you")
+
+
+@pytest.mark.parametrize("sync", [False, True])
+async def test_an_exception_whose_message_cannot_be_read_still_ends_its_job(
+    app: App, store: Store, sync: bool
+) -> None:
+    """A handler's exception whose ``__str__`` raises is retried and dead-lettered like
+    any other, with its type as the reason: its job never stays running until its
+    lease expires (the job's task used to die on the message)."""
+
+    def fail(ctx: JobContext) -> None:
+        raise _Unprintable
+
+    async def fail_async(ctx: JobContext) -> None:
+        raise _Unprintable
+
+    app.task(name="t.unprintable", max_attempts=2, retry=NO_BACKOFF)(fail if sync else fail_async)
+    jid = await app.enqueue_async("t.unprintable", store=store)
+    worker = Worker(app, FAST)
+    async with running(worker):
+        job = await job_in(store, jid, JobState.DEAD)
+    assert job.attempt == 2
+    assert job.lease_expiries == 0
+    assert job.last_error is not None
+    assert job.last_error.startswith("_Unprintable: <str() of the exception raised>")
+    assert await outcomes(store, jid) == ["retry", "dead"]
+
+
+@pytest.mark.parametrize("verdict", ["raises", "junk"])
+async def test_a_broken_classifier_leaves_the_defaults_to_decide(verdict: str) -> None:
+    """A classifier that raises, or answers something that is no class, is logged and
+    the default classes decide, naming the classifier's failure: the job is retried,
+    then dead, and never left running until its lease expires."""
+
+    def broken(exc: BaseException) -> Any:
+        if verdict == "raises":
+            raise KeyError("classifier bug")
+        return "permanent"  # a string, not ErrorClass.PERMANENT
+
+    app = App("memory://", classifier=broken)
+    store = app.open_store()
+
+    @app.task(name="t.misclassified", max_attempts=2, retry=NO_BACKOFF)
+    async def misclassified(ctx: JobContext) -> None:
+        raise ConnectionResetError("peer reset")
+
+    jid = await app.enqueue_async("t.misclassified", store=store)
+    async with running(Worker(app, FAST)):
+        job = await job_in(store, jid, JobState.DEAD)
+    assert job.attempt == 2
+    assert job.error_class == "transient"
+    assert job.last_error is not None
+    assert job.last_error.startswith("ConnectionResetError: peer reset (the classifier failed: ")
+    assert await outcomes(store, jid) == ["retry", "dead"]
+
+
 async def test_unknown_task_goes_dead(app: App, store: Store) -> None:
     """A stored job whose task this worker does not know is dead with "unknown task"."""
     app.task(name="t.known")(lambda ctx: None)

@@ -45,10 +45,10 @@ from .._errors import (
     TokenlineError,
     UnknownTaskError,
 )
-from .._jobs import ClaimedJob, Finish, Job, Outcome, WorkerRecord
+from .._jobs import ClaimedJob, Finish, Job, Outcome, WorkerRecord, exception_text
 from .._logging import SUCCESS_LOGGER
 from ..backpressure import ErrorRateWindow, FailureKind, RetryBudget, make_limiter
-from ..classify import Decision, ErrorClass, classify
+from ..classify import Classifier, Decision, ErrorClass, classify
 from ..dependencies import BreakerBoard
 from ..maintenance import (
     MAINTENANCE_LEASE,
@@ -706,7 +706,10 @@ class Worker:
             if slot.completed_in_transaction:
                 return None
             slot.cancel.set()  # the sync thread may run on; its ctx calls now refuse
-            reason = str(exc) or f"hard timeout: attempt ran longer than {timeout:g}s"
+            reason = (
+                exception_text(exc, with_type=False)
+                or f"hard timeout: attempt ran longer than {timeout:g}s"
+            )
             slot.failure = FailureKind.TIMEOUT
             if ctx.blames_dependency(exc):
                 self._blamed.add(slot)
@@ -715,7 +718,7 @@ class Worker:
             if slot.completed_in_transaction:
                 log.warning("job %s raised after its transaction committed: %r", job.id, exc)
                 return None
-            decision = classify(exc, task.classifier or self.app.classifier)
+            decision = self._classify(exc, task.classifier or self.app.classifier)
             # Held back by a breaker, the job did not fail: nothing for the limiter.
             held_back = isinstance(exc, DependencyOpenError)
             slot.failure = None if held_back else FailureKind.from_error_class(decision.error_class)
@@ -774,6 +777,24 @@ class Worker:
             self._stale_commit(slot, exc.operation)
         else:
             self.counters.self_fenced += 1
+
+    def _classify(self, exc: BaseException, classifier: Classifier | None) -> Decision:
+        """The class of a handler's failure; a classifier that raises (or answers
+        something that is not a class) is logged, and the defaults decide: its job is
+        still retried or dead-lettered, never left running until its lease expires."""
+        try:
+            return classify(exc, classifier)
+        except Exception as bug:
+            log.error(
+                "worker %s: the classifier failed on %s (%s); the default classes decide",
+                self.id,
+                exception_text(exc),
+                exception_text(bug),
+                exc_info=bug,
+            )
+            decision = classify(exc)
+            why = f"{decision.reason} (the classifier failed: {exception_text(bug)})"
+            return Decision(decision.error_class, why, decision.delay)
 
     def _dead(self, slot: Slot, reason: str, cls: ErrorClass) -> Finish:
         return Finish(slot.lease, Outcome.DEAD, None, reason, cls.value)
@@ -990,9 +1011,7 @@ class Worker:
         # expire and the rescuer takes them. A job whose outcome the completer holds is
         # left to it: released first, the job would run again, and its outcome be
         # refused as stale.
-        keep = (
-            [s for s in slots if now_mono < s.valid_until and not s.finishing] if release else []
-        )
+        keep = [s for s in slots if now_mono < s.valid_until and not s.finishing] if release else []
         if keep:
             await self._release(keep, reason)
         waiting = {s.task for s in slots if s.task is not None and s.task is not current}
