@@ -378,8 +378,14 @@ async def test_unknown_task_goes_dead(app: App, store: Store) -> None:
 
 @pytest.mark.parametrize(
     "payload",
-    ["not json", "[1, 2]", '{"args": {"a": 1}, "kwargs": {}}', '{"args": [], "kwargs": []}'],
-    ids=["not-json", "not-object", "args-not-list", "kwargs-not-object"],
+    [
+        "not json",
+        "[1, 2]",
+        '{"args": {"a": 1}, "kwargs": {}}',
+        '{"args": [], "kwargs": []}',
+        '{"args": [' + "[" * 100_000 + "]" * 100_000 + "]}",
+    ],
+    ids=["not-json", "not-object", "args-not-list", "kwargs-not-object", "nested-too-deep"],
 )
 async def test_malformed_payload_goes_dead(app: App, store: Store, payload: str) -> None:
     """A stored payload that is not {"args": [...], "kwargs": {...}} is dead without a call."""

@@ -680,8 +680,10 @@ class Worker:
             args, kwargs = decode_args(job.args)
         except UnknownTaskError as exc:
             return self._dead(slot, f"{exc} on worker {self.id}", ErrorClass.PERMANENT)
-        except ValueError as exc:
-            return self._dead(slot, f"malformed job payload: {exc}", ErrorClass.PERMANENT)
+        except (ValueError, RecursionError) as exc:
+            # RecursionError: nested deeper than any enqueue accepts (written by hand).
+            what = exception_text(exc, with_type=False) or "nested too deep"
+            return self._dead(slot, f"malformed job payload: {what}", ErrorClass.PERMANENT)
         ctx = JobContext(
             slot=slot,
             store=self.store,
