@@ -81,7 +81,11 @@ async def test_the_same_handlers_run_on_every_store(url: str) -> None:
     app = App(url)
     handlers.register(app)
     await asyncio.to_thread(create_shipments, app)
-    worker = Worker(app, SETTINGS)
+    # The worker's store is opened before the worker runs: the test reads it from the
+    # start, and on a slow machine run() had not opened it yet ("not open" errors).
+    store = app.open_store(timeout=SETTINGS.call_timeout)
+    await store.open()
+    worker = Worker(app, SETTINGS, store=store)
     run = asyncio.create_task(worker.run())
     try:
         ids = {}
