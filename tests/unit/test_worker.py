@@ -549,6 +549,89 @@ async def test_shutdown_requested_right_after_start_stops_the_worker(app: App) -
     assert worker.state is WorkerState.STOPPED
 
 
+class _AnswerLate(MemoryStore):
+    """A store whose claims, once armed, take their jobs and then answer only after
+    ``delay`` seconds: the answer of a committed claim still on its way back."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+        self.armed = False
+        self.taken = asyncio.Event()
+
+    async def jobs_claim(self, **kwargs: Any) -> list[ClaimedJob]:
+        claimed = await super().jobs_claim(**kwargs)
+        if self.armed and claimed:
+            self.taken.set()
+            await asyncio.sleep(self.delay)
+        return claimed
+
+
+@pytest.mark.parametrize("requests", [1, 2])
+async def test_a_stop_never_strands_the_jobs_of_a_claim_in_flight(requests: int) -> None:
+    """An idle worker asked to stop while its claim's answer is on its way (the store
+    has already leased it the jobs) gives those jobs back unrun: they are queued again
+    at once, no attempt spent and no lease expiry counted, instead of staying leased to
+    a stopped worker until the lease runs out. So with one request or two (stop now)."""
+    store = _AnswerLate(delay=0.3)
+    app = App("memory://")
+    ran: list[int] = []
+
+    @app.task(name="t.in_flight")
+    async def handler(ctx: JobContext) -> None:
+        ran.append(ctx.attempt)
+
+    settings = dataclasses.replace(QUIET, lease_ttl=30.0)
+    worker = Worker(app, settings, store=store)
+    task = asyncio.create_task(worker.run())
+    await eventually(lambda: worker.state is WorkerState.READY and worker.liveness()[0], "start")
+    store.armed = True
+    jid = await app.enqueue_async("t.in_flight", store=store)
+    await asyncio.wait_for(store.taken.wait(), DEADLINE)
+    for _ in range(requests):
+        worker.request_shutdown()
+    await asyncio.wait_for(task, DEADLINE)
+    job = await store.job_get(job_id=jid)
+    assert ran == []
+    assert job.state is JobState.QUEUED, f"stranded: {job.state.value}, owner {job.lease_owner}"
+    assert (job.attempt, job.lease_expiries, job.lease_owner) == (0, 0, None)
+    assert await outcomes(store, jid) == ["release"]
+
+
+@pytest.mark.parametrize("requests", [1, 2])
+async def test_a_stop_never_strands_the_jobs_claimed_with_a_finish(requests: int) -> None:
+    """The same for the next job claimed in the request that finishes the last one: a
+    stop while that answer is on its way records the finish and gives the next job
+    back unrun, even a stop that cancels the handlers at once."""
+    store = _AnswerLate(delay=0.3)
+    app = App("memory://")
+    release = asyncio.Event()
+    ran: list[int] = []
+
+    @app.task(name="t.with_finish")
+    async def handler(ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+        await release.wait()
+
+    first = await app.enqueue_async("t.with_finish", store=store)
+    second = await app.enqueue_async("t.with_finish", store=store)
+    worker = Worker(app, QUIET, store=store)  # one job at a time
+    task = asyncio.create_task(worker.run())
+    await eventually(lambda: ran == [first], "the first job to start")
+    store.armed = True
+    release.set()
+    await asyncio.wait_for(store.taken.wait(), DEADLINE)
+    for _ in range(requests):
+        worker.request_shutdown()
+    await asyncio.wait_for(task, DEADLINE)
+    assert ran == [first]
+    assert (await store.job_get(job_id=first)).state is JobState.SUCCEEDED
+    job = await store.job_get(job_id=second)
+    assert job.state is JobState.QUEUED, f"stranded: {job.state.value}, owner {job.lease_owner}"
+    assert (job.attempt, job.lease_expiries, job.lease_owner) == (0, 0, None)
+    assert await outcomes(store, second) == ["release"]
+
+
 # -- fencing --------------------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -27,6 +28,8 @@ from .._jobs import ClaimedJob, Finish
 from ..stores.base import Store
 
 __all__ = ["GATHER_WAIT", "BatchCompleter", "ClaimArgs", "Refill"]
+
+log = logging.getLogger("tokenline.worker")
 
 #: The longest a finish waits for others to go out with (see :meth:`Refill.gather`):
 #: how much later a finished job may be recorded, and acknowledged, than it would be.
@@ -85,21 +88,35 @@ class BatchCompleter:
         self._runner: asyncio.Task[None] | None = None
         #: Loop time the oldest pending finish arrived (see _gathered).
         self._first_at = 0.0
+        self._stopping = False
 
     def start(self) -> None:
         """Start the background flusher on the running loop."""
         self._runner = asyncio.create_task(self._run(), name="tokenline-completer")
 
     async def stop(self) -> None:
-        """Flush what is pending, then stop."""
-        if self._runner is None:
+        """Flush what is pending, then stop.
+
+        A batch in flight is let finish, never cut off: its claim may already have
+        leased jobs to the worker, which the refill gives back unrun once they arrive
+        (the worker is stopping); cut off, they would stay leased to a stopped worker
+        until the lease ran out. Each store call is bounded by the store itself."""
+        runner = self._runner
+        if runner is None:
             return
+        self._stopping = True
+        self._wake.set()
+        try:
+            await asyncio.wait({runner})
+        except asyncio.CancelledError:
+            runner.cancel()
+            raise
+        finally:
+            self._runner = None
+        if not runner.cancelled() and (exc := runner.exception()) is not None:
+            log.error("the batch completer crashed; flushing what it left", exc_info=exc)
         while self._pending:
             await self._flush()
-        self._runner.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._runner
-        self._runner = None
 
     async def submit(self, finish: Finish) -> bool:
         """Queue ``finish`` and wait for the store's verdict (True: accepted)."""
@@ -124,6 +141,8 @@ class BatchCompleter:
             while self._pending:
                 await self._gathered()
                 await self._flush()
+            if self._stopping:
+                return
 
     async def _gathered(self) -> None:
         """Return once the pending finishes should go: as many as the refill asks to
