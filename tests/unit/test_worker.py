@@ -1032,12 +1032,16 @@ class _CountingSlowClaims(MemoryStore):
         super().__init__()
         self.delay = delay
         self.claims = 0
+        #: Claims that came back with jobs (an idle worker's come back empty).
+        self.fruitful_claims = 0
         self.finish_and_claims = 0
 
     async def jobs_claim(self, **kwargs: Any) -> list[ClaimedJob]:
         self.claims += 1
         await asyncio.sleep(self.delay)
-        return await super().jobs_claim(**kwargs)
+        claimed = await super().jobs_claim(**kwargs)
+        self.fruitful_claims += bool(claimed)
+        return claimed
 
     async def jobs_finish_and_claim(self, *, finishes: Any, limit: int, **kwargs: Any) -> Any:
         self.finish_and_claims += 1
@@ -1093,6 +1097,38 @@ async def test_the_next_jobs_come_with_the_finish_and_never_exceed_the_concurren
     assert store.finish_and_claims >= n // (2 * concurrency)
     if concurrency == 1:
         assert store.claims <= n // 4
+
+
+async def test_jobs_answered_with_a_batch_free_their_slots_before_the_next_batch_claims() -> None:
+    """At several jobs at a time, finishes keep arriving while a batch is in flight.
+    The next batch claims for every slot it frees: the jobs of the batch before were
+    answered and are not counted as running, so no batch claims short and leaves the
+    fetch loop to fill the gap with claims of its own, a statement per job or two."""
+    store = _CountingSlowClaims(delay=0.002)
+    app = App("memory://")
+    running_now: list[int] = []
+    most = 0
+
+    @app.task(name="t.refill")
+    async def handler(ctx: JobContext) -> None:
+        nonlocal most
+        running_now.append(ctx.job_id)
+        most = max(most, len(running_now))
+        # Uneven lengths: finishes arrive one by one, some while a batch is in flight.
+        await asyncio.sleep(0.0005 * (ctx.job_id % 7))
+        running_now.remove(ctx.job_id)
+
+    n, concurrency = 400, 8
+    ids = [await app.enqueue_async("t.refill", store=store) for _ in range(n)]
+    settings = dataclasses.replace(QUIET, concurrency=concurrency, concurrency_control="fixed")
+    worker = Worker(app, settings, store=store)
+    async with running(worker):
+        for jid in ids:
+            await job_in(store, jid, JobState.SUCCEEDED)
+    assert most <= concurrency
+    # The fetch loop claims jobs to start and, rarely, when a batch's claim came short.
+    claims = store.fruitful_claims
+    assert claims <= n // 40, f"{claims} claims beside {store.finish_and_claims} batches"
 
 
 def test_claims_in_flight_reserve_their_slots() -> None:

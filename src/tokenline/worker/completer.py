@@ -141,6 +141,12 @@ class BatchCompleter:
             while self._pending:
                 await self._gathered()
                 await self._flush()
+                if self._pending:
+                    # The jobs of the batch just answered free their slots on their own
+                    # turns: let them, or the next batch would count them as running,
+                    # claim that many fewer, and leave the fetch loop to claim the rest
+                    # in a statement of its own.
+                    await asyncio.sleep(0)
             if self._stopping:
                 return
 
