@@ -178,3 +178,42 @@ async def test_a_leader_that_may_not_lead_gives_its_term_back() -> None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert r.leadership.term is None
+
+
+class _LateTerm(MemoryStore):
+    """A store whose acquisitions of the maintenance lease answer ``delay`` seconds
+    after the store granted them: a won election still on its way back."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+        self.granted = asyncio.Event()
+
+    async def resource_lease_acquire(
+        self, *, resource: str, owner: str, ttl: float
+    ) -> ResourceLease | None:
+        lease = await super().resource_lease_acquire(resource=resource, owner=owner, ttl=ttl)
+        if lease is not None:
+            self.granted.set()
+            await asyncio.sleep(self.delay)
+        return lease
+
+
+async def test_a_runner_stopped_while_its_election_answers_gives_the_term_back() -> None:
+    """A runner stopped while the answer to an election it has won is on its way lets
+    that answer arrive, then gives the term back: another candidate leads at once,
+    instead of after the whole TTL of a term nobody holds."""
+    store = _LateTerm(delay=0.3)
+    r = MaintenanceRunner(
+        # A TTL far past the test's deadline: only a release can let b in.
+        Leadership(store, owner="a", ttl=1000.0, margin=1.0, clock=store.clock),
+        [],
+        renew_interval=5.0,
+    )
+    task = asyncio.create_task(r.run())
+    await asyncio.wait_for(store.granted.wait(), DEADLINE)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    taken = await store.resource_lease_acquire(resource=MAINTENANCE_LEASE, owner="b", ttl=TTL)
+    assert taken is not None, "the stopped runner's term is still held"
+    assert r.leadership.term is None
