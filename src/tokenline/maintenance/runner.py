@@ -10,13 +10,13 @@ of these beside its control plane; ``tokenline maintenance`` runs one alone.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from collections.abc import Callable, Sequence
 
 from .. import events
 from .._errors import ConfigError, TokenlineError
+from .._inflight import InFlight
 from ._service import Service, ServiceReport
 from .leader import Leadership
 
@@ -57,8 +57,8 @@ class MaintenanceRunner:
         self.on_report = on_report
         # The term last announced (LeaderChanged), so each change is announced once.
         self._announced: int | None = None
-        # Set while no election is in flight (see _await_election_in_flight).
-        self._elect_answered: asyncio.Event | None = None
+        # An election in flight, which a stop lets answer (see run).
+        self._election = InFlight()
 
     async def run_once(self) -> list[ServiceReport] | None:
         """Stand (or renew), then, if leader, run every service once; ``None`` if not
@@ -77,15 +77,13 @@ class MaintenanceRunner:
     async def run(self) -> None:
         """Stand and run the services until cancelled; then give the lease back, the
         term of an election still answering included."""
-        self._elect_answered = asyncio.Event()
-        self._elect_answered.set()
         tasks = [asyncio.create_task(self._keep_term(), name="tokenline-leader")]
         tasks += [
             asyncio.create_task(self._loop(s), name=f"tokenline-{s.name}") for s in self.services
         ]
         try:
             # wait, not gather: cancelling this task must not cancel an election in
-            # flight before _await_election_in_flight has let it answer.
+            # flight before it has been let answer, below.
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for t in done:
                 if t.cancelled():
@@ -93,35 +91,25 @@ class MaintenanceRunner:
                 if (exc := t.exception()) is not None:
                     raise exc
         finally:
-            await self._await_election_in_flight()
+            # The store may already have granted the election a term: cut off, nobody
+            # would give it back (resign() gives back only a term it heard of), and
+            # the others would wait out its TTL to lead. At most one renew interval.
+            await self._election.settled(self.renew_interval)
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.leadership.resign()
 
-    async def _await_election_in_flight(self) -> None:
-        """Let an election in flight answer before the runner stops, at most one renew
-        interval: the store may already have granted it a term, which, cut off, nobody
-        would give back (:meth:`Leadership.resign` gives back only a term it heard of),
-        and the others would wait out its TTL to lead."""
-        answered = self._elect_answered
-        if answered is None or answered.is_set():
-            return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.renew_interval):
-                await answered.wait()
-
     async def _keep_term(self) -> None:
-        assert self._elect_answered is not None
         while True:
             if self.may_lead():
-                self._elect_answered.clear()
+                self._election.started()
                 try:
                     await self.leadership.elect()
                 except TokenlineError as exc:
                     log.warning("maintenance election failed: %s", exc)
                 finally:
-                    self._elect_answered.set()
+                    self._election.ended()
             elif self.leadership.current() is not None:
                 # Fenced or stopping: give the term back now rather than at its expiry.
                 self.leadership.step_down("this process may not lead now")

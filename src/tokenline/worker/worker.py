@@ -45,6 +45,7 @@ from .._errors import (
     TokenlineError,
     UnknownTaskError,
 )
+from .._inflight import InFlight
 from .._jobs import ClaimedJob, Finish, Job, Outcome, WorkerRecord, exception_text
 from .._logging import SUCCESS_LOGGER
 from ..backpressure import ErrorRateWindow, FailureKind, RetryBudget, make_limiter
@@ -150,8 +151,8 @@ class Worker:
         self._stop_requested = False
         self._stopped: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
-        #: Set while the fetch loop has no claim in flight (see _await_claim_in_flight).
-        self._claim_answered: asyncio.Event | None = None
+        #: The fetch loop's claim in flight, which a stop lets answer (see run).
+        self._claim_call = InFlight()
         #: Jobs asked for by claims in flight (see ``reserve``).
         self._claiming = 0
         #: Prefetched jobs waiting for a handler slot, oldest first (also in ``_slots``,
@@ -245,8 +246,6 @@ class Worker:
         self.app.dependencies.check_tasks(self.app.tasks.values())
         self._stopped = asyncio.Event()
         self._slot_freed = asyncio.Event()
-        self._claim_answered = asyncio.Event()
-        self._claim_answered.set()
         if self._store is None:
             self._store = self.app.open_store(timeout=self.settings.call_timeout)
         await self._store.open()
@@ -283,7 +282,10 @@ class Worker:
                     self._fire(WorkerEvent.FORCE_STOP, f"{t.get_name()} crashed")
         finally:
             stop_wait.cancel()
-            await self._await_claim_in_flight()
+            # A claim in flight may already hold jobs in the store: cut off, it would
+            # leave them leased to a stopped worker until the lease ran out, an expiry
+            # counted against each. Answered, take() gives them back unrun.
+            await self._claim_call.settled(self.settings.call_timeout)
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -299,19 +301,6 @@ class Worker:
             log.info("worker %s stopped: %s", self.id, self.counters.summary())
         if failure is not None:
             raise failure
-
-    async def _await_claim_in_flight(self) -> None:
-        """Let a claim the fetch loop has in flight answer before the loop is cancelled.
-
-        The store may already have leased its jobs to this worker: cut off, the claim
-        would leave them leased to a stopped worker until the lease ran out, an expiry
-        counted against each. Answered, :meth:`take` gives them back unrun (the worker
-        no longer fetches). Bounded by the call timeout, like every store call."""
-        if self._claim_answered is None or self._claim_answered.is_set():
-            return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.settings.call_timeout):
-                await self._claim_answered.wait()
 
     @property
     def concurrency_limit(self) -> int:
@@ -399,7 +388,6 @@ class Worker:
     async def _fetch_loop(self) -> None:
         settings = self.settings
         assert self._slot_freed is not None
-        assert self._claim_answered is not None
         while True:
             if not self.state.may_fetch or self._stop_requested:
                 await asyncio.sleep(min(settings.poll_interval, 0.2))
@@ -415,7 +403,7 @@ class Worker:
                         await self._slot_freed.wait()
                 continue
             sent_at = self.clock.monotonic()
-            self._claim_answered.clear()
+            self._claim_call.started()
             try:
                 try:
                     claimed = await self.store.jobs_claim(
@@ -432,7 +420,7 @@ class Worker:
                 await self.take(claimed, sent_at)
             finally:
                 self.release(limit)
-                self._claim_answered.set()
+                self._claim_call.ended()
             if not claimed:
                 await self.store.wait_for_jobs(
                     queues=settings.queues, timeout=settings.poll_interval
