@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from tokenline.drill.runner import Drill, ScenarioResult
+from tokenline.drill.app import CLOCK_OFFSET_ENV
+from tokenline.drill.runner import Drill, DrillError, ScenarioResult
 from tokenline.drill.scenarios import DRILL_SCENARIOS, scenarios_for
 
 pytestmark = pytest.mark.acceptance
@@ -105,6 +106,44 @@ def test_scenario_keeps_every_invariant_on_sqlite(name: str, tmp_path: Path) -> 
     if DRILL_SCENARIOS[name].injection is not None:
         assert result.fault is not None, "the fault was never injected"
     _check_leader_victim(name, result)
+
+
+#: Installed as ``sitecustomize`` in the workers' path: the worker whose clock runs ahead
+#: (clock_skew's victim) stalls before it imports anything of tokenline.
+_SLOW_START = """\
+import os, pathlib, time
+if float(os.environ.get({env!r}, "0")) > 0:
+    pathlib.Path({marker!r}).touch()
+    time.sleep({seconds})
+"""
+
+
+def test_a_worker_slow_to_start_is_struck_only_once_it_works(tmp_path: Path) -> None:
+    """The jobs wait for every worker: a victim that takes longer to start than the
+    others take to reach the fault's moment is not killed before it ever ran a job
+    (clock_skew holds every worker to working)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    code = _SLOW_START.format(env=CLOCK_OFFSET_ENV, marker=str(tmp_path / "slow"), seconds=5)
+    (site / "sitecustomize.py").write_text(code)
+    result = _run(None, "clock_skew", tmp_path, PYTHONPATH=str(site))
+    assert (tmp_path / "slow").exists(), "the victim was not slowed"
+    assert result.report.idle_workers == 0, _explain(result)
+    assert result.report.ok, _explain(result)
+
+
+def test_a_worker_that_exits_before_registering_fails_the_run_at_once(tmp_path: Path) -> None:
+    """A worker that dies while starting is named, with its log, before any job is
+    enqueued, rather than leaving the run to its deadline."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        f"import os, sys\nif float(os.environ.get({CLOCK_OFFSET_ENV!r}, '0')) > 0:\n"
+        "    sys.exit('this worker cannot start')\n"
+    )
+    with pytest.raises(DrillError, match=r"worker-\d exited before any job") as info:
+        _run(None, "clock_skew", tmp_path, PYTHONPATH=str(site))
+    assert "this worker cannot start" in str(info.value)
 
 
 @pytest.mark.parametrize("name", ["lost_ack", "kill9"])

@@ -169,6 +169,10 @@ class Fleet:
         """Process id of worker ``i``."""
         return self.procs[i].pid
 
+    def returncode(self, i: int) -> int | None:
+        """Worker ``i``'s exit status, or ``None`` while it runs."""
+        return self.procs[i].poll()
+
     def signal(self, i: int, sig: signal.Signals) -> None:
         """Send ``sig`` to worker ``i``'s process group (gone already: ignored)."""
         with contextlib.suppress(ProcessLookupError, PermissionError):

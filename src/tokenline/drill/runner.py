@@ -3,8 +3,8 @@
 For each scenario, :class:`Drill` creates a fresh scratch store (a new SQLite file in a
 temporary directory or beside the one ``url`` names, or a new PostgreSQL schema; the
 directory, with the workers' logs, and the schema are removed afterwards unless
-``keep``), enqueues ``jobs`` jobs of
-:mod:`tokenline.drill.app`, starts the worker :class:`~._fleet.Fleet`, injects the
+``keep``), starts the worker :class:`~._fleet.Fleet`, enqueues ``jobs`` jobs of
+:mod:`tokenline.drill.app` once every worker has registered, injects the
 scenario's fault on the seed's schedule, waits until every job is finished and the
 fault is over, stops every process, and hands what the store says to
 :func:`~.checker.check`.
@@ -332,9 +332,6 @@ class Drill:
                 app = drill_app.GUARDED if self.breakers else drill_app.UNGUARDED
             elif scenario.periodic and app == _APP:
                 app = drill_app.PERIODIC
-            keys = self._enqueue(scratch, scenario, schedule)
-            if failover:
-                scratch.wait_replicated()  # the jobs themselves are not what is lost
             fleet = Fleet(
                 url=scratch.url,
                 workers=self.workers,
@@ -349,6 +346,13 @@ class Drill:
             started = time.monotonic()
             with fleet:
                 fleet.spawn(app, drill_app.QUEUE, self._clocks(scenario, schedule))
+                # Jobs only once every worker is up: a worker still starting while the
+                # others ran the jobs out would neither work nor be the fault's victim
+                # (seen on a slow machine).
+                _await_workers(scratch.url, fleet)
+                keys = self._enqueue(scratch, scenario, schedule)
+                if failover:
+                    scratch.wait_replicated()  # the jobs themselves are not what is lost
                 controller = _Controller(self, scenario, schedule, scratch, fleet, stub)
                 window = controller.run()
                 schedule = controller.schedule  # the victim, if chosen when it struck
@@ -481,6 +485,37 @@ async def _maintenance_lease(url: str, *, held: bool = False) -> ResourceLease |
         return None
     finally:
         await store.close()
+
+
+#: How long the workers may take to start before the run is refused.
+_START_TIMEOUT = 60.0
+
+
+async def _registered_pids(url: str) -> set[int]:
+    """The process ids of the workers registered in the store at ``url``."""
+    store = store_from_url(url)
+    await store.open()
+    try:
+        return {record.pid for record in await store.workers_list()}
+    finally:
+        await store.close()
+
+
+def _await_workers(url: str, fleet: Fleet) -> None:
+    """Return once every worker of ``fleet`` has registered; raise :class:`DrillError`
+    if one exits first or they take longer than :data:`_START_TIMEOUT`."""
+    deadline = time.monotonic() + _START_TIMEOUT
+    while True:
+        registered = asyncio.run(_registered_pids(url))
+        missing = [i for i in range(fleet.count) if fleet.pid(i) not in registered]
+        if not missing:
+            return
+        exited = [i for i in missing if fleet.returncode(i) is not None]
+        if exited or time.monotonic() > deadline:
+            what = "exited" if exited else f"did not register within {_START_TIMEOUT:g}s"
+            names = ", ".join(f"worker-{i}" for i in exited or missing)
+            raise DrillError(f"{names} {what} before any job\n{fleet.log_tail()}")
+        time.sleep(_TICK)
 
 
 def _why_not(scenario: Scenario, scheme: str) -> str:
