@@ -147,7 +147,6 @@ def test_workers_an_hour_off_rescue_nothing_early_and_claim_normally(fleet: Flee
     job runs once, only the killed worker's leases are rescued, within TTL + rescue
     interval of its death by the database's clock, and the worker behind works too."""
     fleet.cli("migrate")
-    fleet.enqueue([(f"k{i}", 0.4) for i in range(JOBS)])
     ahead = fleet.worker("ahead", f"+{SKEW}s")
     behind = fleet.worker("behind", f"-{SKEW}s")
     fleet.worker("on-time", None)
@@ -160,6 +159,8 @@ def test_workers_an_hour_off_rescue_nothing_early_and_claim_normally(fleet: Flee
     measured = fleet.wait_for("both skewed workers to report their skew", skews)
     assert measured[ahead.pid] == pytest.approx(SKEW, abs=60)
     assert measured[behind.pid] == pytest.approx(-SKEW, abs=60)
+    # Only now: a skewed worker slow to start must not find the jobs all run.
+    fleet.enqueue([(f"k{i}", 0.4) for i in range(JOBS)])
 
     def ahead_is_running() -> bool:
         rows = fleet.rows(
