@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -31,6 +31,7 @@ from tokenline import (
     Permanent,
     Retry,
     RetryPolicy,
+    StoreError,
     StoreUnavailableError,
     Worker,
     WorkerSettings,
@@ -596,6 +597,42 @@ async def test_a_stop_never_strands_the_jobs_of_a_claim_in_flight(requests: int)
     assert job.state is JobState.QUEUED, f"stranded: {job.state.value}, owner {job.lease_owner}"
     assert (job.attempt, job.lease_expiries, job.lease_owner) == (0, 0, None)
     assert await outcomes(store, jid) == ["release"]
+
+
+class _ClaimsFail(MemoryStore):
+    """A store whose claims, once armed, fail with a store error."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.failed = asyncio.Event()
+
+    async def jobs_claim(self, **kwargs: Any) -> list[ClaimedJob]:
+        if self.armed:
+            self.failed.set()
+            raise StoreError("the broker is unreachable")
+        return await super().jobs_claim(**kwargs)
+
+    async def wait_for_jobs(self, *, queues: Sequence[str], timeout: float) -> None:  # noqa: ASYNC109
+        await asyncio.sleep(0.01)  # as an enqueue's notification would wake it
+
+
+async def test_a_stop_after_a_failed_claim_does_not_wait_for_the_claim_to_settle() -> None:
+    """The pause after a failed claim is not a claim in flight: a stop then goes ahead at
+    once, rather than waiting up to the call timeout (here twice the test's deadline)
+    for a claim that has already answered."""
+    store = _ClaimsFail()
+    app = App("memory://")
+    settings = dataclasses.replace(QUIET, poll_interval=60.0, store_timeout=2 * DEADLINE)
+    worker = Worker(app, settings, store=store)
+    task = asyncio.create_task(worker.run())
+    await eventually(lambda: worker.state is WorkerState.READY and worker.liveness()[0], "start")
+    store.armed = True
+    await asyncio.wait_for(store.failed.wait(), DEADLINE)
+    await asyncio.sleep(0.05)  # the failure handled: the loop is in its pause
+    worker.request_shutdown()
+    await asyncio.wait_for(task, DEADLINE)
+    assert worker.state is WorkerState.STOPPED
 
 
 @pytest.mark.parametrize("requests", [1, 2])

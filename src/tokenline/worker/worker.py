@@ -404,6 +404,7 @@ class Worker:
                 continue
             sent_at = self.clock.monotonic()
             self._claim_call.started()
+            claimed: list[ClaimedJob] | None = None
             try:
                 try:
                     claimed = await self.store.jobs_claim(
@@ -415,12 +416,17 @@ class Worker:
                     )
                 except StoreError as exc:
                     self._coordination_failed("claim", exc)
-                    await asyncio.sleep(settings.poll_interval)
-                    continue
-                await self.take(claimed, sent_at)
+                else:
+                    await self.take(claimed, sent_at)
             finally:
                 self.release(limit)
                 self._claim_call.ended()
+            if claimed is None:
+                # The pause after a failed claim holds neither a reservation (the
+                # completer's claims would take fewer jobs) nor the in-flight mark (a stop
+                # would wait it out for nothing).
+                await asyncio.sleep(settings.poll_interval)
+                continue
             if not claimed:
                 await self.store.wait_for_jobs(
                     queues=settings.queues, timeout=settings.poll_interval
