@@ -234,6 +234,46 @@ async def test_type_error_in_handler_is_dead_at_once(app: App, store: Store) -> 
     assert job.last_error.startswith("TypeError")
 
 
+_NOT_EXCEPTIONS: list[type[BaseException]] = [asyncio.CancelledError, GeneratorExit, SystemExit]
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+@pytest.mark.parametrize("raised", _NOT_EXCEPTIONS, ids=lambda t: t.__name__)
+async def test_a_handler_raising_a_base_exception_fails_its_attempt_like_any_error(
+    app: App, store: Store, kind: str, raised: type[BaseException]
+) -> None:
+    """CancelledError, GeneratorExit or SystemExit raised by the handler itself (nobody
+    cancelled it) is that attempt's failure: committed at once with the handler's reason,
+    not lost with the task so that the job waits for its lease to expire."""
+    seen: list[BaseException] = []
+
+    def classifier(exc: BaseException) -> ErrorClass:
+        seen.append(exc)
+        return ErrorClass.PERMANENT
+
+    if kind == "async":
+
+        @app.task(name="t.base", max_attempts=3, classifier=classifier)
+        async def base_async(ctx: JobContext) -> None:
+            raise raised("the handler's own")
+
+    else:
+
+        @app.task(name="t.base", max_attempts=3, classifier=classifier)
+        def base_sync(ctx: JobContext) -> None:
+            raise raised("the handler's own")
+
+    jid = await app.enqueue_async("t.base", store=store)
+    worker = Worker(app, FAST)
+    async with running(worker):
+        job = await job_in(store, jid, JobState.DEAD)
+    assert await outcomes(store, jid) == ["dead"]
+    assert job.last_error == f"{raised.__name__}: the handler's own"
+    assert job.lease_expiries == 0
+    assert [type(e) for e in seen] == [raised]  # the classifier sees what was raised
+    assert worker.counters.fenced == 0
+
+
 async def test_retry_with_zero_delay_retries_at_once(app: App, store: Store) -> None:
     """Retry(delay=0) runs the job again right away, overriding a long backoff policy."""
     calls: list[int] = []

@@ -70,6 +70,7 @@ from .state import WorkerEvent, WorkerState, next_state
 
 if TYPE_CHECKING:
     from .._app import App
+    from .._tasks import Task
     from ..stores.base import Store
 
 __all__ = ["MAINTENANCE_LEASE", "Worker", "WorkerCounters"]
@@ -717,8 +718,16 @@ class Worker:
                 fut = asyncio.get_running_loop().run_in_executor(self._pool, call)
                 async with asyncio.timeout(timeout):
                     await fut
-        except asyncio.CancelledError:
-            raise
+        except asyncio.CancelledError as exc:
+            current = asyncio.current_task()
+            if slot.cancel_reason is not None or (current is not None and current.cancelling()):
+                raise  # the worker's cancellation: fenced, stopping
+            # Nobody cancelled this task: the handler raised it (or awaited something
+            # cancelled). A failure of the attempt like any other, not the end of the task
+            # that commits its outcome.
+            return await self._handler_failed(slot, ctx, task, exc)
+        except _RaisedInThread as wrapped:
+            return await self._handler_failed(slot, ctx, task, wrapped.exc)
         except TimeoutError as exc:
             if slot.completed_in_transaction:
                 return None
@@ -732,28 +741,35 @@ class Worker:
                 self._blamed.add(slot)
             return self._after_failure(slot, Decision(ErrorClass.TRANSIENT, reason), task.retry)
         except BaseException as exc:
-            if slot.completed_in_transaction:
-                log.warning("job %s raised after its transaction committed: %r", job.id, exc)
-                return None
-            decision = self._classify(exc, task.classifier or self.app.classifier)
-            # Held back by a breaker, the job did not fail: nothing for the limiter.
-            held_back = isinstance(exc, DependencyOpenError)
-            slot.failure = None if held_back else FailureKind.from_error_class(decision.error_class)
-            if ctx.blames_dependency(exc):
-                self._blamed.add(slot)
-            if isinstance(exc, StoreError) and events.enabled():
-                # From a ctx call of the handler: a transaction, an effect, a fence.
-                events.emit(events.CoordinationFailed(self.id, "ledger", f"job {job.id}", str(exc)))
-            if isinstance(exc, FencedError):
-                self._note_fenced(slot, exc)
-                await self._lease_lost(f"job {job.id}: {exc}")
-                return None
-            return self._after_failure(slot, decision, task.retry)
+            return await self._handler_failed(slot, ctx, task, exc)
         if slot.completed_in_transaction:
             self.counters.succeeded += 1
             self._finished(slot, Finish(slot.lease, Outcome.SUCCEEDED))
             return None
         return Finish(slot.lease, Outcome.SUCCEEDED)
+
+    async def _handler_failed(
+        self, slot: Slot, ctx: JobContext, task: Task, exc: BaseException
+    ) -> Finish | None:
+        """The Finish for an attempt whose handler raised ``exc`` (or None)."""
+        job = slot.claimed.job
+        if slot.completed_in_transaction:
+            log.warning("job %s raised after its transaction committed: %r", job.id, exc)
+            return None
+        decision = self._classify(exc, task.classifier or self.app.classifier)
+        # Held back by a breaker, the job did not fail: nothing for the limiter.
+        held_back = isinstance(exc, DependencyOpenError)
+        slot.failure = None if held_back else FailureKind.from_error_class(decision.error_class)
+        if ctx.blames_dependency(exc):
+            self._blamed.add(slot)
+        if isinstance(exc, StoreError) and events.enabled():
+            # From a ctx call of the handler: a transaction, an effect, a fence.
+            events.emit(events.CoordinationFailed(self.id, "ledger", f"job {job.id}", str(exc)))
+        if isinstance(exc, FencedError):
+            self._note_fenced(slot, exc)
+            await self._lease_lost(f"job {job.id}: {exc}")
+            return None
+        return self._after_failure(slot, decision, task.retry)
 
     async def _run_async(self, slot: Slot, coro: Coroutine[Any, Any, object], limit: float) -> None:
         """Run an async handler in this task under its hard timeout, taking no step of it
@@ -778,6 +794,14 @@ class Worker:
             self._sync_running += 1
         try:
             return fn(*args, **kwargs)
+        except Exception:
+            raise
+        except BaseException as exc:
+            # GeneratorExit, CancelledError, SystemExit…: come out of a pool thread's
+            # future as they are, asyncio takes them for the awaiting task's own end and
+            # the attempt's outcome is lost. Carried over as an ordinary exception, they
+            # are classified like any other failure of the handler.
+            raise _RaisedInThread(exc) from exc
         finally:
             with self._sync_lock:
                 self._sync_running -= 1
@@ -1207,6 +1231,14 @@ class Worker:
         self.counters.rescued += requeued + dead
         if requeued + dead and events.enabled():
             events.emit(events.JobsRescued(self.id, requeued, dead))
+
+
+class _RaisedInThread(Exception):
+    """Carries a sync handler's ``BaseException`` (not an ``Exception``) to its task."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(exc)
+        self.exc = exc
 
 
 def _waited(job: Job) -> float:
