@@ -274,6 +274,59 @@ async def test_a_handler_raising_a_base_exception_fails_its_attempt_like_any_err
     assert worker.counters.fenced == 0
 
 
+async def _body(ran: list[str]) -> None:
+    ran.append("coroutine")
+
+
+def _gen_body(ran: list[str]) -> Any:
+    ran.append("generator")
+    yield
+
+
+async def _agen_body(ran: list[str]) -> Any:
+    ran.append("async generator")
+    yield
+
+
+@pytest.mark.parametrize(
+    ("kind", "returns", "said"),
+    [
+        ("sync", _body, "returned a coroutine without awaiting it"),
+        ("async", _body, "returned a coroutine without awaiting it"),
+        ("sync", _gen_body, "returned a generator"),
+        ("async", _gen_body, "returned a generator"),
+        ("sync", _agen_body, "returned an async generator"),
+    ],
+)
+async def test_a_handler_that_returns_work_never_started_is_dead_not_succeeded(
+    app: App, store: Store, kind: str, returns: Callable[[list[str]], Any], said: str
+) -> None:
+    """A handler that hands back a coroutine or generator instead of running it did none
+    of its work: the job is dead with a reason saying so, never recorded as succeeded."""
+    ran: list[str] = []
+    if kind == "sync":
+
+        @app.task(name="t.unrun", max_attempts=3)
+        def unrun_sync(ctx: JobContext) -> Any:
+            return returns(ran)
+
+    else:
+
+        @app.task(name="t.unrun", max_attempts=3)
+        async def unrun_async(ctx: JobContext) -> Any:
+            return returns(ran)
+
+    jid = await app.enqueue_async("t.unrun", store=store)
+    async with running(Worker(app, FAST)):
+        job = await job_in(store, jid, JobState.DEAD, JobState.SUCCEEDED)
+    assert job.state is JobState.DEAD
+    assert job.error_class == "permanent"
+    assert job.last_error is not None
+    assert said in job.last_error
+    assert "'t.unrun'" in job.last_error
+    assert ran == []
+
+
 async def test_retry_with_zero_delay_retries_at_once(app: App, store: Store) -> None:
     """Retry(delay=0) runs the job again right away, overriding a long backoff policy."""
     calls: list[int] = []

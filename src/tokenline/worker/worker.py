@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import logging
 import os
 import signal
@@ -712,12 +713,12 @@ class Worker:
         slot.deadline = self.clock.monotonic() + timeout
         try:
             if task.is_async:
-                await self._run_async(slot, task.fn(ctx, *args, **kwargs), timeout)
+                result = await self._run_async(slot, task.fn(ctx, *args, **kwargs), timeout)
             else:
                 call = functools.partial(self._in_thread, task.fn, ctx, *args, **kwargs)
                 fut = asyncio.get_running_loop().run_in_executor(self._pool, call)
                 async with asyncio.timeout(timeout):
-                    await fut
+                    result = await fut
         except asyncio.CancelledError as exc:
             current = asyncio.current_task()
             if slot.cancel_reason is not None or (current is not None and current.cancelling()):
@@ -742,10 +743,16 @@ class Worker:
             return self._after_failure(slot, Decision(ErrorClass.TRANSIENT, reason), task.retry)
         except BaseException as exc:
             return await self._handler_failed(slot, ctx, task, exc)
+        unrun = _never_ran(result)
         if slot.completed_in_transaction:
+            if unrun:
+                log.warning("job %s: its handler %s", job.id, unrun)
             self.counters.succeeded += 1
             self._finished(slot, Finish(slot.lease, Outcome.SUCCEEDED))
             return None
+        if unrun:
+            # Recorded as succeeded, the job's work would silently never happen.
+            return self._dead(slot, f"handler of task {job.task!r} {unrun}", ErrorClass.PERMANENT)
         return Finish(slot.lease, Outcome.SUCCEEDED)
 
     async def _handler_failed(
@@ -771,13 +778,15 @@ class Worker:
             return None
         return self._after_failure(slot, decision, task.retry)
 
-    async def _run_async(self, slot: Slot, coro: Coroutine[Any, Any, object], limit: float) -> None:
+    async def _run_async(
+        self, slot: Slot, coro: Coroutine[Any, Any, object], limit: float
+    ) -> object:
         """Run an async handler in this task under its hard timeout, taking no step of it
         once its lease is no longer trusted (see ``guard.py``)."""
         check = LeaseCheck(slot, self.clock, self.settings.local_fencing)
         try:
             async with asyncio.timeout(limit):
-                await Guarded(coro, check)
+                return await Guarded(coro, check)
         finally:
             # The guard saw the lease expire before the watchdog did, and the slot is
             # about to be freed, out of the watchdog's sight: fence as it would have.
@@ -1231,6 +1240,29 @@ class Worker:
         self.counters.rescued += requeued + dead
         if requeued + dead and events.enabled():
             events.emit(events.JobsRescued(self.id, requeued, dead))
+
+
+def _never_ran(result: object) -> str | None:
+    """What is wrong with a handler's ``result`` that is work never started (a coroutine
+    not awaited, a generator not iterated), closed here; None for any other result."""
+    if inspect.iscoroutine(result) and inspect.getcoroutinestate(result) == "CORO_CREATED":
+        result.close()  # else "coroutine was never awaited" at garbage collection
+        return (
+            "returned a coroutine without awaiting it, so its body never ran: declare the "
+            "handler with `async def`, or await the coroutine in it"
+        )
+    if inspect.isgenerator(result) and inspect.getgeneratorstate(result) == "GEN_CREATED":
+        result.close()
+        return (
+            "returned a generator, so its body never ran (a function with `yield` is a "
+            "generator function): a handler runs to completion, it does not yield"
+        )
+    if inspect.isasyncgen(result):
+        return (
+            "returned an async generator, so its body never ran (an `async def` with "
+            "`yield`): a handler runs to completion, it does not yield"
+        )
+    return None
 
 
 class _RaisedInThread(Exception):
