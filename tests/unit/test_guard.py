@@ -150,3 +150,44 @@ async def test_an_abandoned_wrapper_closes_the_coroutine() -> None:
     steps.close()
     assert cleaned == ["closed"]
     assert coro.cr_frame is None
+
+
+@pytest.mark.parametrize("cleanup", ["sync", "awaits"])
+async def test_a_coroutine_that_ignores_cancellation_is_closed_once_abandoned(
+    cleanup: str,
+) -> None:
+    """A coroutine that catches every CancelledError would run for as long as it likes;
+    once ``abandon()`` says so, the next cancellation closes it where it waits (its
+    finally runs, up to a first await) and the wrapper raises CancelledError."""
+    abandoned = False
+    cancels: list[int] = []
+    cleaned: list[str] = []
+
+    async def handler() -> None:
+        try:
+            while True:
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    cancels.append(1)  # and carries on
+        finally:
+            cleaned.append("finally")
+            if cleanup == "awaits":
+                await asyncio.sleep(0)  # not allowed while closing: cut short here
+                cleaned.append("after an await in finally")
+
+    async def run() -> None:
+        await Guarded(handler(), Gate(), lambda: abandoned)
+
+    task = asyncio.create_task(run())
+    await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.sleep(0)
+    assert not task.done()  # it caught the cancellation and waits again
+    assert cancels == [1]
+    abandoned = True
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cancels == [1]  # the second cancellation never reached it
+    assert cleaned == ["finally"]

@@ -550,6 +550,102 @@ async def test_hard_timeout_flags_sync_handler_through_ctx(app: App, store: Stor
     assert isinstance(raised[0], JobCancelled)
 
 
+async def test_an_async_handler_that_ignores_its_hard_timeout_is_abandoned(
+    app: App, store: Store
+) -> None:
+    """A handler that catches every cancellation would run, and keep its lease renewed,
+    for ever: call_timeout after its hard timeout it is closed where it waits, and the
+    attempt fails with a timeout that says so."""
+    cancels: list[int] = []
+    closed = asyncio.Event()
+    # Set once the test is over: a cancellation then ends the handler, so that if it
+    # is not abandoned, the test fails instead of hanging the event loop's teardown.
+    over = asyncio.Event()
+
+    @app.task(name="t.stubborn", timeout=0.1, max_attempts=1)
+    async def stubborn(ctx: JobContext) -> None:
+        try:
+            while True:
+                try:
+                    await asyncio.sleep(DEADLINE * 10)
+                except asyncio.CancelledError:
+                    cancels.append(1)  # and carries on
+                    if over.is_set():
+                        raise
+        except GeneratorExit:
+            closed.set()
+            raise
+
+    jid = await app.enqueue_async("t.stubborn", store=store)
+    async with running(Worker(app, FAST)):
+        try:
+            job = await job_in(store, jid, JobState.DEAD)
+        finally:
+            over.set()
+    assert closed.is_set()
+    assert cancels  # it was cancelled, and caught it
+    assert await outcomes(store, jid) == ["dead"]
+    assert job.last_error is not None
+    assert job.last_error.startswith("hard timeout: attempt ran longer than 0.1s")
+    assert "abandoned" in job.last_error
+
+
+async def test_an_async_handler_that_returns_after_its_hard_timeout_fails_with_it(
+    app: App, store: Store
+) -> None:
+    """Catching the timeout's cancellation and returning does not turn an attempt that
+    overran its hard timeout into a success."""
+
+    @app.task(name="t.late", timeout=0.1, max_attempts=1)
+    async def late(ctx: JobContext) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(DEADLINE * 10)
+
+    jid = await app.enqueue_async("t.late", store=store)
+    async with running(Worker(app, FAST)):
+        job = await job_in(store, jid, JobState.DEAD, JobState.SUCCEEDED)
+    assert job.state is JobState.DEAD
+    assert job.last_error is not None
+    assert "hard timeout" in job.last_error
+    assert "returned late" in job.last_error
+
+
+async def test_a_stop_closes_a_handler_that_ignores_its_cancellation(
+    app: App, store: Store
+) -> None:
+    """A stop cancels the handlers in flight; one that catches it is closed after
+    call_timeout, so the worker stops and its job goes back to the queue."""
+    started = asyncio.Event()
+    closed = asyncio.Event()
+    over = asyncio.Event()  # as above: a failure, not a hang, if it is not abandoned
+
+    @app.task(name="t.deaf", timeout=DEADLINE * 10)
+    async def deaf(ctx: JobContext) -> None:
+        started.set()
+        try:
+            while not over.is_set():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(DEADLINE * 10)
+        except GeneratorExit:
+            closed.set()
+            raise
+
+    jid = await app.enqueue_async("t.deaf", store=store)
+    worker = Worker(app, FAST)
+    task = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(started.wait(), DEADLINE)
+        worker.request_shutdown()
+        worker.request_shutdown()  # the second request stops at once
+        await asyncio.wait_for(asyncio.shield(task), DEADLINE)
+    finally:
+        over.set()
+    assert closed.is_set()
+    assert worker.state is WorkerState.STOPPED
+    job = await job_in(store, jid, JobState.QUEUED)
+    assert job.attempt == 0  # given back, attempt refunded
+
+
 async def test_sync_handler_runs_in_a_worker_thread(app: App, store: Store) -> None:
     """A sync handler runs in the worker's thread pool, not on the event loop's thread."""
     threads: list[threading.Thread] = []
@@ -882,7 +978,7 @@ async def test_async_handler_takes_no_step_once_its_lease_is_untrusted(
     """An async handler suspended while the worker's clock passes its lease never runs the
     statement after its await, and the worker fences; bypassed, the guard lets it run."""
     if guard == "bypassed":  # the control: the handler's coroutine is awaited as it is
-        monkeypatch.setattr("tokenline.worker.worker.Guarded", lambda coro, check: coro)
+        monkeypatch.setattr("tokenline.worker.worker.Guarded", lambda coro, *checks: coro)
     app = App("memory://", clock=clock)
     store = app.open_store()
     suspended = asyncio.Event()

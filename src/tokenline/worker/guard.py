@@ -25,7 +25,10 @@ expiry (it is measured from when the claim or renewal was sent). What is *not* s
 
 - a step already begun: code between two ``await``\\ s runs to the next one, even if the
   process is paused in the middle of it;
-- the handler's own ``except``/``finally`` blocks, which run on cancellation;
+- the handler's own ``except``/``finally`` blocks, which run on cancellation (but a
+  handler that catches its cancellation and goes on is *abandoned*: ``call_timeout``
+  after its hard timeout, or when its worker stops or fences, the worker cancels it once
+  more and the guard closes its coroutine where it waits instead of resuming it);
 - a sync handler: its thread runs until it next calls ``ctx`` (every call checks the
   same window) or returns;
 - an effect already on its way: a request sent before the pause may land after another
@@ -41,6 +44,7 @@ stops stale work early; the store's token check is what refuses a stale commit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -48,23 +52,37 @@ if TYPE_CHECKING:
     from .._clock import Clock
     from .slot import Slot
 
-__all__ = ["UNTRUSTED", "Guarded", "LeaseCheck"]
+__all__ = ["ABANDONED", "UNTRUSTED", "Guarded", "LeaseCheck"]
 
 T = TypeVar("T")
 
 #: The cancel reason the guard gives when the worker's clock no longer trusts the lease.
 UNTRUSTED = "lease no longer trusted by the worker's clock"
+#: What an abandoned handler's task is cancelled with.
+ABANDONED = "handler abandoned: it did not stop when cancelled"
 
 
 class Guarded(Generic[T]):
     """Await ``coro``, but before each of its steps ask ``stop()``: a reason (a string)
-    throws ``CancelledError(reason)`` into it instead of resuming it; None resumes it."""
+    throws ``CancelledError(reason)`` into it instead of resuming it; None resumes it.
 
-    __slots__ = ("_coro", "_stop")
+    ``abandon()``, asked before ``stop()``, is for a coroutine that ignores its
+    cancellation: true, the coroutine is closed where it waits (its ``finally`` blocks run
+    up to their first ``await``) and ``CancelledError`` is raised here, so no handler can
+    keep its task, and so its lease, alive by catching ``CancelledError``.
+    """
 
-    def __init__(self, coro: Coroutine[Any, Any, T], stop: Callable[[], str | None]) -> None:
+    __slots__ = ("_abandon", "_coro", "_stop")
+
+    def __init__(
+        self,
+        coro: Coroutine[Any, Any, T],
+        stop: Callable[[], str | None],
+        abandon: Callable[[], bool] = lambda: False,
+    ) -> None:
         self._coro = coro
         self._stop = stop
+        self._abandon = abandon
 
     def __await__(self) -> Generator[Any, Any, T]:
         coro = self._coro
@@ -72,6 +90,11 @@ class Guarded(Generic[T]):
         thrown: BaseException | None = None
         try:
             while True:
+                if self._abandon():
+                    # RuntimeError: it awaited in a finally block; closed all the same.
+                    with contextlib.suppress(RuntimeError):
+                        coro.close()
+                    raise asyncio.CancelledError(ABANDONED)
                 if thrown is None and (reason := self._stop()) is not None:
                     thrown = asyncio.CancelledError(reason)
                 try:

@@ -54,3 +54,7 @@ class Slot:
     waiting_since: float | None = None
     #: How the attempt failed, for the concurrency limiter (None: it did not).
     failure: FailureKind | None = None
+    #: Its async handler is being driven by the guard (between start and return).
+    guarded: bool = False
+    #: The handler ignored its cancellation and is closed at its next resumption.
+    abandoned: bool = False

@@ -63,7 +63,7 @@ from ..maintenance import (
 from ..retry import RetryPolicy
 from .completer import BatchCompleter, ClaimArgs
 from .context import JobContext, decode_args
-from .guard import UNTRUSTED, Guarded, LeaseCheck
+from .guard import ABANDONED, UNTRUSTED, Guarded, LeaseCheck
 from .resources import renew_resource_leases
 from .skew import ClockSkew
 from .slot import Slot
@@ -784,10 +784,31 @@ class Worker:
         """Run an async handler in this task under its hard timeout, taking no step of it
         once its lease is no longer trusted (see ``guard.py``)."""
         check = LeaseCheck(slot, self.clock, self.settings.local_fencing)
+        slot.guarded = True
         try:
-            async with asyncio.timeout(limit):
-                return await Guarded(coro, check)
+            async with asyncio.timeout(limit) as scope:
+                result = await Guarded(coro, check, lambda: slot.abandoned)
+            if scope.expired():
+                # It caught the cancellation of its hard timeout and returned late: the
+                # timeout holds all the same, or a handler could run past it at will.
+                raise TimeoutError(
+                    f"hard timeout: attempt ran longer than {limit:g}s "
+                    "(the handler caught its cancellation and returned late)"
+                )
+            return result
+        except asyncio.CancelledError:
+            if not slot.abandoned or slot.cancel_reason is not None:
+                raise  # the worker's own cancellation (fenced, stopping): it ends the task
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()  # the watchdog's cancellation, which closed it
+            raise TimeoutError(
+                f"hard timeout: attempt ran longer than {limit:g}s, and the handler was "
+                f"abandoned after it ignored its cancellation for "
+                f"{self.settings.call_timeout:g}s"
+            ) from None
         finally:
+            slot.guarded = False
             # The guard saw the lease expire before the watchdog did, and the slot is
             # about to be freed, out of the watchdog's sight: fence as it would have.
             fencing = self._fencing or self.state in (WorkerState.FENCED, WorkerState.STOPPED)
@@ -1069,6 +1090,18 @@ class Worker:
             # Bounded: a task that ignores its cancellation must not keep the worker
             # from fencing or stopping.
             done, stuck = await asyncio.wait(waiting, timeout=self.settings.call_timeout)
+            if stuck:
+                # They caught their cancellation: close them where they wait, so that no
+                # handler can keep its worker from fencing or stopping.
+                log.warning(
+                    "worker %s: %d job handlers ignored their cancellation; abandoned",
+                    *(self.id, len(stuck)),
+                )
+                for slot in slots:
+                    if slot.task in stuck:
+                        self._abandon(slot)
+                more, stuck = await asyncio.wait(stuck, timeout=self.settings.call_timeout)
+                done |= more
             for task in done:
                 if not task.cancelled():
                     task.exception()  # retrieved: it ended with the worker's cancellation
@@ -1184,6 +1217,7 @@ class Worker:
                 if not self._stop_requested and not self._fencing:
                     self._promote()  # the adaptive limit may have grown since
                 await self._give_back_overdue()
+            self._abandon_overdue()
             if not self.settings.local_fencing or self.state is WorkerState.STOPPED:
                 continue
             now = self.clock.monotonic()
@@ -1194,6 +1228,27 @@ class Worker:
                     f"leases of jobs {expired} expired by the worker's own clock "
                     "(was the process paused or cut off?)"
                 )
+
+    def _abandon_overdue(self) -> None:
+        """Abandon async handlers still running ``call_timeout`` after their hard timeout
+        cancelled them: they caught the cancellation. Left to run, they would keep their
+        job's lease renewed (and their worker's slot) for as long as they liked."""
+        limit = self.clock.monotonic() - self.settings.call_timeout
+        for slot in list(self._slots.values()):
+            if slot.guarded and not slot.abandoned and slot.deadline <= limit:
+                job = slot.claimed.job
+                log.warning(
+                    "worker %s: job %s (%s) ignored the cancellation of its hard timeout for "
+                    "%gs; its handler is abandoned",
+                    *(self.id, job.id, job.task, self.settings.call_timeout),
+                )
+                self._abandon(slot)
+
+    def _abandon(self, slot: Slot) -> None:
+        """Close ``slot``'s async handler at its next resumption, which this wakes."""
+        slot.abandoned = True
+        if slot.task is not None:
+            slot.task.cancel(ABANDONED)
 
     async def _give_back_overdue(self) -> None:
         """Give back prefetched jobs that waited a renewal interval for a slot: a long
