@@ -56,8 +56,9 @@ class Served:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        web = create_app(state.app, operator_token=token)
+        port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        web = create_app(state.app, operator_token=token, bind=("127.0.0.1", port))
         config = uvicorn.Config(web, log_level="warning", lifespan="off")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(

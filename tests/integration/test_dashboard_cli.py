@@ -3,12 +3,14 @@ refuses a malformed --bind before starting anything."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -44,39 +46,91 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.parametrize("token", [None, "t0ken"])
-def test_the_command_serves_the_dashboard_until_sigterm(tmp_path: Path, token: str | None) -> None:
-    """Started by the real CLI, the dashboard answers on --bind, says whether actions
-    are enabled, and exits 0 on SIGTERM."""
-    state = populate(tmp_path)
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "TOKENLINE_DASHBOARD_TOKEN"}
-    if token:
-        env["TOKENLINE_DASHBOARD_TOKEN"] = token
-    cmd = [sys.executable, "-m", "tokenline", "dashboard", "--url", state.url,
-           "--bind", f"127.0.0.1:{port}"]  # fmt: skip
-    out = tmp_path / "out.log"
-    with out.open("wb") as fh:
-        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=fh)
-    try:
+class Running:
+    """``tokenline dashboard`` started by the real CLI, its output in ``out``."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], out: Path, port: int) -> None:
+        self.proc, self.out, self.port = proc, out, port
+
+    def get(self, path: str, host: str | None = None) -> httpx.Response:
+        """``path`` fetched (naming ``host`` in the Host header, when given) once the
+        server answers (it may still be starting)."""
+        headers = {"host": host} if host else {}
         deadline = time.monotonic() + DEADLINE
-        page = None
-        while page is None:
-            assert proc.poll() is None, out.read_text()
-            assert time.monotonic() < deadline, out.read_text()
+        while True:
+            assert self.proc.poll() is None, self.out.read_text()
+            assert time.monotonic() < deadline, self.out.read_text()
             try:
-                page = httpx.get(f"http://127.0.0.1:{port}/workers/w-busy", timeout=10)
+                url = f"http://127.0.0.1:{self.port}{path}"
+                return httpx.get(url, headers=headers, timeout=10)
             except httpx.TransportError:
                 time.sleep(0.1)
-        assert page.status_code == 200
-        assert "Jobs it holds" in page.text
-        assert ("read-only" in page.text) is (token is None)
+
+
+@contextlib.contextmanager
+def running(
+    tmp_path: Path, *args: str, token: str | None = None, env: dict[str, str] | None = None
+) -> Iterator[Running]:
+    """The dashboard of a populated store on a free port, stopped by SIGTERM (it must
+    exit 0) when the block ends."""
+    state = populate(tmp_path)
+    port = _free_port()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TOKENLINE_DASHBOARD")}
+    if token:
+        environ["TOKENLINE_DASHBOARD_TOKEN"] = token
+    environ |= env or {}
+    cmd = [sys.executable, "-m", "tokenline", "dashboard", "--url", state.url,
+           "--bind", f"127.0.0.1:{port}", *args]  # fmt: skip
+    out = tmp_path / "out.log"
+    with out.open("wb") as fh:
+        proc = subprocess.Popen(cmd, env=environ, stdout=fh, stderr=fh)
+    try:
+        yield Running(proc, out, port)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(DEADLINE) == 0, out.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(DEADLINE)
-    said = out.read_text()
+
+
+@pytest.mark.parametrize("token", [None, "t0ken"])
+def test_the_command_serves_the_dashboard_until_sigterm(tmp_path: Path, token: str | None) -> None:
+    """Started by the real CLI, the dashboard answers on --bind, says whether actions
+    are enabled, and exits 0 on SIGTERM."""
+    with running(tmp_path, token=token) as dash:
+        page = dash.get("/workers/w-busy")
+        assert page.status_code == 200
+        assert "Jobs it holds" in page.text
+        assert ("read-only" in page.text) is (token is None)
+    said = dash.out.read_text()
     assert ("actions enabled" in said) is (token is not None)
     assert token is None or token not in said  # the secret is never printed
+
+
+@pytest.mark.parametrize("how", ["option", "environment"])
+def test_the_command_answers_only_to_its_own_and_allowed_hosts(tmp_path: Path, how: str) -> None:
+    """The real server refuses (421) a request naming another host, as a DNS rebinding
+    page sends it, and answers to its bind address, localhost and each allowed host."""
+    args = ("--allowed-host", "dash.test", "--allowed-host", "other.test:81")
+    env = {"TOKENLINE_DASHBOARD_ALLOWED_HOSTS": "dash.test other.test:81"}
+    with running(
+        tmp_path, *(args if how == "option" else ()), env=env if how != "option" else None
+    ) as dash:
+        refused = dash.get("/", host=f"rebind.attacker.example:{dash.port}")
+        assert refused.status_code == 421
+        assert "does not answer to host" in refused.text
+        assert dash.get("/", host="other.test:82").status_code == 421
+        for host in (f"127.0.0.1:{dash.port}", f"localhost:{dash.port}", "dash.test",
+                     "other.test:81"):  # fmt: skip
+            assert dash.get("/leases", host=host).status_code == 200, host
+
+
+def test_a_malformed_allowed_host_is_refused() -> None:
+    """--allowed-host must be NAME or NAME:PORT: a wildcard or a URL exits 2."""
+    for bad in ("*.example.com", "http://dash.test"):
+        result = CliRunner().invoke(
+            main, ["dashboard", "--url", "memory://", "--allowed-host", bad]
+        )
+        assert result.exit_code == 2
+        assert "expected NAME or NAME:PORT" in result.output

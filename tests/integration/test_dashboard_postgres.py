@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from dashboard_state import LEASE_KEY, State, fingerprint, populate_url
-from integration.test_dashboard_routes import BASE, TOKEN, act
+from integration.test_dashboard_routes import BASE, HOST, TOKEN, act
 from tokenline.dashboard import create_app
 
 pytestmark = pytest.mark.postgres
@@ -32,7 +32,7 @@ def state(postgres_server: str) -> Iterator[State]:
 @pytest.fixture
 async def client(state: State) -> AsyncIterator[httpx.AsyncClient]:
     """A client of the dashboard of ``state``'s store, actions enabled."""
-    web = create_app(state.app, operator_token=TOKEN)
+    web = create_app(state.app, operator_token=TOKEN, allowed_hosts=[HOST])
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=web), base_url=BASE) as c:
         yield c
 

@@ -23,7 +23,9 @@ from tokenline.dashboard import create_app
 from tokenline.stores import store_from_url
 
 TOKEN = "s3cret-operator-token"
-BASE = "http://dash.test"
+#: The name the test clients reach the dashboard under: allowed, as behind a proxy.
+HOST = "dash.test"
+BASE = f"http://{HOST}"
 
 
 @pytest.fixture
@@ -32,9 +34,12 @@ def state(tmp_path: Path) -> State:
     return populate(tmp_path, faulty=True)
 
 
-def _client(state: State, token: str | None = TOKEN, **kwargs: Any) -> httpx.AsyncClient:
+def _client(
+    state: State, token: str | None = TOKEN, base: str = BASE, **kwargs: Any
+) -> httpx.AsyncClient:
+    kwargs.setdefault("allowed_hosts", [HOST])
     web = create_app(state.app, operator_token=token, **kwargs)
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=web), base_url=BASE)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=web), base_url=base)
 
 
 @pytest.fixture
@@ -378,9 +383,8 @@ async def test_an_unreadable_store_gives_a_503_page(tmp_path: Path) -> None:
 
     (tmp_path / "dir.db").mkdir()
     app = App(f"sqlite:///{tmp_path / 'dir.db'}")
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=create_app(app)), base_url=BASE
-    ) as c:
+    web = create_app(app, allowed_hosts=[HOST])
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=web), base_url=BASE) as c:
         page = await c.get("/leases")
         overview = await c.get("/")
     assert page.status_code == 503
@@ -429,9 +433,135 @@ async def test_an_action_on_an_unreadable_store_is_a_logged_503(
     from tokenline import App
 
     (tmp_path / "dir.db").mkdir()
-    web = create_app(App(f"sqlite:///{tmp_path / 'dir.db'}"), operator_token=TOKEN)
+    web = create_app(
+        App(f"sqlite:///{tmp_path / 'dir.db'}"), operator_token=TOKEN, allowed_hosts=[HOST]
+    )
     caplog.set_level(logging.INFO, logger="tokenline.dashboard")
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=web), base_url=BASE) as c:
         answer = await act(c, "pause-queue", {"queue": "default"})
     assert answer.status_code == 503
     assert any("failed: store error" in r.getMessage() for r in caplog.records)
+
+
+# -- DNS rebinding: the Host a request names ------------------------------------------------
+LOOPBACK = "http://127.0.0.1:8080"
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "rebind.attacker.example:8080",  # a name resolved to 127.0.0.1 by its owner
+        "rebind.attacker.example",
+        "localhost.attacker.example:8080",
+        "127.0.0.1:9999",  # the right address, another port
+        "127.0.0.1",  # port 80 implied
+        "[::2]:8080",
+        "0.0.0.0:8080",
+    ],
+)
+async def test_a_request_naming_another_host_is_refused_before_anything(
+    state: State, host: str
+) -> None:
+    """Bound to 127.0.0.1:8080, the dashboard refuses (421, a plain sentence) a page,
+    the confirmation form that carries the CSRF token, and an action whose Host and
+    Origin both name another host, as a page served from a rebinding domain sends
+    them; nothing changes."""
+    before = await fingerprint(state.url)
+    async with _client(state, base=LOOPBACK, bind=("127.0.0.1", 8080), allowed_hosts=()) as c:
+        sent = {"host": host}
+        csrf = c._transport.app.state.dashboard.guard.csrf_token  # type: ignore[attr-defined]
+        for answer in (
+            await c.get("/", headers=sent),
+            await c.get(f"/actions/retry-job?job={state.dead}", headers=sent),
+            await act(
+                c,
+                "retry-job",
+                {"job": state.dead},
+                csrf=csrf,
+                headers=sent | {"origin": f"http://{host}", "sec-fetch-site": "same-origin"},
+            ),
+        ):
+            assert answer.status_code == 421
+            assert answer.headers["content-type"].startswith("text/plain")
+            assert "does not answer to host" in answer.text
+            assert csrf not in answer.text
+    assert await fingerprint(state.url) == before
+
+
+@pytest.mark.parametrize("host", ["::1:8080", "[::1", "a b:8080", "127.0.0.1:8080x", ""])
+async def test_a_malformed_host_is_refused(state: State, host: str) -> None:
+    """A Host that is not NAME[:PORT] (an IPv6 address without brackets, ...): 400 or
+    421, never a page."""
+    async with _client(state, base=LOOPBACK, bind=("127.0.0.1", 8080), allowed_hosts=()) as c:
+        answer = await c.get("/", headers={"host": host})
+    assert answer.status_code in (400, 421)
+    assert "<html" not in answer.text
+
+
+@pytest.mark.parametrize(
+    ("bind", "host"),
+    [
+        (("127.0.0.1", 8080), "127.0.0.1:8080"),
+        (("127.0.0.1", 8080), "localhost:8080"),
+        (("127.0.0.1", 8080), "LocalHost:8080"),
+        (("127.0.0.1", 8080), "[::1]:8080"),
+        (("::1", 8080), "[::1]:8080"),
+        (("::1", 8080), "[0:0:0:0:0:0:0:1]:8080"),
+        (("::1", 8080), "localhost:8080"),
+        (("localhost", 8080), "127.0.0.1:8080"),
+        (("127.0.0.1", 80), "127.0.0.1"),
+        (("192.0.2.7", 8080), "192.0.2.7:8080"),
+        (("Dash.Lan", 8080), "dash.lan:8080"),
+    ],
+)
+async def test_the_bound_address_and_loopback_names_are_answered(
+    state: State, bind: tuple[str, int], host: str
+) -> None:
+    """The bound address and port (any case, IPv6 in brackets or spelt out), and on a
+    loopback bind the loopback names, are this dashboard."""
+    async with _client(state, base=LOOPBACK, bind=bind, allowed_hosts=()) as c:
+        answer = await c.get("/leases", headers={"host": host})
+    assert answer.status_code == 200, answer.text
+
+
+async def test_a_wildcard_bind_answers_to_the_address_the_connection_came_in_on(
+    state: State,
+) -> None:
+    """Bound to 0.0.0.0, the dashboard answers to the IP address it was reached on (a
+    rebinding attack needs a name), and to no name it was not given."""
+    async with _client(
+        state, base="http://192.0.2.7:8080", bind=("0.0.0.0", 8080), allowed_hosts=()
+    ) as c:
+        assert (await c.get("/leases")).status_code == 200
+        assert (await c.get("/leases", headers={"host": "192.0.2.8:8080"})).status_code == 421
+        refused = await c.get("/leases", headers={"host": "myhost.example:8080"})
+        assert refused.status_code == 421
+
+
+async def test_an_allowed_host_is_answered_and_is_the_origin_actions_come_from(
+    state: State,
+) -> None:
+    """Behind a TLS proxy passing Host on: an --allowed-host is answered on any port
+    (or the one given), and an action posted from its https origin goes through; the
+    origin check follows the configuration, not the request's Host."""
+    async with _client(
+        state, base="https://dash.example.com", allowed_hosts=["dash.example.com", "b.test:9"]
+    ) as c:
+        assert (await c.get("/leases")).status_code == 200
+        assert (await c.get("/leases", headers={"host": "b.test:9"})).status_code == 200
+        assert (await c.get("/leases", headers={"host": "b.test:10"})).status_code == 421
+        origin = {"origin": "https://dash.example.com"}
+        done = await act(c, "pause-queue", {"queue": "default"}, headers=origin)
+        assert done.status_code == 200, done.text
+        foreign = {"origin": "https://b.test:10"}
+        refused = await act(c, "resume-queue", {"queue": "default"}, headers=foreign)
+        assert refused.status_code == 403
+        assert "not from this dashboard" in refused.text
+    assert (await fingerprint(state.url))[1] == ["default", "emails"]
+
+
+def test_a_malformed_allowed_host_is_refused_at_creation(state: State) -> None:
+    """An allowed host that is not NAME[:PORT] is a configuration error, not a hole."""
+    for bad in ("*.example.com", "http://x.test", "x.test:99999", "::1"):
+        with pytest.raises(ValueError, match="not a host name"):
+            create_app(state.app, allowed_hosts=[bad])

@@ -24,6 +24,21 @@ def _bind(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[str
     return host.strip("[]"), int(port)
 
 
+def _allowed_hosts(
+    _ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]
+) -> tuple[str, ...]:
+    from ..dashboard.hosts import parse_authority
+
+    for entry in value:
+        parsed = parse_authority(entry.strip())
+        if parsed is None or "*" in parsed[0]:
+            raise click.BadParameter(
+                f"{entry!r}: expected NAME or NAME:PORT, e.g. dash.example.com "
+                "(an IPv6 address in brackets; no wildcards)"
+            )
+    return value
+
+
 @click.command()
 @app_option
 @url_option
@@ -35,6 +50,17 @@ def _bind(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[str
     show_envvar=True,
     callback=_bind,
     help="HOST:PORT to listen on (0.0.0.0:PORT: every interface).",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    envvar="TOKENLINE_DASHBOARD_ALLOWED_HOSTS",
+    show_envvar=True,
+    callback=_allowed_hosts,
+    help="Also answer to this host name (NAME: any port, or NAME:PORT), as a reverse "
+    "proxy passes it on; repeatable (the variable: space-separated). Requests naming "
+    "any other host are refused (421), against DNS rebinding.",
 )
 @click.option(
     "--timeout",
@@ -55,6 +81,7 @@ def dashboard(
     app_spec: str | None,
     url: str | None,
     bind: tuple[str, int],
+    allowed_hosts: tuple[str, ...],
     timeout: float,
     drill_results: Path | None,
 ) -> None:
@@ -66,6 +93,10 @@ def dashboard(
     operator token set in TOKENLINE_DASHBOARD_TOKEN and given with each action; without
     it the dashboard is read-only. Each action is logged on the tokenline.dashboard
     logger.
+
+    The dashboard answers only to requests naming it: its --bind address (and, bound
+    to loopback, localhost), or an --allowed-host; any other Host header is refused,
+    so a web page cannot reach it through a name of its own (DNS rebinding).
     """
     import os
 
@@ -82,7 +113,14 @@ def dashboard(
     host, port = bind
     with reporting_errors():
         app = resolve_app(app_spec, url)
-        web = create_app(app, operator_token=token, timeout=timeout, drill_results=drill_results)
+        web = create_app(
+            app,
+            operator_token=token,
+            timeout=timeout,
+            drill_results=drill_results,
+            bind=bind,
+            allowed_hosts=allowed_hosts,
+        )
         mode = "actions enabled" if token else f"read-only (set {TOKEN_ENV} to enable actions)"
         console.print(
             f"tokenline dashboard on http://{host}:{port}/ : {mode}",

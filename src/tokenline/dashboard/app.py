@@ -4,6 +4,9 @@ Every page is rendered on the server and works without JavaScript; with it, a pa
 marked for refresh fetches itself again as a fragment (``?fragment=1``: the page's
 content without the surrounding layout) every few seconds and swaps it in.
 
+Every request must name the dashboard in its ``Host`` header (see :mod:`.hosts`: the
+bound address, or an allowed name), else it answers 421 before reading anything.
+
 Status codes: 400 for a malformed id or field, 404 for an unknown job, worker, queue
 or action, 401/403 for a refused action (see :mod:`.security`), 409 for an action that
 does not apply, 503 when the store cannot be read; each with a readable page.
@@ -12,7 +15,7 @@ does not apply, 503 when the store cannot be read; each with a readable page.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,7 @@ from starlette.applications import Starlette
 from starlette.datastructures import MutableHeaders
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
@@ -34,6 +37,7 @@ from ..health import CHANNELS, alive, worker_state
 from . import data
 from .actions import ACTIONS, Action, BadInput, Outcome, parse
 from .charts import Sample, Samples, svg_chart
+from .hosts import HostPolicy
 from .security import Guard, Refusal
 
 __all__ = ["create_app"]
@@ -49,10 +53,17 @@ class _Dashboard:
     """The state one dashboard process keeps: the app, the guard, the samples."""
 
     def __init__(
-        self, app: App, guard: Guard, *, timeout: float, drill_results: Path | None
+        self,
+        app: App,
+        guard: Guard,
+        hosts: HostPolicy,
+        *,
+        timeout: float,
+        drill_results: Path | None,
     ) -> None:
         self.app = app
         self.guard = guard
+        self.hosts = hosts
         self.timeout = timeout
         self.drill_results = drill_results
         self.samples = Samples()
@@ -255,8 +266,9 @@ def _client(request: Request) -> str:
     return f"{c.host}:{c.port}" if c else "unknown client"
 
 
-def _own_origin(request: Request) -> str:
-    return f"{request.url.scheme}://{request.headers.get('host', request.url.netloc)}"
+def _server(request: Request) -> tuple[str, int | None] | None:
+    server = request.scope.get("server")
+    return (str(server[0]), server[1]) if server else None
 
 
 async def act(dash: _Dashboard, request: Request) -> Response:
@@ -265,10 +277,12 @@ async def act(dash: _Dashboard, request: Request) -> Response:
     if isinstance(action, Response):
         return action
     who = _client(request)
+    server = _server(request)
     refusal = dash.guard.check_origin(
         origin=request.headers.get("origin"),
         fetch_site=request.headers.get("sec-fetch-site"),
-        own_origin=_own_origin(request),
+        is_own=lambda origin: dash.hosts.accepts_origin(origin, server),
+        own_origin=dash.hosts.root().rstrip("/"),
     )
     form: dict[str, str] = {}
     if refusal is None:
@@ -337,21 +351,61 @@ class _SecurityHeaders:
         await self.app(scope, receive, with_headers)
 
 
+class _HostCheck:
+    """ASGI middleware refusing a request whose ``Host`` does not name this dashboard
+    (a DNS rebinding attack names the attacker's domain): 400 without exactly one
+    well-formed ``Host``, 421 for a host it does not answer to."""
+
+    def __init__(self, app: ASGIApp, hosts: HostPolicy) -> None:
+        self.app = app
+        self.hosts = hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = [v.decode("latin-1") for k, v in scope["headers"] if k == b"host"]
+        server = scope.get("server")
+        if len(given) != 1:
+            answer = PlainTextResponse("Bad request: exactly one Host header is needed\n", 400)
+        elif not self.hosts.accepts(given[0], server):
+            shown = given[0] if len(given[0]) <= 100 else given[0][:100] + "..."
+            answer = PlainTextResponse(
+                f"Misdirected request: this dashboard does not answer to host {shown!r}; "
+                f"it listens on {self.hosts.root()} (name more hosts with --allowed-host)\n",
+                421,
+            )
+        else:
+            await self.app(scope, receive, send)
+            return
+        await answer(scope, receive, send)
+
+
 def create_app(
     app: App,
     *,
     operator_token: str | None = None,
     timeout: float = 5.0,
     drill_results: Path | None = None,
+    bind: tuple[str, int] = ("127.0.0.1", 8080),
+    allowed_hosts: Iterable[str] = (),
 ) -> Starlette:
     """The dashboard of ``app``'s store as an ASGI application.
 
     ``operator_token``: the secret actions need (``None`` or empty: read-only).
     ``timeout``: how long each channel probe of the overview may take, seconds.
     ``drill_results``: a file ``tokenline drill --json`` wrote, for the drills page.
+    ``bind``: the address and port the server listens on; with ``allowed_hosts``
+    (``NAME`` or ``NAME:PORT``), the hosts a request may name (see :mod:`.hosts`);
+    :class:`ValueError` for a malformed one.
     """
+    hosts = HostPolicy.of(bind, allowed_hosts)
     dash = _Dashboard(
-        app, Guard(operator_token or None), timeout=timeout, drill_results=drill_results
+        app,
+        Guard(operator_token or None),
+        hosts,
+        timeout=timeout,
+        drill_results=drill_results,
     )
     routes = [
         Route("/", _store_guard(overview)),
@@ -369,7 +423,8 @@ def create_app(
     web = Starlette(
         routes=routes,
         exception_handlers={404: not_found},
-        middleware=[Middleware(_SecurityHeaders)],
+        # The headers go on every answer, the host check's refusals included.
+        middleware=[Middleware(_SecurityHeaders), Middleware(_HostCheck, hosts=hosts)],
     )
     web.state.dashboard = dash
     return web

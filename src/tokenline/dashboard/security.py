@@ -4,7 +4,8 @@ Reading needs nothing; every action is a POST that must pass, in this order:
 
 1. **same origin**: a browser's ``Sec-Fetch-Site`` must say ``same-origin`` (or
    ``none``: typed by the user), and an ``Origin`` header, when sent, must be this
-   dashboard's own. A page on another site cannot make the browser act here.
+   dashboard's own, as its configuration says (:mod:`.hosts`), never as the request's
+   ``Host`` says. A page on another site cannot make the browser act here.
 2. **CSRF token**: the form carries the token this process put in it (fresh at every
    start, never in a cookie), so a forged form that passed step 1 still fails.
 3. **actions enabled**: a dashboard started without ``TOKENLINE_DASHBOARD_TOKEN`` is
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import hmac
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 __all__ = ["Guard", "Refusal"]
@@ -54,16 +56,22 @@ class Guard:
         return not self.operator_token
 
     def check_origin(
-        self, *, origin: str | None, fetch_site: str | None, own_origin: str
+        self,
+        *,
+        origin: str | None,
+        fetch_site: str | None,
+        is_own: Callable[[str], bool],
+        own_origin: str,
     ) -> Refusal | None:
-        """Refuse a request a browser sent from another site."""
+        """Refuse a request a browser sent from another site: ``is_own`` tells whether
+        an origin is this dashboard's, ``own_origin`` names it in the refusal."""
         if fetch_site is not None and fetch_site.lower() not in _SAME_SITE:
             return Refusal(
                 403,
                 "Cross-site request refused",
                 f"the browser says it came from a {fetch_site} page",
             )
-        if origin is not None and origin != own_origin:
+        if origin is not None and not is_own(origin):
             return Refusal(
                 403,
                 "Cross-site request refused",
