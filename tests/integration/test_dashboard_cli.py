@@ -32,6 +32,33 @@ def test_a_malformed_bind_is_refused(bind: str) -> None:
     assert repr(bind) in result.output
 
 
+@pytest.mark.parametrize(
+    ("token", "says"),
+    [
+        ("", "set but blank"),
+        ("   ", "set but blank"),
+        ("\t\n", "set but blank"),
+        ("short", "5 characters long"),
+        (" a-long-enough-secret ", "whitespace"),
+    ],
+)
+def test_a_blank_or_weak_token_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch, token: str, says: str
+) -> None:
+    """TOKENLINE_DASHBOARD_TOKEN set but blank, short or padded stops the command
+    before it serves anything (exit 2), saying why; actions are never enabled by it."""
+    import uvicorn
+
+    served: list[object] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: served.append(a))
+    monkeypatch.setenv("TOKENLINE_DASHBOARD_TOKEN", token)
+    result = CliRunner().invoke(main, ["dashboard", "--url", "memory://"])
+    assert result.exit_code == 2, result.output
+    assert "TOKENLINE_DASHBOARD_TOKEN" in result.output
+    assert says in result.output
+    assert served == []
+
+
 def test_a_missing_extra_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the dashboard's dependencies the command says which extra to install."""
     monkeypatch.setitem(sys.modules, "uvicorn", None)
@@ -94,7 +121,7 @@ def running(
             proc.wait(DEADLINE)
 
 
-@pytest.mark.parametrize("token", [None, "t0ken"])
+@pytest.mark.parametrize("token", [None, "t0ken-of-the-operator"])
 def test_the_command_serves_the_dashboard_until_sigterm(tmp_path: Path, token: str | None) -> None:
     """Started by the real CLI, the dashboard answers on --bind, says whether actions
     are enabled, and exits 0 on SIGTERM."""

@@ -357,6 +357,14 @@ async def test_a_read_only_dashboard_refuses_every_action_and_says_how_to_enable
     assert await fingerprint(state.url) == before
 
 
+@pytest.mark.parametrize("token", ["", " ", "\t\n  ", "short", " padded-operator-token "])
+def test_a_blank_or_weak_operator_token_is_refused_at_creation(state: State, token: str) -> None:
+    """A blank token never enables actions (nor silently leaves them off): the app is
+    not created; nor with a short or padded one."""
+    with pytest.raises(ValueError, match=r"blank|whitespace|characters long"):
+        create_app(state.app, operator_token=token)
+
+
 async def test_get_never_acts(client: httpx.AsyncClient, state: State) -> None:
     """The confirmation page is a GET and changes nothing, even with every field."""
     before = await fingerprint(state.url)

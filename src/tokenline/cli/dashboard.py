@@ -13,7 +13,8 @@ from ._common import app_option, console, reporting_errors, resolve_app, url_opt
 
 __all__ = ["dashboard"]
 
-#: The environment variable holding the operator token; unset: a read-only dashboard.
+#: The environment variable holding the operator token; unset: a read-only dashboard;
+#: set, it must be a usable secret (see ``check_operator_token``), else no start.
 TOKEN_ENV = "TOKENLINE_DASHBOARD_TOKEN"
 
 
@@ -90,7 +91,8 @@ def dashboard(
     Shows queues, workers by state, channel and breaker health, firing alert
     conditions, jobs, leases, dead letters, the duplicate audit and drill results.
     Actions (pause/resume, drain, retry/discard dead jobs, release a lease) need the
-    operator token set in TOKENLINE_DASHBOARD_TOKEN and given with each action; without
+    operator token set in TOKENLINE_DASHBOARD_TOKEN (at least 16 characters; set but
+    blank or short, the command refuses to start) and given with each action; without
     it the dashboard is read-only. Each action is logged on the tokenline.dashboard
     logger.
 
@@ -108,8 +110,15 @@ def dashboard(
         from ..dashboard import create_app
     except ImportError as exc:
         raise click.ClickException(f"{INSTALL_HINT} ({exc})") from None
+    from ..dashboard.security import check_operator_token
+
+    token = os.environ.get(TOKEN_ENV)
+    if token is not None:
+        try:
+            check_operator_token(token, name=TOKEN_ENV)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
     configure_logging("info", "text")
-    token = os.environ.get(TOKEN_ENV) or None
     host, port = bind
     with reporting_errors():
         app = resolve_app(app_spec, url)

@@ -38,7 +38,7 @@ from . import data
 from .actions import ACTIONS, Action, BadInput, Outcome, parse
 from .charts import Sample, Samples, svg_chart
 from .hosts import HostPolicy
-from .security import Guard, Refusal
+from .security import Guard, Refusal, check_operator_token
 
 __all__ = ["create_app"]
 
@@ -392,7 +392,8 @@ def create_app(
 ) -> Starlette:
     """The dashboard of ``app``'s store as an ASGI application.
 
-    ``operator_token``: the secret actions need (``None`` or empty: read-only).
+    ``operator_token``: the secret actions need (``None``: read-only); a blank, padded
+    or short one is a :class:`ValueError` (see :func:`.security.check_operator_token`).
     ``timeout``: how long each channel probe of the overview may take, seconds.
     ``drill_results``: a file ``tokenline drill --json`` wrote, for the drills page.
     ``bind``: the address and port the server listens on; with ``allowed_hosts``
@@ -400,9 +401,11 @@ def create_app(
     :class:`ValueError` for a malformed one.
     """
     hosts = HostPolicy.of(bind, allowed_hosts)
+    if operator_token is not None:
+        check_operator_token(operator_token)
     dash = _Dashboard(
         app,
-        Guard(operator_token or None),
+        Guard(operator_token),
         hosts,
         timeout=timeout,
         drill_results=drill_results,

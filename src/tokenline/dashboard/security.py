@@ -24,7 +24,10 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["Guard", "Refusal"]
+__all__ = ["MIN_TOKEN_LENGTH", "Guard", "Refusal", "check_operator_token"]
+
+#: The shortest operator token accepted: a guessable secret is no secret.
+MIN_TOKEN_LENGTH = 16
 
 #: ``Sec-Fetch-Site`` values a browser sends for a request this dashboard may act on.
 _SAME_SITE = frozenset({"same-origin", "none"})
@@ -37,6 +40,26 @@ class Refusal:
     status: int
     title: str
     why: str
+
+
+def check_operator_token(token: str, *, name: str = "the operator token") -> str:
+    """``token`` when it can serve as the operator token, else :class:`ValueError`
+    saying why: empty or blank (a secret that failed to load must not enable actions,
+    nor silently leave them off), padded with whitespace (nobody would type it), or
+    shorter than :data:`MIN_TOKEN_LENGTH`."""
+    if not token.strip():
+        raise ValueError(
+            f"{name} is set but blank: set it to a secret of at least {MIN_TOKEN_LENGTH} "
+            "characters to enable actions, or leave it unset for a read-only dashboard"
+        )
+    if token != token.strip():
+        raise ValueError(f"{name} starts or ends with whitespace: remove it")
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise ValueError(
+            f"{name} is {len(token)} characters long: use a secret of at least "
+            f"{MIN_TOKEN_LENGTH} (e.g. python -c 'import secrets; print(secrets.token_urlsafe())')"
+        )
+    return token
 
 
 def _same(a: str, b: str) -> bool:
