@@ -107,6 +107,45 @@ async def test_job_page_lists_attempts_with_tokens(client: httpx.AsyncClient, st
     assert "w-busy" in page.text
 
 
+async def test_a_job_page_clips_huge_text_and_says_how_to_get_all_of_it(
+    client: httpx.AsyncClient, state: State
+) -> None:
+    """A job whose arguments are huge (1 MB): the page shows their start, their full
+    size, and the command that prints them whole; it stays small (its error, cut by
+    the store to 2000 characters, included)."""
+    from tokenline._jobs import NewJob
+
+    args = '{"args": ["' + "a" * 1_000_000 + '"], "kwargs": {}}'
+    store = store_from_url(state.url)
+    await store.open()
+    try:
+        (jid,) = await store.jobs_enqueue(jobs=[NewJob(queue="big", task="t", args=args)])
+        (claim,) = await store.jobs_claim(owner="w-busy", queues=["big"], limit=1, ttl=60)
+        await store.job_dead(lease=claim.lease, error="E" * 100_000, error_class="permanent")
+    finally:
+        await store.close()
+    page = await client.get(f"/jobs/{jid}")
+    assert page.status_code == 200
+    assert len(page.text) < 50_000
+    assert f"of {len(args):,} characters" in page.text
+    assert f"tokenline job {jid} --json" in page.text
+    assert "a" * 1000 in page.text
+    assert "a" * 2001 not in page.text
+
+
+async def test_only_an_unfinished_job_page_refreshes(
+    client: httpx.AsyncClient, state: State
+) -> None:
+    """A running job's page refreshes itself; a dead one's (it changes only by an
+    operator's hand) does not, nor does it clip its short error."""
+    running = await client.get(f"/jobs/{state.running[0]}")
+    dead = await client.get(f"/jobs/{state.dead}")
+    assert "data-refresh=" in running.text
+    assert "data-refresh=" not in dead.text
+    assert "card declined: permanent" in dead.text
+    assert "--json" not in dead.text
+
+
 @pytest.mark.parametrize(
     ("path", "expected"),
     [

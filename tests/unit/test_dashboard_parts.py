@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
+from tokenline import App
 from tokenline._jobs import WorkerRecord
+from tokenline.dashboard.app import CLIP_CHARS, _Dashboard, clip
 from tokenline.dashboard.charts import Sample, Samples, svg_chart
 from tokenline.dashboard.data import Overview, QueueRow, WorkerRow, firing_alerts
 from tokenline.dashboard.security import Guard
@@ -66,6 +68,27 @@ def test_guard_compares_tokens_and_is_read_only_without_one() -> None:
     assert g.check_origin(origin=own, fetch_site="same-origin", **mine) is None
     assert g.check_origin(origin=None, fetch_site=None, **mine) is None
     assert g.check_origin(origin="http://127.0.0.1:9", fetch_site=None, **mine)
+
+
+def test_long_text_is_clipped_on_a_page_with_its_size_and_the_command_for_all() -> None:
+    """Arguments, results and errors longer than CLIP_CHARS show their start, their
+    size and ``tokenline job ID --json``; shorter ones show whole, without a note."""
+    assert clip(None) == clip("")
+    assert not clip("x" * CLIP_CHARS).cut
+    long_one = clip("y" * 5_000_000)
+    assert long_one.cut
+    assert long_one.text == "y" * CLIP_CHARS
+    assert long_one.size == 5_000_000
+    dash = _Dashboard(App("memory://"), None, None, timeout=1.0, drill_results=None)  # type: ignore[arg-type]
+    macro = dash.templates.env.from_string(
+        '{% from "_macros.html" import long %}{{ long(v, 7) }}|{{ long(w, 7, code=True) }}'
+    )
+    shown = macro.render(v="<b>" + "r" * 10_000, w="short")
+    assert len(shown) < CLIP_CHARS + 500
+    assert "of 10,003 characters" in shown
+    assert "tokenline job 7 --json" in shown
+    assert "<b>" not in shown  # escaped
+    assert shown.endswith("|<code>short</code>")
 
 
 def _worker(wid: str, state: str, skew: float | None = None) -> WorkerRow:

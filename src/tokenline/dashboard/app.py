@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,28 @@ logger = logging.getLogger("tokenline.dashboard")
 _HERE = Path(__file__).parent
 #: Seconds between two refreshes of a page, in the browser.
 REFRESH_SECONDS = 5
+#: The most of a job's arguments, result or error text a page shows (characters): they
+#: may run to megabytes, which no page should carry, least of all every few seconds.
+CLIP_CHARS = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class Clipped:
+    """A text cut to :data:`CLIP_CHARS` for a page: what is shown, and how long it was."""
+
+    text: str
+    size: int
+
+    @property
+    def cut(self) -> bool:
+        """Whether part of the text is left out."""
+        return len(self.text) < self.size
+
+
+def clip(value: object, limit: int = CLIP_CHARS) -> Clipped:
+    """``value`` as text, its first ``limit`` characters when it is longer."""
+    text = "" if value is None else str(value)
+    return Clipped(text[:limit], len(text))
 
 
 class _Dashboard:
@@ -72,6 +95,7 @@ class _Dashboard:
         env.globals.update(
             ago=ago,
             when=when,
+            clip=clip,
             channels=CHANNELS,
             refresh_seconds=REFRESH_SECONDS,
             worker_state=worker_state,
@@ -183,7 +207,8 @@ async def job_view(dash: _Dashboard, request: Request) -> Response:
         attempts = await store.job_attempts(job_id=jid)
         effects = await store.effects_list(job_id=jid) if store.capabilities.ledger else []
     context = {"job": job, "attempts": attempts, "effects": effects, "dead": JobState.DEAD}
-    return dash.page(request, "job.html", context, refresh=True)
+    # A finished job changes only by an operator's hand: no refresh to fetch it again.
+    return dash.page(request, "job.html", context, refresh=not job.state.finished)
 
 
 async def worker_view(dash: _Dashboard, request: Request) -> Response:
