@@ -59,6 +59,30 @@ def test_a_blank_or_weak_token_is_refused_at_start(
     assert served == []
 
 
+@pytest.mark.parametrize(
+    ("bind", "url"),
+    [
+        ("[::1]:8080", "http://[::1]:8080/"),
+        ("::1:8080", "http://[::1]:8080/"),
+        ("[::]:9000", "http://[::]:9000/"),
+        ("127.0.0.1:8080", "http://127.0.0.1:8080/"),
+    ],
+)
+def test_the_address_printed_is_a_url(monkeypatch: pytest.MonkeyPatch, bind: str, url: str) -> None:
+    """The address the command prints can be pasted in a browser: an IPv6 host in
+    brackets; uvicorn is given the bare address."""
+    import uvicorn
+
+    served: list[dict[str, object]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(kw))
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # keep pytest's handlers
+    monkeypatch.delenv("TOKENLINE_DASHBOARD_TOKEN", raising=False)
+    result = CliRunner().invoke(main, ["dashboard", "--url", "memory://", "--bind", bind])
+    assert result.exit_code == 0, result.output
+    assert f"tokenline dashboard on {url} :" in result.output
+    assert served[0]["host"] == url.split("//")[1].rsplit(":", 1)[0].strip("[]")
+
+
 def test_a_missing_extra_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the dashboard's dependencies the command says which extra to install."""
     monkeypatch.setitem(sys.modules, "uvicorn", None)

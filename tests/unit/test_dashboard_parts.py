@@ -11,6 +11,7 @@ from tokenline._jobs import WorkerRecord
 from tokenline.dashboard.app import CLIP_CHARS, _Dashboard, clip
 from tokenline.dashboard.charts import Sample, Samples, svg_chart
 from tokenline.dashboard.data import Overview, QueueRow, WorkerRow, firing_alerts
+from tokenline.dashboard.hosts import HostPolicy, parse_authority, root_url
 from tokenline.dashboard.security import Guard
 
 OK = {"ok": True, "failure": None, "latency_ms": 1.0, "error": None}
@@ -89,6 +90,28 @@ def test_long_text_is_clipped_on_a_page_with_its_size_and_the_command_for_all() 
     assert "tokenline job 7 --json" in shown
     assert "<b>" not in shown  # escaped
     assert shown.endswith("|<code>short</code>")
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "url"),
+    [("::1", 8080, "http://[::1]:8080/"), ("127.0.0.1", 80, "http://127.0.0.1:80/"),
+     ("fe80::1", 1, "http://[fe80::1]:1/"), ("dash.lan", 8080, "http://dash.lan:8080/")],
+)  # fmt: skip
+def test_urls_put_an_ipv6_host_in_brackets(host: str, port: int, url: str) -> None:
+    """Every address the dashboard writes is a URL a browser takes."""
+    assert root_url(host, port) == url
+    assert HostPolicy.of((host, port)).root() == url
+    assert HostPolicy.of((f"[{host}]", port)).root() == url
+
+
+def test_parse_authority_reads_host_headers_as_browsers_send_them() -> None:
+    """Host and port, lowercased, an IPv6 address in brackets; anything else is None."""
+    assert parse_authority("LocalHost:8080") == ("localhost", 8080)
+    assert parse_authority("[::1]:8080") == ("::1", 8080)
+    assert parse_authority("[0:0::1]") == ("::1", None)
+    assert parse_authority("example.com") == ("example.com", None)
+    for bad in ("::1:8080", "[::1", "[nothost]:1", "a:b", "a:99999", "a:", "", "a b", "a@b"):
+        assert parse_authority(bad) is None, bad
 
 
 def _worker(wid: str, state: str, skew: float | None = None) -> WorkerRow:

@@ -110,6 +110,7 @@ def dashboard(
         from ..dashboard import create_app
     except ImportError as exc:
         raise click.ClickException(f"{INSTALL_HINT} ({exc})") from None
+    from ..dashboard.hosts import root_url
     from ..dashboard.security import check_operator_token
 
     token = os.environ.get(TOKEN_ENV)
@@ -132,7 +133,7 @@ def dashboard(
         )
         mode = "actions enabled" if token else f"read-only (set {TOKEN_ENV} to enable actions)"
         console.print(
-            f"tokenline dashboard on http://{host}:{port}/ : {mode}",
+            f"tokenline dashboard on {root_url(host, port)} : {mode}",
             markup=False,
             highlight=False,
             soft_wrap=True,
