@@ -72,3 +72,19 @@ async def test_actions_change_a_postgres_store_and_refusals_do_not(
     assert paused == ["default", "emails"]
     assert dict(drains)["w-ready"] is True
     assert (LEASE_KEY, "w-busy", state.lease_token, False) in leases
+
+
+async def test_ids_past_64_bits_are_refused_before_the_store(
+    client: httpx.AsyncClient, state: State
+) -> None:
+    """The largest id PostgreSQL's bigint holds is looked up (404); one past it is a
+    400 from the dashboard, never the driver's overflow as a 500; nothing changes."""
+    before = await fingerprint(state.url)
+    assert (await client.get("/jobs/9223372036854775807")).status_code == 404
+    assert (await client.get("/jobs/9223372036854775808")).status_code == 400
+    token_page = await client.get(f"/actions/retry-job?job={state.dead}")
+    csrf = token_page.text.split('name="csrf" value="')[1].split('"')[0]
+    answer = await act(client, "retry-job", {"job": str(2**63)}, csrf=csrf)
+    assert answer.status_code == 400
+    assert "out of range" in answer.text
+    assert await fingerprint(state.url) == before

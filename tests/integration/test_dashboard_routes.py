@@ -211,6 +211,21 @@ async def test_drills_page_reads_a_drill_json_file(state: State, tmp_path: Path)
         ("/actions/retry-job?job=abc", 400, "job must be a whole number"),
         ("/actions/pause-queue", 400, "queue is missing"),
         ("/no/such/page", 404, "nothing here"),
+        # Ids as far as a store's 64-bit integers go, and no further.
+        ("/jobs/9223372036854775807", 404, "no job with id 9223372036854775807"),
+        ("/jobs/9223372036854775808", 400, "out of range"),
+        ("/jobs/" + "9" * 5000, 400, "out of range"),
+        ("/jobs/0", 400, "out of range"),
+        ("/jobs/%D9%A3", 400, "not a job id"),  # an Arabic-Indic digit
+        ("/queues/a%20b", 400, "invalid queue name"),
+        ("/queues/" + "q" * 65, 400, "invalid queue name"),
+        ("/workers/w%00", 400, "control characters"),
+        ("/workers/" + "w" * 300, 400, "at most 255 characters"),
+        ("/actions/retry-job?job=-3", 400, "job must be a whole number"),
+        ("/actions/retry-job?job=1_0", 400, "job must be a whole number"),
+        ("/actions/retry-job?job=99999999999999999999999", 400, "out of range"),
+        ("/actions/drain-worker?worker=w%00", 400, "control characters"),
+        ("/actions/release-lease?key=k&owner=o&lease_token=-1", 400, "whole number"),
     ],
 )
 async def test_bad_urls_get_a_readable_page(
@@ -221,6 +236,15 @@ async def test_bad_urls_get_a_readable_page(
     assert page.status_code == status
     assert says in page.text
     assert "<h1>" in page.text
+    assert len(page.text) < 5000  # what was given is not echoed whole
+
+
+async def test_an_unknown_long_path_is_not_echoed_whole(client: httpx.AsyncClient) -> None:
+    """A 404 names the path it did not find, shortened."""
+    page = await client.get("/no/" + "x" * 10_000)
+    assert page.status_code == 404
+    assert "(10004 characters)" in page.text
+    assert len(page.text) < 5000
 
 
 # -- actions ------------------------------------------------------------------------------
@@ -287,6 +311,19 @@ def _lease(owner: str, token: Any) -> dict[str, Any]:
             "no resource",
         ),
         ("release-lease", {"key": LEASE_KEY, "owner": "w-busy", "lease_token": "x"}, 400, "whole"),
+        ("retry-job", {"job": "99999999999999999999999"}, 400, "out of range"),
+        ("retry-job", {"job": str(2**63)}, 400, "out of range"),
+        ("retry-job", {"job": "-3"}, 400, "whole number"),
+        ("retry-job", {"job": "\u0663"}, 400, "whole number"),
+        ("drain-worker", {"worker": "w\x00"}, 400, "control characters"),
+        ("drain-worker", {"worker": "w" * 100_000}, 400, "at most 255 characters"),
+        (
+            "release-lease",
+            {"key": LEASE_KEY, "owner": "w-busy", "lease_token": str(2**64)},
+            400,
+            "out of range",
+        ),
+        ("release-lease", {"key": "k\x00", "owner": "w-busy", "lease_token": 1}, 400, "control"),
     ],
 )
 async def test_an_action_that_does_not_apply_changes_nothing(

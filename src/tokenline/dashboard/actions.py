@@ -12,13 +12,18 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from .._config import validate_queue_name
-from .._errors import JobNotFoundError, QueueNameError
-from .._jobs import JobState
+from .._errors import InvalidInputError, JobNotFoundError, QueueNameError
+from .._jobs import JobState, describe
+from .._records import validate_key
 from ..health import alive, lease_mismatch
 from ..stores import Store
 from ..stores.base import ResourceLease
 
-__all__ = ["ACTIONS", "Action", "Outcome", "Params", "parse"]
+__all__ = ["ACTIONS", "MAX_ID", "Action", "Outcome", "Params", "parse", "parse_id", "parse_name"]
+
+#: The largest job id or token a store holds (a signed 64-bit integer); anything past it
+#: names nothing, and must not reach a store that cannot even take it as a parameter.
+MAX_ID = 2**63 - 1
 
 
 class BadInput(ValueError):
@@ -53,11 +58,27 @@ class Action:
     danger: bool = False
 
 
-def _int(name: str, value: str) -> int:
+def parse_id(name: str, value: str, *, lowest: int = 1) -> int:
+    """``value`` as a job id or a token: ASCII digits (no sign, no underscore, no other
+    script's digits), from ``lowest`` to :data:`MAX_ID`; :class:`BadInput` otherwise."""
+    text = value.strip()
+    if not text.isascii() or not text.isdigit():
+        raise BadInput(f"{name} must be a whole number, got {describe(value)}")
+    # The length first: int() of a huge string is slow, and the answer is known.
+    if len(text.lstrip("0")) > len(str(MAX_ID)) or not lowest <= int(text) <= MAX_ID:
+        raise BadInput(
+            f"{name} {describe(text)} is out of range: it runs from {lowest} to {MAX_ID}"
+        )
+    return int(text)
+
+
+def parse_name(name: str, value: str) -> str:
+    """``value`` as a worker id, a resource key or an owner: what a store can hold (see
+    :func:`tokenline._records.validate_key`); :class:`BadInput` otherwise."""
     try:
-        return int(value.strip())
-    except ValueError:
-        raise BadInput(f"{name} must be a whole number, got {value!r}") from None
+        return validate_key(value, name)
+    except InvalidInputError as exc:
+        raise BadInput(str(exc)) from None
 
 
 def parse(action: Action, raw: Mapping[str, str]) -> Params:
@@ -68,15 +89,18 @@ def parse(action: Action, raw: Mapping[str, str]) -> Params:
         value = raw.get(name, "")
         if not value.strip():
             raise BadInput(f"{name} is missing")
-        if name in ("job", "lease_token"):
-            out[name] = _int(name, value)
+        if name == "job":
+            out[name] = parse_id(name, value)
+        elif name == "lease_token":
+            # 0 is no token a lease was given, but a well-formed one: refused as stale.
+            out[name] = parse_id(name, value, lowest=0)
         elif name == "queue":
             try:
                 out[name] = validate_queue_name(value)
             except QueueNameError as exc:
                 raise BadInput(str(exc)) from None
         else:
-            out[name] = value
+            out[name] = parse_name(name, value)
     return out
 
 

@@ -7,9 +7,10 @@ content without the surrounding layout) every few seconds and swaps it in.
 Every request must name the dashboard in its ``Host`` header (see :mod:`.hosts`: the
 bound address, or an allowed name), else it answers 421 before reading anything.
 
-Status codes: 400 for a malformed id or field, 404 for an unknown job, worker, queue
-or action, 401/403 for a refused action (see :mod:`.security`), 409 for an action that
-does not apply, 503 when the store cannot be read; each with a readable page.
+Status codes: 400 for a malformed id or field (ids run from 1 to 2**63-1), 404 for an
+unknown job, worker, queue or action, 401/403 for a refused action (see
+:mod:`.security`), 409 for an action that does not apply, 503 when the store cannot
+be read; each with a readable page.
 """
 
 from __future__ import annotations
@@ -31,12 +32,13 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._app import App
-from .._errors import JobNotFoundError, StoreError
-from .._jobs import JobState
+from .._config import validate_queue_name
+from .._errors import JobNotFoundError, QueueNameError, StoreError
+from .._jobs import JobState, describe
 from ..cli._common import ago, when
 from ..health import CHANNELS, alive, worker_state
 from . import data
-from .actions import ACTIONS, Action, BadInput, Outcome, parse
+from .actions import ACTIONS, Action, BadInput, Outcome, parse, parse_id, parse_name
 from .charts import Sample, Samples, svg_chart
 from .hosts import HostPolicy
 from .security import Guard, Refusal, check_operator_token
@@ -180,6 +182,10 @@ async def overview(dash: _Dashboard, request: Request) -> Response:
 async def queue_view(dash: _Dashboard, request: Request) -> Response:
     """One queue: its counts and its newest jobs."""
     name = request.path_params["name"]
+    try:
+        validate_queue_name(name)
+    except QueueNameError as exc:
+        return dash.problem(request, 400, "Not a queue name", str(exc))
     async with data.opened(dash.app) as store:
         stats = [s for s in await store.queues_stats() if s.queue == name]
         jobs = await store.jobs_list(queue=name, limit=50)
@@ -189,16 +195,13 @@ async def queue_view(dash: _Dashboard, request: Request) -> Response:
     return dash.page(request, "queue.html", {"name": name, "q": row, "jobs": jobs}, refresh=True)
 
 
-def _job_id(raw: str) -> int | None:
-    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 19 else None
-
-
 async def job_view(dash: _Dashboard, request: Request) -> Response:
     """One job: its fields, every attempt with its token, its effects."""
     raw = request.path_params["job_id"]
-    jid = _job_id(raw)
-    if jid is None:
-        return dash.problem(request, 400, "Not a job id", f"{raw!r} is not a job id (a number)")
+    try:
+        jid = parse_id("job id", raw)
+    except BadInput as exc:
+        return dash.problem(request, 400, "Not a job id", f"not a job id: {exc}")
     async with data.opened(dash.app) as store:
         try:
             job = await store.job_get(job_id=jid)
@@ -213,7 +216,10 @@ async def job_view(dash: _Dashboard, request: Request) -> Response:
 
 async def worker_view(dash: _Dashboard, request: Request) -> Response:
     """One worker's membership and the jobs it holds leases on."""
-    wid = request.path_params["worker_id"]
+    try:
+        wid = parse_name("worker id", request.path_params["worker_id"])
+    except BadInput as exc:
+        return dash.problem(request, 400, "Not a worker id", str(exc))
     async with data.opened(dash.app) as store:
         found = [w for w in await store.workers_list() if w.id == wid]
         if not found:
@@ -263,8 +269,8 @@ async def drills_view(dash: _Dashboard, request: Request) -> Response:
 def _action(dash: _Dashboard, request: Request) -> Action | Response:
     found = ACTIONS.get(request.path_params["action"])
     if found is None:
-        name = request.path_params["action"]
-        return dash.problem(request, 404, "No such action", f"there is no action {name!r}")
+        name = describe(request.path_params["action"])
+        return dash.problem(request, 404, "No such action", f"there is no action {name}")
     return found
 
 
@@ -339,7 +345,8 @@ async def act(dash: _Dashboard, request: Request) -> Response:
 async def not_found(request: Request, exc: Exception) -> Response:
     """A readable page for a path that names nothing."""
     dash: _Dashboard = request.app.state.dashboard
-    return dash.problem(request, 404, "Not found", f"nothing here: {request.url.path}")
+    path = describe(request.url.path, 200)
+    return dash.problem(request, 404, "Not found", f"nothing here: {path}")
 
 
 #: Sent with every answer: no framing (a confirm button under a hidden frame), no script
