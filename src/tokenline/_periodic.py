@@ -5,7 +5,10 @@ registers the function as a task and as a schedule; the maintenance leader's sch
 (``maintenance/scheduler.py``) enqueues one job per instant.
 
 * **cron**: five fields (minute hour day month weekday), or six with seconds last
-  (``"*/10 * * * * *"``: every 10 seconds), parsed by ``croniter``.
+  (``"*/10 * * * * *"``: every 10 seconds), parsed by ``croniter``. It must match
+  some instant: one that never does (``"0 0 30 2 *"``, February 30th) or only more
+  than :data:`MAX_CRON_GAP_YEARS` years apart is refused at registration, since the
+  scheduler could never compute its next instant.
 * **timezone**: an IANA zone name (``"UTC"``, ``"Europe/Paris"``), never the machine's:
   the cron's times are wall-clock times in that zone. Across daylight saving time, the
   instants are croniter's: a time that a spring-forward skips runs at the first valid
@@ -24,16 +27,55 @@ from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterError, croniter
 
 from ._errors import ConfigError
 from ._jobs import check_queue_name, describe
 from ._records import MAX_KEY_LENGTH
 
-__all__ = ["CATCH_UP", "Periodic"]
+__all__ = ["CATCH_UP", "MAX_CRON_GAP_YEARS", "Periodic", "cron_problem"]
 
 #: The values of ``catch_up``.
 CATCH_UP = ("all", "latest", "skip")
+
+#: The longest gap between two instants of a schedule, in years: croniter's own search
+#: limit, past which it gives up computing the next instant.
+MAX_CRON_GAP_YEARS = 50
+
+
+def cron_problem(cron: object) -> str | None:
+    """Why ``cron`` is no schedule the scheduler can run, or ``None``.
+
+    Checked: a string of five fields (minute hour day month weekday) or six (seconds
+    last), or one of croniter's ``@`` names (``@hourly``, ``@daily`` …); valid field
+    values; and an instant both after and before now within :data:`MAX_CRON_GAP_YEARS`
+    years, which is what the scheduler computes at every pass. (Searched in UTC: a time
+    zone moves instants by hours, never whether the fields can match at all.)
+    """
+    if not isinstance(cron, str):
+        return f"must be a cron expression string, got {describe(cron)}"
+    fields = cron.split()
+    named = len(fields) == 1 and fields[0].startswith("@")
+    if not named and len(fields) not in (5, 6):
+        return (
+            f"{describe(cron)} has {len(fields)} fields; a cron expression has five "
+            "(minute hour day month weekday), or six with seconds last"
+        )
+    if not croniter.is_valid(cron):
+        return (
+            f"not a valid cron expression: {describe(cron)} (five fields: minute hour day "
+            "month weekday; or six, with seconds last)"
+        )
+    now = dt.datetime.now(dt.UTC)
+    try:
+        croniter(cron, now).get_next(float)
+        croniter(cron, now).get_prev(float)
+    except (CroniterError, ValueError, OverflowError) as exc:
+        return (
+            f"{describe(cron)} never matches: no instant within {MAX_CRON_GAP_YEARS} years "
+            f"of now ({exc}); a day its month never has, such as February 30th?"
+        )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,12 +99,8 @@ class Periodic:
     zone: ZoneInfo = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.cron, str) or not croniter.is_valid(self.cron):
-            raise ConfigError(
-                "cron",
-                f"not a valid cron expression: {describe(self.cron)} (five fields: minute "
-                "hour day month weekday; or six, with seconds last)",
-            )
+        if (problem := cron_problem(self.cron)) is not None:
+            raise ConfigError("cron", problem)
         if not isinstance(self.timezone, str) or not self.timezone:
             raise ConfigError(
                 "timezone", f"must be an IANA zone name, got {describe(self.timezone)}"

@@ -23,6 +23,11 @@ def register(app: App, **options: Any) -> None:
         ({"cron": "61 * * * *"}, "cron"),
         ({"cron": "every minute"}, "cron"),
         ({"cron": ""}, "cron"),
+        ({"cron": "0 0 30 2 *"}, "cron"),  # February 30th: never
+        ({"cron": "0 0 31 4 *"}, "cron"),  # April 31st: never
+        ({"cron": "0 0 * * * * *"}, "cron"),  # seven fields
+        ({"cron": "* * * *"}, "cron"),  # four fields
+        ({"cron": 5}, "cron"),
         ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "timezone"),
         ({"cron": "* * * * *", "timezone": ""}, "timezone"),
         ({"cron": "* * * * *", "timezone": "../etc/passwd"}, "timezone"),
@@ -38,6 +43,31 @@ def test_bad_schedule_settings_are_refused_by_name(options: dict[str, Any], sett
     assert caught.value.setting == setting
     assert app.periodics == {}
     assert app.tasks == {}
+
+
+@pytest.mark.parametrize(
+    ("cron", "why"),
+    [
+        ("0 0 30 2 *", "never matches"),
+        ("0 0 * * * * *", "has 7 fields"),
+        ("* * * *", "has 4 fields"),
+        ("61 * * * *", "not a valid cron expression"),
+    ],
+)
+def test_a_bad_cron_is_named_with_the_reason(cron: str, why: str) -> None:
+    """The error names the expression and says what is wrong with it: a cron that never
+    matches would otherwise be found only by the scheduler, at every pass."""
+    with pytest.raises(ConfigError, match=why) as caught:
+        register(App("memory://"), cron=cron)
+    assert repr(cron) in str(caught.value)
+
+
+@pytest.mark.parametrize("cron", ["0 0 29 2 *", "*/10 * * * * *", "@daily", "0 12 * * mon-fri"])
+def test_rare_or_named_crons_are_accepted(cron: str) -> None:
+    """February 29th (every four years), six fields and croniter's names are schedules."""
+    app = App("memory://")
+    register(app, cron=cron)
+    assert app.periodics["job"].cron == cron
 
 
 def test_arguments_are_checked_like_an_enqueue() -> None:
