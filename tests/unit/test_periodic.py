@@ -131,3 +131,85 @@ async def test_after_a_long_outage_latest_runs_the_latest_instant(mode: str, enq
     assert report.counts["periodic_enqueued"] == enqueued
     marks = await store.schedule_marks()
     assert marks["job"] == (clock.now() if mode == "latest" else start + 1000)
+
+
+def _broken(app: App, name: str, cron: str) -> None:
+    """Register a schedule whose cron croniter cannot compute, as if validation had been
+    bypassed (or croniter gave up on an expression it accepted)."""
+    register(app, cron="* * * * *", name=name)
+    object.__setattr__(app._periodic[name], "cron", cron)
+
+
+async def test_a_schedule_that_cannot_be_computed_is_skipped_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A schedule whose next instant raises is logged as an error naming it and skipped;
+    the schedules after it still run, and the pass does not raise."""
+    import logging
+
+    from tokenline._clock import FakeClock
+    from tokenline.maintenance.scheduler import Scheduler
+    from tokenline.stores import MemoryStore
+
+    clock = FakeClock()
+    app = App("memory://", clock=clock)
+    _broken(app, "feb30", "0 0 30 2 *")
+    register(app, cron="* * * * * *", name="every-second")
+    store = MemoryStore(clock=clock)
+    lease = await store.resource_lease_acquire(resource="m", owner="a", ttl=1e6)
+    assert lease is not None
+    sched = Scheduler(store, app)
+    await sched.run_once(leader=lease)  # first sight: both marks start now
+    with caplog.at_level(logging.ERROR, logger="tokenline.maintenance"):
+        for _ in range(3):
+            clock.advance(1)
+            report = await sched.run_once(leader=lease)
+            assert report.counts["periodic_enqueued"] == 1  # every-second's instant
+    assert not report.refused
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1  # once, not at every pass
+    assert "'feb30'" in errors[0].getMessage()
+    assert "0 0 30 2 *" in errors[0].getMessage()
+    assert sched.counters["periodic_failed"] == 3
+    assert sched.counters["periodic_enqueued"] == 3
+    dry = await sched.run_once(leader=None, dry_run=True)
+    assert any("'feb30'" in line and "skipped" in line for line in dry.lines)
+
+
+async def test_a_broken_schedule_does_not_stop_the_other_maintenance_services() -> None:
+    """The runner (which lives inside every worker) runs the scheduler and then the
+    next service, and neither raises, whatever one schedule's cron does."""
+    from collections import Counter
+
+    from tokenline._clock import FakeClock
+    from tokenline.maintenance import Leadership, MaintenanceRunner, ServiceReport
+    from tokenline.maintenance.scheduler import Scheduler
+    from tokenline.stores import MemoryStore
+    from tokenline.stores.base import ResourceLease
+
+    class Next:
+        name = "next"
+        interval = 1.0
+
+        def __init__(self) -> None:
+            self.counters: Counter[str] = Counter()
+
+        async def run_once(
+            self, *, leader: ResourceLease | None, dry_run: bool = False
+        ) -> ServiceReport:
+            self.counters["ran"] += 1
+            return ServiceReport(self.name)
+
+    clock = FakeClock()
+    app = App("memory://", clock=clock)
+    _broken(app, "seven", "0 0 * * * * 1999")
+    store = MemoryStore(clock=clock)
+    after = Next()
+    leadership = Leadership(store, owner="a", ttl=10.0, margin=1.0, clock=clock)
+    runner = MaintenanceRunner(leadership, [Scheduler(store, app), after], renew_interval=1.0)
+    for _ in range(2):
+        reports = await runner.run_once()
+        clock.advance(1)
+        assert reports is not None
+        assert not any(r.refused for r in reports)
+    assert after.counters["ran"] == 2

@@ -30,14 +30,23 @@ that very instant (or past instants a mode chose to skip), so every instant afte
 mark is still due for whoever leads next; a new leader starts from the stored mark,
 not from its own start time. A schedule seen for the first time starts at that
 moment: its mark is set to the store's now, and only later instants are due.
+
+**One broken schedule stops nothing else.** ``@app.periodic`` refuses a cron that never
+matches, but a schedule may still fail to compute or build its next job (croniter
+giving up on it, its task gone from the app): that schedule is logged as an error and
+skipped, its mark left where it is, and the pass goes on with the others. The
+maintenance runner lives inside every worker: an exception out of a pass would stop
+the worker. Only the store's failures end a pass (the runner retries it later).
 """
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from .._errors import StaleTokenError
+from .._errors import FencedError, NotSupportedError, StaleTokenError, StoreError
+from .._jobs import exception_text
 from .._periodic import Periodic
 from ..stores.base import ResourceLease, Store
 from ._service import ServiceReport
@@ -47,6 +56,8 @@ if TYPE_CHECKING:
     from .._config import WorkerSettings
 
 __all__ = ["Scheduler"]
+
+log = logging.getLogger("tokenline.maintenance")
 
 
 class Scheduler:
@@ -76,6 +87,9 @@ class Scheduler:
         self.grace = grace if grace is not None else 2 * interval
         self.max_per_pass = max_per_pass
         self.counters: Counter[str] = Counter()
+        #: The error last logged per failing schedule: logged again only when it
+        #: changes, not at every pass.
+        self._failing: dict[str, str] = {}
 
     @classmethod
     def from_settings(cls, store: Store, app: App, settings: WorkerSettings) -> Scheduler:
@@ -97,9 +111,30 @@ class Scheduler:
             except StaleTokenError:
                 report.refused = True
                 break
+            except (StoreError, NotSupportedError, FencedError):
+                raise  # the store's failure, not the schedule's: the runner retries
+            except Exception as exc:
+                self._failed(schedule, exc, report)
+            else:
+                self._failing.pop(schedule.name, None)
         if not dry_run:
             self.counters.update(report.counts)
         return report
+
+    def _failed(self, schedule: Periodic, exc: Exception, report: ServiceReport) -> None:
+        """Log that ``schedule`` could not be run this pass, once per distinct error."""
+        why = exception_text(exc)
+        line = (
+            f"schedule {schedule.name!r} (cron {schedule.cron!r}) skipped: {why}; "
+            "the other schedules run"
+        )
+        if report.dry_run:
+            report.lines.append(line)
+            return
+        self.counters["periodic_failed"] += 1
+        if self._failing.get(schedule.name) != why:
+            self._failing[schedule.name] = why
+            log.error("scheduler: %s", line, exc_info=exc)
 
     async def _schedule(
         self,
