@@ -33,7 +33,7 @@ from ._jobs import (
 )
 from ._periodic import Periodic
 from ._records import validate_key
-from ._tasks import Task
+from ._tasks import Task, handler_problem
 from .backpressure.breaker import (
     DEFAULT_BREAKER_WINDOW,
     DEFAULT_FAILURE_RATE,
@@ -210,6 +210,12 @@ class App:
             base = Settings(**{**_as_dict(base), "url": base.store_url, **dict.fromkeys(roles)})
         self.settings = base
         self.clock: Clock = clock or SystemClock()
+        if classifier is not None and not callable(classifier):
+            raise ConfigError(
+                "classifier",
+                "must be a function of the exception returning an ErrorClass, a Decision "
+                f"or None; got {describe(classifier)}",
+            )
         self.classifier = classifier
         self.retry = RetryPolicy(base.retry_base, base.retry_cap)
         self._tasks: dict[str, Task] = {}
@@ -274,8 +280,11 @@ class App:
         needs = dependency_names(depends_on)
 
         def register(func: F) -> F:
+            # Before the name is read from it: a string here is a name passed as ``fn``.
+            if (problem := handler_problem(func)) is not None:
+                raise ConfigError("handler", problem)
             task = Task(
-                name=f"{func.__module__}.{func.__qualname__}" if name is None else name,
+                name=_default_name(func) if name is None else name,
                 fn=func,
                 queue=queue,
                 max_attempts=max_attempts,
@@ -320,7 +329,9 @@ class App:
             known = next((t for t in self._tasks.values() if t.fn is func), None)
             task_name = known.name if known is not None else name
             if task_name is None:
-                task_name = f"{func.__module__}.{func.__qualname__}"
+                if (problem := handler_problem(func)) is not None:
+                    raise ConfigError("handler", problem)
+                task_name = _default_name(func)
             # The schedule first: a bad one registers nothing, not even the task.
             schedule = Periodic(
                 name=name or task_name,
@@ -919,6 +930,14 @@ def _check_json(value: object, depth: int) -> None:
         f"is a {type(value).__name__}, which JSON cannot hold: use None, bool, int, float, "
         "str, list, or dict with str keys"
     )
+
+
+def _default_name(func: Callable[..., Any]) -> str:
+    """The name of a task registered without one: ``module.qualname`` (a callable
+    object's are its class's)."""
+    module = getattr(func, "__module__", None) or type(func).__module__
+    qualname = getattr(func, "__qualname__", None) or type(func).__qualname__
+    return f"{module}.{qualname}"
 
 
 def _as_dict(settings: Settings) -> dict[str, Any]:

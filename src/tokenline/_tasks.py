@@ -9,10 +9,14 @@ A handler takes the job context first, then the job's JSON arguments::
 breaker is open, the task's jobs wait instead of running (see ``dependencies.py``).
 
 Async handlers run on the worker's event loop; sync handlers run in its thread pool.
+A handler is a function (or any callable); a generator function is refused when it is
+registered, since calling one runs none of its body: its job would be recorded as
+succeeded without having done anything.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from collections.abc import Callable
@@ -31,9 +35,39 @@ from .classify import Classifier
 from .dependencies import dependency_names
 from .retry import RetryPolicy
 
-__all__ = ["TASK_NAME_RE", "Task"]
+__all__ = ["TASK_NAME_RE", "Task", "handler_problem"]
 
 TASK_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,199}$")
+
+
+def _code_of(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """What runs when ``fn`` is called: its ``__call__`` for a callable object (whose
+    own flags say nothing), else ``fn`` (``inspect`` sees through methods and partials)."""
+    if inspect.isroutine(fn) or isinstance(fn, functools.partial):
+        return fn
+    call = getattr(fn, "__call__", None)  # noqa: B004 - the method itself is wanted
+    return call if call is not None else fn
+
+
+def handler_problem(fn: object) -> str | None:
+    """Why ``fn`` cannot be a task's handler, or ``None``: it must be callable, and not
+    a generator function (sync or async), whose call would run none of its body."""
+    if not callable(fn):
+        hint = " (to name the task, use @app.task(name=...))" if isinstance(fn, str) else ""
+        return f"must be a function taking the job context first, got {describe(fn)}{hint}"
+    code = _code_of(fn)
+    if inspect.isasyncgenfunction(code):
+        return (
+            f"{describe(fn)} is an async generator function (async def with yield): "
+            "calling it runs none of its body; use async def without yield, and return "
+            "the result"
+        )
+    if inspect.isgeneratorfunction(code):
+        return (
+            f"{describe(fn)} is a generator function (it yields): calling it runs none "
+            "of its body; return the result instead of yielding it"
+        )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +96,8 @@ class Task:
                 f"invalid task name {describe(self.name)}: start with a letter or _, then "
                 "up to 199 of A-Z a-z 0-9 _ . : -"
             )
+        if (problem := handler_problem(self.fn)) is not None:
+            raise ConfigError("handler", problem)
         check_queue_name(self.queue)
         for setting in ("max_attempts", "max_lease_expiries"):
             value = getattr(self, setting)
@@ -74,12 +110,25 @@ class Task:
             raise ConfigError("timeout", problem)
         if (problem := priority_problem(self.priority)) is not None:
             raise ConfigError("priority", problem)
+        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
+            raise ConfigError(
+                "retry",
+                f"must be a RetryPolicy (tokenline.retry.RetryPolicy(base=..., cap=...)) "
+                f"or None, got {describe(self.retry)}",
+            )
+        if self.classifier is not None and not callable(self.classifier):
+            raise ConfigError(
+                "classifier",
+                "must be a function of the exception returning an ErrorClass, a Decision "
+                f"or None; got {describe(self.classifier)}",
+            )
         object.__setattr__(self, "depends_on", dependency_names(self.depends_on))
 
     @property
     def is_async(self) -> bool:
-        """Whether the handler is a coroutine function (runs on the event loop)."""
-        return inspect.iscoroutinefunction(self.fn)
+        """Whether the handler is a coroutine function (runs on the event loop); for a
+        callable object, whether its ``__call__`` is one."""
+        return inspect.iscoroutinefunction(_code_of(self.fn))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the handler directly (useful in tests): ``task(ctx, *args)``."""
