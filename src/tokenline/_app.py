@@ -692,6 +692,11 @@ class App:
         unique_for: float | None = None,
     ) -> list[NewJob]:
         """Validate a batch: one job per argument tuple in ``items``, keys matched by order."""
+        if isinstance(items, str | bytes | Mapping):
+            raise PayloadError(
+                "items must be an iterable of argument lists or tuples, one per job, "
+                f"got {describe(items)}"
+            )
         rows = [_row(n, i) for n, i in enumerate(items)]
         if isinstance(keys, str | bytes):
             raise InvalidInputError(
@@ -833,10 +838,16 @@ def _uniqueness(unique: UniqueOption, unique_for: float | None, key: str | None)
 
 
 def _row(n: int, item: object) -> tuple[Any, ...]:
-    """The arguments of the ``n``-th item of a batch: a list or tuple of them, or one
-    string on its own."""
+    """The arguments of the ``n``-th item of a batch: a list or tuple of them.
+
+    A bare string is refused rather than taken as one argument: it is as likely a row
+    whose parentheses were forgotten (``("a", "b")`` written ``"ab"``), which would
+    enqueue a job with the wrong arguments that fails only when it runs."""
     if isinstance(item, str | bytes):
-        return (item,)
+        raise PayloadError(
+            f"items[{n}] is a bare {type(item).__name__} ({describe(item)}); each item is a "
+            f"list or tuple of one job's arguments: write ({describe(item)},) for one argument"
+        )
     if isinstance(item, list | tuple):
         return tuple(item)
     raise PayloadError(

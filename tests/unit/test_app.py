@@ -429,7 +429,7 @@ async def test_enqueue_async_into_a_given_store(app: App) -> None:
 
 def test_enqueue_many_stores_all_in_order(app: App) -> None:
     """enqueue_many stores one job per item, ids in order, keys matched by position."""
-    ids = app.enqueue_many("mail.send", [("a@x",), ("b@x",), "c@x"], keys=["k1", None, "k3"])
+    ids = app.enqueue_many("mail.send", [("a@x",), ["b@x"], ("c@x",)], keys=["k1", None, "k3"])
     assert len(ids) == 3
     assert ids == sorted(ids)
     jobs = {j.id: j for j in stored(app)}
@@ -441,6 +441,23 @@ def test_failing_batch_stores_nothing(app: App) -> None:
     """One bad item in enqueue_many fails the whole batch before anything is stored."""
     with pytest.raises(PayloadError):
         app.enqueue_many("mail.send", [("a@x",), (object(),), ("c@x",)])
+    assert stored(app) == []
+
+
+@pytest.mark.parametrize("item", ["c@x", b"c@x"])
+def test_a_bare_string_item_is_refused_naming_its_index(app: App, item: Any) -> None:
+    """A string where a row of arguments belongs is refused, naming the item: it is as
+    likely a row written without its parentheses as one argument."""
+    with pytest.raises(PayloadError, match=r"items\[2\] is a bare") as info:
+        app.enqueue_many("mail.send", [("a@x",), ("b@x",), item])
+    assert "list or tuple" in str(info.value)
+    assert stored(app) == []
+
+
+def test_a_string_of_items_is_refused(app: App) -> None:
+    """A string is no batch: it would enqueue one job per character."""
+    with pytest.raises(PayloadError, match="items must be"):
+        app.enqueue_many("mail.send", "abc")
     assert stored(app) == []
 
 
