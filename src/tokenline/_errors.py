@@ -182,11 +182,18 @@ class Retry(Exception):
     """Raise from a handler to retry the job after ``delay`` seconds.
 
     The retry burns an attempt; once ``max_attempts`` is reached the job goes dead.
+    ``delay`` is checked like an enqueue's: a number of seconds from 0 to ``MAX_DELAY``
+    (not a bool, a string, NaN or infinity), else :class:`InvalidInputError` here,
+    which fails the job as permanent with that message.
     """
 
     def __init__(self, delay: float | None = None, reason: str = "retry requested") -> None:
-        if delay is not None and not (0 <= delay < float("inf")):
-            raise ValueError(f"Retry delay must be a finite number >= 0, got {delay!r}")
+        if delay is not None:
+            # Imported here: _jobs imports this module.
+            from ._jobs import seconds_problem
+
+            if (problem := seconds_problem(delay, zero=True)) is not None:
+                raise InvalidInputError(f"Retry delay {problem}")
         self.delay = delay
         self.reason = reason
         super().__init__(reason)

@@ -32,9 +32,9 @@ from ._errors import (
     Retry,
     StoreUnavailableError,
 )
-from ._jobs import exception_text
+from ._jobs import describe, exception_text, seconds_problem
 
-__all__ = ["Classifier", "Decision", "ErrorClass", "classify"]
+__all__ = ["Classifier", "Decision", "ErrorClass", "classify", "delay_problem"]
 
 
 class ErrorClass(enum.StrEnum):
@@ -47,11 +47,29 @@ class ErrorClass(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """The class of a failure, and an explicit retry delay when the handler gave one."""
+    """The class of a failure, and an explicit retry delay when the handler gave one.
+
+    ``delay`` is checked like an enqueue's (seconds from 0 to ``MAX_DELAY``, a number),
+    and ``error_class`` must be an :class:`ErrorClass`: else :class:`InvalidInputError`
+    here, in the classifier that built it, which the worker logs as a classifier failure.
+    """
 
     error_class: ErrorClass
     reason: str
     delay: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.error_class, ErrorClass):
+            raise InvalidInputError(
+                f"Decision error_class must be an ErrorClass, got {describe(self.error_class)}"
+            )
+        if (problem := delay_problem(self.delay)) is not None:
+            raise InvalidInputError(f"Decision delay {problem}")
+
+
+def delay_problem(delay: object) -> str | None:
+    """Why ``delay`` is no retry delay (``None``, or seconds from 0 to ``MAX_DELAY``)."""
+    return None if delay is None else seconds_problem(delay, zero=True)
 
 
 #: A user classifier: return an :class:`ErrorClass` (or a :class:`Decision`) to decide,
@@ -67,6 +85,10 @@ def classify(exc: BaseException, user: Classifier | None = None) -> Decision:
     """Decide the class of ``exc``; ``user`` is consulted first."""
     # Explicit signals from the handler beat any classifier.
     if isinstance(exc, Retry):
+        # Checked when the Retry was made; a delay changed since is left to the policy.
+        if (problem := delay_problem(exc.delay)) is not None:
+            why = f"{exc.reason} (its delay {problem}: the retry policy decides)"
+            return Decision(ErrorClass.TRANSIENT, why)
         return Decision(ErrorClass.TRANSIENT, exc.reason, exc.delay)
     if isinstance(exc, Permanent):
         return Decision(ErrorClass.PERMANENT, exc.reason)
@@ -74,10 +96,14 @@ def classify(exc: BaseException, user: Classifier | None = None) -> Decision:
         return Decision(ErrorClass.COORDINATION, _describe(exc))
     if isinstance(exc, DependencyOpenError):
         # The dependency was not called: the job waits for the breaker, attempt intact.
-        return Decision(ErrorClass.COORDINATION, _describe(exc), exc.retry_after)
+        retry_after = exc.retry_after if delay_problem(exc.retry_after) is None else None
+        return Decision(ErrorClass.COORDINATION, _describe(exc), retry_after)
     if user is not None:
         verdict = user(exc)
         if isinstance(verdict, Decision):
+            # Made valid, but a frozen dataclass can still be altered after: check again.
+            if (problem := delay_problem(verdict.delay)) is not None:
+                raise InvalidInputError(f"classifier returned a Decision whose delay {problem}")
             return verdict
         if isinstance(verdict, ErrorClass):
             return Decision(verdict, _describe(exc))

@@ -11,6 +11,7 @@ import random
 from dataclasses import dataclass
 
 from ._errors import ConfigError
+from ._jobs import seconds_problem
 
 __all__ = ["RetryPolicy"]
 
@@ -23,8 +24,11 @@ class RetryPolicy:
     cap: float = 300.0
 
     def __post_init__(self) -> None:
-        if not self.base > 0:
-            raise ConfigError("retry_base", f"must be > 0, got {self.base!r}")
+        # Durations like an enqueue's delay: numbers, finite, at most MAX_DELAY.
+        if (problem := seconds_problem(self.base, zero=False)) is not None:
+            raise ConfigError("retry_base", problem)
+        if (problem := seconds_problem(self.cap, zero=False)) is not None:
+            raise ConfigError("retry_cap", problem)
         if not self.cap >= self.base:
             raise ConfigError("retry_cap", f"must be >= retry_base, got {self.cap!r}")
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import pytest
 
 from tokenline import (
+    MAX_DELAY,
     Decision,
     ErrorClass,
     FencedError,
+    InvalidInputError,
     JobCancelled,
     LeaseExpiredError,
     Permanent,
@@ -40,6 +45,67 @@ def test_negative_retry_delay_is_rejected() -> None:
     """Retry(-1) raises ValueError at once instead of scheduling into the past."""
     with pytest.raises(ValueError, match="delay"):
         Retry(-1)
+
+
+BAD_DELAYS = [
+    -1,
+    -0.001,
+    math.nan,
+    math.inf,
+    10**400,
+    MAX_DELAY + 1,
+    "soon",
+    "5",
+    True,
+    [1],
+]
+
+
+@pytest.mark.parametrize("delay", BAD_DELAYS)
+def test_a_retry_delay_is_checked_like_an_enqueue_delay(delay: Any) -> None:
+    """Retry(delay) refuses what enqueue(delay=) refuses, at once, naming the delay: a
+    string or a huge integer would otherwise fail later, inside the worker."""
+    with pytest.raises(InvalidInputError, match="Retry delay") as info:
+        Retry(delay)
+    assert isinstance(info.value, ValueError)  # as before: except ValueError still works
+
+
+@pytest.mark.parametrize("delay", [0, 0.5, 30, MAX_DELAY])
+def test_a_valid_retry_delay_is_kept(delay: float) -> None:
+    """From 0 to MAX_DELAY seconds, an int or a float."""
+    assert classify(Retry(delay)).delay == delay
+
+
+@pytest.mark.parametrize("delay", BAD_DELAYS)
+def test_a_decision_delay_is_checked_too(delay: Any) -> None:
+    """A classifier's Decision(delay=...) is checked like Retry's."""
+    with pytest.raises(InvalidInputError, match="Decision delay"):
+        Decision(ErrorClass.TRANSIENT, "why", delay)
+
+
+def test_a_decision_needs_an_error_class() -> None:
+    """A string where an ErrorClass belongs is refused when the Decision is made."""
+    with pytest.raises(InvalidInputError, match="ErrorClass"):
+        Decision("transient", "why")  # type: ignore[arg-type]
+
+
+def test_a_decision_altered_after_it_was_made_is_refused_by_classify() -> None:
+    """A Decision whose delay was changed after its checks makes classify raise (the
+    worker logs a failing classifier, and the defaults decide)."""
+    bad = Decision(ErrorClass.TRANSIENT, "why", 1.0)
+    object.__setattr__(bad, "delay", "soon")
+    with pytest.raises(InvalidInputError, match="delay"):
+        classify(ValueError("x"), lambda exc: bad)
+
+
+def test_a_retry_altered_after_it_was_made_leaves_the_delay_to_the_policy() -> None:
+    """Retry's delay changed after it was made: still a retry, the policy's delay."""
+    exc = Retry(1.0, reason="later")
+    exc.delay = "soon"  # type: ignore[assignment]
+    decision = classify(exc)
+    assert decision.error_class is ErrorClass.TRANSIENT
+    assert decision.delay is None
+    assert decision.reason.startswith("later (its delay")
 
 
 def test_permanent_is_permanent_with_its_reason() -> None:

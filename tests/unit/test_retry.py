@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tokenline import ConfigError, RetryPolicy
+from tokenline import MAX_DELAY, ConfigError, RetryPolicy
 
 
 def test_bound_doubles_from_base_until_the_cap() -> None:
@@ -100,3 +100,26 @@ def test_attempt_below_one_is_rejected(attempt: int) -> None:
         policy.bound(attempt)
     with pytest.raises(ValueError, match="1-based"):
         policy.delay(attempt, random.Random(0))
+
+
+@pytest.mark.parametrize(
+    ("setting", "base", "cap"),
+    [
+        ("retry_base", "soon", 10.0),
+        ("retry_base", True, 10.0),
+        ("retry_base", math.inf, math.inf),
+        ("retry_base", 10**400, 10**400),
+        ("retry_cap", 1.0, math.inf),
+        ("retry_cap", 1.0, "300"),
+        ("retry_cap", 1.0, MAX_DELAY + 1),
+    ],
+)
+def test_policy_durations_are_checked_like_enqueue_delays(
+    setting: str, base: object, cap: object
+) -> None:
+    """base and cap are numbers of seconds up to MAX_DELAY: a string, a bool, infinity
+    or a huge integer is a ConfigError naming it, not a TypeError or OverflowError at
+    the first retry."""
+    with pytest.raises(ConfigError) as info:
+        RetryPolicy(base=base, cap=cap)  # type: ignore[arg-type]
+    assert info.value.setting == setting

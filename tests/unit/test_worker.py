@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -21,6 +22,7 @@ import pytest
 from sabotage import StateOnlyMemoryStore
 from tokenline import (
     App,
+    Decision,
     ErrorClass,
     FakeClock,
     Job,
@@ -452,6 +454,35 @@ async def test_a_broken_classifier_leaves_the_defaults_to_decide(verdict: str) -
     assert job.last_error is not None
     assert job.last_error.startswith("ConnectionResetError: peer reset (the classifier failed: ")
     assert await outcomes(store, jid) == ["retry", "dead"]
+
+
+async def test_a_classifier_decision_with_a_bad_delay_is_a_classifier_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A Decision whose delay is no number of seconds (altered after its checks) is
+    logged as a failing classifier and the defaults decide: the worker runs on, and
+    the job is retried, then dead, never left running."""
+
+    def sloppy(exc: BaseException) -> Decision:
+        decision = Decision(ErrorClass.TRANSIENT, "try later", 1.0)
+        object.__setattr__(decision, "delay", "soon")
+        return decision
+
+    app = App("memory://", classifier=sloppy)
+    store = app.open_store()
+
+    @app.task(name="t.sloppy", max_attempts=2, retry=NO_BACKOFF)
+    async def fails(ctx: JobContext) -> None:
+        raise ConnectionResetError("peer reset")
+
+    jid = await app.enqueue_async("t.sloppy", store=store)
+    with caplog.at_level(logging.ERROR, logger="tokenline.worker"):
+        async with running(Worker(app, FAST)):
+            job = await job_in(store, jid, JobState.DEAD)
+    assert await outcomes(store, jid) == ["retry", "dead"]
+    assert job.last_error is not None
+    assert "(the classifier failed: InvalidInputError" in job.last_error
+    assert any("classifier failed" in r.getMessage() for r in caplog.records)
 
 
 async def test_unknown_task_goes_dead(app: App, store: Store) -> None:
