@@ -7,13 +7,16 @@ together.
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass
 
 from ._errors import ConfigError
 from ._jobs import seconds_problem
 
-__all__ = ["RetryPolicy"]
+__all__ = ["RetryPolicy", "policy_delay"]
+
+log = logging.getLogger("tokenline.worker")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,3 +46,31 @@ class RetryPolicy:
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """A full-jitter delay for the retry that follows attempt ``attempt``."""
         return (rng or random).uniform(0.0, self.bound(attempt))
+
+
+def policy_delay(policy: RetryPolicy, attempt: int) -> float:
+    """``policy``'s delay for the retry after ``attempt``, as the worker asks for it.
+
+    A policy's ``delay`` may be a subclass's, and answer anything: one that raises or
+    returns no valid delay (a number of seconds from 0 to ``MAX_DELAY``) is logged as
+    an error and the default backoff (``RetryPolicy()``) decides, as the default
+    classes do for a classifier that fails. A worker must not fail, nor leave the job
+    running, over a bad policy.
+    """
+    try:
+        delay = policy.delay(attempt)
+        problem = seconds_problem(delay, zero=True)
+    except Exception as exc:
+        problem = f"failed: {exc!r}"
+        err: BaseException | None = exc
+    else:
+        if problem is None:
+            return float(delay)
+        problem = f"returned a delay that {problem}"
+        err = None
+    log.error(
+        "retry policy %r %s (after attempt %d); the default backoff decides",
+        *(policy, problem, attempt),
+        exc_info=err,
+    )
+    return RetryPolicy().delay(attempt)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 
@@ -10,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tokenline import MAX_DELAY, ConfigError, RetryPolicy
+from tokenline.retry import policy_delay
 
 
 def test_bound_doubles_from_base_until_the_cap() -> None:
@@ -123,3 +125,36 @@ def test_policy_durations_are_checked_like_enqueue_delays(
     with pytest.raises(ConfigError) as info:
         RetryPolicy(base=base, cap=cap)  # type: ignore[arg-type]
     assert info.value.setting == setting
+
+
+class _Answers(RetryPolicy):
+    """A policy whose delay() answers whatever it is given."""
+
+    def __init__(self, answer: object) -> None:
+        object.__setattr__(self, "base", 1.0)
+        object.__setattr__(self, "cap", 1.0)
+        object.__setattr__(self, "_answer", answer)
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        if isinstance(self._answer, Exception):
+            raise self._answer
+        return self._answer  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("answer", ["soon", math.nan, -1.0, 10**400, ZeroDivisionError("bug")])
+def test_a_policy_answering_no_valid_delay_is_logged_and_the_default_decides(
+    answer: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What the worker asks: a bad answer (or an exception) from a policy's delay()
+    is an error in the log, and the default backoff's delay is used instead."""
+    with caplog.at_level(logging.ERROR, logger="tokenline.worker"):
+        delay = policy_delay(_Answers(answer), 1)
+    assert 0.0 <= delay <= RetryPolicy().bound(1)
+    (record,) = caplog.records
+    assert "retry policy" in record.getMessage()
+    assert "default backoff decides" in record.getMessage()
+
+
+def test_a_valid_policy_delay_is_used() -> None:
+    """A good answer is passed through."""
+    assert policy_delay(_Answers(2.5), 1) == 2.5

@@ -485,6 +485,39 @@ async def test_a_classifier_decision_with_a_bad_delay_is_a_classifier_failure(
     assert any("classifier failed" in r.getMessage() for r in caplog.records)
 
 
+class _SoonPolicy(RetryPolicy):
+    """A retry policy whose delay() answers a string."""
+
+    def delay(self, attempt: int, rng: Any = None) -> float:
+        return "soon"  # type: ignore[return-value]
+
+
+async def test_a_retry_policy_answering_no_delay_does_not_stop_the_worker(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A policy whose delay() is no number of seconds is logged, the default backoff
+    decides, and the job is retried, then dead; the worker keeps running jobs."""
+    app = App("memory://")
+    store = app.open_store()
+
+    @app.task(name="t.policy", max_attempts=2, retry=_SoonPolicy(0.001, 0.001))
+    async def fails(ctx: JobContext) -> None:
+        raise ConnectionResetError("peer reset")
+
+    @app.task(name="t.after")
+    async def after(ctx: JobContext) -> None:
+        return None
+
+    jid = await app.enqueue_async("t.policy", store=store)
+    with caplog.at_level(logging.ERROR, logger="tokenline.worker"):
+        async with running(Worker(app, FAST)):
+            await job_in(store, jid, JobState.DEAD)
+            later = await app.enqueue_async("t.after", store=store)
+            await job_in(store, later, JobState.SUCCEEDED)
+    assert await outcomes(store, jid) == ["retry", "dead"]
+    assert any("retry policy" in r.getMessage() for r in caplog.records)
+
+
 async def test_unknown_task_goes_dead(app: App, store: Store) -> None:
     """A stored job whose task this worker does not know is dead with "unknown task"."""
     app.task(name="t.known")(lambda ctx: None)

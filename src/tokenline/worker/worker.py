@@ -60,7 +60,7 @@ from ..maintenance import (
     ServiceReport,
     standard_services,
 )
-from ..retry import RetryPolicy
+from ..retry import RetryPolicy, policy_delay
 from .completer import BatchCompleter, ClaimArgs
 from .context import JobContext, decode_args
 from .guard import ABANDONED, UNTRUSTED, Guarded, LeaseCheck
@@ -888,7 +888,8 @@ class Worker:
                 ErrorClass.TRANSIENT,
             )
         retry = policy or self.app.retry
-        delay = decision.delay if decision.delay is not None else retry.delay(job.attempt)
+        # policy_delay: a policy that answers no valid delay must not fail the worker.
+        delay = decision.delay if decision.delay is not None else policy_delay(retry, job.attempt)
         if not self._budget.try_spend(job.queue, self.clock.monotonic()):
             # More retries than the queue's budget: a failing dependency must not get
             # them all at once. The attempt is spent as any retry's; only its delay grows.
