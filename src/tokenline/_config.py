@@ -40,6 +40,34 @@ DEFAULT_LEASE_TTL = 30.0
 #: Default renewal period: a third of the TTL, so two renewals can fail before expiry.
 DEFAULT_RENEW_INTERVAL = 10.0
 
+# -- the ranges of the settings ------------------------------------------------------------
+# Each number a setting takes is checked against one of these, so that a typo (a TTL of
+# 0.001 s, a concurrency of 10**9) is refused at start-up, naming the setting and the
+# range, instead of overloading the store or overflowing a time computation later.
+
+#: Longest duration any setting takes (seconds): 100 years, as ``MAX_DELAY`` of a job.
+MAX_SECONDS = 3_155_760_000
+#: Shortest and longest lease TTL (seconds): under half a second a lease renewed every
+#: third of it is lost to a store round trip or a GC pause; past a day, the jobs of a
+#: crashed worker wait that long.
+MIN_LEASE_TTL = 0.5
+MAX_LEASE_TTL = 86_400.0
+#: Longest period of a worker's loops and windows (polling, maintenance, budgets), and
+#: longest per-call store timeout (seconds): a day.
+MAX_INTERVAL = 86_400.0
+#: Most jobs one worker process runs at once.
+MAX_CONCURRENCY = 10_000
+#: Most jobs claimed in one round trip.
+MAX_CLAIM_BATCH = 1000
+#: Most rows deleted per prune transaction.
+MAX_PRUNE_BATCH = 100_000
+#: Most jobs the overload pause waits for before judging the error rate.
+MAX_PAUSE_MIN_JOBS = 1_000_000
+#: Largest ``max_payload_bytes``: 64 MiB.
+MAX_PAYLOAD_LIMIT = 64 * 1024 * 1024
+#: Largest ``max_attempts`` and ``max_lease_expiries``: the stores' integer column.
+MAX_ATTEMPTS_SETTING = 2**31 - 1
+
 
 def validate_queue_name(name: object) -> str:
     """Return ``name`` if it is a valid queue name, else raise :class:`QueueNameError`."""
@@ -51,16 +79,36 @@ def validate_queue_name(name: object) -> str:
     return name
 
 
-def _positive(name: str, value: float) -> None:
+def _shown(value: object) -> str:
+    """``repr(value)`` for an error message, short even for a huge integer."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:60]}…"
+
+
+def _positive(name: str, value: float, high: float = MAX_SECONDS, low: float = 0.0) -> None:
+    """Refuse ``value`` unless it is a number (not a bool) in ``(0, high]``, or in
+    ``[low, high]`` when ``low`` is above 0."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(name, f"must be a number, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(name, f"must be a positive finite number, got {value!r}")
+        raise ConfigError(name, f"must be a number, got {_shown(value)}")
+    # An int is compared as it is: math.isfinite would overflow on 10**400.
+    finite = isinstance(value, int) or math.isfinite(value)
+    if not finite or value <= 0 or value < low or value > high:
+        above = f"from {low:g}" if low > 0 else "above 0"
+        raise ConfigError(name, f"must be a finite number {above} to {high:g}, got {_shown(value)}")
 
 
-def _positive_int(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(name, f"must be a whole number >= 1, got {value!r}")
+def _positive_int(name: str, value: int, high: int = MAX_ATTEMPTS_SETTING) -> None:
+    """Refuse ``value`` unless it is a whole number (not a bool) from 1 to ``high``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+        raise ConfigError(name, f"must be a whole number from 1 to {high}, got {_shown(value)}")
+
+
+def _flag(name: str, value: bool) -> None:
+    """Refuse ``value`` unless it is ``True`` or ``False`` (not 0, 1 or a string)."""
+    if not isinstance(value, bool):
+        raise ConfigError(name, f"must be True or False, got {_shown(value)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,21 +151,25 @@ class Settings:
         if not isinstance(self.url, str) or not self.url:
             raise ConfigError("url", f"must be a non-empty store URL, got {self.url!r}")
         roles = {"broker": self.broker, "leases": self.leases, "ledger": self.ledger}
+        for role, value in roles.items():
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(role, f"must be a store URL, got {_shown(value)}")
         if any(v is not None for v in roles.values()):
             for role in ("broker", "ledger"):
                 if not roles[role]:
                     raise ConfigError(
                         role, "the split topology needs both a broker and a ledger URL"
                     )
-        _positive_int("max_payload_bytes", self.max_payload_bytes)
+        _positive_int("max_payload_bytes", self.max_payload_bytes, MAX_PAYLOAD_LIMIT)
         _positive_int("max_attempts", self.max_attempts)
         _positive_int("max_lease_expiries", self.max_lease_expiries)
         _positive("retry_base", self.retry_base)
         _positive("retry_cap", self.retry_cap)
         if self.retry_cap < self.retry_base:
             raise ConfigError("retry_cap", "must be >= retry_base")
-        _positive("store_timeout", self.store_timeout)
+        _positive("store_timeout", self.store_timeout, MAX_INTERVAL)
         _positive("priority_aging", self.priority_aging)
+        _flag("migrate", self.migrate)
 
     @property
     def store_url(self) -> str:
@@ -225,6 +277,9 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         if isinstance(self.queues, str):
             object.__setattr__(self, "queues", tuple(q for q in self.queues.split(",") if q))
+        if not isinstance(self.queues, tuple | list):
+            raise ConfigError("queues", f"must be a list of queue names, got {_shown(self.queues)}")
+        object.__setattr__(self, "queues", tuple(self.queues))
         if not self.queues:
             raise ConfigError("queues", "at least one queue is needed")
         for q in self.queues:
@@ -232,20 +287,18 @@ class WorkerSettings:
                 validate_queue_name(q)
             except QueueNameError as exc:
                 raise ConfigError("queues", str(exc)) from None
-        _positive_int("concurrency", self.concurrency)
-        for name in (
-            "lease_ttl",
-            "poll_interval",
-            "job_timeout",
-            "drain_timeout",
-            "rescue_interval",
-            "reconcile_interval",
-            "effect_pending_deadline",
-            "clock_skew_warning",
-        ):
+        if len(set(self.queues)) != len(self.queues):
+            twice = sorted({q for q in self.queues if self.queues.count(q) > 1})
+            raise ConfigError("queues", f"lists {', '.join(map(repr, twice))} more than once")
+        _positive_int("concurrency", self.concurrency, MAX_CONCURRENCY)
+        _positive("lease_ttl", self.lease_ttl, MAX_LEASE_TTL, MIN_LEASE_TTL)
+        for name in ("job_timeout", "drain_timeout", "effect_pending_deadline"):
             _positive(name, getattr(self, name))
+        for name in ("poll_interval", "rescue_interval", "reconcile_interval"):
+            _positive(name, getattr(self, name), MAX_INTERVAL)
+        _positive("clock_skew_warning", self.clock_skew_warning, MAX_INTERVAL)
         if self.renew_interval is not None:
-            _positive("renew_interval", self.renew_interval)
+            _positive("renew_interval", self.renew_interval, MAX_INTERVAL)
         third = self.lease_ttl / 3
         if self.renew_period > third and not math.isclose(self.renew_period, third):
             raise ConfigError(
@@ -272,7 +325,8 @@ class WorkerSettings:
                 "must be shorter than lease_ttl, or a slow store call outlives the lease",
             )
         if self.claim_batch is not None:
-            _positive_int("claim_batch", self.claim_batch)
+            _positive_int("claim_batch", self.claim_batch, MAX_CLAIM_BATCH)
+        _flag("local_fencing", self.local_fencing)
         if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int):
             raise ConfigError("prefetch", f"must be a whole number >= 0, got {self.prefetch!r}")
         if not 0 <= self.prefetch <= MAX_PREFETCH:
@@ -293,13 +347,11 @@ class WorkerSettings:
                 "concurrency_floor",
                 f"must be at most concurrency ({self.concurrency}), got {self.concurrency_floor}",
             )
-        for name in ("retry_budget", "retry_budget_window", "pause_window"):
-            _positive(name, getattr(self, name))
+        for name in ("retry_budget_window", "pause_window"):
+            _positive(name, getattr(self, name), MAX_INTERVAL)
         for name in ("retry_budget", "pause_error_rate"):
-            _positive(name, getattr(self, name))
-            if getattr(self, name) > 1:
-                raise ConfigError(name, f"must be a share from 0 to 1, got {getattr(self, name)!r}")
-        _positive_int("pause_min_jobs", self.pause_min_jobs)
+            _positive(name, getattr(self, name), 1.0)
+        _positive_int("pause_min_jobs", self.pause_min_jobs, MAX_PAUSE_MIN_JOBS)
         for name in ("retention_finished", "retention_dead", "retention_audit"):
             _positive(name, getattr(self, name))
             if getattr(self, name) < self.lease_ttl:
@@ -308,9 +360,9 @@ class WorkerSettings:
                     f"must be at least lease_ttl ({self.lease_ttl:g}s): a row must outlive "
                     f"every lease that may still write about it; got {getattr(self, name):g}s",
                 )
-        _positive("prune_interval", self.prune_interval)
-        _positive_int("prune_batch", self.prune_batch)
-        _positive("periodic_interval", self.periodic_interval)
+        _positive("prune_interval", self.prune_interval, MAX_INTERVAL)
+        _positive_int("prune_batch", self.prune_batch, MAX_PRUNE_BATCH)
+        _positive("periodic_interval", self.periodic_interval, MAX_INTERVAL)
 
     @property
     def call_timeout(self) -> float:

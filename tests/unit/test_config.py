@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tokenline import DEFAULT_URL, ConfigError, Settings, WorkerSettings, load_settings
+from tokenline._config import MAX_CLAIM_BATCH, MAX_CONCURRENCY, MAX_LEASE_TTL, MIN_LEASE_TTL
 
 
 def test_default_settings_are_valid() -> None:
@@ -160,7 +161,7 @@ def test_renew_interval_error_explains_the_rule() -> None:
 
 @pytest.mark.parametrize(
     ("lease_ttl", "renew_interval"),
-    [(30.0, 10.0), (3.0, 1.0), (0.9, 0.3), (0.6, 0.2), (0.3, 0.1)],
+    [(30.0, 10.0), (3.0, 1.0), (0.9, 0.3), (0.6, 0.2), (3.3, 1.1)],
 )
 def test_renew_interval_of_exactly_a_third_of_the_ttl_is_accepted(
     lease_ttl: float, renew_interval: float
@@ -386,3 +387,84 @@ def test_bad_env_value_for_optional_setting_says_what_was_expected() -> None:
         load_settings(WorkerSettings, environ={"TOKENLINE_LEASE_MARGIN": "soon"})
     assert "NoneType" not in str(info.value)
     assert "float" in str(info.value) or "number" in str(info.value)
+
+
+#: Values out of each setting's range: the constructor's value, and the same as a
+#: TOKENLINE_* environment variable's text (None: no text reads as that value).
+OUT_OF_RANGE: list[tuple[type[Any], str, Any, str | None]] = [
+    (WorkerSettings, "lease_ttl", 0.001, "0.001"),
+    (WorkerSettings, "lease_ttl", 1e6, "1e6"),
+    (WorkerSettings, "concurrency", 10**9, "1000000000"),
+    (WorkerSettings, "claim_batch", 10**6, "1000000"),
+    (WorkerSettings, "queues", ("a", "b", "a"), "a,b,a"),
+    (WorkerSettings, "queues", 5, None),
+    (WorkerSettings, "local_fencing", 1, None),
+    (WorkerSettings, "local_fencing", "no", None),
+    (WorkerSettings, "poll_interval", 1e7, "1e7"),
+    (WorkerSettings, "rescue_interval", math.inf, "inf"),
+    (WorkerSettings, "job_timeout", 1e300, "1e300"),
+    (WorkerSettings, "job_timeout", 10**400, None),
+    (WorkerSettings, "prune_batch", 10**7, "10000000"),
+    (WorkerSettings, "pause_min_jobs", 10**7, "10000000"),
+    (WorkerSettings, "periodic_interval", math.nan, "nan"),
+    (Settings, "migrate", 0, None),
+    (Settings, "migrate", "no", None),
+    (Settings, "max_payload_bytes", 10**12, "1000000000000"),
+    (Settings, "max_attempts", 2**31, "2147483648"),
+    (Settings, "retry_cap", 1e300, "1e300"),
+    (Settings, "store_timeout", 1e6, "1e6"),
+    (Settings, "broker", 5, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("cls", "setting", "value", "text"),
+    OUT_OF_RANGE,
+    ids=[f"{c.__name__}.{s}={v!r:.20}" for c, s, v, _ in OUT_OF_RANGE],
+)
+def test_a_value_out_of_range_is_refused_naming_the_setting(
+    cls: type[Any], setting: str, value: Any, text: str | None
+) -> None:
+    """Types and ranges are checked: a TTL of a millisecond, a concurrency of a billion,
+    a queue listed twice or 1 for a flag is a ConfigError naming the setting."""
+    with pytest.raises(ConfigError) as info:
+        cls(**{setting: value})
+    assert info.value.setting == setting
+
+
+@pytest.mark.parametrize(
+    ("cls", "setting", "value", "text"),
+    [case for case in OUT_OF_RANGE if case[3] is not None],
+    ids=[f"{c.__name__}.{s}={t}" for c, s, _, t in OUT_OF_RANGE if t is not None],
+)
+def test_the_same_value_from_the_environment_is_refused(
+    cls: type[Any], setting: str, value: Any, text: str
+) -> None:
+    """TOKENLINE_* variables go through the same checks as the constructor."""
+    with pytest.raises(ConfigError) as info:
+        load_settings(cls, environ={f"TOKENLINE_{setting.upper()}": text})
+    assert info.value.setting == setting
+
+
+def test_a_range_error_says_the_range() -> None:
+    """The message gives the allowed range, so the fix is obvious."""
+    with pytest.raises(ConfigError, match=r"from 0\.5 to 86400, got 0\.001"):
+        WorkerSettings(lease_ttl=0.001)
+    with pytest.raises(ConfigError, match=f"from 1 to {MAX_CONCURRENCY}"):
+        WorkerSettings(concurrency=10**9)
+    with pytest.raises(ConfigError, match="'a' more than once"):
+        WorkerSettings(queues=("a", "b", "a"))
+
+
+def test_the_limits_themselves_are_accepted() -> None:
+    """Each range includes its ends; a list of queues is kept as a tuple."""
+    w = WorkerSettings(
+        lease_ttl=MIN_LEASE_TTL,
+        concurrency=MAX_CONCURRENCY,
+        claim_batch=MAX_CLAIM_BATCH,
+        queues=["a", "b"],  # type: ignore[arg-type]
+    )
+    assert w.queues == ("a", "b")
+    longest = WorkerSettings(lease_ttl=MAX_LEASE_TTL, effect_pending_deadline=MAX_LEASE_TTL)
+    assert longest.lease_ttl == MAX_LEASE_TTL
+    assert Settings(migrate=False).migrate is False
