@@ -369,8 +369,9 @@ class Transition:
 def finish_transition(fin: Finish) -> Transition:
     """The one rule mapping an attempt's outcome to the job's next state.
 
-    A retry or release waits at most :data:`MAX_DELAY`, like an enqueue: a handler's
-    ``Retry(1e12)`` runs again in 100 years, and no store holds a time past that.
+    A retry or release waits at most :data:`MAX_DELAY`, like an enqueue: ``Retry`` and
+    ``Decision`` refuse a longer delay when made, and this bound holds it for every
+    other path too, so no store holds a time past that.
     """
     if fin.outcome is Outcome.SUCCEEDED:
         return Transition(JobState.SUCCEEDED, None, 0, True)

@@ -796,7 +796,7 @@ def test_bad_batch_is_refused_on_postgres(pg_app: App) -> None:
 @pytest.mark.parametrize("outcome", [Outcome.RETRY, Outcome.RELEASE])
 @pytest.mark.parametrize("delay", [1e12, 1e308, MAX_DELAY + 1])
 def test_a_retry_waits_at_most_max_delay(outcome: Outcome, delay: float) -> None:
-    """A handler's Retry(1e12) is held to the enqueue's limit: no store is asked to keep
-    a time more than MAX_DELAY ahead."""
+    """A retry or release delay is held to the enqueue's limit, whatever built it: no
+    store is asked to keep a time more than MAX_DELAY ahead."""
     move = finish_transition(Finish(Lease(1, "w", 1, 0.0), outcome, delay))
     assert move.delay == MAX_DELAY
