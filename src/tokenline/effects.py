@@ -24,7 +24,11 @@ How one call goes (the store's side is in ``stores/base.py``):
 2. **Run** ``fn`` — in the handler's thread (sync) or task (async). While it runs,
    :func:`current_effect` tells it the key, job and token.
 3. **Record** ``completed`` with the JSON of the result, or ``failed`` with the error,
-   only if the key is still pending under this ``(job, token)``. The job's lease is not
+   only if the key is still pending under this ``(job, token)``. A result that cannot
+   be stored (not JSON, or over ``max_payload_bytes``) is recorded ``completed``
+   *without* a result, for ``fn`` has run: the attempt fails with
+   :class:`PayloadError`, and a repeat raises :class:`PayloadError` too, saying so,
+   instead of running ``fn`` again. The job's lease is not
    re-checked here: the effect has happened, and refusing its record would only make it
    happen again. If a newer attempt took the key over meanwhile, the record is refused
    (recorded) and :class:`StaleTokenError` raised.
@@ -76,7 +80,7 @@ from ._errors import (
     TokenlineError,
 )
 from ._jobs import error_text, exception_text
-from ._records import EffectBegin, Fence, Start, validate_key
+from ._records import EffectBegin, EffectRecord, Fence, Start, validate_key
 
 if TYPE_CHECKING:
     from ._clock import Clock
@@ -94,6 +98,8 @@ __all__ = [
     "record_failure",
     "require_fenced",
     "run_effect",
+    "run_effect_as",
+    "stored_result",
 ]
 
 log = logging.getLogger("tokenline.ledger")
@@ -133,20 +139,42 @@ def running_effect(call: EffectCall) -> Iterator[None]:
         _CURRENT.reset(reset)
 
 
-def encode_result(key: str, value: Any) -> str:
-    """The JSON text stored for an effect's result; :class:`PayloadError` if it has none."""
+def encode_result(key: str, value: Any, max_bytes: int | None = None) -> str:
+    """The JSON text stored for an effect's result; :class:`PayloadError` if it has none,
+    or if it is longer than ``max_bytes`` (UTF-8)."""
     try:
-        return json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as exc:
         raise PayloadError(
             f"the result of effect {key!r} cannot be stored as JSON ({exc}); return a JSON "
             "value (dict, list, str, number, bool or None) from the effect"
         ) from None
+    # Characters bound bytes from below (at most 4 bytes each): encode only when needed.
+    if max_bytes is not None and len(text) * 4 > max_bytes:
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > max_bytes:
+            raise PayloadError(
+                f"the result of effect {key!r} is {size} bytes of JSON, over the limit of "
+                f"{max_bytes} (setting max_payload_bytes); return less from the effect"
+            )
+    return text
 
 
 def decode_result(text: str | None) -> Any:
     """The value of a stored result (``None`` for an effect that returned nothing)."""
     return None if text is None else json.loads(text)
+
+
+def stored_result(key: str, record: EffectRecord) -> Any:
+    """What a repeat of the completed effect ``key`` returns: its stored result, or
+    :class:`PayloadError` if it ran but its result could not be stored."""
+    if record.result is None:
+        # Results are stored as JSON text ("null" for None): no text means unstorable.
+        raise PayloadError(
+            f"effect {key!r} ran once (job {record.job_id}, token {record.token}), but its "
+            "result could not be stored; it does not run again, so there is no result"
+        )
+    return json.loads(record.result)
 
 
 def require_fenced(rowcount: int, *, resource: str, token: int) -> None:
@@ -163,7 +191,16 @@ class EffectRun:
     their own thread between the two steps) and ``ctx.effect_async``.
     """
 
-    def __init__(self, store: Store, lease: Lease, key: str, *, clock: Clock, wait: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        lease: Lease,
+        key: str,
+        *,
+        clock: Clock,
+        wait: float,
+        max_bytes: int | None = None,
+    ) -> None:
         self.key = validate_key(key, "effect key")
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
             raise InvalidInputError(f"wait must be a number of seconds >= 0, got {wait!r}")
@@ -171,6 +208,8 @@ class EffectRun:
         self.lease = lease
         self.clock = clock
         self.wait = float(wait)
+        #: Longest result stored, in bytes of JSON (None: no limit).
+        self.max_bytes = max_bytes
 
     @property
     def call(self) -> EffectCall:
@@ -216,12 +255,13 @@ class EffectRun:
     async def completed(self, value: Any) -> Any:
         """Record ``value`` as the result; return it as a repeat would see it (decoded)."""
         try:
-            text = encode_result(self.key, value)
+            text = encode_result(self.key, value, self.max_bytes)
         except PayloadError as exc:
-            # A complete, truthful record: the effect ran; its result could not be kept.
-            await self.store.effect_finish(
-                lease=self.lease, key=self.key, error=error_text(str(exc))
-            )
+            # The effect ran: recorded failed, the key would run it again. Completed
+            # without a result, it never runs again, and a repeat says why it has none.
+            log.error("effect %r ran, but its result is not stored: %s", self.key, exc)
+            if not await self.store.effect_finish(lease=self.lease, key=self.key):
+                raise self._stale("effect_complete") from exc
             raise
         if not await self.store.effect_finish(lease=self.lease, key=self.key, result=text):
             raise self._stale("effect_complete")
@@ -245,11 +285,17 @@ async def run_effect(
 ) -> Any:
     """Run ``fn(*args, **kwargs)`` at most once per ``key`` for the attempt holding
     ``lease`` (awaiting it if it returns an awaitable); the core of ``ctx.effect_async``."""
-    run = EffectRun(store, lease, key, clock=clock, wait=wait)
+    return await run_effect_as(
+        EffectRun(store, lease, key, clock=clock, wait=wait), fn, *args, **kwargs
+    )
+
+
+async def run_effect_as(run: EffectRun, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """:func:`run_effect` for a :class:`EffectRun` made by the caller (with its limits)."""
     begin = await run.claim()
     if begin.start is Start.DONE:
         assert begin.record is not None
-        return decode_result(begin.record.result)
+        return stored_result(run.key, begin.record)
     try:
         with running_effect(run.call):
             value = fn(*args, **kwargs)

@@ -25,7 +25,7 @@ from tokenline._errors import (
 )
 from tokenline._jobs import Finish, JobState, NewJob, Outcome, Unique
 from tokenline._records import DuplicateKind, EffectStatus, Fence, Start
-from tokenline.effects import EffectRun, run_effect
+from tokenline.effects import EffectRun, run_effect, run_effect_as
 from tokenline.worker.context import JobContext
 from tokenline.worker.slot import Slot
 
@@ -316,19 +316,44 @@ async def test_a_bad_effect_key_is_refused_before_anything_is_written(
 
 
 @pytest.mark.ledger
-async def test_a_result_that_is_not_json_leaves_a_failed_record_not_a_pending_one(
-    store: Any, clock: FakeClock
+@pytest.mark.parametrize(
+    ("result", "max_bytes", "said"),
+    [
+        ({1, 2}, None, "JSON"),
+        (math.nan, None, "JSON"),
+        (object(), None, "JSON"),
+        ("x" * 100, 64, "over the limit of 64"),
+    ],
+    ids=["set", "nan", "object", "too-big"],
+)
+async def test_an_effect_whose_result_cannot_be_stored_never_runs_again(
+    store: Any, clock: FakeClock, result: Any, max_bytes: int | None, said: str
 ) -> None:
-    """The effect ran but its result cannot be stored: PayloadError, the key is failed
-    (free to run again), and nothing stays pending."""
+    """The effect ran but its result cannot be stored (not JSON, or over the limit):
+    PayloadError, and the key is completed without a result, not failed, for a failed
+    key would run the effect again. A repeat, by a later attempt too, raises
+    PayloadError saying so, and does not call the callee."""
     await store.jobs_enqueue(jobs=[new()])
     x = await claim_one(store)
-    with pytest.raises(PayloadError, match="JSON"):
-        await run_effect(store, x.lease, "k", lambda: {1, 2}, clock=clock)
-    with pytest.raises(PayloadError):
-        await run_effect(store, x.lease, "n", lambda: math.nan, clock=clock)
-    records = await store.effects_list()
-    assert {r.status for r in records} == {EffectStatus.FAILED}
+    calls: list[int] = []
+
+    def callee() -> Any:
+        calls.append(1)
+        return result
+
+    run = EffectRun(store, x.lease, "k", clock=clock, wait=0, max_bytes=max_bytes)
+    with pytest.raises(PayloadError, match=said):
+        await run_effect_as(run, callee)
+    (record,) = await store.effects_list()
+    assert (record.status, record.result) == (EffectStatus.COMPLETED, None)
+    with pytest.raises(PayloadError, match=r"ran once.*could not be stored"):
+        await run_effect(store, x.lease, "k", callee, clock=clock)
+    clock.advance(11.0)  # the attempt's lease expires: the rescue gives the job back
+    await store.jobs_rescue()
+    y = await claim_one(store, "w2")
+    with pytest.raises(PayloadError, match="ran once"):
+        await run_effect(store, y.lease, "k", callee, clock=clock)
+    assert calls == [1]
 
 
 @pytest.mark.ledger

@@ -20,6 +20,7 @@ from tokenline import (
     JobState,
     NotSupportedError,
     RetryPolicy,
+    Settings,
     Worker,
     WorkerSettings,
     current_effect,
@@ -177,21 +178,50 @@ async def test_a_failing_effect_is_retried_and_runs_again(app: App, store: Store
     assert (record.status, record.runs) == (EffectStatus.COMPLETED, 2)
 
 
-async def test_a_result_that_is_not_json_dead_letters_the_job(app: App, store: Store) -> None:
-    """A non-JSON result is a bug that would fail every attempt: the job goes dead at
-    once with the reason, and the key is left failed, not pending."""
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize(
+    ("result", "said"),
+    [(object(), "cannot be stored as JSON"), ("x" * 600, "over the limit of 500")],
+    ids=["not-json", "too-big"],
+)
+async def test_an_effect_whose_result_cannot_be_stored_dead_letters_the_job_and_never_reruns(
+    kind: str, result: object, said: str
+) -> None:
+    """A result that is not JSON, or larger than max_payload_bytes, is a bug that would
+    fail every attempt: the job goes dead at once with the reason. The effect has run,
+    so its key is completed (without a result), not failed: the job retried from the
+    dead letters does not run it again, and fails saying why there is no result."""
+    app = App("memory://", settings=Settings(max_payload_bytes=500))
+    store = app.open_store()
+    calls: list[int] = []
 
-    @app.task(name="t.bad")
-    def handler(ctx: JobContext) -> None:
-        ctx.effect("k", lambda: object())
+    def callee() -> object:
+        calls.append(1)
+        return result
+
+    if kind == "sync":
+
+        @app.task(name="t.bad")
+        def handler(ctx: JobContext) -> None:
+            ctx.effect("k", callee)
+
+    else:
+
+        @app.task(name="t.bad")
+        async def handler_async(ctx: JobContext) -> None:
+            await ctx.effect("k", callee)
 
     jid = await app.enqueue_async("t.bad", store=store)
     async with running(Worker(app, FAST)):
         job = await job_in(store, jid, JobState.DEAD)
-    assert job.error_class == "permanent"
-    assert "cannot be stored as JSON" in (job.last_error or "")
-    (record,) = await store.effects_list()
-    assert record.status is EffectStatus.FAILED
+        assert job.error_class == "permanent"
+        assert said in (job.last_error or "")
+        (record,) = await store.effects_list()
+        assert (record.status, record.result) == (EffectStatus.COMPLETED, None)
+        assert await store.jobs_retry_dead(job_ids=[jid]) == 1  # queued again, at once
+        job = await job_in(store, jid, JobState.DEAD)
+    assert "ran once" in (job.last_error or "")
+    assert calls == [1]
 
 
 async def test_one_name_serves_both_kinds_of_handler(app: App, store: Store) -> None:

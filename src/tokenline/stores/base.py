@@ -620,7 +620,8 @@ class Ledger(abc.ABC):
         self, *, lease: Lease, key: str, result: str | None = None, error: str | None = None
     ) -> bool:
         """Mark the key ``completed`` with ``result`` (JSON text), or ``failed`` with
-        ``error``, only if it is still pending under this attempt's token.
+        ``error``, only if it is still pending under this attempt's token. Neither
+        given: ``completed`` without a result (the effect ran; its result was unstorable).
 
         The job's lease need not be current any more: the effect has happened, and
         refusing its record would only make it happen again. A refusal (a newer token

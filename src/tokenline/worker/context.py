@@ -32,8 +32,9 @@ from ..effects import (
     decode_result,
     fence_for,
     record_failure,
-    run_effect,
+    run_effect_as,
     running_effect,
+    stored_result,
 )
 from .resources import LeaseScope
 from .slot import Slot
@@ -63,8 +64,11 @@ class JobContext:
         local_fencing: bool,
         settings: WorkerSettings | None = None,
         board: BreakerBoard | None = None,
+        max_result_bytes: int | None = None,
     ) -> None:
         self._slot = slot
+        #: Longest effect result stored (the app's max_payload_bytes; None: no limit).
+        self._max_result_bytes = max_result_bytes
         self._board = board
         #: The last exception a dependency's breaker counted as that dependency's failure.
         self._dependency_error: BaseException | None = None
@@ -204,11 +208,11 @@ class JobContext:
             return self.effect_async(key, fn, *args, wait=wait, **kwargs)
         self.check()
         self.refuse_inside_transaction("ctx.effect")
-        run = EffectRun(self._store, self.job_lease, key, clock=self._clock, wait=wait)
+        run = self._effect_run(key, wait)
         begin = self.run_sync(run.claim(), "await ctx.effect_async(...)")
         if begin.start is Start.DONE:
             assert begin.record is not None
-            return decode_result(begin.record.result)
+            return stored_result(run.key, begin.record)
         try:
             with running_effect(run.call):
                 value = fn(*args, **kwargs)
@@ -231,8 +235,16 @@ class JobContext:
         quick)."""
         self.check()
         self.refuse_inside_transaction("ctx.effect_async")
-        return await run_effect(
-            self._store, self.job_lease, key, fn, *args, clock=self._clock, wait=wait, **kwargs
+        return await run_effect_as(self._effect_run(key, wait), fn, *args, **kwargs)
+
+    def _effect_run(self, key: str, wait: float) -> EffectRun:
+        return EffectRun(
+            self._store,
+            self.job_lease,
+            key,
+            clock=self._clock,
+            wait=wait,
+            max_bytes=self._max_result_bytes,
         )
 
     def _fence(self, key: str) -> Fence:

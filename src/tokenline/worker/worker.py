@@ -708,6 +708,7 @@ class Worker:
             local_fencing=self.settings.local_fencing,
             settings=self.settings,
             board=self._board,
+            max_result_bytes=self.app.settings.max_payload_bytes,
         )
         timeout = job.timeout or task.timeout or self.settings.job_timeout
         slot.deadline = self.clock.monotonic() + timeout
