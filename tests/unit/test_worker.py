@@ -428,15 +428,20 @@ async def test_an_exception_whose_message_cannot_be_read_still_ends_its_job(
     assert await outcomes(store, jid) == ["retry", "dead"]
 
 
-@pytest.mark.parametrize("verdict", ["raises", "junk"])
+@pytest.mark.parametrize("verdict", ["raises", "exits", "interrupts", "junk"])
 async def test_a_broken_classifier_leaves_the_defaults_to_decide(verdict: str) -> None:
-    """A classifier that raises, or answers something that is no class, is logged and
-    the default classes decide, naming the classifier's failure: the job is retried,
-    then dead, and never left running until its lease expires."""
+    """A classifier that raises (even SystemExit or KeyboardInterrupt), or answers
+    something that is no class, is logged and the default classes decide, naming the
+    classifier's failure: the job is retried, then dead, and never left running until
+    its lease expires; the worker lives on."""
 
     def broken(exc: BaseException) -> Any:
         if verdict == "raises":
             raise KeyError("classifier bug")
+        if verdict == "exits":
+            raise SystemExit(3)
+        if verdict == "interrupts":
+            raise KeyboardInterrupt
         return "permanent"  # a string, not ErrorClass.PERMANENT
 
     app = App("memory://", classifier=broken)

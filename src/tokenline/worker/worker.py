@@ -856,7 +856,7 @@ class Worker:
         still retried or dead-lettered, never left running until its lease expires."""
         try:
             return classify(exc, classifier)
-        except Exception as bug:
+        except BaseException as bug:  # SystemExit, KeyboardInterrupt…: the classifier's own
             log.error(
                 "worker %s: the classifier failed on %s (%s); the default classes decide",
                 self.id,
