@@ -715,6 +715,27 @@ async def test_a_stop_closes_a_handler_that_ignores_its_cancellation(
     assert job.attempt == 0  # given back, attempt refunded
 
 
+async def test_a_ctx_kept_past_its_attempt_refuses(app: App, store: Store) -> None:
+    """A JobContext used after its attempt ended (kept by a thread or a global) raises
+    JobCancelled from check() and from the ledger calls that check first."""
+    kept: list[JobContext] = []
+
+    @app.task(name="t.keeps")
+    async def keeps(ctx: JobContext) -> None:
+        ctx.check()  # while the attempt runs: nothing to say
+        kept.append(ctx)
+
+    jid = await app.enqueue_async("t.keeps", store=store)
+    async with running(Worker(app, FAST)):
+        await job_in(store, jid, JobState.SUCCEEDED)
+    (ctx,) = kept
+    with pytest.raises(JobCancelled, match="the attempt is over"):
+        ctx.check()
+    with pytest.raises(JobCancelled, match="the attempt is over"):
+        await ctx.effect_async("late", lambda: 1)
+    assert await store.effects_list() == []
+
+
 async def test_sync_handler_runs_in_a_worker_thread(app: App, store: Store) -> None:
     """A sync handler runs in the worker's thread pool, not on the event loop's thread."""
     threads: list[threading.Thread] = []

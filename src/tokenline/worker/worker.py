@@ -661,6 +661,11 @@ class Worker:
         key = (slot.claimed.job.id, slot.claimed.lease.token)
         if self._slots.get(key) is slot:
             del self._slots[key]
+        if not slot.cancel.is_set():
+            # A ctx kept past its attempt (a thread the handler started, a global) must
+            # refuse from now on, as it does once the worker cancelled the attempt.
+            slot.cancel_reason = "the attempt is over"
+            slot.cancel.set()
         if slot.waiting_since is not None:
             slot.waiting_since = None
             with contextlib.suppress(ValueError):
