@@ -217,3 +217,50 @@ async def test_a_runner_stopped_while_its_election_answers_gives_the_term_back()
     taken = await store.resource_lease_acquire(resource=MAINTENANCE_LEASE, owner="b", ttl=TTL)
     assert taken is not None, "the stopped runner's term is still held"
     assert r.leadership.term is None
+
+
+class _Buggy(Recorder):
+    """A service whose first runs fail with a bug (not a tokenline error)."""
+
+    name = "buggy"
+
+    def __init__(self, runs: list[tuple[str, int]], owner: str, failures: int) -> None:
+        super().__init__(runs, owner)
+        self.failures = failures
+
+    async def run_once(
+        self, *, leader: ResourceLease | None, dry_run: bool = False
+    ) -> ServiceReport:
+        if self.failures:
+            self.failures -= 1
+            raise ZeroDivisionError("a bug in the service")
+        return await super().run_once(leader=leader, dry_run=dry_run)
+
+
+async def test_a_service_with_a_bug_is_logged_and_run_again_not_fatal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A service raising something other than a tokenline error must not end the runner
+    (maintenance runs inside every worker): it is logged with its traceback and runs
+    again at its next interval, and the other services go on meanwhile."""
+    store = MemoryStore()
+    buggy_runs: list[tuple[str, int]] = []
+    other_runs: list[tuple[str, int]] = []
+    r = MaintenanceRunner(
+        Leadership(store, owner="a", ttl=TTL, margin=1.0, clock=store.clock),
+        [_Buggy(buggy_runs, "a", failures=2), Recorder(other_runs, "a")],
+        renew_interval=0.01,
+    )
+    task = asyncio.create_task(r.run())
+    try:
+        async with asyncio.timeout(DEADLINE):
+            while not buggy_runs:  # noqa: ASYNC110 (polling: no event to wait on)
+                await asyncio.sleep(0.01)
+        assert not task.done()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert other_runs
+    failures = [rec for rec in caplog.records if "buggy failed unexpectedly" in rec.message]
+    assert len(failures) == 2
+    assert all(rec.exc_info is not None for rec in failures)

@@ -135,6 +135,10 @@ class MaintenanceRunner:
                 # A service that fails (a store error, a store that lacks what it needs)
                 # is retried at its next interval; it never takes the worker down.
                 log.warning("maintenance %s failed: %s", service.name, exc)
+            except Exception:
+                # A bug (in a service, a schedule, a store): maintenance runs in every
+                # worker, so letting it out would stop every worker of the fleet.
+                log.exception("maintenance %s failed unexpectedly; it runs again", service.name)
 
     async def _run(self, service: Service) -> ServiceReport:
         lease = self.leadership.current()
