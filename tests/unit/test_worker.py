@@ -1231,6 +1231,65 @@ async def test_slow_claim_starts_its_jobs_with_a_fresh_lease() -> None:
     assert worker.counters.fenced == 0
 
 
+class _FenceDuringRefresh(_SlowClaims):
+    """A slow claim (its leases are renewed before the jobs start) during whose renewal
+    the worker fences, and stays fenced until ``registered`` is set."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(delay)
+        self.worker: Worker | None = None
+        self.registered = asyncio.Event()
+        self.registered.set()
+        self.fencing: asyncio.Task[None] | None = None
+
+    async def job_leases_renew(self, **kwargs: Any) -> Any:
+        renewed = await super().job_leases_renew(**kwargs)
+        if kwargs["leases"] and self.fencing is None and self.worker is not None:
+            # The renewal of the slow claim (nothing else is in flight): fence now.
+            self.registered.clear()
+            self.fencing = asyncio.create_task(self.worker._lease_lost("fenced meanwhile"))
+            await asyncio.sleep(0)
+        return renewed
+
+    async def worker_register(self, **kwargs: Any) -> Any:
+        await self.registered.wait()
+        return await super().worker_register(**kwargs)
+
+
+async def test_a_fence_while_a_slow_claim_is_renewed_starts_none_of_its_jobs() -> None:
+    """The worker fences while the leases of a slow claim are being renewed: the jobs of
+    that claim go back unrun, instead of starting in FENCED (which the state machine
+    refuses: the fetch loop crashed and the worker stopped), and run once it is READY."""
+    store = _FenceDuringRefresh(delay=FAST.renew_period * 2)
+    app = App("memory://")
+    ran: list[int] = []
+
+    @app.task(name="t.fenced_claim")
+    async def handler(ctx: JobContext) -> None:
+        ran.append(ctx.token)
+
+    jid = await app.enqueue_async("t.fenced_claim", store=store)
+    worker = Worker(app, FAST, store=store)
+    store.worker = worker
+    async with running(worker) as states:
+        await eventually(lambda: store.fencing is not None, "the worker fenced")
+        await eventually_async(
+            lambda: _outcome_is(store, jid, "release"), "the claimed job went back unrun"
+        )
+        assert ran == []
+        assert worker.state is WorkerState.FENCED
+        store.registered.set()
+        store.delay = 0.0
+        await job_in(store, jid, JobState.SUCCEEDED)
+        assert worker.state is not WorkerState.STOPPED
+    assert len(ran) == 1
+    assert states.count(WorkerState.STOPPED) == 1  # at the end, by the test
+
+
+async def _outcome_is(store: Store, job_id: int, outcome: str) -> bool:
+    return outcome in await outcomes(store, job_id)
+
+
 class _SkewedClock:
     """The real clocks, the wall clock shifted by ``offset`` seconds."""
 

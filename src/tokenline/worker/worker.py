@@ -490,16 +490,22 @@ class Worker:
         worker stopped fetching meanwhile (then they are given back unrun)."""
         if not claimed:
             return
-        if not self.state.may_fetch or self._stop_requested or self._fencing:
-            # The worker fenced or began draining while the claim was in flight.
+        if self._may_start() and self.clock.monotonic() - sent_at > self.settings.renew_period:
+            claimed, sent_at = await self._refreshed(claimed)
+        if claimed and self._may_start() and self._board.active:
+            claimed = await self._defer_held_back(claimed)
+        if claimed and not self._may_start():
+            # The worker fenced or began draining while the claim, or the renewal or
+            # deferral above, was in flight: asked after the last await, with no await
+            # before the jobs start, so that no job starts in a state that forbids it.
             await self._release_unstarted(claimed)
             return
-        if self.clock.monotonic() - sent_at > self.settings.renew_period:
-            claimed, sent_at = await self._refreshed(claimed)
-        if claimed and self._board.active:
-            claimed = await self._defer_held_back(claimed)
         for c in claimed:
             self._start(c, sent_at)
+
+    def _may_start(self) -> bool:
+        """Jobs may start now: the worker fetches, is not stopping and not fencing."""
+        return self.state.may_fetch and not self._stop_requested and not self._fencing
 
     async def _refreshed(self, claimed: list[ClaimedJob]) -> tuple[list[ClaimedJob], float]:
         """Renew the leases of a claim that took long to answer (it waited for a store
