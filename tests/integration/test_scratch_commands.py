@@ -5,9 +5,11 @@ behind unless told to keep it, and then say where it is."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import uuid
@@ -20,6 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from tokenline.cli import main
+from tokenline.drill._scratch import ScratchInUseError, scratch_for
 
 # The module, not the command of the same name that tokenline.cli exports.
 demo_cli = importlib.import_module("tokenline.cli.demo")
@@ -276,3 +279,64 @@ def test_help_says_which_store_is_used(command: str) -> None:
     assert "a fresh schema" in text
     assert "temporary director" in text
     assert "env var" not in text
+
+
+def _somebodys_store(path: Path) -> bytes:
+    """A SQLite file with a row in it, as a user's own store would be; its bytes."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total INTEGER)")
+        conn.execute("INSERT INTO invoices VALUES (1, 4200)")
+        conn.commit()
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("command", "named"),
+    [("demo", "prod.db"), ("bench", "prod.db"), ("drill", "prod-kill9.db")],
+)
+def test_a_named_sqlite_file_with_data_is_refused_and_left_alone(
+    command: str, named: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``demo --url sqlite:///existing.db`` used to delete the file and its data; bench and
+    the drill (a file per scenario beside the named one) did the same. Each now refuses a
+    file that holds data it did not put there, with exit status 2, and touches nothing."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    before = _somebodys_store(tmp_path / named)
+    args = [command, "--url", f"sqlite:///{tmp_path / 'prod.db'}"]
+    if command == "drill":
+        args += ["--scenario", "kill9"]
+    result = CliRunner().invoke(main, args, terminal_width=200)
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert "--overwrite" in text
+    assert str(tmp_path / named) in text
+    assert (tmp_path / named).read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({named, "tmp"})
+    assert list(scratch.iterdir()) == []
+
+
+def test_a_scratch_file_of_the_same_command_is_recreated(tmp_path: Path) -> None:
+    """The file a runner made in an earlier run is its own scratch store: the next run
+    recreates it without asking; another runner's, or one with --overwrite, likewise only
+    when told."""
+    db = tmp_path / "demo.db"
+    first = scratch_for(f"sqlite:///{db}", prefix="tokenline_demo")
+    first.prepare({"demo_invoices": "order_id BIGINT"})
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("INSERT INTO demo_invoices VALUES (1)")
+        conn.commit()
+    assert first.scalar("SELECT count(*) FROM demo_invoices") == 1
+    first.cleanup()
+    again = scratch_for(f"sqlite:///{db}", prefix="tokenline_demo")
+    again.prepare({"demo_invoices": "order_id BIGINT"})
+    assert again.scalar("SELECT count(*) FROM demo_invoices") == 0
+    again.cleanup()
+    with pytest.raises(ScratchInUseError):
+        scratch_for(f"sqlite:///{db}", prefix="tokenline_bench")
+    _somebodys_store(tmp_path / "mine.db")
+    forced = scratch_for(f"sqlite:///{tmp_path / 'mine.db'}", overwrite=True)
+    forced.prepare({})
+    assert forced.rows("SELECT name FROM sqlite_master WHERE name = 'invoices'") == []
+    forced.cleanup()

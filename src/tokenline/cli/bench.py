@@ -120,12 +120,20 @@ def _load() -> str:
     "--url",
     default=None,
     help="postgresql://… (a fresh schema, tokenline_bench_…, dropped afterwards), "
-    "sqlite:///file (recreated, left in place) or the split topology, "
+    "sqlite:///file (created, left in place; a file that already holds data is refused "
+    "unless --overwrite, but bench's own file from an earlier run is recreated) or the "
+    "split topology, "
     "split:?broker=redis://…&ledger=postgresql://… (a fresh key prefix and schema, both "
     "removed afterwards). Default: a SQLite file in a temporary directory, removed "
     "afterwards. TOKENLINE_URL is not read.",
 )
 @click.option("--keep", is_flag=True, help="Keep the store afterwards, and print where.")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Delete and recreate the --url SQLite file even when it holds data bench did "
+    "not put there.",
+)
 @click.option(
     "--jobs",
     type=click.IntRange(100),
@@ -169,15 +177,15 @@ def _load() -> str:
     help="With --backlog: seconds of processing to count.",
 )
 def bench(
-    url: str | None, keep: bool, jobs: int, backlog: int, workers: int, concurrency: int,
-    latency_samples: int, window: float,
+    url: str | None, keep: bool, overwrite: bool, jobs: int, backlog: int, workers: int,
+    concurrency: int, latency_samples: int, window: float,
 ) -> None:  # fmt: skip
     """Measure bulk enqueue, no-op throughput with worker processes, and pickup latency.
 
     Runs on its own fresh store, only the one --url names (never TOKENLINE_URL), and
     removes it afterwards unless --keep."""
     try:
-        scratch = scratch_for(url, keep=keep, prefix="tokenline_bench")
+        scratch = scratch_for(url, keep=keep, prefix="tokenline_bench", overwrite=overwrite)
     except ConfigError as exc:
         raise click.BadParameter(exc.reason, param_hint="--url") from None
     load_before = _load()

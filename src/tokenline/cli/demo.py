@@ -86,13 +86,14 @@ _INVOICE_COLUMNS = (
 )
 
 
-def backend_for(url: str | None, *, keep: bool = False) -> ScratchStore:
+def backend_for(url: str | None, *, keep: bool = False, overwrite: bool = False) -> ScratchStore:
     """The demo's scratch store for a ``sqlite:///file`` or ``postgresql://…`` URL;
-    ``None``: a SQLite file in a fresh temporary directory."""
+    ``None``: a SQLite file in a fresh temporary directory. A named SQLite file holding
+    data the demo did not put there is refused (a usage error) unless ``overwrite``."""
     try:
-        return scratch_for(url, keep=keep, prefix="tokenline_demo")
+        return scratch_for(url, keep=keep, prefix="tokenline_demo", overwrite=overwrite)
     except ConfigError as exc:
-        raise click.BadParameter(exc.reason) from None
+        raise click.BadParameter(exc.reason, param_hint="--url") from None
 
 
 def run_demo(
@@ -243,22 +244,29 @@ def report(r: DemoResult) -> Table:
 @click.option(
     "--url",
     default=None,
-    help="postgresql://… (a fresh schema, dropped afterwards) or sqlite:///file (recreated, "
-    "left in place). Default: a SQLite file in a temporary directory, removed afterwards. "
-    "TOKENLINE_URL is not read.",
+    help="postgresql://… (a fresh schema, dropped afterwards) or sqlite:///file (created, "
+    "left in place; a file that already holds data is refused unless --overwrite, but the "
+    "demo's own file from an earlier run is recreated). Default: a SQLite file in a "
+    "temporary directory, removed afterwards. TOKENLINE_URL is not read.",
+)
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Delete and recreate the --url SQLite file even when it holds data the demo did "
+    "not put there.",
 )
 @click.option(
     "--keep",
     is_flag=True,
     help="Keep the store (schema or temporary directory) and the workers' logs, and print where.",
 )
-def demo(jobs: int, workers: int, url: str | None, keep: bool) -> None:
+def demo(jobs: int, workers: int, url: str | None, overwrite: bool, keep: bool) -> None:
     """Invoices under fire: kill -9 one worker, SIGSTOP another past its lease.
 
     Runs on its own fresh store, only the one --url names (never TOKENLINE_URL), and
     removes it afterwards unless --keep; a failed run keeps the workers' logs and prints
     where they are."""
-    backend = backend_for(url, keep=keep)
+    backend = backend_for(url, keep=keep, overwrite=overwrite)
     console.print(
         f"{jobs} invoice jobs, {workers} worker processes, lease TTL {LEASE_TTL:g}s, "
         f"store {backend.url}",

@@ -176,7 +176,8 @@ def status_table(results: list[ScenarioResult]) -> Table | None:
     "--url",
     default=None,
     help="postgresql://… (a fresh schema per scenario, dropped afterwards), "
-    "sqlite:///file (files beside it, one per scenario, recreated and left in place) or "
+    "sqlite:///file (files beside it, one per scenario, created and left in place; a file "
+    "that already holds data is refused unless --overwrite) or "
     "the split topology, split:?broker=redis://…&ledger=postgresql://… (a fresh key "
     "prefix and schema per scenario, removed afterwards). Default: SQLite files in "
     "temporary directories, removed afterwards. TOKENLINE_URL is not read.",
@@ -220,6 +221,12 @@ def status_table(results: list[ScenarioResult]) -> Table | None:
     "attempts are reported, not failed on. Other scenarios are not affected.",
 )
 @click.option("--keep", is_flag=True, help="Keep the stores (schemas, files) for inspection.")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Delete and recreate the SQLite files of --url even when they hold data the drill "
+    "did not put there (without it, such a file is refused and nothing is touched).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def drill(
     url: str | None,
@@ -230,6 +237,7 @@ def drill(
     proxy_port: int,
     breakers: str,
     keep: bool,
+    overwrite: bool,
     as_json: bool,
 ) -> None:
     """Kill, pause, partition and slow real workers; check no job is lost or done twice."""
@@ -240,11 +248,12 @@ def drill(
         seed=seed,
         proxy_port=proxy_port,
         keep=keep,
+        overwrite=overwrite,
         breakers=breakers == "on",
     )
     try:
         chosen = runner.select(scenarios)
-        runner.preflight()
+        runner.preflight(chosen)
     except DrillError as exc:
         err_console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         raise SystemExit(2) from None

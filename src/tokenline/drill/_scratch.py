@@ -10,6 +10,11 @@ schemas and kill processes. Without a URL the store is a SQLite file in the temp
 directory. :meth:`ScratchStore.cleanup` removes the directory and drops the schema unless
 they are kept, and says what it left behind and why; a SQLite file named by the URL is
 recreated at the start and left in place.
+
+A named SQLite file is only recreated when it holds nothing to lose: it does not exist,
+is empty, or is the scratch store a previous run of the same command left there (marked
+by a table, :data:`MARKER_TABLE`). Anything else may be somebody's store: it is refused
+with :class:`ScratchInUseError` before anything is touched, unless ``overwrite`` says so.
 """
 
 from __future__ import annotations
@@ -29,7 +34,34 @@ from typing import Any
 
 from .._errors import ConfigError
 
-__all__ = ["PERIODIC_KEYS", "ScratchStore", "scratch_for", "through", "upstream_of"]
+__all__ = [
+    "MARKER_TABLE",
+    "PERIODIC_KEYS",
+    "ScratchInUseError",
+    "ScratchStore",
+    "check_reusable",
+    "scratch_for",
+    "through",
+    "upstream_of",
+]
+
+#: The table a named SQLite scratch file is marked with: which runner made it (its
+#: prefix), so the next run of that runner may recreate it without asking.
+MARKER_TABLE = "tokenline_scratch_marker"
+#: The files of one SQLite store besides the main one.
+_SQLITE_SIDE_FILES = ("-wal", "-shm", "-coord", "-coord-wal", "-coord-shm")
+
+
+class ScratchInUseError(ConfigError):
+    """The SQLite file a runner was told to use holds data it did not put there."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(
+            "url",
+            f"{str(path)!r} already exists and is not a scratch store of this command; it "
+            "would be deleted and recreated: name a new file, or pass --overwrite to delete it",
+        )
+
 
 #: How the idempotency key of a periodic schedule's job begins (``Periodic.key``).
 PERIODIC_KEYS = "periodic:"
@@ -170,23 +202,60 @@ def _work_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{prefix.replace('_', '-')}-"))
 
 
+def _made_by(path: Path) -> str | None:
+    """The runner that marked the SQLite file ``path`` as its scratch store (its prefix);
+    ``None``: not marked, or not a SQLite file at all. Opened read-only: nothing changes."""
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error:
+        return None
+    try:
+        row = conn.execute(f"SELECT made_by FROM {MARKER_TABLE}").fetchone()
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+    return str(row[0]) if row else None
+
+
+def check_reusable(db: Path, prefix: str) -> None:
+    """Raise :class:`ScratchInUseError` unless the SQLite file ``db`` (and the store's
+    other files beside it) may be deleted: missing, empty, or marked by ``prefix``."""
+    for path in (db, Path(f"{db}-coord")):
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            continue
+        if path.is_dir() or (size and _made_by(path) != prefix):
+            raise ScratchInUseError(path)
+
+
 class _SQLiteScratch(ScratchStore):
-    def __init__(self, db: Path | None, keep: bool, prefix: str) -> None:
-        self.work_dir = _work_dir(prefix)
+    def __init__(self, db: Path | None, keep: bool, prefix: str, overwrite: bool) -> None:
         #: Whether the file was named by the URL (then it is left in place afterwards).
         self.named = db is not None
+        self.prefix = prefix
+        self.overwrite = overwrite
+        if db is not None and not overwrite:
+            check_reusable(db, prefix)  # before the directory: a refusal leaves nothing
+        self.work_dir = _work_dir(prefix)
         self.db = db if db is not None else self.work_dir / f"{prefix}.db"
         self.url = f"sqlite:///{self.db}"
         self.keep = keep
         self.tables = dict(_SQLITE_TABLES)
 
     def prepare(self, extra: Mapping[str, str]) -> None:
-        for suffix in ("", "-wal", "-shm", "-coord", "-coord-wal", "-coord-shm"):
+        if self.named and not self.overwrite:
+            check_reusable(self.db, self.prefix)  # it may have been written since
+        for suffix in ("", *_SQLITE_SIDE_FILES):
             Path(f"{self.db}{suffix}").unlink(missing_ok=True)
         with contextlib.closing(sqlite3.connect(self.db)) as conn:
+            conn.execute(f"CREATE TABLE {MARKER_TABLE} (made_by TEXT NOT NULL)")
+            conn.execute(f"INSERT INTO {MARKER_TABLE} VALUES (?)", (self.prefix,))
             for name, columns in extra.items():
                 conn.execute(f"CREATE TABLE {name} ({columns})")
                 self.tables[name] = name
+            conn.commit()
 
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with contextlib.closing(sqlite3.connect(self.db, timeout=30)) as conn:
@@ -502,15 +571,20 @@ def upstream_of(url: str) -> tuple[str, int]:
 
 
 def scratch_for(
-    url: str | None, *, keep: bool = False, prefix: str = "tokenline_scratch"
+    url: str | None,
+    *,
+    keep: bool = False,
+    prefix: str = "tokenline_scratch",
+    overwrite: bool = False,
 ) -> ScratchStore:
     """The scratch store for a ``sqlite:///file``, ``postgresql://…`` or split URL; ``None``: a
     SQLite file in a fresh temporary directory. ``prefix`` starts the schema's and the
-    directory's names."""
+    directory's names. A named SQLite file that holds data this runner did not put there
+    raises :class:`ScratchInUseError` unless ``overwrite``."""
     if url is None:
-        return _SQLiteScratch(None, keep, prefix)
+        return _SQLiteScratch(None, keep, prefix, overwrite)
     if url.startswith("sqlite:///"):
-        return _SQLiteScratch(Path(url[len("sqlite:///") :]), keep, prefix)
+        return _SQLiteScratch(Path(url[len("sqlite:///") :]), keep, prefix, overwrite)
     if url.startswith(("postgresql://", "postgres://")):
         if "schema=" in url:
             raise ConfigError("url", "a fresh schema is picked for each run: leave ?schema= out")

@@ -44,14 +44,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._errors import TokenlineError
+from .._errors import ConfigError, TokenlineError
 from .._periodic import Periodic
 from ..maintenance import MAINTENANCE_LEASE
 from ..stores import store_from_url
 from ..stores.base import ResourceLease
 from . import app as drill_app
 from ._fleet import Fleet, WorkerSettings
-from ._scratch import ScratchStore, scratch_for, upstream_of
+from ._scratch import ScratchStore, check_reusable, scratch_for, upstream_of
 from .checker import FaultWindow, Report, StatusSeen, check, check_status, read_snapshot
 from .dependency import DIR_ENV, WORKER_ENV, DependencyFigures, Stub, measure
 from .proxy import ThreadedFaultProxy
@@ -149,6 +149,11 @@ class ScenarioResult:
         }
 
 
+def _prefix(scenario: Scenario) -> str:
+    """What a scenario's schema, key prefix and directory are named after."""
+    return f"tokenline_drill_{scenario.name}"
+
+
 def scheme_of(url: str) -> str:
     """``sqlite``, ``postgresql`` or ``split`` for a store URL; :class:`DrillError`
     otherwise."""
@@ -180,6 +185,9 @@ class Drill:
     #: Longest a scenario may take once its workers run (seconds).
     deadline: float = 300.0
     keep: bool = False
+    #: Delete and recreate named SQLite files that hold data the drill did not put there
+    #: (``--overwrite``); without it such a file is refused before anything starts.
+    overwrite: bool = False
     #: What the last :meth:`run` left behind (with ``keep``, or a named SQLite file),
     #: each with why.
     kept: list[str] = field(default_factory=list, init=False)
@@ -219,8 +227,9 @@ class Drill:
             )
         return chosen
 
-    def preflight(self) -> None:
-        """Refuse, before any worker starts, a store or proxy port that cannot work."""
+    def preflight(self, scenarios: Sequence[Scenario] = ()) -> None:
+        """Refuse, before any worker starts, a store or proxy port that cannot work, and
+        a named SQLite file of ``scenarios`` that holds data (unless ``overwrite``)."""
         if self.workers < 2:
             raise DrillError("the drill needs at least 2 workers: one is the victim")
         if self.jobs < 10:
@@ -233,6 +242,12 @@ class Drill:
                 raise DrillError(
                     f"cannot create SQLite files in {str(parent)!r}: no such directory"
                 )
+            if not self.overwrite:
+                for scenario in scenarios:
+                    try:
+                        check_reusable(self._sqlite_file(scenario), _prefix(scenario))
+                    except ConfigError as exc:
+                        raise DrillError(exc.reason) from None
             return
         if self.scheme == "split":
             self._preflight_split()
@@ -304,13 +319,21 @@ class Drill:
                 on_result(result)
         return results
 
+    def _sqlite_file(self, scenario: Scenario) -> Path:
+        """The SQLite file of ``scenario``, beside the one ``url`` names."""
+        assert self.url is not None
+        base = Path(self.url[len("sqlite:///") :])
+        return base.with_name(f"{base.stem}-{scenario.name}{base.suffix or '.db'}")
+
     def _scratch(self, scenario: Scenario) -> ScratchStore:
-        prefix = f"tokenline_drill_{scenario.name}"
-        if self.url is not None and self.scheme == "sqlite":
-            base = Path(self.url[len("sqlite:///") :])
-            db = base.with_name(f"{base.stem}-{scenario.name}{base.suffix or '.db'}")
-            return scratch_for(f"sqlite:///{db}", keep=self.keep, prefix=prefix)
-        return scratch_for(self.url, keep=self.keep, prefix=prefix)
+        prefix = _prefix(scenario)
+        url = self.url
+        if url is not None and self.scheme == "sqlite":
+            url = f"sqlite:///{self._sqlite_file(scenario)}"
+        try:
+            return scratch_for(url, keep=self.keep, prefix=prefix, overwrite=self.overwrite)
+        except ConfigError as exc:
+            raise DrillError(exc.reason) from None
 
     def run_one(self, scenario: Scenario) -> ScenarioResult:
         """Run one scenario on a fresh store."""
