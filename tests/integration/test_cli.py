@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -179,3 +182,64 @@ def test_job_says_what_each_attempt_counted_toward(tmp_path: Path) -> None:
     kind = next(line for line in out.splitlines() if "w-kind" in line)
     assert "lease expiry" in lost
     assert "given back" in kind
+
+
+# -- a bad TOKENLINE_* variable ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    "variable", ["TOKENLINE_MAX_PAYLOAD_BYTES=20", "TOKENLINE_MAX_ATTEMPTS=lots"]
+)
+def test_help_works_whatever_the_environment_says(variable: str) -> None:
+    """Importing the command line built apps (bench's, the drill's, with a periodic task)
+    from the environment, so a bad or merely unusual variable broke every command,
+    ``--help`` included, with a traceback."""
+    name, _, value = variable.partition("=")
+    env = {**os.environ, name: value}
+    for args in (["--help"], ["drill", "--help"], ["bench", "--help"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "tokenline", *args],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert "Usage:" in out.stdout
+        assert out.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [("lots", "cannot read 'lots' as int"), ("0", "must be a whole number >= 1")],
+)
+@pytest.mark.parametrize("command", [["status"], ["dlq", "list"], ["bench", "--jobs", "100"]])
+def test_a_bad_variable_is_one_line_naming_it(
+    url: str, value: str, reason: str, command: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command that needs the settings says which variable holds what, in one line,
+    with exit status 2."""
+    monkeypatch.setenv("TOKENLINE_MAX_ATTEMPTS", value)
+    args = [*command, "--url", url] if command[0] != "bench" else command
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith(f"error: TOKENLINE_MAX_ATTEMPTS={value!r} is invalid: {reason}")
+    assert "Traceback" not in result.output
+
+
+def test_the_drill_reports_a_bad_variable_before_starting_workers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The drill's apps are built (and a bad variable found) before any worker starts."""
+    from tokenline.drill import app as drill_app
+
+    # Apps an earlier test built in this process, with other settings, are dropped.
+    apps = getattr(drill_app, "_apps", None)
+    if apps is not None:
+        apps.cache_clear()
+    monkeypatch.setenv("TOKENLINE_MAX_ATTEMPTS", "0")
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    try:
+        result = CliRunner().invoke(main, ["drill", "--scenario", "kill9", "--jobs", "10"])
+    finally:
+        if apps is not None:
+            apps.cache_clear()
+    assert result.exit_code == 2, result.output
+    assert "error: TOKENLINE_MAX_ATTEMPTS='0' is invalid" in result.output
+    assert list(tmp_path.iterdir()) == []

@@ -155,7 +155,7 @@ def test_a_config_error_keeps_its_square_brackets(
     (tmp_path / "bad.toml").write_text("[tokenline.worker]\nconcurency = 5\n")
     monkeypatch.chdir(tmp_path)
     code, out = cli("worker", "--app", f"{module}:app", "--config", "bad.toml")
-    assert code == 1
+    assert code == 2  # a bad setting: nothing was done
     assert "unknown setting in [tokenline.worker] of 'bad.toml'" in " ".join(out.split())
 
 

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, NoReturn, TypeVar, cast
 
 import click
 from rich import box
@@ -96,14 +96,34 @@ def with_store(app: App, fn: Callable[[Store], Coroutine[Any, Any, T]]) -> T:
     return asyncio.run(run())
 
 
+def config_problem(exc: ConfigError) -> str:
+    """What is wrong with a setting, naming its ``TOKENLINE_…`` variable and value when
+    that is where it came from: the reader fixes the variable, not a setting name."""
+    variable = f"TOKENLINE_{exc.setting.upper()}"
+    raw = os.environ.get(variable)
+    if raw is None:
+        return str(exc)
+    return f"{variable}={raw!r} is invalid: {exc.reason}"
+
+
+def report_error(exc: TokenlineError) -> NoReturn:
+    """Print ``exc`` as one line on stderr and exit: status 2 for a bad setting (nothing
+    was done), 1 for any other tokenline error."""
+    if isinstance(exc, ConfigError):
+        err_console.print(f"[bold red]error:[/] {escape(config_problem(exc))}", highlight=False)
+        raise SystemExit(2) from None
+    err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+    raise SystemExit(1) from None
+
+
 @contextlib.contextmanager
 def reporting_errors() -> Iterator[None]:
-    """Turn tokenline errors into a one-line message and exit status 1."""
+    """Turn tokenline errors into a one-line message: exit status 2 for a bad setting,
+    1 for the others (see :func:`report_error`)."""
     try:
         yield
     except TokenlineError as exc:
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-        raise SystemExit(1) from None
+        report_error(exc)
 
 
 def plural(n: int, noun: str, nouns: str | None = None) -> str:
@@ -215,8 +235,17 @@ class CommandGroup(click.Group):
     """A command group whose listing shows each command's first sentence whole.
 
     Click cuts a summary to fit one line at the terminal's width; here it wraps
-    instead, so no summary ends in "...".
+    instead, so no summary ends in "...". A tokenline error no command caught (a bad
+    ``TOKENLINE_…`` variable met while building an app, say) is one line, not a
+    traceback.
     """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; an uncaught tokenline error is reported in one line."""
+        try:
+            return super().invoke(ctx)
+        except TokenlineError as exc:
+            report_error(exc)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The commands with their summaries, wrapped rather than cut."""

@@ -20,6 +20,7 @@ Phases:
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import statistics
@@ -53,8 +54,18 @@ def bench_app(url: str | None) -> App:
     return app
 
 
-#: The workers' app: ``tokenline bench`` hands them its scratch store in TOKENLINE_URL.
-app = bench_app(None)
+@functools.cache
+def _workers_app() -> App:
+    return bench_app(None)
+
+
+def __getattr__(name: str) -> App:
+    """``app``: the workers' app (``tokenline bench`` hands them its scratch store in
+    TOKENLINE_URL). Built on first use, not at import: it reads the ``TOKENLINE_*``
+    environment, and the command line imports this module for every command."""
+    if name == "app":
+        return _workers_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _enqueue(a: App, n: int, chunk: int = 10_000) -> float:

@@ -31,11 +31,16 @@ by the instant's idempotency key, so an instant run twice is a duplicate effect.
 
 Its stores take the faults the drill switches on: :class:`DrillApp` wraps them with
 :func:`~tokenline.drill.faultstore.wrap_from_env`. Only these apps do.
+
+The four apps are built on first use (a module ``__getattr__``), not at import: an app
+reads the ``TOKENLINE_*`` environment, and the command line imports this module for
+every command, ``--help`` included. A bad variable is reported by what uses an app.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import math
 import os
@@ -108,8 +113,6 @@ class DrillApp(App):
         return wrap_from_env(super().open_store(timeout=timeout))
 
 
-app = DrillApp(clock=_clock())
-
 QUEUE = "drill"
 TABLE_ENV = "TOKENLINE_DRILL_TABLE"
 #: No unique constraint on purpose: a duplicate effect must show up as a second row.
@@ -132,7 +135,6 @@ def _seconds(ctx: JobContext, work_ms: float, rerun_extra: float) -> float:
     return work_ms / 1000 + (rerun_extra if ctx.token % 2**32 > 1 else 0.0)
 
 
-@app.task(name="drill.work", queue=QUEUE, max_attempts=25)
 async def work(
     ctx: JobContext, key: str, work_ms: float, rerun_extra: float = 0.0, hold_ms: float = 0.0
 ) -> None:
@@ -176,17 +178,6 @@ async def call_unguarded(ctx: JobContext, key: str, work_ms: float) -> None:
     await work(ctx, key, work_ms)
 
 
-#: The drill's dependency behind its circuit breaker.
-guarded = DrillApp(clock=app.clock)
-guarded.dependency(dependency.NAME, **dependency.BREAKER)
-guarded.task(name=CALL_TASK, queue=QUEUE, max_attempts=25, depends_on=[dependency.NAME])(
-    call_guarded
-)
-#: The same calls without a breaker.
-unguarded = DrillApp(clock=app.clock)
-unguarded.task(name=CALL_TASK, queue=QUEUE, max_attempts=25)(call_unguarded)
-
-
 # -- the periodic scenarios' app -------------------------------------------------------------
 #: The workers' app of the periodic scenarios.
 PERIODIC = "tokenline.drill.app:periodic"
@@ -207,8 +198,46 @@ async def tick(ctx: JobContext) -> None:
     await work(ctx, key, _TICK_MS)
 
 
+# -- the apps, built on first use ----------------------------------------------------------
+_APP_NAMES = ("app", "guarded", "unguarded", "periodic")
+#: The other scenarios' workers' app: the drill's jobs (``drill.work``).
+app: DrillApp
+#: The drill's dependency behind its circuit breaker.
+guarded: DrillApp
+#: The same calls without a breaker.
+unguarded: DrillApp
 #: The drill's jobs and a periodic task every second, with catch-up of every instant.
-periodic = DrillApp(clock=app.clock)
-periodic.task(name="drill.work", queue=QUEUE, max_attempts=25)(work)
-periodic.task(name=TICK_TASK, queue=QUEUE, max_attempts=25)(tick)
-periodic.periodic(cron=TICK_CRON, catch_up="all", queue=QUEUE, name=TICK_TASK)(tick)
+periodic: DrillApp
+
+
+@functools.cache
+def _apps() -> dict[str, DrillApp]:
+    clock = _clock()
+    # The drill's jobs (``drill.work``), the other scenarios' workers' app.
+    app = DrillApp(clock=clock)
+    app.task(name="drill.work", queue=QUEUE, max_attempts=25)(work)
+    # The drill's dependency behind its circuit breaker.
+    guarded = DrillApp(clock=clock)
+    guarded.dependency(dependency.NAME, **dependency.BREAKER)
+    guarded.task(name=CALL_TASK, queue=QUEUE, max_attempts=25, depends_on=[dependency.NAME])(
+        call_guarded
+    )
+    # The same calls without a breaker.
+    unguarded = DrillApp(clock=clock)
+    unguarded.task(name=CALL_TASK, queue=QUEUE, max_attempts=25)(call_unguarded)
+    # The drill's jobs and a periodic task every second, with catch-up of every instant.
+    periodic = DrillApp(clock=clock)
+    periodic.task(name="drill.work", queue=QUEUE, max_attempts=25)(work)
+    periodic.task(name=TICK_TASK, queue=QUEUE, max_attempts=25)(tick)
+    periodic.periodic(cron=TICK_CRON, catch_up="all", queue=QUEUE, name=TICK_TASK)(tick)
+    return {"app": app, "guarded": guarded, "unguarded": unguarded, "periodic": periodic}
+
+
+def __getattr__(name: str) -> DrillApp:
+    """``app``, ``guarded``, ``unguarded`` and ``periodic``, built on first use (see the
+    module docstring)."""
+    apps = _apps() if name in _APP_NAMES else {}
+    try:
+        return apps[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

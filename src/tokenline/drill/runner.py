@@ -234,6 +234,14 @@ class Drill:
             raise DrillError("the drill needs at least 2 workers: one is the victim")
         if self.jobs < 10:
             raise DrillError("the drill needs at least 10 jobs")
+        # The apps read the TOKENLINE_* environment: a bad variable is reported now (a
+        # ConfigError names it), not by every worker process once they are started.
+        try:
+            drill_app.app  # noqa: B018 - built on first use
+        except ConfigError:
+            raise
+        except TokenlineError as exc:
+            raise DrillError(f"the drill's apps cannot be built here: {exc}") from None
         if self.url is None:
             return
         if self.scheme == "sqlite":
