@@ -241,3 +241,40 @@ async def test_processes_opening_a_new_file_together_all_succeed(tmp_path: Path)
         results = await asyncio.gather(*(one() for _ in range(4)), return_exceptions=True)
         failures += sum(isinstance(r, BaseException) for r in results)
     assert failures == 0
+
+
+# -- migrate=False (TOKENLINE_MIGRATE=0), as on PostgreSQL ---------------------------------------
+def test_migrate_off_refuses_a_missing_store_and_creates_nothing(tmp_path: Path) -> None:
+    """With migrations off, opening a store that has no schema yet says to run
+    ``tokenline migrate`` and leaves no file behind; it used to create the schema."""
+    db = tmp_path / "new.db"
+    store = SQLiteStore(f"sqlite:///{db}", migrate=False)
+    with pytest.raises(SchemaVersionError, match="run `tokenline migrate`"):
+        asyncio.run(store.open())
+    assert list(tmp_path.iterdir()) == []
+    assert asyncio.run(store.migrate()) == SCHEMA_VERSION  # migrate() itself still works
+    asyncio.run(store.open())
+    asyncio.run(store.close())
+
+
+def test_migrate_off_refuses_an_old_schema_and_leaves_it(tmp_path: Path) -> None:
+    """An outdated schema is refused, not upgraded, with migrations off; through the app's
+    settings too (``Settings(migrate=False)``, which TOKENLINE_MIGRATE=0 sets)."""
+    from tokenline import Settings
+
+    db = tmp_path / "old.db"
+    asyncio.run(SQLiteStore(f"sqlite:///{db}").migrate())
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION - 1}")
+    conn.close()
+    before = db.read_bytes()
+    app = App(settings=Settings(url=f"sqlite:///{db}", migrate=False))
+    try:
+        with pytest.raises(SchemaVersionError, match=f"schema version {SCHEMA_VERSION - 1}"):
+            app.run(lambda s: s.queues_stats())
+    finally:
+        app.close()
+    assert db.read_bytes() == before
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION - 1
+    conn.close()

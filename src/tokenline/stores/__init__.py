@@ -77,7 +77,7 @@ def store_from_url(
     if scheme == "sqlite":
         from .sqlite import SQLiteStore
 
-        return SQLiteStore(url, clock=clock, timeout=timeout)
+        return SQLiteStore(url, clock=clock, timeout=timeout, migrate=migrate)
     if scheme == "memory":
         return MemoryStore(clock=clock)
     if scheme in ("postgresql", "postgres"):

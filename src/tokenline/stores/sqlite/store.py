@@ -177,7 +177,10 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
     """A store in one SQLite file and its coordination file (``sqlite:///path.db``).
 
     ``clock`` replaces the store's own clock (tests); by default it is the machine's
-    clock anchored in the coordination file (see ``_clock.py``).
+    clock anchored in the coordination file (see ``_clock.py``). ``migrate=False``: a
+    missing or outdated schema (either file's) is refused on open with a hint to run
+    ``tokenline migrate``, and no file is created or changed; :meth:`migrate` still
+    migrates.
     """
 
     capabilities = Capabilities(
@@ -194,8 +197,16 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         *,
         clock: Clock | None = None,
         timeout: float = 10.0,
+        migrate: bool = True,
     ) -> None:
         self.path = path_from_url(url)
+        #: Create or upgrade the schemas when opened (see the class docstring).
+        self.migrate_on_open = migrate
+        #: Whether this opening may create or upgrade them (:meth:`migrate` says yes).
+        self._migrating = migrate
+        #: The versions of the main file's schema before and after the last migration
+        #: this store object applied; ``None``: it applied none (already up to date).
+        self.migrated: tuple[int, int] | None = None
         self.coord_path = coord_path(self.path)
         self._given_clock = clock
         #: The store's clock; the machine's, anchored at :meth:`open`, unless given.
@@ -416,7 +427,19 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                     raise
                 time.sleep(_POLL)
 
+    def _too_old(self, path: Path, version: int) -> SchemaVersionError:
+        state = "holds no tokenline schema" if version == 0 else f"has schema version {version}"
+        return SchemaVersionError(
+            f"{str(path)!r} {state}, older than this tokenline's and migrations are off "
+            "(TOKENLINE_MIGRATE=0 or migrate=False): run `tokenline migrate`"
+        )
+
     def _open_main(self) -> tuple[sqlite3.Connection, sqlite3.Connection]:
+        if not self._migrating:
+            # Refused before connecting: a connection would create the file.
+            for path in (self.path, self.coord_path):
+                if not path.is_file() or path.stat().st_size == 0:
+                    raise self._too_old(path, 0)
         with map_sqlite_errors(self.path):
             conn = connect_main(self.path, busy_timeout=self.timeout)
             try:
@@ -490,6 +513,8 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
             )
         if version == SCHEMA_VERSION:
             return
+        if not self._migrating:
+            raise self._too_old(self.path, version)
         # Schema and version in one transaction: a crash (or a failing statement) leaves
         # the file as it was; a concurrent starter waits for the lock, then finds it done.
         with self._write(conn):
@@ -509,6 +534,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                     for statement in statements(script):
                         conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION:d}")
+        self.migrated = (version, SCHEMA_VERSION)
 
     def _migrate_coord(self, coord: sqlite3.Connection) -> None:
         version = coord.execute("PRAGMA coord.user_version").fetchone()[0]
@@ -519,6 +545,8 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
             )
         if version == COORD_VERSION:
             return
+        if not self._migrating:
+            raise self._too_old(self.coord_path, version)
         with immediate(coord):
             version = coord.execute("PRAGMA coord.user_version").fetchone()[0]
             if version >= COORD_VERSION:
@@ -561,8 +589,12 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         """Create or upgrade both files' schemas (opening the store does it too) and
         return the schema version."""
         if self._main is None:
-            await self.open()
-            await self.close()
+            self._migrating = True
+            try:
+                await self.open()
+                await self.close()
+            finally:
+                self._migrating = self.migrate_on_open
         return SCHEMA_VERSION
 
     def _peek_now(self) -> float:
