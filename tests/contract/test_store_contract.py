@@ -258,6 +258,33 @@ async def test_dead_job_can_be_retried_by_operator_only_to_queued(store: Any) ->
     assert c2.lease.token > c.lease.token
 
 
+IMPOSSIBLE_IDS = [2**63, 99999999999999999999999, 0, -1]
+
+
+async def test_an_id_no_job_can_have_is_no_such_job(store: Any) -> None:
+    """An id outside 1..2**63-1 (past 64 bits, say) is "no such job" for every call that
+    takes ids; on SQLite it used to raise OverflowError, and a batch holding one such id
+    retried none of the others."""
+    (jid,) = await store.jobs_enqueue(jobs=[new(max_attempts=1)])
+    c = await claim_one(store)
+    await store.job_dead(lease=c.lease, error="invalid invoice")
+    for bad in IMPOSSIBLE_IDS:
+        with pytest.raises(JobNotFoundError):
+            await store.job_get(job_id=bad)
+        with pytest.raises(JobNotFoundError):
+            await store.job_attempts(job_id=bad)
+    assert await store.jobs_cancel(job_ids=IMPOSSIBLE_IDS, reason="nothing") == 0
+    assert await store.jobs_retry_dead(job_ids=[jid, *IMPOSSIBLE_IDS]) == 1
+    assert (await store.job_get(job_id=jid)).state is JobState.QUEUED
+
+
+@pytest.mark.ledger
+async def test_effects_of_an_impossible_job_id_are_none(store: Any) -> None:
+    """The ledger's listing by job answers an impossible id with nothing."""
+    for bad in IMPOSSIBLE_IDS:
+        assert await store.effects_list(job_id=bad) == []
+
+
 async def test_rescue_requeues_expired_leases_and_bumps_token(store: Any, clock: FakeClock) -> None:
     """An expired lease is returned to the queue with a new token; live ones stay."""
     await store.jobs_enqueue(jobs=[new(), new()])

@@ -62,6 +62,7 @@ from .._jobs import (
 from .._records import Duplicate, EffectBegin, EffectRecord, Fence
 
 __all__ = [
+    "MAX_JOB_ID",
     "ROLES",
     "Broker",
     "Capabilities",
@@ -669,6 +670,26 @@ class Ledger(abc.ABC):
         """Recorded duplicates, newest first: ledger repeats and refusals, and every job
         commit refused for a stale token (keyed by the job's idempotency key, or
         ``job:<id>`` without one)."""
+
+
+#: The largest job id a store holds: ids are signed 64-bit integers in SQL, and every
+#: store keeps to that range.
+MAX_JOB_ID = 2**63 - 1
+
+
+def possible_job_id(job_id: object) -> bool:
+    """Whether ``job_id`` could name a job: a whole number from 1 to :data:`MAX_JOB_ID`.
+
+    Any other id is no job's. Stores check it before a query, so that asking about such
+    an id answers "no such job" (or acts on nothing) instead of failing in the driver:
+    an integer past 64 bits overflows SQLite's and PostgreSQL's.
+    """
+    return isinstance(job_id, int) and not isinstance(job_id, bool) and 1 <= job_id <= MAX_JOB_ID
+
+
+def possible_job_ids(job_ids: Sequence[int]) -> list[int]:
+    """The ids of ``job_ids`` that :func:`possible_job_id` accepts, in their order."""
+    return [j for j in job_ids if possible_job_id(j)]
 
 
 class Store(Broker, Leases, Ledger):

@@ -21,7 +21,7 @@ from ..._records import (
     Fence,
     Start,
 )
-from ..base import ResourceLease
+from ..base import ResourceLease, possible_job_id
 
 if TYPE_CHECKING:
     from ..._clock import Clock
@@ -179,6 +179,8 @@ class MemoryLedger:
         self, *, job_id: int | None = None, key: str | None = None, limit: int = 100
     ) -> list[EffectRecord]:
         """Effect records, newest first."""
+        if job_id is not None and not possible_job_id(job_id):
+            return []  # no job has that id
         with self._lock:
             found = [
                 r

@@ -33,7 +33,15 @@ from ..._jobs import (
     rescue_transition,
 )
 from ..._records import DuplicateKind, Fence
-from ..base import Capabilities, Depth, FencedTransaction, ResourceLease, Store
+from ..base import (
+    Capabilities,
+    Depth,
+    FencedTransaction,
+    ResourceLease,
+    Store,
+    possible_job_id,
+    possible_job_ids,
+)
 from ._transaction import MemoryDatabase, MemoryFencedTransaction, refusal
 from .ledger import MemoryLedger
 from .maintenance import MemoryMaintenance
@@ -329,6 +337,8 @@ class MemoryStore(MemoryMaintenance, MemoryRetention, MemoryLedger, Store):
     # -- inspection -----------------------------------------------------------------------
     async def job_get(self, *, job_id: int) -> Job:
         """The job, or :class:`JobNotFoundError`."""
+        if not possible_job_id(job_id):
+            raise JobNotFoundError(f"no job with id {job_id}")
         with self._lock:
             try:
                 return self._jobs[job_id]
@@ -350,7 +360,7 @@ class MemoryStore(MemoryMaintenance, MemoryRetention, MemoryLedger, Store):
     async def job_attempts(self, *, job_id: int) -> list[Attempt]:
         """Attempts of the job, oldest first."""
         with self._lock:
-            if job_id not in self._jobs:
+            if not possible_job_id(job_id) or job_id not in self._jobs:
                 raise JobNotFoundError(f"no job with id {job_id}")
             return list(self._attempts[job_id])
 
@@ -359,7 +369,7 @@ class MemoryStore(MemoryMaintenance, MemoryRetention, MemoryLedger, Store):
         with self._lock:
             now = self.clock.now()
             n = 0
-            for jid in job_ids:
+            for jid in possible_job_ids(job_ids):
                 job = self._jobs.get(jid)
                 if job is not None and job.state is JobState.DEAD:
                     self._jobs[jid] = _moved(
@@ -379,7 +389,7 @@ class MemoryStore(MemoryMaintenance, MemoryRetention, MemoryLedger, Store):
         with self._lock:
             now = self.clock.now()
             n = 0
-            for jid in job_ids:
+            for jid in possible_job_ids(job_ids):
                 job = self._jobs.get(jid)
                 if job is not None and job.state in (*_READY, JobState.DEAD):
                     self._jobs[jid] = _moved(

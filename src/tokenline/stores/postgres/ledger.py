@@ -29,7 +29,7 @@ from ..._records import (
     by_attempt,
 )
 from .._rows import duplicate_from_row, effect_from_row
-from ..base import ResourceLease
+from ..base import ResourceLease, possible_job_id
 from ._steps import AsyncDriver, Steps, execute, fetch_one
 
 if TYPE_CHECKING:
@@ -169,6 +169,8 @@ class PostgresLedger:
         self, *, job_id: int | None = None, key: str | None = None, limit: int = 100
     ) -> list[EffectRecord]:
         """Effect records, newest first."""
+        if job_id is not None and not possible_job_id(job_id):
+            return []  # no job has that id
         params = {"job_id": job_id, "key": key, "limit": limit}
         return [effect_from_row(r) for r in await self._rows(self._q("effects_list"), params)]
 

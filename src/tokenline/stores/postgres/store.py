@@ -59,7 +59,15 @@ from ..._jobs import (
 from ..._records import Fence
 from .._rows import attempt_from_row, job_from_row, worker_from_row
 from .._sql import load_queries
-from ..base import Capabilities, Depth, FencedTransaction, ResourceLease, Store
+from ..base import (
+    Capabilities,
+    Depth,
+    FencedTransaction,
+    ResourceLease,
+    Store,
+    possible_job_id,
+    possible_job_ids,
+)
 from ._deadline import run_bounded
 from ._errors import map_postgres_errors
 from ._listener import Listener
@@ -875,6 +883,8 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
     # -- inspection -----------------------------------------------------------------------
     async def job_get(self, *, job_id: int) -> Job:
         """The job, or :class:`JobNotFoundError`."""
+        if not possible_job_id(job_id):
+            raise JobNotFoundError(f"no job with id {job_id}")
         rows = await self._rows(self._q("job_get"), {"job_id": job_id})
         if not rows:
             raise JobNotFoundError(f"no job with id {job_id}")
@@ -895,13 +905,14 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
 
     async def jobs_retry_dead(self, *, job_ids: Sequence[int]) -> int:
         """Requeue dead jobs with a fresh budget of their own ``max_attempts``."""
-        params = {"ids": list(job_ids), "now": self._now(), "channel": self.target.channel}
+        ids = possible_job_ids(job_ids)
+        params = {"ids": ids, "now": self._now(), "channel": self.target.channel}
         ((n,),) = await self._tuples(self._q("retry_dead"), params)
         return int(n)
 
     async def jobs_cancel(self, *, job_ids: Sequence[int], reason: str) -> int:
         """Cancel queued, scheduled or dead jobs."""
-        params = {"ids": list(job_ids), "reason": reason, "now": self._now()}
+        params = {"ids": possible_job_ids(job_ids), "reason": reason, "now": self._now()}
         return await self._rowcount(self._q("cancel"), params)
 
     async def stale_commits(self, *, limit: int = 100) -> tuple[int, list[StaleCommit]]:

@@ -65,7 +65,16 @@ from ..._jobs import (
     finish_transition,
     rescue_transition,
 )
-from ..base import Broker, Capabilities, Depth, EventLoopNeeded, Leases, ResourceLease
+from ..base import (
+    Broker,
+    Capabilities,
+    Depth,
+    EventLoopNeeded,
+    Leases,
+    ResourceLease,
+    possible_job_id,
+    possible_job_ids,
+)
 from ._errors import map_redis_errors
 from ._values import fl as _fl
 from ._values import fmt as _f
@@ -496,6 +505,8 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
 
     async def job_get(self, *, job_id: int) -> Job:
         """The job, or :class:`JobNotFoundError`."""
+        if not possible_job_id(job_id):
+            raise JobNotFoundError(f"no job with id {job_id}")
         flat = await self._cmd("HGETALL", f"{self.prefix}job:{job_id}")
         if not flat:
             raise JobNotFoundError(f"no job with id {job_id}")
@@ -513,6 +524,8 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
 
     async def job_attempts(self, *, job_id: int) -> list[Attempt]:
         """Attempts of the job, oldest first."""
+        if not possible_job_id(job_id):
+            raise JobNotFoundError(f"no job with id {job_id}")
         exists = await self._cmd("EXISTS", f"{self.prefix}job:{job_id}")
         items = await self._cmd("LRANGE", f"{self.prefix}attempts:{job_id}", 0, -1)
         if not exists:
@@ -537,12 +550,14 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
 
     async def jobs_retry_dead(self, *, job_ids: Sequence[int]) -> int:
         """Requeue dead jobs with a fresh budget, in one script."""
+        job_ids = possible_job_ids(job_ids)
         if not job_ids:
             return 0
         return int(await self._run("operator", [self._now(), "retry_dead", "", *job_ids]))
 
     async def jobs_cancel(self, *, job_ids: Sequence[int], reason: str) -> int:
         """Cancel queued, scheduled or dead jobs, in one script."""
+        job_ids = possible_job_ids(job_ids)
         if not job_ids:
             return 0
         return int(await self._run("operator", [self._now(), "cancel", reason, *job_ids]))

@@ -26,7 +26,7 @@ from ..._records import (
 )
 from .._rows import duplicate_from_row, effect_from_row
 from .._sql import load_queries
-from ..base import ResourceLease
+from ..base import ResourceLease, possible_job_id
 from ._connection import immediate
 
 if TYPE_CHECKING:
@@ -204,6 +204,8 @@ class SQLiteLedger:
         self, *, job_id: int | None = None, key: str | None = None, limit: int = 100
     ) -> list[EffectRecord]:
         """Effect records, newest first."""
+        if job_id is not None and not possible_job_id(job_id):
+            return []  # no job has that id
         params = {"job_id": job_id, "key": key, "limit": limit}
         rows = await self._call(lambda c: c.execute(LQ["effects_list"], params).fetchall())
         return [effect_from_row(r) for r in rows]

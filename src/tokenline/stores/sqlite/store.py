@@ -81,7 +81,15 @@ from ..._jobs import (
 from ..._records import Fence
 from .._rows import attempt_from_row, job_from_row
 from .._sql import load_queries
-from ..base import Capabilities, Depth, FencedTransaction, ResourceLease, Store
+from ..base import (
+    Capabilities,
+    Depth,
+    FencedTransaction,
+    ResourceLease,
+    Store,
+    possible_job_id,
+    possible_job_ids,
+)
 from ._callers import CallerConnections, held_by_this_thread
 from ._claim import claim_candidates
 from ._clock import Anchor, MachineClock, Uptime, WallClock, boot_id
@@ -955,6 +963,8 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
     # -- inspection -----------------------------------------------------------------------
     async def job_get(self, *, job_id: int) -> Job:
         """The job, or :class:`JobNotFoundError`."""
+        if not possible_job_id(job_id):
+            raise JobNotFoundError(f"no job with id {job_id}")
         row = await self._call(lambda c: c.execute(Q["job_get"], {"job_id": job_id}).fetchone())
         if row is None:
             raise JobNotFoundError(f"no job with id {job_id}")
@@ -978,12 +988,13 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
 
     async def jobs_retry_dead(self, *, job_ids: Sequence[int]) -> int:
         """Requeue dead jobs with a fresh budget of their own ``max_attempts``."""
-        params = {"ids": json.dumps(list(job_ids)), "now": self.clock.now()}
+        params = {"ids": json.dumps(possible_job_ids(job_ids)), "now": self.clock.now()}
         return await self._call(lambda c: c.execute(Q["retry_dead"], params).rowcount)
 
     async def jobs_cancel(self, *, job_ids: Sequence[int], reason: str) -> int:
         """Cancel queued, scheduled or dead jobs."""
-        params = {"ids": json.dumps(list(job_ids)), "now": self.clock.now(), "reason": reason}
+        ids = json.dumps(possible_job_ids(job_ids))
+        params = {"ids": ids, "now": self.clock.now(), "reason": reason}
         return await self._call(lambda c: c.execute(Q["cancel"], params).rowcount)
 
     async def stale_commits(self, *, limit: int = 100) -> tuple[int, list[StaleCommit]]:
