@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -243,3 +244,30 @@ def test_the_drill_reports_a_bad_variable_before_starting_workers(
     assert result.exit_code == 2, result.output
     assert "error: TOKENLINE_MAX_ATTEMPTS='0' is invalid" in result.output
     assert list(tmp_path.iterdir()) == []
+
+
+# -- ids out of range -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["job", "99999999999999999999999"], "JOB_ID"),
+        (["job", "0"], "JOB_ID"),
+        (["dlq", "retry", "2", "99999999999999999999999"], "JOB_IDS"),
+        (["dlq", "discard", "2", "0"], "JOB_IDS"),
+        (["lease", "release", "k", "--owner", "o", "--token", str(2**64)], "--token"),
+    ],
+)
+def test_an_id_out_of_range_is_refused_naming_the_argument(
+    url: str, args: list[str], named: str
+) -> None:
+    """An id past 64 bits gave an OverflowError traceback on SQLite, and in a batch it
+    stopped the good ids from being acted on. Now the argument is refused, naming it,
+    with exit status 2 and nothing done."""
+    result = CliRunner().invoke(main, [*args[:2], "--url", url, *args[2:]])
+    assert result.exit_code == 2, result.output
+    assert named in result.output
+    assert "9223372036854775807" in result.output
+    assert "Traceback" not in result.output
+    code, out = run("dlq", "list", "--url", url, "--json")
+    assert code == 0
+    assert [j["id"] for j in json.loads(out)] == [2]  # job 2 still dead: nothing was done

@@ -34,6 +34,7 @@ from rich.text import Text
 from .._app import App
 from .._errors import ConfigError, TokenlineError
 from ..stores import Store, split_url
+from ..stores.base import MAX_JOB_ID
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -172,6 +173,14 @@ def ago(seconds: float | None) -> str:
     if hours < 48:
         return f"{hours}h{minutes:02d}m"
     return f"{hours // 24}d{hours % 24:02d}h"
+
+
+#: A job id given on the command line: every store's ids are 1 to 2**63 - 1, so anything
+#: else is refused naming the argument, before the store is asked (a batch with one
+#: impossible id must not leave the others undone, nor fail halfway).
+ID = click.IntRange(1, MAX_JOB_ID)
+#: A token given on the command line: 64-bit like the ids (0 names none held yet).
+TOKEN = click.IntRange(0, MAX_JOB_ID)
 
 
 _url = click.option(

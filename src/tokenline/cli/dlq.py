@@ -10,6 +10,7 @@ from .._errors import JobNotFoundError
 from .._jobs import JobState
 from ..stores import Store
 from ._common import (
+    ID,
     CommandGroup,
     app_option,
     console,
@@ -125,7 +126,7 @@ def _report_dead(verb: str, done: int, dead: list[int], refused: list[tuple[int,
 @dlq.command("retry")
 @app_option
 @url_option
-@click.argument("job_ids", nargs=-1, type=int)
+@click.argument("job_ids", nargs=-1, type=ID)
 @click.option("--all", "take_all", is_flag=True, help="Every dead job.")
 def dlq_retry(
     app_spec: str | None, url: str | None, job_ids: tuple[int, ...], take_all: bool
@@ -148,7 +149,7 @@ def dlq_retry(
 @dlq.command("discard")
 @app_option
 @url_option
-@click.argument("job_ids", nargs=-1, type=int)
+@click.argument("job_ids", nargs=-1, type=ID)
 @click.option("--all", "take_all", is_flag=True, help="Every dead job.")
 def dlq_discard(
     app_spec: str | None, url: str | None, job_ids: tuple[int, ...], take_all: bool

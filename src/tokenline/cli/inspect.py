@@ -20,6 +20,7 @@ from ..health import alive, live, worker_state
 from ..stores import Store
 from ..stores.base import ResourceLease
 from ._common import (
+    ID,
     Col,
     ago,
     app_option,
@@ -451,7 +452,7 @@ def _show_job(j: Job, attempts: list[Attempt], effects: list[Any], dups: list[An
 @click.command()
 @app_option
 @url_option
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=ID)
 @json_option
 def job(app_spec: str | None, url: str | None, job_id: int, as_json: bool) -> None:
     """One job with its attempts, effects and duplicates.

@@ -20,6 +20,7 @@ from ..health import alive, lease_mismatch
 from ..stores import Store
 from ..stores.base import ResourceLease
 from ._common import (
+    TOKEN,
     Col,
     CommandGroup,
     ago,
@@ -227,7 +228,7 @@ async def _release(store: Store, key: str, owner: str, token: int) -> tuple[bool
 @click.argument("key")
 @click.option("--owner", required=True, help="The holder, as `tokenline leases` shows it.")
 @click.option(
-    "--token", type=int, required=True, help="The holder's token, as `tokenline leases` shows it."
+    "--token", type=TOKEN, required=True, help="The holder's token, as `tokenline leases` shows it."
 )
 def lease_release(app_spec: str | None, url: str | None, key: str, owner: str, token: int) -> None:
     """Release the resource lease KEY, held by --owner under --token.
