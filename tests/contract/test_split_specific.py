@@ -248,3 +248,14 @@ async def test_a_ledger_from_before_the_later_columns_is_brought_up_to_date(
         assert await again.ledger._call(columns) == [(True,)]
     finally:
         await again.close()
+
+
+async def test_a_failed_open_closes_the_side_that_opened(postgres_url: str) -> None:
+    """With Redis down, open() used to leave the ledger's connection pool open; a caller
+    that gave up on the store (``tokenline enqueue``) then printed the pool's tasks dying
+    with its event loop, some forty lines of tracebacks."""
+    store = SplitStore(broker="redis://127.0.0.1:1/0", ledger=postgres_url, timeout=5)
+    with pytest.raises(StoreUnavailableError, match="Redis"):
+        await store.open()
+    assert store.ledger._pool is None
+    assert set(store.roles_down) == {"broker", "leases"}

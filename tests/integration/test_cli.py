@@ -271,3 +271,19 @@ def test_an_id_out_of_range_is_refused_naming_the_argument(
     code, out = run("dlq", "list", "--url", url, "--json")
     assert code == 0
     assert [j["id"] for j in json.loads(out)] == [2]  # job 2 still dead: nothing was done
+
+
+def test_enqueue_with_the_split_brokers_redis_down_is_one_line(postgres_server: str) -> None:
+    """enqueue on the split topology with Redis down: one error line, exit status 1;
+    it used to be followed by the ledger pool's teardown tracebacks."""
+    url = f"split:?broker=redis://127.0.0.1:1/0&ledger={postgres_server}"
+    out = subprocess.run(
+        [sys.executable, "-m", "tokenline", "enqueue", "--app", "tokenline.demo:app",
+         "demo.invoice", "[1, 100]"],
+        env={**os.environ, "TOKENLINE_URL": url},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert out.stdout == ""
+    (line,) = out.stderr.splitlines()
+    assert line.startswith("error: cannot reach Redis at 127.0.0.1:1")

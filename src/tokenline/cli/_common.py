@@ -84,15 +84,17 @@ def resolve_app(app_spec: str | None, url: str | None) -> App:
 
 
 def with_store(app: App, fn: Callable[[Store], Coroutine[Any, Any, T]]) -> T:
-    """Open a store for ``app``, run ``fn`` on it and close it."""
+    """Open a store for ``app``, run ``fn`` on it and close it; closed also when opening
+    it failed part way (a pool opened before the failure is not left to the loop's end)."""
 
     async def run() -> T:
         store = app.open_store()
-        await store.open()
         try:
+            await store.open()
             return await fn(store)
         finally:
-            await store.close()
+            with contextlib.suppress(TokenlineError):
+                await store.close()
 
     return asyncio.run(run())
 

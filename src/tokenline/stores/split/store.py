@@ -24,6 +24,7 @@ ledger's fences of the jobs it pruned, so that those are never taken for lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -101,10 +102,12 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
     async def open(self) -> None:
         """Open both sides, then take Redis's fencing epoch from the ledger.
 
-        If a side cannot be opened, the other is still opened and
-        :class:`RolesUnavailableError` names the roles that failed (``tokenline status``
-        probes the others); the store must not be used for work then: it has no epoch,
-        so it issues and checks no token.
+        If a side cannot be opened, :class:`RolesUnavailableError` names the roles that
+        failed (also kept in :attr:`roles_down`), and the side that did open is closed
+        again: the store has no epoch then, so it must not be used for work, and a
+        caller that gives up on it must not be left holding a connection pool whose
+        tasks die with its event loop (``tokenline status`` probes each side with
+        :meth:`open_within` instead).
         """
         failed: dict[str, StoreError] = {}
         try:
@@ -122,6 +125,8 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
                 failed["broker"] = failed["leases"] = exc
         self.roles_down = {**failed}
         if failed:
+            with contextlib.suppress(StoreError):
+                await self.close()
             raise RolesUnavailableError(failed)
 
     async def open_within(self, timeout: float) -> None:  # noqa: ASYNC109
