@@ -8,13 +8,16 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
 from tokenline import App, JobState
 from tokenline.cli import main
+from tokenline.cli._common import Seconds
 from tokenline.stores import store_from_url
 
 
@@ -287,3 +290,63 @@ def test_enqueue_with_the_split_brokers_redis_down_is_one_line(postgres_server: 
     assert out.stdout == ""
     (line,) = out.stderr.splitlines()
     assert line.startswith("error: cannot reach Redis at 127.0.0.1:1")
+
+
+# -- float options ----------------------------------------------------------------------------
+def _commands(
+    group: click.Group, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], click.Command]]:
+    for name, command in sorted(group.commands.items()):
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*path, name))
+        else:
+            yield (*path, name), command
+
+
+def test_every_float_option_is_a_checked_number_of_seconds() -> None:
+    """No option takes a bare float (or click's FloatRange, which lets nan through):
+    each is the shared checked type, so none accepts nan, inf or a value out of range."""
+    floats = [
+        (" ".join(path), p.name)
+        for path, command in _commands(main)
+        for p in command.params
+        if isinstance(p.type, click.types.FloatParamType) or p.type is click.FLOAT
+    ]
+    assert floats == []
+    checked = {
+        (" ".join(path), p.name)
+        for path, command in _commands(main)
+        for p in command.params
+        if isinstance(p.type, Seconds)
+    }
+    assert {("worker", "lease_ttl"), ("migrate", "timeout"), ("scale-hint", "interval")} <= checked
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "said"),
+    [
+        (["migrate", "--timeout", "nan"], "--timeout", "not a finite number"),
+        (["status", "--timeout", "inf"], "--timeout", "not a finite number"),
+        (["scale-hint", "--interval", "nan"], "--interval", "not a finite number"),
+        (["scale-hint", "--interval", "-1"], "--interval", "not in the range 0 <= x <= 3600"),
+        (["worker", "--lease-ttl", "1e-9"], "--lease-ttl", "not in the range 0.1 <= x"),
+        (["worker", "--poll-interval", "-inf"], "--poll-interval", "not a finite number"),
+        (["enqueue", "t", "--delay", "nan"], "--delay", "not a finite number"),
+        (["enqueue", "t", "--delay", "1e12"], "--delay", "not in the range 0 <= x"),
+        (["bench", "--window", "nan"], "--window", "not a finite number"),
+        (["exporter", "--max-age", "inf"], "--max-age", "not a finite number"),
+        (["dashboard", "--timeout", "nan"], "--timeout", "not a finite number"),
+    ],
+)
+def test_every_float_option_refuses_what_is_no_finite_number_in_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], option: str, said: str
+) -> None:
+    """nan and inf used to pass: migrate crashed, status and scale-hint misreported, and
+    a worker took a lease TTL of a nanosecond. Each is now a usage error naming the
+    option, exit status 2, before anything is opened (no store file appears)."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}'" in result.output
+    assert said in result.output
+    assert list(tmp_path.iterdir()) == []

@@ -15,12 +15,13 @@ from rich.markup import escape
 
 from .._config import WorkerSettings, load_settings, validate_queue_name
 from .._errors import InvalidInputError, QueueNameError
-from .._jobs import MAX_PAYLOAD_DEPTH
+from .._jobs import MAX_DELAY, MAX_PAYLOAD_DEPTH
 from .._logging import configure as configure_logging
 from ..stores import store_from_url
 from ..worker import run_worker
 from ._common import (
     CommandGroup,
+    Seconds,
     app_option,
     console,
     reporting_errors,
@@ -68,61 +69,61 @@ def _env(name: str) -> dict[str, Any]:
 )
 @click.option(
     "--lease-ttl",
-    type=float,
+    type=Seconds(0.1),
     help="Lease time-to-live, seconds [default: 30].",
     **_env("LEASE_TTL"),
 )
 @click.option(
     "--renew-interval",
-    type=float,
+    type=Seconds(0.01),
     help="Lease renewal period, <= TTL/3 [default: TTL/3, at most 10].",
     **_env("RENEW_INTERVAL"),
 )
 @click.option(
     "--lease-margin",
-    type=float,
+    type=Seconds(0.001),
     help="Self-fencing margin under the TTL [default: TTL/10].",
     **_env("LEASE_MARGIN"),
 )
 @click.option(
     "--poll-interval",
-    type=float,
+    type=Seconds(0.01),
     help="Longest wait for new jobs, seconds [default: 1].",
     **_env("POLL_INTERVAL"),
 )
 @click.option(
     "--job-timeout",
-    type=float,
+    type=Seconds(0.001, MAX_DELAY),
     help="Hard limit per attempt when the task sets none [default: 300].",
     **_env("JOB_TIMEOUT"),
 )
 @click.option(
     "--drain-timeout",
-    type=float,
+    type=Seconds(0.001),
     help="Time given to in-flight jobs on shutdown [default: 30].",
     **_env("DRAIN_TIMEOUT"),
 )
 @click.option(
     "--rescue-interval",
-    type=float,
+    type=Seconds(0.01),
     help="Period of the expired-lease rescue [default: 5].",
     **_env("RESCUE_INTERVAL"),
 )
 @click.option(
     "--reconcile-interval",
-    type=float,
+    type=Seconds(0.01),
     help="Period of the reconciler's pass [default: 30].",
     **_env("RECONCILE_INTERVAL"),
 )
 @click.option(
     "--effect-pending-deadline",
-    type=float,
+    type=Seconds(0.1, MAX_DELAY),
     help="Seconds an effect may stay pending after its lease is lost [default: 300].",
     **_env("EFFECT_PENDING_DEADLINE"),
 )
 @click.option(
     "--store-timeout",
-    type=float,
+    type=Seconds(0.001),
     help="Per-call store timeout [default: TTL/3].",
     **_env("STORE_TIMEOUT"),
 )
@@ -202,7 +203,9 @@ def worker(
 @click.option("--kwargs", "kwargs_json", default=None, help="Keyword arguments as a JSON object.")
 @click.option("--key", "idempotency_key", default=None, help="Idempotency key, e.g. invoice:42.")
 @click.option("--priority", type=int, default=None, help="Higher runs first.")
-@click.option("--delay", type=float, default=None, help="Seconds before the job may run.")
+@click.option(
+    "--delay", type=Seconds(0, MAX_DELAY), default=None, help="Seconds before the job may run."
+)
 @click.option("--queue", default=None, help="Override the task's queue.")
 def enqueue(
     app_spec: str | None,
@@ -285,7 +288,7 @@ def resume(app_spec: str | None, url: str | None, queue: str) -> None:
 @url_option
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0.1),
+    type=Seconds(0.1),
     default=120.0,
     show_default=True,
     help="Longest a migration statement may run, seconds.",

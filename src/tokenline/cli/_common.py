@@ -15,12 +15,13 @@ import datetime as dt
 import functools
 import importlib
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Literal, NoReturn, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, cast
 
 import click
 from rich import box
@@ -175,6 +176,57 @@ def ago(seconds: float | None) -> str:
     if hours < 48:
         return f"{hours}h{minutes:02d}m"
     return f"{hours // 24}d{hours % 24:02d}h"
+
+
+#: The longest duration any option takes (seconds): a day. Beyond it a timeout or a
+#: period means "never", which none of them is for.
+DAY = 86_400.0
+
+
+if TYPE_CHECKING:
+    _FloatType = click.ParamType[float]
+else:  # generic only from click 8.2 on; the dependency allows 8.1
+    _FloatType = click.ParamType
+
+
+class Seconds(_FloatType):
+    """A finite number of seconds from ``low`` to ``high``, for every float option.
+
+    ``float`` let ``nan``, ``inf`` and ``1e-9`` through (from the option or its
+    ``TOKENLINE_…`` variable) to fail later in a traceback or be misreported; this
+    refuses them as a usage error naming the option, exit status 2. ``low_open``: the
+    low end itself is excluded (a period of 0 would spin).
+    """
+
+    name = "seconds"
+
+    def __init__(self, low: float, high: float = DAY, *, low_open: bool = False) -> None:
+        self.low, self.high, self.low_open = low, high, low_open
+
+    def _range(self) -> str:
+        return f"{self.low:g} {'<' if self.low_open else '<='} x <= {self.high:g}"
+
+    def get_metavar(self, param: click.Parameter, *args: Any, **kwargs: Any) -> str:
+        """How the option's value shows in --help."""
+        return "SECONDS"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        """The value as a float, or a usage error saying why it is none."""
+        if isinstance(value, float | int) and not isinstance(value, bool):
+            number = float(value)
+        else:
+            try:
+                number = float(str(value).strip())
+            except ValueError:
+                self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        below = number <= self.low if self.low_open else number < self.low
+        if below or number > self.high:
+            self.fail(f"{value!r} is not in the range {self._range()} (seconds)", param, ctx)
+        return number
 
 
 #: A job id given on the command line: every store's ids are 1 to 2**63 - 1, so anything

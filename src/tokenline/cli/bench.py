@@ -35,7 +35,7 @@ from .._errors import ConfigError
 from .._jobs import JobState
 from ..drill._scratch import scratch_for
 from ..stores import Store
-from ._common import console
+from ._common import Seconds, console
 
 QUEUE = "bench"
 #: Jobs enqueued one call at a time, on a queue of their own that no worker reads.
@@ -182,7 +182,7 @@ def _load() -> str:
 )
 @click.option(
     "--window",
-    type=click.FloatRange(1),
+    type=Seconds(1),
     default=10.0,
     show_default=True,
     help="With --backlog: seconds of processing to count.",

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from .._logging import configure as configure_logging
-from ._common import app_option, console, reporting_errors, resolve_app, url_option
+from ._common import Seconds, app_option, console, reporting_errors, resolve_app, url_option
 
 __all__ = ["dashboard"]
 
@@ -65,7 +65,7 @@ def _allowed_hosts(
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0.1),
+    type=Seconds(0.1, 600),
     default=5.0,
     show_default=True,
     help="Longest each channel probe of the overview may take, seconds.",

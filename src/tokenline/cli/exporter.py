@@ -14,7 +14,7 @@ from types import FrameType
 
 import click
 
-from ._common import app_option, console, reporting_errors, resolve_app, url_option
+from ._common import Seconds, app_option, console, reporting_errors, resolve_app, url_option
 from .scale import ScaleHinter
 
 __all__ = ["exporter"]
@@ -42,7 +42,7 @@ __all__ = ["exporter"]
 )
 @click.option(
     "--max-age",
-    type=click.FloatRange(min=0),
+    type=Seconds(0),
     default=5.0,
     show_default=True,
     envvar="TOKENLINE_EXPORTER_MAX_AGE",

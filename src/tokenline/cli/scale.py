@@ -14,7 +14,7 @@ from .._jobs import JobState, QueueStats, WorkerRecord
 from ..health import read_status as _status
 from ..scaling import Hint, Snapshot, WorkerLoad, scale_hint
 from ..stores import Store
-from ._common import app_option, console, reporting_errors, resolve_app, url_option
+from ._common import Seconds, app_option, console, reporting_errors, resolve_app, url_option
 
 __all__ = ["BREAKER_PREFIX", "ScaleHinter", "scale_hint_command", "snapshot"]
 
@@ -121,14 +121,14 @@ class ScaleHinter:
 @url_option
 @click.option(
     "--interval",
-    type=click.FloatRange(0, 3600),
+    type=Seconds(0, 3600),
     default=5.0,
     show_default=True,
     help="Seconds between the two looks at the backlog.",
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(0.1, 600),
+    type=Seconds(0.1, 600),
     default=5.0,
     show_default=True,
     help="Seconds each channel probe may take.",

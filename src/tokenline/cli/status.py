@@ -23,6 +23,7 @@ from rich.markup import escape
 from ..health import CHANNELS, FAILURES, failure_kind
 from ..health import read_status as _status
 from ._common import (
+    Seconds,
     app_option,
     console,
     json_option,
@@ -127,7 +128,7 @@ def _status_text(url: str, r: dict[str, Any]) -> None:
 @url_option
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0.1),
+    type=Seconds(0.1, 600),
     default=5.0,
     show_default=True,
     help="Longest each channel (and opening the store) may take, seconds; longer is slow.",
