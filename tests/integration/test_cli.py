@@ -223,7 +223,9 @@ def test_a_bad_variable_is_one_line_naming_it(
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, result.output
     line = result.output.strip().splitlines()[-1]
-    assert line.startswith(f"error: TOKENLINE_MAX_ATTEMPTS={value!r} is invalid: {reason}")
+    assert line.startswith(
+        f"error: TOKENLINE_MAX_ATTEMPTS={value!r} is invalid (setting max_attempts): {reason}"
+    )
     assert "Traceback" not in result.output
 
 

@@ -235,13 +235,14 @@ def test_a_port_in_use_is_a_config_error_and_starts_nothing() -> None:
 
 
 def test_the_exporter_command_on_a_port_in_use_says_so(db_url: str) -> None:
-    """The command exits 1 naming the port when it is taken, before serving anything."""
+    """The command exits 2 (bad input) naming the port when it is taken, before serving
+    anything."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         result = CliRunner().invoke(exporter, ["--url", db_url, "--port", str(port)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert f"metrics port {port} is in use" in result.output
 
 

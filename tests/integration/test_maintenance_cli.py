@@ -195,13 +195,15 @@ def test_maintenance_settings_that_cannot_work_are_refused_at_start(
     url: str, name: str, value: str
 ) -> None:
     """A zero or NaN interval, or a pending-effect deadline under the lease TTL, stops
-    both commands before they touch the store, naming the setting."""
+    both commands before they touch the store, naming the setting and its variable,
+    with the exit status of bad input."""
     for command in (["maintenance"], ["reconcile"]):
         result = CliRunner().invoke(
             main, [*command, "--url", url], env={f"TOKENLINE_{name}": value}
         )
-        assert result.exit_code == 1, result.output
+        assert result.exit_code == 2, result.output
         assert name.lower() in result.output
+        assert f"TOKENLINE_{name}={value!r}" in result.output
 
 
 def _spawn_maintenance(url: str, tmp_path: Path) -> subprocess.Popen[str]:

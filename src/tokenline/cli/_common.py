@@ -107,7 +107,7 @@ def config_problem(exc: ConfigError) -> str:
     raw = os.environ.get(variable)
     if raw is None:
         return str(exc)
-    return f"{variable}={raw!r} is invalid: {exc.reason}"
+    return f"{variable}={raw!r} is invalid (setting {exc.setting}): {exc.reason}"
 
 
 def report_error(exc: TokenlineError) -> NoReturn:
