@@ -14,7 +14,7 @@ import json
 import logging
 from typing import Any
 
-__all__ = ["FIELDS", "SUCCESS_LOGGER", "JsonFormatter", "configure"]
+__all__ = ["FIELDS", "LEVELS", "SUCCESS_LOGGER", "JsonFormatter", "configure"]
 
 #: Structured fields a record may carry, in the order the JSON line shows them.
 FIELDS = (
@@ -30,6 +30,9 @@ FIELDS = (
     "old_state",
     "new_state",
 )
+
+#: The log levels a command takes, least to most severe.
+LEVELS = ("debug", "info", "warning", "error")
 
 #: The worker's logger of succeeded jobs.
 SUCCESS_LOGGER = "tokenline.worker.succeeded"
@@ -65,6 +68,8 @@ def configure(level: str = "info", fmt: str = "text") -> None:
     or ``json``. At ``debug`` the text log keeps the success lines too."""
     if fmt not in ("text", "json"):
         raise ValueError(f"log format must be text or json, got {fmt!r}")
+    if level.lower() not in LEVELS:
+        raise ValueError(f"log level must be one of {', '.join(LEVELS)}, got {level!r}")
     handler = logging.StreamHandler()
     if fmt == "json":
         handler.setFormatter(JsonFormatter())

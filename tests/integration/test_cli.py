@@ -352,3 +352,28 @@ def test_every_float_option_refuses_what_is_no_finite_number_in_range(
     assert f"Invalid value for '{option}'" in result.output
     assert said in result.output
     assert list(tmp_path.iterdir()) == []
+
+
+# -- log levels -------------------------------------------------------------------------------
+def test_every_log_level_option_is_checked_before_the_command_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``maintenance --log-level bogus`` reached the logging set-up and ended in a
+    traceback. Every command's --log-level is now the one checked option: an unknown
+    level is a usage error naming it, exit status 2; any case of a known one works."""
+    monkeypatch.chdir(tmp_path)
+    taking = [
+        path
+        for path, command in _commands(main)
+        if any(p.name == "log_level" for p in command.params)
+    ]
+    assert {("worker",), ("maintenance",)} <= set(taking)
+    for path in taking:
+        (option,) = [p for p in dict(_commands(main))[path].params if p.name == "log_level"]
+        assert option.envvar == "TOKENLINE_LOG_LEVEL"
+        result = CliRunner().invoke(main, [*path, "--log-level", "bogus"])
+        assert result.exit_code == 2, (path, result.output)
+        assert "Invalid value for '--log-level'" in result.output
+        assert "'bogus' is not one of 'debug', 'info', 'warning', 'error'" in result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert list(tmp_path.iterdir()) == []

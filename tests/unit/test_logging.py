@@ -78,3 +78,9 @@ def test_an_unknown_format_is_refused() -> None:
     """Only text and json exist."""
     with pytest.raises(ValueError, match="text or json"):
         _logging.configure("info", "xml")
+
+
+def test_an_unknown_level_is_refused_by_name() -> None:
+    """The log set-up names the levels it takes instead of failing inside logging."""
+    with pytest.raises(ValueError, match="log level must be one of debug, info, warning, error"):
+        _logging.configure("bogus")

@@ -24,6 +24,7 @@ from ._common import (
     Seconds,
     app_option,
     console,
+    log_level_option,
     reporting_errors,
     resolve_app,
     url_option,
@@ -145,12 +146,7 @@ def _env(name: str) -> dict[str, Any]:
     help="TOML file with a [tokenline.worker] table.",
     **_env("CONFIG"),
 )
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    help="Log verbosity [default: info].",
-    **_env("LOG_LEVEL"),
-)
+@log_level_option
 @click.option(
     "--metrics-port",
     type=click.IntRange(1, 65535),

@@ -34,6 +34,7 @@ from rich.text import Text
 
 from .._app import App
 from .._errors import ConfigError, TokenlineError
+from .._logging import LEVELS
 from ..stores import Store, split_url
 from ..stores.base import MAX_JOB_ID
 
@@ -282,6 +283,19 @@ def url_option(fn: F) -> F:
             help=_ROLE_HELP[role],
         )(decorated)
     return cast(F, _url(decorated))
+
+
+#: ``--log-level`` (``TOKENLINE_LOG_LEVEL``) of every command that logs: one of
+#: :data:`~tokenline._logging.LEVELS`, any case, checked before the command runs (an
+#: unknown level used to reach the logging set-up and end in a traceback).
+log_level_option = click.option(
+    "--log-level",
+    type=click.Choice(LEVELS, case_sensitive=False),
+    envvar="TOKENLINE_LOG_LEVEL",
+    show_envvar=True,
+    default=None,
+    help="Log verbosity [default: info].",
+)
 
 
 app_option = click.option(

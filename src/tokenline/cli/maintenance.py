@@ -33,6 +33,7 @@ from ._common import (
     console,
     err_console,
     json_option,
+    log_level_option,
     print_json,
     reporting_errors,
     resolve_app,
@@ -76,7 +77,7 @@ config_option = click.option(
 @app_option
 @url_option
 @config_option
-@click.option("--log-level", default="info", show_default=True, help="Logging level.")
+@log_level_option
 @click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
@@ -97,7 +98,7 @@ def maintenance(
     app_spec: str | None,
     url: str | None,
     config: str | None,
-    log_level: str,
+    log_level: str | None,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
@@ -106,7 +107,7 @@ def maintenance(
     interval. Stops on SIGTERM or SIGINT,
     giving the lease back. Settings (lease_ttl, renew_interval, rescue_interval,
     reconcile_interval, effect_pending_deadline) as for the worker."""
-    configure_logging(log_level, "text")
+    configure_logging(log_level or "info", "text")
     with reporting_errors():
         settings = _settings(config)
         app = resolve_app(app_spec, url)
