@@ -145,3 +145,46 @@ def test_ctrl_c_leaves_no_worker_or_proxy_running(no_leftovers: None, tmp_path: 
         out.close()
     assert proc.returncode != 0, (tmp_path / "drill.out").read_text()
     assert _drill_processes() == []
+
+
+@pytest.mark.postgres
+def test_proxy_ports_past_the_last_port_are_refused(postgres_server: str) -> None:
+    """--proxy-port 65535 with three workers asks for ports up to 65537: it used to end
+    in a traceback once the proxies started."""
+    result = CliRunner().invoke(
+        main, ["drill", "--url", postgres_server, "--proxy-port", "65535", "--jobs", "10"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "3 workers need ports 65535 to 65537, past the last port, 65535" in result.output
+
+
+@pytest.mark.postgres
+def test_a_proxy_port_in_use_is_refused_on_the_split_topology_too(
+    postgres_server: str, redis_server: str
+) -> None:
+    """The split topology's proxies (in front of Redis) got no trial listen: a port in
+    use ended in a traceback after the workers' store was set up."""
+    url = f"split:?broker={redis_server}&ledger={postgres_server}"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(
+            main, ["drill", "--url", url, "--proxy-port", str(port), "--jobs", "10"]
+        )
+    assert result.exit_code == 2, result.output
+    assert f"--proxy-port: cannot listen on port {port}" in result.output
+
+
+def test_a_scratch_directory_that_cannot_be_made_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the scratch directories go cannot take one (here: a file stands there): a
+    clear error and exit status 2 before any worker starts, not a traceback."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setattr("tempfile.tempdir", str(blocker))
+    result = CliRunner().invoke(main, ["drill", "--scenario", "kill9", "--jobs", "10"])
+    assert result.exit_code == 2, result.output
+    assert f"cannot create the drill's scratch directories in {str(blocker)!r}" in result.output
+    assert "Traceback" not in result.output

@@ -36,6 +36,7 @@ import contextlib
 import dataclasses
 import random
 import signal
+import tempfile
 import time
 import urllib.parse
 import uuid
@@ -149,6 +150,18 @@ class ScenarioResult:
         }
 
 
+def _writable(directory: Path, what: str) -> None:
+    """Refuse a directory the drill cannot create ``what`` in, found by creating a file
+    there (removed at once): permissions, a read-only mount or a full disk all show."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise DrillError(
+            f"cannot create {what} in {str(directory)!r}: {exc.strerror or exc}"
+        ) from None
+
+
 def _prefix(scenario: Scenario) -> str:
     """What a scenario's schema, key prefix and directory are named after."""
     return f"tokenline_drill_{scenario.name}"
@@ -242,6 +255,7 @@ class Drill:
             raise
         except TokenlineError as exc:
             raise DrillError(f"the drill's apps cannot be built here: {exc}") from None
+        _writable(Path(tempfile.gettempdir()), "the drill's scratch directories")
         if self.url is None:
             return
         if self.scheme == "sqlite":
@@ -250,6 +264,7 @@ class Drill:
                 raise DrillError(
                     f"cannot create SQLite files in {str(parent)!r}: no such directory"
                 )
+            _writable(parent, "SQLite files")
             if not self.overwrite:
                 for scenario in scenarios:
                     try:
@@ -257,6 +272,7 @@ class Drill:
                     except ConfigError as exc:
                         raise DrillError(exc.reason) from None
             return
+        self._preflight_ports()
         if self.scheme == "split":
             self._preflight_split()
             return
@@ -273,15 +289,27 @@ class Drill:
                 pass
         except psycopg.Error as exc:
             raise DrillError(f"cannot reach PostgreSQL at {self.url}: {exc}".strip()) from None
-        # The proxies' ports: a trial listen on each, released at once.
-        if self.proxy_port:
-            for i in range(self.workers):
-                port = self.proxy_port + i
-                try:
-                    with ThreadedFaultProxy(upstream_of(self.url), port=port):
-                        pass
-                except OSError as exc:
-                    raise DrillError(str(exc)) from None
+
+    def _preflight_ports(self) -> None:
+        """The proxies' ports (``proxy_port`` and the next ``workers - 1``): all of them
+        ports, and free, by a trial listen on each, released at once."""
+        if not self.proxy_port:
+            return
+        assert self.url is not None
+        last = self.proxy_port + self.workers - 1
+        if last > 65535:
+            raise DrillError(
+                f"--proxy-port {self.proxy_port}: {self.workers} workers need ports "
+                f"{self.proxy_port} to {last}, past the last port, 65535"
+            )
+        upstream = _upstream(self.scheme, self.url)
+        assert upstream is not None
+        for port in range(self.proxy_port, last + 1):
+            try:
+                with ThreadedFaultProxy(upstream, port=port):
+                    pass
+            except (OSError, OverflowError) as exc:
+                raise DrillError(f"--proxy-port: cannot listen on port {port}: {exc}") from None
 
     def _preflight_split(self) -> None:
         """The split topology: both servers reachable, no prefix or schema given."""
@@ -342,6 +370,8 @@ class Drill:
             return scratch_for(url, keep=self.keep, prefix=prefix, overwrite=self.overwrite)
         except ConfigError as exc:
             raise DrillError(exc.reason) from None
+        except OSError as exc:  # the scratch directory (the checks above passed earlier)
+            raise DrillError(f"cannot create the scenario's scratch directory: {exc}") from None
 
     def run_one(self, scenario: Scenario) -> ScenarioResult:
         """Run one scenario on a fresh store."""
