@@ -377,3 +377,48 @@ def test_every_log_level_option_is_checked_before_the_command_runs(
         assert "'bogus' is not one of 'debug', 'info', 'warning', 'error'" in result.output
         assert result.exception is None or isinstance(result.exception, SystemExit)
     assert list(tmp_path.iterdir()) == []
+
+
+# -- a store that is not there ----------------------------------------------------------------
+READING = [
+    ["queues"],
+    ["workers"],
+    ["jobs"],
+    ["job", "1"],
+    ["dlq", "list"],
+    ["dlq", "retry", "1"],
+    ["dlq", "discard", "1"],
+    ["leases"],
+    ["lease", "release", "k", "--owner", "o", "--token", "1"],
+    ["drain", "w-1"],
+    ["audit", "duplicates"],
+    ["reconcile", "--dry-run"],
+    ["scale-hint", "--interval", "0"],
+]
+
+
+@pytest.mark.parametrize("command", READING, ids=[" ".join(c) for c in READING])
+def test_a_command_that_reads_refuses_a_missing_sqlite_file(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """A mistyped SQLite path used to get an empty store created there, and an answer
+    from it ("no jobs"). Commands that read, or act on what is stored, now say there is
+    no store, exit status 2, and create nothing."""
+    typo = tmp_path / "tokenlin.db"
+    result = CliRunner().invoke(main, [*command, "--url", f"sqlite:///{typo}"])
+    assert result.exit_code == 2, result.output
+    assert f"error: no tokenline store at {typo}" in " ".join(result.output.split())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_tokenline_url_is_an_error_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TOKENLINE_URL= (set, empty) fell back to sqlite:///tokenline.db in the working
+    directory without a word."""
+    monkeypatch.chdir(tmp_path)
+    for command in (["queues"], ["migrate"], ["enqueue", "--app", "x:y", "t"]):
+        result = CliRunner().invoke(main, command, env={"TOKENLINE_URL": ""})
+        assert result.exit_code == 2, result.output
+        assert "TOKENLINE_URL is set but empty" in result.output
+    assert list(tmp_path.iterdir()) == []

@@ -63,8 +63,12 @@ def load_app(spec: str) -> App:
     return app
 
 
-def resolve_app(app_spec: str | None, url: str | None) -> App:
+def resolve_app(app_spec: str | None, url: str | None, *, existing: bool = False) -> App:
     """The app named by ``--app``, else a bare app on ``--url`` / ``TOKENLINE_URL``.
+
+    ``existing``: the command only reads the store, or acts on what is in it, so a
+    SQLite file that is not there is refused (see :func:`require_store`) rather than
+    created empty where a path was mistyped.
 
     With both, and a URL other than the one the app was built with, the result is the
     app's tasks and settings on the given store: a worker started that way must run the
@@ -72,17 +76,37 @@ def resolve_app(app_spec: str | None, url: str | None) -> App:
     both URLs, because an exported ``TOKENLINE_URL`` can be the reason.
     """
     if not app_spec:
-        return App(url)
-    app = load_app(app_spec)
-    if not url or url == app.url:
-        return app
-    moved = app.on(url)
-    err_console.print(
-        f"note: {app_spec} was built for {app.url}; using {url} (from --url or TOKENLINE_URL)",
-        highlight=False,
-        markup=False,
-    )
-    return moved
+        app = App(url)
+    else:
+        app = load_app(app_spec)
+        if url and url != app.url:
+            moved = app.on(url)
+            err_console.print(
+                f"note: {app_spec} was built for {app.url}; using {url} "
+                "(from --url or TOKENLINE_URL)",
+                highlight=False,
+                markup=False,
+            )
+            app = moved
+    if existing:
+        require_store(app.url)
+    return app
+
+
+def require_store(url: str) -> None:
+    """Exit with status 2 and "no tokenline store at PATH" when ``url`` names a SQLite
+    file that does not exist (other stores are servers: asking them says what is
+    missing)."""
+    if not url.startswith("sqlite:///"):
+        return
+    path = url[len("sqlite:///") :]
+    if path and not os.path.isfile(path):
+        err_console.print(
+            f"[bold red]error:[/] no tokenline store at {escape(path)} (nothing was created; "
+            "check --url or TOKENLINE_URL, or create one with `tokenline migrate`)",
+            highlight=False,
+        )
+        raise SystemExit(2)
 
 
 def with_store(app: App, fn: Callable[[Store], Coroutine[Any, Any, T]]) -> T:
@@ -259,6 +283,14 @@ def url_option(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         roles = {role: kwargs.pop(role) for role in _ROLE_HELP}
+        # Click reads an empty variable as unset, and the app would fall back to its own
+        # URL (sqlite:///tokenline.db): the wrong store, silently.
+        empty = os.environ.get("TOKENLINE_URL", "unset").strip() == ""
+        if empty and not kwargs.get("url") and not any(roles.values()):
+            raise click.UsageError(
+                "TOKENLINE_URL is set but empty: set it to a store URL, or unset it "
+                "to use the app's"
+            )
         if any(roles.values()):
             if kwargs.get("url"):
                 raise click.UsageError(

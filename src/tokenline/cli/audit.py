@@ -141,7 +141,7 @@ def duplicates(
         return begin, await store.duplicates_list(since=begin, limit=limit)
 
     with reporting_errors():
-        start, found = with_store(resolve_app(app_spec, url), gather)
+        start, found = with_store(resolve_app(app_spec, url, existing=True), gather)
     groups = group_by_key(found)
     repeats = sum(g.repeats for g in groups)
     stale = sum(g.stale for g in groups)

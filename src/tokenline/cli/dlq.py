@@ -54,7 +54,7 @@ def dlq_list(
     """
     with reporting_errors():
         items = with_store(
-            resolve_app(app_spec, url),
+            resolve_app(app_spec, url, existing=True),
             lambda s: s.jobs_list(state=JobState.DEAD, queue=queue, limit=limit),
         )
     if as_json:
@@ -102,7 +102,7 @@ def _act_on_dead(
         return done, dead, refused
 
     with reporting_errors():
-        return with_store(resolve_app(app_spec, url), run)
+        return with_store(resolve_app(app_spec, url, existing=True), run)
 
 
 def _report_dead(verb: str, done: int, dead: list[int], refused: list[tuple[int, str]]) -> None:

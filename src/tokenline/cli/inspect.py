@@ -276,7 +276,7 @@ def queues(app_spec: str | None, url: str | None, as_json: bool) -> None:
     (seconds, or null), paused}.
     """
     with reporting_errors():
-        stats = with_store(resolve_app(app_spec, url), lambda s: s.queues_stats())
+        stats = with_store(resolve_app(app_spec, url, existing=True), lambda s: s.queues_stats())
     if as_json:
         print_json([queue_json(s) for s in stats])
     else:
@@ -312,7 +312,7 @@ def workers(app_spec: str | None, url: str | None, show_all: bool, as_json: bool
         return await store.workers_list(), leader, now
 
     with reporting_errors():
-        records, leader, now = with_store(resolve_app(app_spec, url), gather)
+        records, leader, now = with_store(resolve_app(app_spec, url, existing=True), gather)
     shown = records if show_all else live(records, now)
     if as_json:
         print_json([_with_term(worker_json(w, now), w, leader) for w in shown])
@@ -369,7 +369,7 @@ def jobs(
     """
     with reporting_errors():
         items = with_store(
-            resolve_app(app_spec, url),
+            resolve_app(app_spec, url, existing=True),
             lambda s: s.jobs_list(
                 state=JobState(state) if state else None, queue=queue, limit=limit
             ),
@@ -479,7 +479,7 @@ def job(app_spec: str | None, url: str | None, job_id: int, as_json: bool) -> No
         return j, attempts, effects, dups
 
     with reporting_errors():
-        j, attempts, effects, dups = with_store(resolve_app(app_spec, url), gather)
+        j, attempts, effects, dups = with_store(resolve_app(app_spec, url, existing=True), gather)
     if as_json:
         print_json(
             {

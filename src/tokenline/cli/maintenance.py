@@ -190,7 +190,7 @@ def reconcile(
     """
     with reporting_errors():
         settings = _settings(config)
-        app = resolve_app(app_spec, url)
+        app = resolve_app(app_spec, url, existing=True)
         store = app.open_store(timeout=settings.call_timeout)
         report, lease, busy = asyncio.run(_reconcile(store, settings, dry_run, app.clock))
     if as_json:

@@ -151,7 +151,7 @@ def scale_hint_command(
     growing backlog with every worker at its limit means add.
     """
     with reporting_errors():
-        app = resolve_app(app_spec, url)
+        app = resolve_app(app_spec, url, existing=True)
         hint = asyncio.run(hint_for(app.open_store, interval=interval, timeout=timeout))
     if as_json:
         click.echo(json.dumps(hint.json(), indent=2))
