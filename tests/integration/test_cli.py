@@ -147,7 +147,10 @@ def test_migrate_on_postgres_then_a_non_migrating_app_opens(postgres_server: str
         no_migrate.close()
         code, out = run("migrate", "--url", u)
         assert code == 0
-        assert "schema version" in out
+        assert "schema created (schema version" in out
+        code, out = run("migrate", "--url", u)
+        assert code == 0
+        assert "schema already up to date" in out
         app = App(settings=Settings(url=u, migrate=False))
         assert app.run(lambda s: s.queues_stats()) == []
         app.close()
@@ -422,3 +425,17 @@ def test_an_empty_tokenline_url_is_an_error_naming_it(
         assert result.exit_code == 2, result.output
         assert "TOKENLINE_URL is set but empty" in result.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_migrate_says_what_it_did(tmp_path: Path) -> None:
+    """migrate said "up to date" even when it had just created or upgraded the schema."""
+    from tokenline.stores.sqlite.store import SCHEMA_VERSION
+
+    db = tmp_path / "m.db"
+    code, out = run("migrate", "--url", f"sqlite:///{db}")
+    assert code == 0
+    assert f"schema created (schema version {SCHEMA_VERSION})" in out
+    code, out = run("migrate", "--url", f"sqlite:///{db}")
+    assert code == 0
+    assert "schema already up to date" in out
+    assert "nothing done" in out

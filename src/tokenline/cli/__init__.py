@@ -296,8 +296,18 @@ def migrate(app_spec: str | None, url: str | None, timeout: float) -> None:
         store = store_from_url(app.url, timeout=timeout, migrate=True)
 
         version = asyncio.run(store.migrate())
-    suffix = f" (schema version {version})" if version is not None else ""
-    console.print(f"{escape(app.url)}: schema up to date{suffix}", highlight=False)
+    done = store.migrated
+    if version is None:
+        said = "no schema to migrate"
+    elif done is None:
+        said = f"schema already up to date (schema version {version}), nothing done"
+    elif done[0] == 0:
+        said = f"schema created (schema version {version})"
+    elif done[0] < done[1]:
+        said = f"schema upgraded from version {done[0]} to {done[1]}"
+    else:
+        said = f"schema upgraded (schema version {version})"
+    console.print(f"{escape(app.url)}: {said}", highlight=False)
 
 
 for command in (

@@ -697,6 +697,11 @@ class Store(Broker, Leases, Ledger):
 
     capabilities: Capabilities = Capabilities()
 
+    #: The schema versions before and after the last migration this store object
+    #: applied (on open or by :meth:`migrate`); ``None``: it applied none, the schema was
+    #: up to date (or the store has none). A first version of 0: there was no schema.
+    migrated: tuple[int, int] | None = None
+
     @abc.abstractmethod
     async def open(self) -> None:
         """Connect and create or check the schema; raise a :class:`StoreError` on failure."""

@@ -365,7 +365,8 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
             if version < SCHEMA_VERSION:
                 if not migrate:
                     raise too_old(version, self.target)
-                version = await apply_migrations(conn, self.target)
+                before, version = version, await apply_migrations(conn, self.target)
+                self.migrated = (before, version)
             return version
         finally:
             await conn.close()
@@ -406,6 +407,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         :class:`~tokenline.SchemaVersionError` and is left untouched. Each statement is
         bounded by the store's ``timeout``: give a long migration a larger one.
         """
+        self.migrated = None
         with self._translate():
             return await run_bounded(self._schema_check(migrate=True), self._deadline)
 

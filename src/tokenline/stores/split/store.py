@@ -177,7 +177,9 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
 
     async def migrate(self) -> int | None:
         """Migrate the ledger's schema (Redis has none)."""
-        return await self.ledger.migrate()
+        version = await self.ledger.migrate()
+        self.migrated = self.ledger.migrated
+        return version
 
     # -- broker: Redis, with the ledger's word on completed jobs --------------------------
     async def jobs_enqueue(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[int]:

@@ -212,9 +212,9 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         self.migrate_on_open = migrate
         #: Whether this opening may create or upgrade them (:meth:`migrate` says yes).
         self._migrating = migrate
-        #: The versions of the main file's schema before and after the last migration
-        #: this store object applied; ``None``: it applied none (already up to date).
-        self.migrated: tuple[int, int] | None = None
+        # (Store.migrated: the main file's versions; an upgrade of the -coord file alone
+        # shows as the same version before and after.)
+        self.migrated = None
         self.coord_path = coord_path(self.path)
         self._given_clock = clock
         #: The store's clock; the machine's, anchored at :meth:`open`, unless given.
@@ -570,6 +570,8 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                     for statement in statements(script):
                         coord.execute(statement)
             coord.execute(f"PRAGMA coord.user_version = {COORD_VERSION:d}")
+        if self.migrated is None:
+            self.migrated = (SCHEMA_VERSION, SCHEMA_VERSION)
 
     def _anchor(self, coord: sqlite3.Connection) -> Any:
         """The store's clock for this boot, anchoring it first if this boot is new."""
@@ -597,6 +599,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         """Create or upgrade both files' schemas (opening the store does it too) and
         return the schema version."""
         if self._main is None:
+            self.migrated = None
             self._migrating = True
             try:
                 await self.open()
