@@ -5,6 +5,11 @@ The worker logs each state transition and each job outcome with structured field
 ``error_class``, ``error``; ``old_state``/``new_state`` for transitions) passed as
 ``extra``. The JSON format writes them as keys; the text format reads as prose and
 leaves out the one line per succeeded job, which only a machine reader wants.
+
+Log lines carry text from jobs (errors, arguments, keys), which may hold terminal
+control characters: the text format writes them escaped (:func:`printable`), so a
+stored ``\x1b[2J`` cannot clear or rewrite the reader's terminal. JSON escapes them
+itself.
 """
 
 from __future__ import annotations
@@ -12,9 +17,18 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import re
 from typing import Any
 
-__all__ = ["FIELDS", "LEVELS", "SUCCESS_LOGGER", "JsonFormatter", "configure"]
+__all__ = [
+    "FIELDS",
+    "LEVELS",
+    "SUCCESS_LOGGER",
+    "JsonFormatter",
+    "TextFormatter",
+    "configure",
+    "printable",
+]
 
 #: Structured fields a record may carry, in the order the JSON line shows them.
 FIELDS = (
@@ -38,6 +52,32 @@ LEVELS = ("debug", "info", "warning", "error")
 SUCCESS_LOGGER = "tokenline.worker.succeeded"
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+#: Characters a terminal may act on rather than show: the C0 controls but tab and
+#: newline, DEL, the C1 controls (``\x9b`` is a one-byte CSI), and the bidirectional
+#: overrides and isolates, which reorder what is shown.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str, *, newlines: bool = True) -> str:
+    """``text`` with every control character written as an escape (``\x1b``,
+    ``\u202e``); tabs stay, and newlines unless ``newlines`` is false (then ``\x0a``)."""
+    out = _CONTROLS.sub(_escaped, text)
+    return out if newlines else out.replace("\n", "\\x0a")
+
+
+class TextFormatter(logging.Formatter):
+    """Prose lines (:data:`TEXT_FORMAT`) with control characters escaped; the line
+    breaks of a traceback stay."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as text a terminal shows as written."""
+        return printable(super().format(record))
 
 
 class JsonFormatter(logging.Formatter):
@@ -74,7 +114,7 @@ def configure(level: str = "info", fmt: str = "text") -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+        handler.setFormatter(TextFormatter(TEXT_FORMAT))
     # The line per succeeded job (its own logger, so that a worker does not even build
     # it unless asked): in JSON, and in text at debug.
     quiet = fmt == "text" and level.lower() != "debug"

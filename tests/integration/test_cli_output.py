@@ -492,3 +492,44 @@ def test_messages_never_break_a_path_at_the_terminal_width(tmp_path: Path) -> No
     )
     assert result.exit_code == 1
     assert str(deep.parent) in result.output
+
+
+# -- control characters in stored text never reach the terminal ---------------------------------
+EVIL = "boom\x1b]0;owned\x07\x1b[2J\x9b31m\u202egnp.exe\r\x7f"
+
+
+@pytest.fixture
+def evil_url(tmp_path: Path) -> str:
+    """A store whose dead job carries terminal control sequences in its error, argument
+    and worker name, and an effect of it with them in its result (keys refuse them)."""
+    u = f"sqlite:///{tmp_path / 'evil.db'}"
+    app = task_app(u)
+
+    async def seed(store: Store) -> None:
+        await store.jobs_enqueue(jobs=[app.build_job("report", [EVIL], idempotency_key="k:1")])
+        (c,) = await store.jobs_claim(owner="w\x1b[5m", queues=["billing"], limit=1, ttl=30)
+        await store.effect_begin(lease=c.lease, key="fx")
+        await store.effect_finish(lease=c.lease, key="fx", result=EVIL)
+        await store.job_dead(lease=c.lease, error=EVIL)
+
+    store_run(u, seed)
+    return u
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["job", "1"], ["jobs"], ["dlq", "list"], ["jobs", "--state", "dead"]],
+    ids=lambda a: " ".join(a),
+)
+def test_control_characters_in_stored_text_are_escaped(evil_url: str, args: list[str]) -> None:
+    """A raw ESC in a stored error went straight to the terminal (``tokenline job``), where
+    it can retitle the window, clear the screen or hide text. Every human listing now
+    shows control characters as escapes."""
+    code, out = cli(*args, "--url", evil_url, env=NARROW)
+    assert code == 0, out
+    for raw in ("\x1b", "\x07", "\x9b", "\u202e", "\r", "\x7f"):
+        assert raw not in out, (raw, out)
+    if args == ["job", "1"]:
+        assert "\\x1b]0;owned\\x07\\x1b[2J" in out
+        assert "\\u202egnp.exe" in out
+        assert "w\\x1b[5m" in out  # the worker's name, in the attempts

@@ -84,3 +84,20 @@ def test_an_unknown_level_is_refused_by_name() -> None:
     """The log set-up names the levels it takes instead of failing inside logging."""
     with pytest.raises(ValueError, match="log level must be one of debug, info, warning, error"):
         _logging.configure("bogus")
+
+
+EVIL_TEXT = "boom\x1b]0;owned\x07\x1b[2J\u202egnp"
+
+
+def test_a_log_line_escapes_control_characters(
+    restore_root: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The text log wrote a job's error as it came, control sequences and all; now
+    escaped, with the line breaks of a traceback kept."""
+    _logging.configure("info", "text")
+    logging.getLogger("tokenline.test").warning("job failed: %s\nsecond line", EVIL_TEXT)
+    err = capsys.readouterr().err
+    assert "\x1b" not in err
+    assert "\u202e" not in err
+    assert "job failed: boom\\x1b]0;owned\\x07" in err
+    assert "\nsecond line" in err

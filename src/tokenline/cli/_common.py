@@ -3,8 +3,10 @@ how output is printed.
 
 Anything that came from a user, a config file or the store (names, keys, errors,
 arguments, URLs) is printed as plain text, never read as rich markup: a
-``[tokenline.worker]`` in a message must reach the reader as written. Tables go through
-:func:`show`, which fits them to the terminal without cutting names.
+``[tokenline.worker]`` in a message must reach the reader as written. Nor may it act on
+the terminal: both consoles write control characters (an ESC in a stored error) as
+escapes, ``\x1b``, in whatever they print. Tables go through :func:`show`, which fits
+them to the terminal without cutting names.
 """
 
 from __future__ import annotations
@@ -34,16 +36,28 @@ from rich.text import Text
 
 from .._app import App
 from .._errors import ConfigError, TokenlineError
-from .._logging import LEVELS
+from .._logging import LEVELS, printable
 from ..stores import Store, split_url
 from ..stores.base import MAX_JOB_ID
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class SafeConsole(Console):
+    """A console that prints control characters as escapes (see the module docstring):
+    every string it renders, a message or a table's cell, goes through
+    :func:`~tokenline._logging.printable` first."""
+
+    def render_str(self, text: str, **options: Any) -> Text:
+        """``text`` made printable, then rendered as rich renders it."""
+        return super().render_str(printable(text), **options)
+
+
 # soft_wrap: a message is never broken at the terminal's width, so a path, a URL or an
 # id in it stays whole for whoever copies it or greps for it (tables lay out as before).
-console = Console(soft_wrap=True)
-err_console = Console(stderr=True, soft_wrap=True)
+console = SafeConsole(soft_wrap=True)
+err_console = SafeConsole(stderr=True, soft_wrap=True)
 
 
 def load_app(spec: str) -> App:
@@ -418,8 +432,9 @@ def output_width() -> int | None:
 def _cell(value: str | Text, kind: str) -> Text:
     if isinstance(value, Text):
         return value
-    # Free text is shown on one line; a traceback's newlines would break the row.
-    return Text(" ".join(value.split()) if kind == "text" else value)
+    # Free text is shown on one line; a traceback's newlines would break the row. Built
+    # as Text, it bypasses the console's render_str: made printable here.
+    return Text(printable(" ".join(value.split()) if kind == "text" else value))
 
 
 def _widest(texts: Iterable[Text], words: bool = False) -> int:
