@@ -27,6 +27,7 @@ __all__ = [
     "JsonFormatter",
     "TextFormatter",
     "configure",
+    "json_text",
     "printable",
 ]
 
@@ -71,6 +72,17 @@ def printable(text: str, *, newlines: bool = True) -> str:
     return out if newlines else out.replace("\n", "\\x0a")
 
 
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def json_text(data: Any, **options: Any) -> str:
+    """``data`` as JSON text that encodes to valid UTF-8: non-ASCII text stays as it
+    is, but a lone surrogate (stored text may hold one; no UTF-8 can) is written as its
+    ``\\udcff`` escape, which JSON allows. ``options`` go to :func:`json.dumps`."""
+    text = json.dumps(data, ensure_ascii=False, **options)
+    return _SURROGATES.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 class TextFormatter(logging.Formatter):
     """Prose lines (:data:`TEXT_FORMAT`) with control characters escaped; the line
     breaks of a traceback stay."""
@@ -100,7 +112,7 @@ class JsonFormatter(logging.Formatter):
                 out[name] = value
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str, ensure_ascii=False)
+        return json_text(out, default=str)
 
 
 def configure(level: str = "info", fmt: str = "text") -> None:

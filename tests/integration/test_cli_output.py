@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator, Mapping
@@ -533,3 +534,30 @@ def test_control_characters_in_stored_text_are_escaped(evil_url: str, args: list
         assert "\\x1b]0;owned\\x07\\x1b[2J" in out
         assert "\\u202egnp.exe" in out
         assert "w\\x1b[5m" in out  # the worker's name, in the attempts
+
+
+def test_json_output_is_valid_utf8_whatever_the_store_holds(tmp_path: Path) -> None:
+    """An argument with a lone surrogate (JSON allows one, escaped) made ``job --json``
+    write bytes that are not UTF-8. Every --json output now writes such a character as
+    its escape, \\udcff, keeps other text as it is, and reads back to what is stored."""
+    u = f"sqlite:///{tmp_path / 'surrogate.db'}"
+    app = task_app(u)
+    text_arg = "bad byte \udcff in é"
+
+    async def seed(store: Store) -> None:
+        await store.jobs_enqueue(jobs=[app.build_job("report", [text_arg])])
+        (c,) = await store.jobs_claim(owner="w-1", queues=["billing"], limit=1, ttl=30)
+        await store.job_dead(lease=c.lease, error="no")
+
+    store_run(u, seed)
+    for args in (["job", "1"], ["jobs"], ["dlq", "list"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "tokenline", *args, "--url", u, "--json"],
+            capture_output=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        text = out.stdout.decode("utf-8")  # strict: raises on invalid UTF-8
+        data = json.loads(text)
+        job = data if isinstance(data, dict) else data[0]
+        assert job["args"] == [text_arg]
+        assert "é" in text

@@ -101,3 +101,13 @@ def test_a_log_line_escapes_control_characters(
     assert "\u202e" not in err
     assert "job failed: boom\\x1b]0;owned\\x07" in err
     assert "\nsecond line" in err
+
+
+def test_a_json_log_line_is_valid_utf8_with_a_lone_surrogate() -> None:
+    """A lone surrogate in a logged value is written as its escape, so the line encodes
+    to UTF-8 and reads back to the same text."""
+    record = logging.LogRecord("tokenline", logging.WARNING, __file__, 1, "%s", ("a\udcffé",), None)
+    line = _logging.JsonFormatter().format(record)
+    line.encode("utf-8")  # strict: raises on a lone surrogate
+    assert json.loads(line)["message"] == "a\udcffé"
+    assert "é" in line

@@ -16,7 +16,6 @@ import contextlib
 import datetime as dt
 import functools
 import importlib
-import json
 import math
 import os
 import sys
@@ -36,7 +35,7 @@ from rich.text import Text
 
 from .._app import App
 from .._errors import ConfigError, TokenlineError
-from .._logging import LEVELS, printable
+from .._logging import LEVELS, json_text, printable
 from ..stores import Store, split_url
 from ..stores.base import MAX_JOB_ID
 
@@ -391,8 +390,9 @@ json_option = click.option(
 
 
 def print_json(data: Any) -> None:
-    """``data`` as indented JSON on stdout, with nothing else around it."""
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+    """``data`` as indented JSON on stdout, with nothing else around it; valid UTF-8
+    whatever the stored text holds (see :func:`~tokenline._logging.json_text`)."""
+    click.echo(json_text(data, indent=2))
 
 
 #: Free text in a table (errors, arguments) shows at most this many columns, then "…".

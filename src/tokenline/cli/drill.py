@@ -7,8 +7,6 @@ held in every scenario, 1 when one broke, 2 for bad input (nothing was started).
 
 from __future__ import annotations
 
-import json
-
 import click
 from rich.markup import escape
 from rich.table import Table
@@ -18,7 +16,7 @@ from ..drill.dependency import TIMEOUT
 from ..drill.runner import Drill, DrillError, ScenarioResult
 from ..drill.scenarios import DRILL_SCENARIOS
 from ..stores.base import Role
-from ._common import console, err_console, plural
+from ._common import console, err_console, plural, print_json
 
 __all__ = ["dependency_table", "drill", "periodic_table", "results_table", "status_table"]
 
@@ -291,7 +289,7 @@ def drill(
         raise
     failed = [r for r in results if not r.report.ok]
     if as_json:
-        click.echo(json.dumps([r.to_json() for r in results], indent=2))
+        print_json([r.to_json() for r in results])
     else:
         title = f"tokenline drill — {runner.scheme}, lease TTL {ttl:g}s, seed {seed}"
         if not runner.breakers:

@@ -14,7 +14,15 @@ from .._jobs import JobState, QueueStats, WorkerRecord
 from ..health import read_status as _status
 from ..scaling import Hint, Snapshot, WorkerLoad, scale_hint
 from ..stores import Store
-from ._common import Seconds, app_option, console, reporting_errors, resolve_app, url_option
+from ._common import (
+    Seconds,
+    app_option,
+    console,
+    print_json,
+    reporting_errors,
+    resolve_app,
+    url_option,
+)
 
 __all__ = ["BREAKER_PREFIX", "ScaleHinter", "scale_hint_command", "snapshot"]
 
@@ -154,6 +162,6 @@ def scale_hint_command(
         app = resolve_app(app_spec, url, existing=True)
         hint = asyncio.run(hint_for(app.open_store, interval=interval, timeout=timeout))
     if as_json:
-        click.echo(json.dumps(hint.json(), indent=2))
+        print_json(hint.json())
     else:
         console.print(f"{hint.advice.value}: {hint.reason}", highlight=False, markup=False)
