@@ -4,6 +4,7 @@ refuses a malformed --bind before starting anything."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import signal
 import socket
@@ -70,17 +71,35 @@ def test_a_blank_or_weak_token_is_refused_at_start(
 )
 def test_the_address_printed_is_a_url(monkeypatch: pytest.MonkeyPatch, bind: str, url: str) -> None:
     """The address the command prints can be pasted in a browser: an IPv6 host in
-    brackets; uvicorn is given the bare address."""
+    brackets; the socket uvicorn serves is bound to the bare address."""
     import uvicorn
 
-    served: list[dict[str, object]] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(kw))
+    listened: list[tuple[str, int]] = []
+    served: list[object] = []
+
+    class Listening:
+        """Stands for the bound socket: the ports above may be taken on this machine."""
+
+        def __init__(self, host: str, port: int) -> None:
+            listened.append((host, port))
+            self.address = (host, port)
+
+        def getsockname(self) -> tuple[str, int]:
+            return self.address
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(importlib.import_module("tokenline.cli.dashboard"), "_listen", Listening)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: served.append(sockets))
     monkeypatch.setattr(signal, "signal", lambda *args: None)  # keep pytest's handlers
     monkeypatch.delenv("TOKENLINE_DASHBOARD_TOKEN", raising=False)
     result = CliRunner().invoke(main, ["dashboard", "--url", "memory://", "--bind", bind])
     assert result.exit_code == 0, result.output
     assert f"tokenline dashboard on {url} :" in result.output
-    assert served[0]["host"] == url.split("//")[1].rsplit(":", 1)[0].strip("[]")
+    host, port = url.split("//")[1].rstrip("/").rsplit(":", 1)
+    assert listened == [(host.strip("[]"), int(port))]
+    assert len(served) == 1
 
 
 def test_a_missing_extra_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -185,3 +204,23 @@ def test_a_malformed_allowed_host_is_refused() -> None:
         )
         assert result.exit_code == 2
         assert "expected NAME or NAME:PORT" in result.output
+
+
+def test_a_port_in_use_is_an_error_before_anything_says_started(tmp_path: Path) -> None:
+    """The dashboard printed "tokenline dashboard on …" and logged "started" before
+    uvicorn failed to bind. It now binds first: one error line naming the address,
+    exit status 2, and no word of a start."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "tokenline", "dashboard", "--url", "memory://",
+             "--bind", f"127.0.0.1:{port}"],
+            capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
+        )  # fmt: skip
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stdout == ""
+    assert "started" not in out.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 from pathlib import Path
 
 import click
 
+from .._errors import ConfigError
 from .._logging import configure as configure_logging
 from ._common import Seconds, app_option, console, reporting_errors, resolve_app, url_option
 
@@ -38,6 +40,25 @@ def _allowed_hosts(
                 "(an IPv6 address in brackets; no wildcards)"
             )
     return value
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port``; :class:`ConfigError` naming the address and
+    why when it cannot be had (a port in use, an address not of this machine)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ConfigError("bind", f"cannot listen on {host}:{port}: {exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        why = exc.strerror or exc
+        raise ConfigError("bind", f"cannot listen on {host}:{port}: {why}") from None
+    return sock
 
 
 @click.command()
@@ -123,12 +144,16 @@ def dashboard(
     host, port = bind
     with reporting_errors():
         app = resolve_app(app_spec, url)
+        # Bound here, before saying it started: a port in use is an error, not a
+        # "started" line followed by uvicorn's failure. uvicorn serves this socket.
+        listening = _listen(host, port)
+        port = listening.getsockname()[1]  # the one given, or the one picked for 0
         web = create_app(
             app,
             operator_token=token,
             timeout=timeout,
             drill_results=drill_results,
-            bind=bind,
+            bind=(host, port),  # the port bound: requests must name it in their Host
             allowed_hosts=allowed_hosts,
         )
         mode = "actions enabled" if token else f"read-only (set {TOKEN_ENV} to enable actions)"
@@ -144,7 +169,9 @@ def dashboard(
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda signum, frame: None)
         try:
-            uvicorn.run(web, host=host, port=port, log_level="warning")
+            server = uvicorn.Server(uvicorn.Config(web, log_level="warning"))
+            server.run(sockets=[listening])
         finally:
+            listening.close()
             app.close()
     console.print("tokenline dashboard stopped", markup=False, highlight=False)
