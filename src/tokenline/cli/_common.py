@@ -359,7 +359,10 @@ class CommandGroup(click.Group):
     Click cuts a summary to fit one line at the terminal's width; here it wraps
     instead, so no summary ends in "...". A tokenline error no command caught (a bad
     ``TOKENLINE_…`` variable met while building an app, say) is one line, not a
-    traceback.
+    traceback. A command interrupted by Ctrl-C exits with status 130, as the shell
+    reports a process ended by SIGINT (click's own "Aborted!" exits 1, as a failure
+    would); the services that stop gracefully on SIGINT (worker, maintenance, exporter,
+    dashboard) still exit 0.
     """
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -368,6 +371,9 @@ class CommandGroup(click.Group):
             return super().invoke(ctx)
         except TokenlineError as exc:
             report_error(exc)
+        except KeyboardInterrupt:
+            err_console.print("interrupted", highlight=False, markup=False)
+            raise SystemExit(130) from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The commands with their summaries, wrapped rather than cut."""
