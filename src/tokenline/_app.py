@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import json
 import logging
 import math
@@ -554,7 +555,14 @@ class App:
         store = self._portal.store
         if store is None:
             store = self.open_store()
-            await store.open()
+            try:
+                await store.open()
+            except BaseException:
+                # A store that opened in part (one side of a split store, a pool) is
+                # closed, or its connections and threads outlive the failed call.
+                with contextlib.suppress(Exception):
+                    await store.close()
+                raise
             self._portal.store = store
             _opened(self._portal)
         return store

@@ -23,6 +23,7 @@ from tokenline import (
     PayloadError,
     QueueNameError,
     Settings,
+    StoreUnavailableError,
     Task,
     UnknownTaskError,
 )
@@ -539,4 +540,38 @@ def test_a_sync_enqueue_on_an_open_store_skips_the_event_loop(
     app.close()
     # Closed, the app opens its store again on the next enqueue.
     assert app.enqueue("t.fast", 5) > ids[-1]
+    app.close()
+
+
+class _OpensInPart(MemoryStore):
+    """A store whose open() fails after taking resources (a pool, one side of a split
+    store), and which records whether it was closed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = 0
+
+    async def open(self) -> None:
+        await super().open()
+        raise StoreUnavailableError("the second side is down")
+
+    async def close(self) -> None:
+        self.closed += 1
+        await super().close()
+
+
+def test_a_store_whose_open_fails_is_closed_not_leaked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sync facade opens its store on first use; an open that fails part way closes
+    what did open (else a pool's connections and threads outlive the failed call)."""
+    app = App("memory://")
+    opened: list[_OpensInPart] = []
+
+    def failing(**_: Any) -> _OpensInPart:
+        opened.append(_OpensInPart())
+        return opened[-1]
+
+    monkeypatch.setattr(app, "open_store", failing)
+    with pytest.raises(StoreUnavailableError, match="second side"):
+        app.run(lambda store: store.queues_stats())
+    assert [s.closed for s in opened] == [1]
     app.close()
