@@ -373,6 +373,42 @@ async def test_coordination_error_releases_without_burning_an_attempt(
     assert attempts[0].error_class == "coordination"
 
 
+@pytest.mark.parametrize("cause", ["store", "classifier"])
+async def test_a_coordination_failure_runs_again_after_a_backoff_not_at_once(
+    clock: FakeClock, cause: str
+) -> None:
+    """A job whose every run meets the same coordination failure (a ledger down while the
+    broker answers, a classifier that calls every error coordination) is given back to
+    run after the retry policy's delay, not at once: at once, it looped for ever, claimed
+    and released as fast as the worker could. On a frozen clock it is not run again."""
+
+    def everything_is_coordination(exc: BaseException) -> ErrorClass:
+        return ErrorClass.COORDINATION
+
+    app = App("memory://", clock=clock)
+    store = app.open_store()
+    calls: list[int] = []
+    classifier = everything_is_coordination if cause == "classifier" else None
+
+    @app.task(name="t.coord_loop", classifier=classifier)
+    async def coord_loop(ctx: JobContext) -> None:
+        calls.append(ctx.attempt)
+        if cause == "store":
+            raise StoreUnavailableError("ledger unreachable")
+        raise ValueError("a bug the classifier calls coordination")
+
+    jid = await app.enqueue_async("t.coord_loop", store=store)
+    async with running(Worker(app, FAST)):
+        await eventually_async(
+            lambda: _outcome_is(store, jid, "release"), "the attempt was given back"
+        )
+        job = await store.job_get(job_id=jid)
+        assert job.state is JobState.SCHEDULED
+        assert job.run_at > clock.now()
+        assert job.attempt == 0  # given back: no attempt spent
+    assert calls == [1]
+
+
 async def test_app_classifier_decides_for_the_worker() -> None:
     """The worker consults the app's classifier: a ValueError it calls permanent is dead at once."""
     app = App(

@@ -888,10 +888,19 @@ class Worker:
         job = slot.claimed.job
         if decision.error_class is ErrorClass.PERMANENT:
             return self._dead(slot, decision.reason, ErrorClass.PERMANENT)
+        retry = policy or self.app.retry
         if decision.error_class is ErrorClass.COORDINATION:
-            # Not the job's fault: give the attempt back and let it run again (after the
-            # delay of a dependency's open breaker, if that is what held it back).
-            delay = decision.delay or 0.0
+            # Not the job's fault: give the attempt back and let it run again after the
+            # delay of a dependency's open breaker, if that is what held it back, else
+            # after the policy's delay for this attempt (which a release does not spend).
+            # At once, a job whose every run meets the same failure (a ledger down while
+            # the broker answers; a classifier that calls every error coordination)
+            # would be claimed and released again in a tight loop, for ever.
+            delay = (
+                decision.delay
+                if decision.delay is not None
+                else policy_delay(retry, max(1, job.attempt))
+            )
             return Finish(slot.lease, Outcome.RELEASE, delay, decision.reason, "coordination")
         if job.attempt >= job.max_attempts:
             return self._dead(
@@ -899,7 +908,6 @@ class Worker:
                 f"{decision.reason} (attempt {job.attempt} of {job.max_attempts})",
                 ErrorClass.TRANSIENT,
             )
-        retry = policy or self.app.retry
         # policy_delay: a policy that answers no valid delay must not fail the worker.
         delay = decision.delay if decision.delay is not None else policy_delay(retry, job.attempt)
         if not self._budget.try_spend(job.queue, self.clock.monotonic()):
