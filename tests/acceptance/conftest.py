@@ -28,7 +28,9 @@ class Cluster:
         self.url = f"sqlite:///{self.db}"
         self.tmp = tmp
         self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
-        self.cli("queues")  # creates the schema
+        # Creates the schema (the commands that only read refuse a store not there).
+        created = self.cli("migrate")
+        assert created.returncode == 0, created.stdout + created.stderr
         with self.sql() as conn:
             conn.execute(
                 "CREATE TABLE effects (key TEXT, job_id INTEGER, token INTEGER, worker TEXT)"
