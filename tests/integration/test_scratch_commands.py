@@ -22,7 +22,12 @@ import pytest
 from click.testing import CliRunner
 
 from tokenline.cli import main
-from tokenline.drill._scratch import ScratchInUseError, scratch_for
+from tokenline.drill._scratch import (
+    MARKER_TABLE,
+    ScratchInUseError,
+    check_reusable,
+    scratch_for,
+)
 
 # The module, not the command of the same name that tokenline.cli exports.
 demo_cli = importlib.import_module("tokenline.cli.demo")
@@ -340,3 +345,30 @@ def test_a_scratch_file_of_the_same_command_is_recreated(tmp_path: Path) -> None
     forced.prepare({})
     assert forced.rows("SELECT name FROM sqlite_master WHERE name = 'invoices'") == []
     forced.cleanup()
+
+
+def test_a_scratch_stores_coordination_file_is_reusable_only_beside_its_marked_file(
+    tmp_path: Path,
+) -> None:
+    """A named store's ``-coord`` file has no marker of its own: beside a main file that
+    the same command marked, a second run may recreate both (the drill runs twice on one
+    ``--url``); beside a missing or foreign main file, it is someone else's data."""
+
+    def sqlite_file(path: Path, marker: str | None) -> None:
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            conn.execute(
+                "CREATE TABLE t (x)" if marker is None else f"CREATE TABLE {MARKER_TABLE} (made_by)"
+            )
+            if marker is not None:
+                conn.execute(f"INSERT INTO {MARKER_TABLE} VALUES (?)", (marker,))
+            conn.commit()
+
+    db = tmp_path / "store.db"
+    coord = tmp_path / "store.db-coord"
+    sqlite_file(coord, None)
+    with pytest.raises(ScratchInUseError, match=r"store\.db-coord"):
+        check_reusable(db, "tokenline_drill")  # no main file: the coordination file is data
+    sqlite_file(db, "tokenline_drill")
+    check_reusable(db, "tokenline_drill")  # a scratch store of this command: reusable
+    with pytest.raises(ScratchInUseError, match=r"store\.db'"):
+        check_reusable(db, "tokenline_demo")  # another command's

@@ -221,12 +221,23 @@ def _made_by(path: Path) -> str | None:
 def check_reusable(db: Path, prefix: str) -> None:
     """Raise :class:`ScratchInUseError` unless the SQLite file ``db`` (and the store's
     other files beside it) may be deleted: missing, empty, or marked by ``prefix``."""
+    marked = False
     for path in (db, Path(f"{db}-coord")):
         try:
             size = path.stat().st_size
         except FileNotFoundError:
             continue
-        if path.is_dir() or (size and _made_by(path) != prefix):
+        if path.is_dir():
+            raise ScratchInUseError(path)
+        if not size:
+            continue
+        if path == db:
+            marked = _made_by(path) == prefix
+            if not marked:
+                raise ScratchInUseError(path)
+        elif not marked:
+            # The coordination file carries no marker of its own: it is the scratch
+            # store's only beside a main file that is.
             raise ScratchInUseError(path)
 
 
