@@ -17,13 +17,13 @@ from .._jobs import JobState, describe
 from .._records import validate_key
 from ..health import alive, lease_mismatch
 from ..stores import Store
-from ..stores.base import ResourceLease
+from ..stores.base import MAX_JOB_ID, ResourceLease
 
 __all__ = ["ACTIONS", "MAX_ID", "Action", "Outcome", "Params", "parse", "parse_id", "parse_name"]
 
 #: The largest job id or token a store holds (a signed 64-bit integer); anything past it
 #: names nothing, and must not reach a store that cannot even take it as a parameter.
-MAX_ID = 2**63 - 1
+MAX_ID = MAX_JOB_ID
 
 
 class BadInput(ValueError):
