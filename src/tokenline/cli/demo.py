@@ -115,6 +115,11 @@ def run_demo(
     return result
 
 
+def _fenced(log: Path) -> int:
+    """How many times the worker writing ``log`` fenced itself."""
+    return log.read_text(errors="replace").count(" fenced: ")
+
+
 def _print_kept(kept: list[str]) -> None:
     for line in kept:
         console.print(f"left behind: {line}", highlight=False, markup=False, soft_wrap=True)
@@ -138,6 +143,10 @@ def _run(backend: ScratchStore, jobs: int, workers: int, show_progress: bool) ->
     procs = _spawn(backend.url, workers, backend.work_dir, backend.tables["demo_invoices"])
     killed = stopped = False
     resume_at: float | None = None
+    # After SIGCONT the resumed worker gets this long to notice its expired leases and
+    # fence itself before the workers are stopped: a SIGTERM right after the SIGCONT
+    # could otherwise end it before its watchdog has looked.
+    fence_by: float | None = None
     t0 = time.monotonic()
     try:
         with Progress(
@@ -161,8 +170,13 @@ def _run(backend: ScratchStore, jobs: int, workers: int, show_progress: bool) ->
                 if resume_at is not None and time.monotonic() >= resume_at:
                     procs[1][0].send_signal(signal.SIGCONT)
                     resume_at = None
+                    fence_by = time.monotonic() + LEASE_TTL * 2
                     progress.update(bar, description="SIGCONT worker 1: it must fence itself")
-                if done >= jobs and resume_at is None:
+                if fence_by is not None and (
+                    time.monotonic() >= fence_by or _fenced(procs[1][1]) > 0
+                ):
+                    fence_by = None
+                if done >= jobs and resume_at is None and fence_by is None:
                     break
                 if time.monotonic() - t0 > 600:
                     raise click.ClickException("demo did not finish within 600 s")
@@ -179,7 +193,7 @@ def _run(backend: ScratchStore, jobs: int, workers: int, show_progress: bool) ->
             except subprocess.TimeoutExpired:
                 proc.kill()
         app.close()
-    fencings = sum(log.read_text(errors="replace").count(" fenced: ") for _, log in procs)
+    fencings = sum(_fenced(log) for _, log in procs)
     return _collect(backend, jobs, enqueue_seconds, elapsed, fencings)
 
 
