@@ -91,7 +91,12 @@ def _machine_busy() -> tuple[float, float]:
 
 
 def one_round(
-    url: str | None, sink: str, jobs: int, workers: int, concurrency: int, prefetch: int = 0
+    url: str | None,
+    sink: str,
+    jobs: int,
+    workers: int,
+    concurrency: int,
+    prefetch: str = "auto",
 ) -> dict[str, Any]:
     """Run the scenario once on a fresh store; return its figures."""
     import psycopg
@@ -119,7 +124,7 @@ def one_round(
         cmd = [
             sys.executable, "-m", "tokenline", "worker", "--app", "scenario_bench:app",
             "--queues", QUEUE, "--concurrency", str(concurrency), "--poll-interval", "0.05",
-            "--prefetch", str(prefetch), "--log-level", "warning",
+            "--prefetch", prefetch, "--log-level", "warning",
         ]  # fmt: skip
         procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL) for _ in range(workers)]
         deadline = time.monotonic() + 60
@@ -175,6 +180,13 @@ def one_round(
         scratch.cleanup()
 
 
+def _prefetch(text: str) -> str:
+    """A ``--prefetch`` value: ``auto`` or a whole number, as the worker takes it."""
+    if text != "auto" and not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is neither auto nor a whole number")
+    return text
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse the options, run the rounds, print each round and the medians."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -186,14 +198,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument(
         "--prefetch",
-        type=int,
+        type=_prefetch,
         nargs="+",
-        default=[0],
-        help="the workers' prefetch; several values are run interleaved, round by round",
+        default=["auto"],
+        help="the workers' prefetch (auto, the default, or a number); several values are "
+        "run interleaved, round by round",
     )
     args = p.parse_args(argv)
     load_before = load_average()
-    results: dict[int, list[dict[str, Any]]] = {n: [] for n in args.prefetch}
+    results: dict[str, list[dict[str, Any]]] = {n: [] for n in args.prefetch}
     for _ in range(args.rounds):
         for n in args.prefetch:
             r = one_round(args.url, args.sink, args.jobs, args.workers, args.concurrency, n)

@@ -19,7 +19,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from ._errors import ConfigError, QueueNameError
 
@@ -191,6 +191,8 @@ DEFAULT_RETENTION_AUDIT = 30 * 86_400.0
 
 #: The most jobs a worker may hold prefetched (``WorkerSettings.prefetch``).
 MAX_PREFETCH = 1000
+#: ``WorkerSettings.prefetch`` that follows the worker's handler run times.
+AUTO: Literal["auto"] = "auto"
 
 #: The values of ``WorkerSettings.concurrency_control``.
 CONCURRENCY_CONTROLS = ("aimd", "gradient", "fixed")
@@ -234,7 +236,10 @@ class WorkerSettings:
     #: Jobs claimed ahead of the running ones, each held under its lease (renewed) until
     #: a handler slot frees, so the next job starts while the last one's outcome is being
     #: written; one waiting longer than ``renew_interval`` is given back. 0: none.
-    prefetch: int = 0
+    #: ``"auto"``: as many as keep a prefetched job's expected wait for a slot within
+    #: 20 ms, from the worker's recent handler run times (none while handlers run longer
+    #: than 20 ms; at most 16), one waiting longer than 1 s given back.
+    prefetch: int | Literal["auto"] = AUTO
     #: Log a warning when the worker's wall clock and the store's differ by more than
     #: this (seconds). Nothing the store decides depends on the worker's wall clock.
     clock_skew_warning: float = 1.0
@@ -327,9 +332,13 @@ class WorkerSettings:
         if self.claim_batch is not None:
             _positive_int("claim_batch", self.claim_batch, MAX_CLAIM_BATCH)
         _flag("local_fencing", self.local_fencing)
-        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int):
-            raise ConfigError("prefetch", f"must be a whole number >= 0, got {self.prefetch!r}")
-        if not 0 <= self.prefetch <= MAX_PREFETCH:
+        if self.prefetch == AUTO:
+            pass
+        elif isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int):
+            raise ConfigError(
+                "prefetch", f"must be {AUTO!r} or a whole number >= 0, got {self.prefetch!r}"
+            )
+        elif not 0 <= self.prefetch <= MAX_PREFETCH:
             raise ConfigError(
                 "prefetch",
                 f"must be from 0 to {MAX_PREFETCH} (jobs held under lease before they run); "
@@ -397,6 +406,13 @@ def _field_type(cls: type[Any], name: str) -> type[Any]:
 def _coerce(cls: type[Any], name: str, raw: str) -> Any:
     """Turn an environment variable's text into the declared type of field ``name``."""
     kind = _field_type(cls, name)
+    if name == "prefetch":
+        if raw.strip().lower() == AUTO:
+            return AUTO
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(name, f"cannot read {raw!r} as {AUTO!r} or a whole number") from None
     try:
         if name == "queues":
             return tuple(q.strip() for q in raw.split(",") if q.strip())

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from tokenline import App, JobState
 from tokenline.cli import main
-from tokenline.cli._common import Seconds
+from tokenline.cli._common import Prefetch, Seconds
 from tokenline.stores import store_from_url
 
 
@@ -355,6 +355,37 @@ def test_every_float_option_refuses_what_is_no_finite_number_in_range(
     assert f"Invalid value for '{option}'" in result.output
     assert said in result.output
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("value", "exit_code", "said"),
+    [
+        ("eight", 2, "neither 'auto' nor a whole number"),
+        ("2.5", 2, "neither 'auto' nor a whole number"),
+        ("5000", 2, "invalid setting 'prefetch': must be from 0 to 1000"),
+    ],
+)
+def test_worker_prefetch_is_auto_or_a_number_in_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str, exit_code: int, said: str
+) -> None:
+    """``worker --prefetch`` takes ``auto`` or a whole number from 0 to 1000; anything
+    else is refused naming the option or the setting, before any store is opened."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(
+        main, ["worker", "--app", "tokenline.demo:app", "--prefetch", value]
+    )
+    assert result.exit_code == exit_code, result.output
+    assert said in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_prefetch_option_reads_auto_in_any_case_and_numbers() -> None:
+    """The option's type turns its text into the setting's value."""
+    kind = Prefetch()
+    assert kind.convert("auto", None, None) == "auto"
+    assert kind.convert(" Auto ", None, None) == "auto"
+    assert kind.convert("16", None, None) == 16
+    assert kind.convert(3, None, None) == 3
 
 
 # -- log levels -------------------------------------------------------------------------------

@@ -117,6 +117,9 @@ INVALID_WORKER_SETTINGS: list[tuple[str, dict[str, Any]]] = [
     ("prefetch", {"prefetch": True}),
     ("prefetch", {"prefetch": 1.5}),
     ("prefetch", {"prefetch": 1001}),
+    ("prefetch", {"prefetch": "Auto"}),
+    ("prefetch", {"prefetch": "8"}),
+    ("prefetch", {"prefetch": None}),
 ]
 
 
@@ -373,6 +376,37 @@ def test_env_claim_batch_is_read_as_an_integer() -> None:
     w = load_settings(WorkerSettings, environ={"TOKENLINE_CLAIM_BATCH": "5"})
     assert w.claim_batch == 5
     assert isinstance(w.claim_batch, int)
+
+
+def test_prefetch_is_auto_by_default() -> None:
+    """A worker follows its handlers' run times unless told a number of jobs."""
+    assert WorkerSettings().prefetch == "auto"
+    assert load_settings(WorkerSettings, environ={}).prefetch == "auto"
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("auto", "auto"), (" AUTO ", "auto"), ("8", 8)])
+def test_env_prefetch_is_auto_or_a_whole_number(raw: str, expected: object) -> None:
+    """TOKENLINE_PREFETCH reads as ``"auto"`` (any case) or a whole number."""
+    assert load_settings(WorkerSettings, environ={"TOKENLINE_PREFETCH": raw}).prefetch == expected
+
+
+@pytest.mark.parametrize("raw", ["eight", "2.5", "-1", "1001"])
+def test_bad_env_prefetch_names_the_setting_and_what_it_takes(raw: str) -> None:
+    """An unreadable or out-of-range TOKENLINE_PREFETCH names the setting and the value."""
+    with pytest.raises(ConfigError) as info:
+        load_settings(WorkerSettings, environ={"TOKENLINE_PREFETCH": raw})
+    assert info.value.setting == "prefetch"
+    assert raw in str(info.value)
+
+
+def test_prefetch_from_a_file_is_auto_or_a_number(tmp_path: Path) -> None:
+    """``prefetch = "auto"`` and ``prefetch = 4`` in the TOML file are both taken."""
+    for text, expected in (('"auto"', "auto"), ("4", 4)):
+        path = tmp_path / "w.toml"
+        path.write_text(f"[tokenline.worker]\nprefetch = {text}\n", encoding="utf-8")
+        assert load_settings(WorkerSettings, file=path, section="tokenline.worker").prefetch == (
+            expected
+        )
 
 
 def test_env_url_is_read_as_text() -> None:

@@ -1482,9 +1482,9 @@ def _counting(app: App, name: str) -> dict[str, int]:
 async def test_the_next_jobs_come_with_the_finish_and_never_exceed_the_concurrency(
     concurrency: int,
 ) -> None:
-    """A worker asks for its next jobs in the request that finishes the previous ones
-    (one round trip per job at concurrency 1), and the claims in flight together never
-    take more jobs than its concurrency."""
+    """Without prefetch, a worker asks for its next jobs in the request that finishes the
+    previous ones (one round trip per job at concurrency 1), and the claims in flight
+    together never take more jobs than its concurrency."""
     store = _CountingSlowClaims(delay=0.002)
     app = App("memory://")
     seen = _counting(app, "t.count")
@@ -1497,6 +1497,7 @@ async def test_the_next_jobs_come_with_the_finish_and_never_exceed_the_concurren
         rescue_interval=10.0,
         concurrency=concurrency,
         concurrency_control="fixed",
+        prefetch=0,
     )
     worker = Worker(app, settings, store=store)
     async with running(worker):
@@ -1602,6 +1603,9 @@ PREFETCH = WorkerSettings(
 )
 
 
+NO_PREFETCH = dataclasses.replace(QUIET, prefetch=0)
+
+
 @pytest.mark.parametrize("prefetch", [0, 1])
 async def test_a_prefetched_job_starts_while_the_last_outcome_is_written(prefetch: int) -> None:
     """With ``prefetch``, the next job is already claimed when a handler returns: it
@@ -1613,7 +1617,7 @@ async def test_a_prefetched_job_starts_while_the_last_outcome_is_written(prefetc
     seen = _counting(app, "t.pre")
     n = 20
     ids = [await app.enqueue_async("t.pre", store=store) for _ in range(n)]
-    worker = Worker(app, PREFETCH if prefetch else QUIET, store=store)
+    worker = Worker(app, PREFETCH if prefetch else NO_PREFETCH, store=store)
     store.worker = worker
     async with running(worker):
         for jid in ids:
@@ -1713,6 +1717,82 @@ async def test_a_fenced_worker_gives_back_its_prefetched_jobs() -> None:
     finally:
         release.set()
         worker.request_shutdown()
+        worker.request_shutdown()
+        await asyncio.wait_for(task, DEADLINE)
+
+
+def _ahead_of_finishes(store: _FinishWatch) -> int:
+    """How many batches of finishes were sent with a later job already started."""
+    done = ahead = 0
+    for finished, started in store.sent:
+        done += len(finished)
+        ahead += started > done
+    return ahead
+
+
+AUTO = dataclasses.replace(PREFETCH, prefetch="auto")
+
+
+async def test_auto_prefetch_claims_ahead_of_short_handlers(clock: FakeClock) -> None:
+    """``prefetch = "auto"`` behind handlers that take no time (on the worker's frozen
+    clock): the next job is claimed with each finish and starts while it is written, as
+    with a fixed prefetch; handlers still run one at a time."""
+    store = _FinishWatch()
+    app = App("memory://", clock=clock)
+    seen = _counting(app, "t.auto_short")
+    n = 20
+    ids = [await app.enqueue_async("t.auto_short", store=store) for _ in range(n)]
+    worker = Worker(app, AUTO, store=store)
+    store.worker = worker
+    async with running(worker):
+        for jid in ids:
+            await job_in(store, jid, JobState.SUCCEEDED)
+    assert seen["most"] == 1
+    assert worker.counters.succeeded == n
+    assert _ahead_of_finishes(store) >= len(store.sent) - 2, store.sent
+
+
+async def test_auto_prefetch_claims_nothing_ahead_of_long_handlers(clock: FakeClock) -> None:
+    """``prefetch = "auto"`` behind handlers that each take 100 ms of the worker's clock
+    (longer than the 20 ms a prefetched job may expect to wait): no job is ever claimed
+    ahead of a free slot, so none waits leased where another worker could run it."""
+    store = _FinishWatch()
+    app = App("memory://", clock=clock)
+
+    @app.task(name="t.auto_long")
+    async def slow(ctx: JobContext) -> None:
+        clock.advance(0.1)
+
+    n = 12
+    ids = [await app.enqueue_async("t.auto_long", store=store) for _ in range(n)]
+    worker = Worker(app, AUTO, store=store)
+    store.worker = worker
+    async with running(worker):
+        for jid in ids:
+            await job_in(store, jid, JobState.SUCCEEDED)
+    assert worker.counters.succeeded == n
+    assert _ahead_of_finishes(store) == 0, store.sent
+    assert worker.counters.released == 0
+
+
+async def test_an_auto_prefetched_job_waits_at_most_a_second(clock: FakeClock) -> None:
+    """Under ``prefetch = "auto"`` a job prefetched behind one that runs far longer
+    than the ones before it is given back unrun once it has waited 1 s (here, with a
+    renewal interval of 10 s, the patience of a fixed prefetch), and runs later."""
+    app = App("memory://", clock=clock)
+    store = app.open_store()
+    worker, long_id, next_id, release, ran, task = await _prefetch_one_behind(app, store, AUTO)
+    try:
+        clock.advance(1.5)
+        back = await job_in(store, next_id, JobState.QUEUED)
+        assert back.attempt == 0
+        assert next_id not in ran
+        assert long_id in ran
+        release.set()
+        await job_in(store, next_id, JobState.SUCCEEDED)
+        assert ran.count(next_id) == 1
+    finally:
+        release.set()
         worker.request_shutdown()
         await asyncio.wait_for(task, DEADLINE)
 

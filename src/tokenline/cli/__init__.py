@@ -21,6 +21,7 @@ from ..stores import store_from_url
 from ..worker import run_worker
 from ._common import (
     CommandGroup,
+    Prefetch,
     Seconds,
     app_option,
     console,
@@ -136,8 +137,9 @@ def _env(name: str) -> dict[str, Any]:
 )
 @click.option(
     "--prefetch",
-    type=int,
-    help="Jobs claimed ahead of free slots, held under lease [default: 0].",
+    type=Prefetch(),
+    help="Jobs claimed ahead of free slots, held under lease; auto: as many as short "
+    "handlers allow [default: auto].",
     **_env("PREFETCH"),
 )
 @click.option(

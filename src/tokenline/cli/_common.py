@@ -267,6 +267,36 @@ class Seconds(_FloatType):
         return number
 
 
+if TYPE_CHECKING:
+    _PrefetchType = click.ParamType[int | str]
+else:
+    _PrefetchType = click.ParamType
+
+
+class Prefetch(_PrefetchType):
+    """``--prefetch``: ``auto`` or a whole number of jobs (its range is the setting's)."""
+
+    name = "prefetch"
+
+    def get_metavar(self, param: click.Parameter, *args: Any, **kwargs: Any) -> str:
+        """How the option's value shows in --help."""
+        return "auto|N"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int | str:
+        """``"auto"`` or the number, or a usage error saying why it is neither."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        text = str(value).strip()
+        if text.lower() == "auto":
+            return "auto"
+        try:
+            return int(text)
+        except ValueError:
+            self.fail(f"{value!r} is neither 'auto' nor a whole number of jobs", param, ctx)
+
+
 #: A job id given on the command line: every store's ids are 1 to 2**63 - 1, so anything
 #: else is refused naming the argument, before the store is asked (a batch with one
 #: impossible id must not leave the others undone, nor fail halfway).

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import events
-from .._config import WorkerSettings
+from .._config import AUTO, WorkerSettings
 from .._errors import (
     DependencyOpenError,
     FencedError,
@@ -64,6 +64,7 @@ from ..retry import RetryPolicy, policy_delay
 from .completer import BatchCompleter, ClaimArgs
 from .context import JobContext, decode_args
 from .guard import ABANDONED, UNTRUSTED, Guarded, LeaseCheck
+from .prefetch import AUTO_PATIENCE, RunTimes, auto_prefetch
 from .resources import renew_resource_leases
 from .skew import ClockSkew
 from .slot import Slot
@@ -162,6 +163,8 @@ class Worker:
         self._waiting: deque[Slot] = deque()
         #: Handlers running now: started and not yet returned.
         self._handlers = 0
+        #: Handler run times, which ``prefetch = "auto"`` follows.
+        self._run_times = RunTimes()
         self._fencing = False
         self._drainer: asyncio.Task[None] | None = None
         # None: the standard services, built on the store once it is open.
@@ -444,7 +447,7 @@ class Worker:
         in_flight = len(self._slots) - freeing + self._claiming
         # Prefetch rides only on a batch of finishes: the fetch loop claims for free
         # slots, so a long job never has the worker claim and give back over and over.
-        ahead = self.settings.prefetch if freeing else 0
+        ahead = self._ahead() if freeing else 0
         # The adaptive limit, not only the configured concurrency, bounds the claim.
         free = self._limiter.claim_batch(
             self.settings.concurrency + ahead - in_flight, in_flight=in_flight - ahead
@@ -478,7 +481,21 @@ class Worker:
         with the claim that refills the worker; else 1 (at once)."""
         if not self._waiting or self._stop_requested or self._fencing:
             return 1
-        return max(1, self.settings.prefetch // 2) if self.state.may_fetch else 1
+        return max(1, self._ahead() // 2) if self.state.may_fetch else 1
+
+    def _ahead(self) -> int:
+        """Jobs to claim beyond the free slots: the ``prefetch`` setting, or under
+        ``"auto"`` what the handlers' recent run times allow."""
+        prefetch = self.settings.prefetch
+        if isinstance(prefetch, int):
+            return prefetch
+        return auto_prefetch(self._run_times.mean, self._run_limit())
+
+    def _patience(self) -> float:
+        """How long a prefetched job waits for a slot before it is given back."""
+        if self.settings.prefetch == AUTO:
+            return min(AUTO_PATIENCE, self.settings.renew_period)
+        return self.settings.renew_period
 
     def _wake_completer(self) -> None:
         """The answer of :meth:`gather` may have fallen to 1: let the completer ask."""
@@ -580,7 +597,7 @@ class Worker:
     def _start(self, claimed: ClaimedJob, sent_at: float) -> None:
         slot = Slot(claimed=claimed, lease=claimed.lease, valid_until=self._valid_until(sent_at))
         self._slots[(claimed.job.id, claimed.lease.token)] = slot
-        if self.settings.prefetch and (self._waiting or self._handlers >= self._run_limit()):
+        if self.settings.prefetch != 0 and (self._waiting or self._handlers >= self._run_limit()):
             # Prefetched: it waits, under its lease, for a handler to return.
             slot.waiting_since = self.clock.monotonic()
             self._waiting.append(slot)
@@ -605,6 +622,7 @@ class Worker:
         if slot.running:
             slot.running = False
             self._handlers -= 1
+            self._run_times.add(self.clock.monotonic() - slot.started_at)
             if self._waiting and not self._stop_requested and not self._fencing:
                 self._promote()
             if not self._waiting:
@@ -1272,12 +1290,14 @@ class Worker:
             slot.task.cancel(ABANDONED)
 
     async def _give_back_overdue(self) -> None:
-        """Give back prefetched jobs that waited a renewal interval for a slot: a long
-        job must not hold the next one here while other workers are free."""
-        limit = self.clock.monotonic() - self.settings.renew_period
+        """Give back prefetched jobs that waited their patience (a renewal interval, at
+        most 1 s under ``prefetch = "auto"``) for a slot: a long job must not hold the
+        next one here while other workers are free."""
+        patience = self._patience()
+        limit = self.clock.monotonic() - patience
         overdue = [s for s in self._waiting if (s.waiting_since or 0.0) <= limit]
         if overdue:
-            why = f"prefetched job waited {self.settings.renew_period:g}s for a slot: not run"
+            why = f"prefetched job waited {patience:g}s for a slot: not run"
             await self._give_back(overdue, why)
 
     @property
