@@ -75,7 +75,13 @@ def test_no_instant_twice_and_none_skipped_across_leader_kill_and_pause(
     )
     cluster.wait_for("ticks after the kill", progressed(at_kill, 4))
 
-    worker(cluster, "c")  # a new standby for the next failure
+    standby = worker(cluster, "c")  # a new standby for the next failure
+    # Registered before the pause: a worker still starting when the leader is stopped in
+    # the middle of a write waits on the file's lock, and may give up before it resumes.
+    cluster.wait_for(
+        "the standby to register",
+        lambda: cluster.query("SELECT 1 FROM coord.workers WHERE pid = ?", standby.pid),
+    )
     paused = proc_of(cluster, second[0])
     paused.send_signal(signal.SIGSTOP)
     at_pause = ticks(cluster)
