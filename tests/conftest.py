@@ -20,6 +20,12 @@ POSTGRES_URL = os.environ.get(
 
 REDIS_URL = os.environ.get("TOKENLINE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
+# The CLI fits its tables to COLUMNS: the width of whatever terminal runs the tests (or
+# the 80 that pytest-xdist sets for its workers) must not decide what a test sees. A
+# test about narrow output sets COLUMNS itself.
+for _size in ("COLUMNS", "LINES"):
+    os.environ.pop(_size, None)
+
 
 def unavailable(reason: str) -> NoReturn:
     """Skip with ``reason``, or fail in CI, where a missing service is an error."""

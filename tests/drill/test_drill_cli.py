@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -33,8 +34,15 @@ def _drill(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _drill_processes() -> list[int]:
-    """Pids of processes started by a drill (marked in their environment)."""
+#: Set to a value of its own in the environment of one test's drill, and so inherited by
+#: every process it starts: the test looks for its own processes only, never those of a
+#: drill that another test runs at the same time.
+MARK_ENV = "TOKENLINE_TEST_DRILL_MARK"
+
+
+def _drill_processes(mark: str) -> list[int]:
+    """Pids of processes started by the drill run with ``mark`` (both in their
+    environment)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -43,7 +51,9 @@ def _drill_processes() -> list[int]:
             env = (entry / "environ").read_bytes()
         except OSError:
             continue
-        if f"{RUN_ENV}=".encode() in env:
+        variables = env.split(b"\0")
+        marked = f"{MARK_ENV}={mark}".encode() in variables
+        if marked and any(v.startswith(f"{RUN_ENV}=".encode()) for v in variables):
             found.append(int(entry.name))
     return found
 
@@ -110,16 +120,17 @@ def test_json_output_and_exit_status(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def no_leftovers() -> Iterator[None]:
-    before = set(_drill_processes())
-    yield
-    left = set(_drill_processes()) - before
+def no_leftovers() -> Iterator[str]:
+    """A mark for the test's drill; after the test, no process of that drill is left."""
+    mark = secrets.token_hex(8)
+    yield mark
+    left = set(_drill_processes(mark))
     for pid in left:  # clean up for the next tests, then fail
         os.kill(pid, signal.SIGKILL)
     assert not left, f"drill processes survived: {sorted(left)}"
 
 
-def test_ctrl_c_leaves_no_worker_or_proxy_running(no_leftovers: None, tmp_path: Path) -> None:
+def test_ctrl_c_leaves_no_worker_or_proxy_running(no_leftovers: str, tmp_path: Path) -> None:
     """SIGINT while workers run (and one is paused): the drill stops every process group
     and exits, leaving no worker behind."""
     out = (tmp_path / "drill.out").open("wb")
@@ -128,13 +139,13 @@ def test_ctrl_c_leaves_no_worker_or_proxy_running(no_leftovers: None, tmp_path: 
          "--url", f"sqlite:///{tmp_path / 'c.db'}"],
         stdout=out,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "COLUMNS": "200"},
+        env={**os.environ, "COLUMNS": "200", MARK_ENV: no_leftovers},
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        while len(_drill_processes()) < 3 and time.monotonic() < deadline:
+        while len(_drill_processes(no_leftovers)) < 3 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert len(_drill_processes()) >= 3, "the workers never started"
+        assert len(_drill_processes(no_leftovers)) >= 3, "the workers never started"
         time.sleep(3)  # into the run, likely past the SIGSTOP
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
@@ -144,7 +155,7 @@ def test_ctrl_c_leaves_no_worker_or_proxy_running(no_leftovers: None, tmp_path: 
             proc.wait()
         out.close()
     assert proc.returncode != 0, (tmp_path / "drill.out").read_text()
-    assert _drill_processes() == []
+    assert _drill_processes(no_leftovers) == []
 
 
 @pytest.mark.postgres

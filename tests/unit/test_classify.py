@@ -203,7 +203,9 @@ def test_explicit_signals_beat_the_user_classifier() -> None:
     )
 
 
-@pytest.mark.parametrize("junk", ["permanent", 1, True, object()], ids=repr)
+@pytest.mark.parametrize(
+    "junk", ["permanent", 1, True, object()], ids=["str", "int", "bool", "object"]
+)
 def test_classifier_returning_junk_raises_type_error(junk: object) -> None:
     """A classifier returning anything but ErrorClass, Decision or None is a TypeError."""
     with pytest.raises(TypeError, match="classifier returned"):
