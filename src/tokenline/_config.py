@@ -238,7 +238,8 @@ class WorkerSettings:
     #: written; one waiting longer than ``renew_interval`` is given back. 0: none.
     #: ``"auto"``: as many as keep a prefetched job's expected wait for a slot within
     #: 20 ms, from the worker's recent handler run times (none while handlers run longer
-    #: than 20 ms; at most 16), one waiting longer than 1 s given back.
+    #: than 20 ms; running and prefetched together at most 16), one waiting longer than
+    #: 1 s given back.
     prefetch: int | Literal["auto"] = AUTO
     #: Log a warning when the worker's wall clock and the store's differ by more than
     #: this (seconds). Nothing the store decides depends on the worker's wall clock.
