@@ -1685,11 +1685,25 @@ async def test_a_prefetched_job_waits_at_most_a_renewal_interval() -> None:
     app = App("memory://")
     store = app.open_store()
     settings = dataclasses.replace(PREFETCH, lease_ttl=3.0, renew_interval=0.2)
-    worker, _long_id, next_id, release, ran, task = await _prefetch_one_behind(app, store, settings)
+    await _given_back_then_run(store, *await _prefetch_one_behind(app, store, settings))
+
+
+async def _given_back_then_run(
+    store: Store,
+    worker: Worker,
+    long_id: int,
+    next_id: int,
+    release: asyncio.Event,
+    ran: list[int],
+    task: asyncio.Task[None],
+) -> None:
+    """The job prefetched behind the long one comes back unrun (no attempt spent) while
+    the long one runs, and runs once the long one is done."""
     try:
         back = await job_in(store, next_id, JobState.QUEUED)
         assert back.attempt == 0
         assert next_id not in ran
+        assert long_id in ran
         assert not worker._waiting
         release.set()
         await job_in(store, next_id, JobState.SUCCEEDED)
@@ -1733,6 +1747,18 @@ def _ahead_of_finishes(store: _FinishWatch) -> int:
 AUTO = dataclasses.replace(PREFETCH, prefetch="auto")
 
 
+async def _run_all(app: App, store: _FinishWatch, task: str, n: int) -> Worker:
+    """Enqueue ``n`` jobs of ``task``, run an ``AUTO`` worker until all succeeded."""
+    ids = [await app.enqueue_async(task, store=store) for _ in range(n)]
+    worker = Worker(app, AUTO, store=store)
+    store.worker = worker
+    async with running(worker):
+        for jid in ids:
+            await job_in(store, jid, JobState.SUCCEEDED)
+    assert worker.counters.succeeded == n
+    return worker
+
+
 async def test_auto_prefetch_claims_ahead_of_short_handlers(clock: FakeClock) -> None:
     """``prefetch = "auto"`` behind handlers that take no time (on the worker's frozen
     clock): the next job is claimed with each finish and starts while it is written, as
@@ -1740,15 +1766,8 @@ async def test_auto_prefetch_claims_ahead_of_short_handlers(clock: FakeClock) ->
     store = _FinishWatch()
     app = App("memory://", clock=clock)
     seen = _counting(app, "t.auto_short")
-    n = 20
-    ids = [await app.enqueue_async("t.auto_short", store=store) for _ in range(n)]
-    worker = Worker(app, AUTO, store=store)
-    store.worker = worker
-    async with running(worker):
-        for jid in ids:
-            await job_in(store, jid, JobState.SUCCEEDED)
+    await _run_all(app, store, "t.auto_short", 20)
     assert seen["most"] == 1
-    assert worker.counters.succeeded == n
     assert _ahead_of_finishes(store) >= len(store.sent) - 2, store.sent
 
 
@@ -1763,14 +1782,7 @@ async def test_auto_prefetch_claims_nothing_ahead_of_long_handlers(clock: FakeCl
     async def slow(ctx: JobContext) -> None:
         clock.advance(0.1)
 
-    n = 12
-    ids = [await app.enqueue_async("t.auto_long", store=store) for _ in range(n)]
-    worker = Worker(app, AUTO, store=store)
-    store.worker = worker
-    async with running(worker):
-        for jid in ids:
-            await job_in(store, jid, JobState.SUCCEEDED)
-    assert worker.counters.succeeded == n
+    worker = await _run_all(app, store, "t.auto_long", 12)
     assert _ahead_of_finishes(store) == 0, store.sent
     assert worker.counters.released == 0
 
@@ -1781,20 +1793,9 @@ async def test_an_auto_prefetched_job_waits_at_most_a_second(clock: FakeClock) -
     renewal interval of 10 s, the patience of a fixed prefetch), and runs later."""
     app = App("memory://", clock=clock)
     store = app.open_store()
-    worker, long_id, next_id, release, ran, task = await _prefetch_one_behind(app, store, AUTO)
-    try:
-        clock.advance(1.5)
-        back = await job_in(store, next_id, JobState.QUEUED)
-        assert back.attempt == 0
-        assert next_id not in ran
-        assert long_id in ran
-        release.set()
-        await job_in(store, next_id, JobState.SUCCEEDED)
-        assert ran.count(next_id) == 1
-    finally:
-        release.set()
-        worker.request_shutdown()
-        await asyncio.wait_for(task, DEADLINE)
+    behind = await _prefetch_one_behind(app, store, AUTO)
+    clock.advance(1.5)
+    await _given_back_then_run(store, *behind)
 
 
 async def test_with_jobs_prefetched_finishes_go_out_together_with_the_refill() -> None:
