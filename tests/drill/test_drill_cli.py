@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from tokenline.cli import main
 from tokenline.drill._fleet import RUN_ENV
+from tokenline.drill.runner import Drill
 
 pytestmark = pytest.mark.acceptance
 
@@ -185,6 +186,17 @@ def test_a_proxy_port_in_use_is_refused_on_the_split_topology_too(
         )
     assert result.exit_code == 2, result.output
     assert f"--proxy-port: cannot listen on port {port}" in result.output
+
+
+@pytest.mark.postgres
+def test_the_split_preflight_leaves_no_scratch_directory(
+    postgres_server: str, redis_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checking a split topology's URL built a scratch store whose empty working
+    directory was left in the temporary directory, one per run."""
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    Drill(url=f"split:?broker={redis_server}&ledger={postgres_server}", jobs=10).preflight()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_scratch_directory_that_cannot_be_made_is_a_clear_error(

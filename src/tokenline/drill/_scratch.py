@@ -186,6 +186,12 @@ class ScratchStore:
         the directory, e.g. a failed run's logs). Returns what is left, each with why."""
         return self._keep_dir(keep_files)
 
+    def discard(self) -> None:
+        """Remove the working directory of a scratch store that was built only to check
+        its URL (nothing prepared, nothing run): it is empty."""
+        with contextlib.suppress(OSError):
+            self.work_dir.rmdir()
+
     def _keep_dir(self, keep_files: bool) -> list[str]:
         if not self.work_dir.exists():
             return []

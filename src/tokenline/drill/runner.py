@@ -315,7 +315,8 @@ class Drill:
         """The split topology: both servers reachable, no prefix or schema given."""
         assert self.url is not None
         try:
-            scratch_for(self.url)
+            # Built to check the URL only: its empty working directory goes at once.
+            scratch_for(self.url).discard()
         except TokenlineError as exc:
             raise DrillError(str(exc)) from None
         from ..stores import _split_parts
