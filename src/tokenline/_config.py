@@ -404,14 +404,19 @@ def _field_type(cls: type[Any], name: str) -> type[Any]:
     return hint if isinstance(hint, type) else str
 
 
+def parse_prefetch(text: str) -> int | Literal["auto"]:
+    """``prefetch`` from text (an environment variable, an option): ``auto`` in any case,
+    or a whole number (its range is checked by the settings); ValueError otherwise."""
+    text = text.strip()
+    return AUTO if text.lower() == AUTO else int(text)
+
+
 def _coerce(cls: type[Any], name: str, raw: str) -> Any:
     """Turn an environment variable's text into the declared type of field ``name``."""
     kind = _field_type(cls, name)
     if name == "prefetch":
-        if raw.strip().lower() == AUTO:
-            return AUTO
         try:
-            return int(raw)
+            return parse_prefetch(raw)
         except ValueError:
             raise ConfigError(name, f"cannot read {raw!r} as {AUTO!r} or a whole number") from None
     try:

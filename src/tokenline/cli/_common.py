@@ -34,6 +34,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .._app import App
+from .._config import parse_prefetch
 from .._errors import ConfigError, TokenlineError
 from .._logging import LEVELS, json_text, printable
 from ..stores import Store, split_url
@@ -288,11 +289,8 @@ class Prefetch(_PrefetchType):
         """``"auto"`` or the number, or a usage error saying why it is neither."""
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        text = str(value).strip()
-        if text.lower() == "auto":
-            return "auto"
         try:
-            return int(text)
+            return parse_prefetch(str(value))
         except ValueError:
             self.fail(f"{value!r} is neither 'auto' nor a whole number of jobs", param, ctx)
 
