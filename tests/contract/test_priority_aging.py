@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from pg_plans import generic_plan
+from pg_plans import generic_plan, rows_read_from
 from tokenline._clock import FakeClock
-from tokenline._jobs import NewJob, claim_key
+from tokenline._jobs import Finish, NewJob, Outcome, claim_key
 
 Q = ["default"]
 
@@ -216,6 +216,46 @@ async def test_postgres_claim_with_aging_reads_jobs_only_through_indexes(
             assert "Seq Scan on jobs" not in plan, (limit, fused, plan)
             assert "Index Scan using jobs_ready on jobs" in plan, (limit, fused, plan)
         assert len(await claim(store, 10, 1.0)) == 10
+    finally:
+        await store.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("statistics", ["never analyzed", "analyzed while the queue was empty"])
+@pytest.mark.parametrize("aging", [None, 1.0])
+async def test_postgres_claim_reads_its_limit_not_a_burst_the_statistics_miss(
+    postgres_url: str, admin: Any, postgres_schema: str, clock: FakeClock,
+    statistics: str, aging: float | None,
+) -> None:  # fmt: skip
+    """A burst of 40,000 jobs lands on a table whose statistics say the queue is empty:
+    every read of the jobs table in the claim's plan, the one made for the call and the
+    one the server keeps, returns at most the claim's limit of rows. The index on age
+    alone, smaller than jobs_ready and so costed cheaper once jobs_ready has grown a
+    level, made the claim read and sort the whole burst on every call."""
+    from tokenline.stores.postgres import PostgresStore
+
+    store = PostgresStore(postgres_url, clock=clock)
+    await store.open()
+    try:
+        if statistics != "never analyzed":
+            await store.jobs_enqueue(jobs=[new() for _ in range(500)])
+            done = await store.jobs_claim(owner="w", queues=Q, limit=500, ttl=60)
+            await store.jobs_finish(finishes=[Finish(c.lease, Outcome.SUCCEEDED) for c in done])
+            await admin.execute(f'ANALYZE "{postgres_schema}".jobs')
+        for _ in range(4):
+            await store.jobs_enqueue(jobs=[new(i % 3) for i in range(10_000)])
+            clock.advance(30)
+        limit = 10
+        params = {
+            "owner": "w", "queues": Q, "limit": limit, "ttl": 60, "aging": aging,
+            "now": clock.now(),
+        }  # fmt: skip
+        for text in (store._claim_text(limit), store._claim_text(100)):
+            for generic in (False, True):
+                reads = await rows_read_from(admin, text, params, table="jobs", generic=generic)
+                assert reads, (generic, text)
+                assert all(rows <= limit for _, rows in reads), (generic, reads)
+        assert len(await claim(store, limit, aging)) == limit
     finally:
         await store.close()
 

@@ -217,6 +217,9 @@ reach AS (
         SELECT j.run_at
         FROM {schema}.jobs AS j
         WHERE j.queue = full_queue.queue AND j.state IN ('queued', 'scheduled')
+          -- True of every row: it names jobs_ready_age's predicate, which no other
+          -- query writes out (migration 0010), so only this query can use that index.
+          AND j.priority >= -2147483648
         ORDER BY j.run_at
         LIMIT 1
     ) AS oldest
