@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenline import App
-from tokenline.cli.bench import _cpu_seconds, _succeeded
+from tokenline.cli.bench import _cpu_seconds, wait_for_all
 from tokenline.drill._scratch import scratch_for
 
 QUEUE = "scenario"
@@ -111,8 +111,9 @@ def one_round(
         a = scenario_app(scratch.url)
         a.run(lambda s: s.queue_pause(queue=QUEUE))  # opens the store: not timed
         t = time.perf_counter()
+        last = 0
         for i in range(jobs):
-            a.enqueue("scenario.insert", i)
+            last = a.enqueue("scenario.insert", i)
         enqueue_s = time.perf_counter() - t
         env = {
             **os.environ,
@@ -135,13 +136,9 @@ def one_round(
         cpu_before, busy_before = _cpu_seconds(procs), _machine_busy()
         t = time.perf_counter()
         a.run(lambda s: s.queue_resume(queue=QUEUE))
-        # Counted through the app's open store: a connection per look (as the scratch
-        # store's helpers open) cost the server more CPU than the jobs' INSERTs did.
-        while _succeeded(a) < jobs:
-            if any(p.poll() is not None for p in procs):
-                raise SystemExit("a worker process exited early")
-            time.sleep(0.05)
-        process_s = time.perf_counter() - t
+        # Through the app's open store: a connection per look (as the scratch store's
+        # helpers open) cost the server more CPU than the jobs' INSERTs did.
+        process_s = wait_for_all(a, jobs, last, procs, t)
         cpu_after, busy_after = _cpu_seconds(procs), _machine_busy()
         with psycopg.connect(sink, autocommit=True) as conn:
             row = conn.execute(
