@@ -25,11 +25,16 @@ class _Row(Protocol):
     def __getitem__(self, key: str) -> Any: ...
 
 
+#: Job's fields in order, read once: every claimed job is built from its row.
+_JOB_FIELDS = tuple(f.name for f in dataclasses.fields(Job))
+_JOB_STATE = _JOB_FIELDS.index("state")
+
+
 def job_from_row(row: _Row) -> Job:
     """The :class:`Job` of a jobs-table row; every store names its columns alike."""
-    values = {f.name: row[f.name] for f in dataclasses.fields(Job)}
-    values["state"] = JobState(values["state"])
-    return Job(**values)
+    values = [row[name] for name in _JOB_FIELDS]
+    values[_JOB_STATE] = JobState(values[_JOB_STATE])
+    return Job(*values)
 
 
 def attempt_from_row(row: _Row) -> Attempt:
