@@ -228,6 +228,11 @@ class WorkerSettings:
     #: before the reconciler marks it failed so the job may run it again (seconds; at
     #: least ``lease_ttl``).
     effect_pending_deadline: float = 300.0
+    #: Seconds a starting worker keeps trying to open its store while the store is
+    #: unavailable (down, refusing connections, busy, not answering), each failed try
+    #: logged with its reason, before it gives up with the last error. 0: give up at
+    #: once. Other errors (a damaged store, a schema to migrate) end the start at once.
+    startup_wait: float = 0.0
     #: Per-call timeout for store operations of this worker (seconds); a slower answer
     #: counts as a coordination failure. ``None``: a third of the lease TTL.
     store_timeout: float | None = None
@@ -323,6 +328,15 @@ class WorkerSettings:
             _positive("lease_margin", self.lease_margin)
             if self.lease_margin >= self.lease_ttl - self.renew_period:
                 raise ConfigError("lease_margin", "must be smaller than lease_ttl - renew_interval")
+        if isinstance(self.startup_wait, bool) or self.startup_wait != 0:
+            try:
+                _positive("startup_wait", self.startup_wait, MAX_INTERVAL)
+            except ConfigError:
+                raise ConfigError(
+                    "startup_wait",
+                    f"must be a finite number of seconds from 0 (do not wait) to "
+                    f"{MAX_INTERVAL:g}, got {_shown(self.startup_wait)}",
+                ) from None
         if self.store_timeout is not None:
             _positive("store_timeout", self.store_timeout)
         if self.store_timeout is not None and self.store_timeout >= self.lease_ttl:

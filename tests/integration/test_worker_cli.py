@@ -162,3 +162,65 @@ def test_an_app_moved_to_another_url_keeps_its_dependencies(
     task = moved.get_task("shop.charge")
     assert (task.max_attempts, task.depends_on) == (4, ("payments-api",))
     assert moved.dependencies["payments-api"] == built.dependencies["payments-api"]
+
+
+def _start_waiting_worker(
+    tmp_path: Path, url: str, wait: str
+) -> tuple[subprocess.Popen[str], Path]:
+    """A worker started on ``url`` (whose directory does not exist yet) with
+    ``--startup-wait``; returned once its log says it is waiting, with the log's path."""
+    _write_app(tmp_path, url)
+    log = tmp_path / "worker.log"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env.pop("TOKENLINE_URL", None)
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tokenline", "worker", "--app", "appmod:app",
+             "--startup-wait", wait, "--poll-interval", "0.05"],
+            cwd=tmp_path, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+    deadline = time.monotonic() + DEADLINE
+    while "store unavailable at start-up" not in log.read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the worker never said it was waiting:\n{log.read_text()}")
+        time.sleep(0.05)
+    return proc, log
+
+
+def test_a_worker_started_before_its_store_can_be_opened_waits_for_it(tmp_path: Path) -> None:
+    """With --startup-wait, a worker whose SQLite directory does not exist yet keeps
+    trying, saying why, and runs jobs once the directory is there."""
+    url = f"sqlite:///{tmp_path / 'later' / 'jobs.db'}"
+    proc, log = _start_waiting_worker(tmp_path, url, "120")
+    try:
+        assert "does not exist" in log.read_text()
+        (tmp_path / "later").mkdir()
+        app = App(url)
+        app.task(name="shop.bill")(lambda ctx, n: n)
+        jid = app.enqueue("shop.bill", 3)
+        app.close()
+        deadline = time.monotonic() + DEADLINE
+        while _job_state(url, jid) is not JobState.SUCCEEDED:
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"job {jid} did not run:\n{log.read_text()}"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=DEADLINE) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_worker_waiting_for_its_store_stops_on_sigterm(tmp_path: Path) -> None:
+    """SIGTERM ends the wait at once: the worker exits 0 and says it stopped waiting."""
+    proc, log = _start_waiting_worker(tmp_path, f"sqlite:///{tmp_path / 'no' / 'j.db'}", "3600")
+    try:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=DEADLINE) == 0, log.read_text()
+        assert "stopped while waiting for its store" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -124,6 +124,13 @@ def _env(name: str) -> dict[str, Any]:
     **_env("EFFECT_PENDING_DEADLINE"),
 )
 @click.option(
+    "--startup-wait",
+    type=Seconds(0),
+    help="Seconds to keep trying an unavailable store at start-up, each try logged "
+    "[default: 0, give up at once].",
+    **_env("STARTUP_WAIT"),
+)
+@click.option(
     "--store-timeout",
     type=Seconds(0.001),
     help="Per-call store timeout [default: TTL/3].",

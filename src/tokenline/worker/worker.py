@@ -43,6 +43,7 @@ from .._errors import (
     FencedError,
     StaleTokenError,
     StoreError,
+    StoreUnavailableError,
     TokenlineError,
     UnknownTaskError,
 )
@@ -78,6 +79,11 @@ if TYPE_CHECKING:
 __all__ = ["MAINTENANCE_LEASE", "Worker", "WorkerCounters"]
 
 log = logging.getLogger("tokenline.worker")
+
+#: First pause (seconds) between two tries to open the store at start-up; each pause
+#: doubles, up to STARTUP_MAX_PAUSE (see ``WorkerSettings.startup_wait``).
+STARTUP_FIRST_PAUSE = 0.25
+STARTUP_MAX_PAUSE = 5.0
 #: One line per succeeded job: for machine-read logs (``--log-format json``).
 success_log = logging.getLogger(SUCCESS_LOGGER)
 
@@ -153,6 +159,8 @@ class Worker:
         self._membership_token = 0
         self._stop_requested = False
         self._stopped: asyncio.Event | None = None
+        #: Set while run() waits for its store to answer at start-up (startup_wait).
+        self._opening: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
         #: The fetch loop's claim in flight, which a stop lets answer (see run).
         self._claim_call = InFlight()
@@ -253,14 +261,23 @@ class Worker:
         self._slot_freed = asyncio.Event()
         if self._store is None:
             self._store = self.app.open_store(timeout=self.settings.call_timeout)
-        await self._store.open()
+        loop = asyncio.get_running_loop()
+        if install_signal_handlers:
+            # Before the store opens: a worker waiting for its store stops when told to.
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_shutdown)
+        opened = False
+        try:
+            opened = await self._open_store(self._store)
+        finally:
+            if install_signal_handlers and not opened:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+        if not opened:
+            return
         self._board.bind(self._store)
         self._completer = BatchCompleter(self._store, refill=self)
         self._completer.start()
-        loop = asyncio.get_running_loop()
-        if install_signal_handlers:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.request_shutdown)
         await self._register()
         self._last_tick = self.clock.monotonic()
         self._running = True
@@ -337,8 +354,13 @@ class Worker:
 
     def request_shutdown(self) -> None:
         """First call: drain (finish in-flight jobs within ``drain_timeout``), then stop.
-        Second call: stop at once, releasing in-flight jobs."""
+        Second call: stop at once, releasing in-flight jobs. While the worker still
+        waits for its store at start-up, it stops waiting and returns."""
         if self.state is WorkerState.STOPPED:
+            return
+        if self._opening is not None:
+            self._stop_requested = True
+            self._opening.set()
             return
         if self._stop_requested:
             log.warning("worker %s: second shutdown request, stopping now", self.id)
@@ -351,6 +373,43 @@ class Worker:
         self._fire(WorkerEvent.SHUTDOWN, "shutdown requested")
         if self.state is WorkerState.DRAINING:
             self._drainer = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _open_store(self, store: Store) -> bool:
+        """Open ``store``. While it is unavailable (down, refusing connections, busy, not
+        answering in time), try again, pausing longer each time up to
+        :data:`STARTUP_MAX_PAUSE`, until ``startup_wait`` seconds have passed; then raise
+        the last error. Each failed try is logged with its reason. Any other error (a
+        damaged store, a schema to migrate, a bad setting) is raised at once. False: a
+        shutdown was requested while waiting."""
+        deadline = self.clock.monotonic() + self.settings.startup_wait
+        pause = STARTUP_FIRST_PAUSE
+        self._opening = asyncio.Event()
+        try:
+            while True:
+                try:
+                    await store.open()
+                    return True
+                except StoreUnavailableError as exc:
+                    left = deadline - self.clock.monotonic()
+                    if left <= 0:
+                        raise
+                    if self._opening.is_set():
+                        log.warning("worker %s: stopped while waiting for its store", self.id)
+                        return False
+                    wait = min(pause, left)
+                    log.warning(
+                        "worker %s: store unavailable at start-up, trying again in %.1fs "
+                        "(gives up in %.1fs): %s", self.id, wait, left, exc,
+                    )  # fmt: skip
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await self._opening.wait()
+                if self._opening.is_set():
+                    log.warning("worker %s: stopped while waiting for its store", self.id)
+                    return False
+                pause = min(pause * 2, STARTUP_MAX_PAUSE)
+        finally:
+            self._opening = None
 
     async def _drain(self) -> None:
         deadline = self.clock.monotonic() + self.settings.drain_timeout

@@ -1,0 +1,141 @@
+"""A starting worker whose store does not answer: ``startup_wait`` keeps it trying, for a
+bounded time, only while the store is unavailable.
+
+The pauses between tries are real (a quarter of a second, then doubling); the deadline
+is on the app's clock, which the tests' store moves forward at each failed try, so no
+assertion depends on how fast the machine is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from tokenline import (
+    App,
+    FakeClock,
+    JobState,
+    SchemaVersionError,
+    StoreCorruptError,
+    StoreUnavailableError,
+    Worker,
+    WorkerSettings,
+)
+from tokenline.stores import MemoryStore
+
+DEADLINE = 30.0
+
+
+class Unreachable(MemoryStore):
+    """A memory store whose first ``failures`` opens raise ``error``, each moving the
+    clock ``step`` seconds on (the time a refused connection or a timeout takes)."""
+
+    def __init__(
+        self, clock: FakeClock, failures: int, error: Exception | None = None, step: float = 1.0
+    ) -> None:
+        super().__init__(clock=clock)
+        self.fake_clock = clock
+        self.failures = failures
+        self.error = error or StoreUnavailableError("connection refused")
+        self.step = step
+        self.opens = 0
+
+    async def open(self) -> None:
+        self.opens += 1
+        if self.opens <= self.failures:
+            self.fake_clock.advance(self.step)
+            raise self.error
+        await super().open()
+
+
+def settings(startup_wait: float) -> WorkerSettings:
+    return WorkerSettings(startup_wait=startup_wait, poll_interval=0.02, concurrency=1)
+
+
+async def run_until_job_done(worker: Worker, store: MemoryStore, job_id: int) -> None:
+    task = asyncio.create_task(worker.run())
+    try:
+        async with asyncio.timeout(DEADLINE):
+            while (await store.job_get(job_id=job_id)).state is not JobState.SUCCEEDED:
+                assert not task.done(), task
+                await asyncio.sleep(0.01)
+    finally:
+        worker.request_shutdown()
+        await asyncio.wait_for(task, DEADLINE)
+
+
+async def test_a_worker_waits_for_a_store_that_comes_up(caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    app = App("memory://", clock=clock)
+    ran: list[int] = []
+
+    @app.task(name="t")
+    async def t(ctx: object, i: int) -> None:
+        ran.append(i)
+
+    store = Unreachable(clock, failures=2)
+    await store.jobs_enqueue(jobs=[app.build_job("t", (7,), None)])
+    worker = Worker(app, settings(60), store=store)
+    with caplog.at_level(logging.WARNING, logger="tokenline.worker"):
+        await run_until_job_done(worker, store, 1)
+    assert store.opens == 3
+    assert ran == [7]
+    tries = [r.getMessage() for r in caplog.records if "store unavailable" in r.getMessage()]
+    assert len(tries) == 2, tries
+    assert all("connection refused" in m for m in tries), tries
+
+
+async def test_without_startup_wait_an_unavailable_store_ends_the_start_at_once() -> None:
+    clock = FakeClock()
+    store = Unreachable(clock, failures=1)
+    worker = Worker(App("memory://", clock=clock), settings(0), store=store)
+    with pytest.raises(StoreUnavailableError, match="connection refused"):
+        await asyncio.wait_for(worker.run(), DEADLINE)
+    assert store.opens == 1
+
+
+async def test_the_wait_gives_up_with_the_last_error_once_its_time_is_spent() -> None:
+    clock = FakeClock()
+    store = Unreachable(clock, failures=100, step=10.0)
+    worker = Worker(App("memory://", clock=clock), settings(25), store=store)
+    with pytest.raises(StoreUnavailableError):
+        await asyncio.wait_for(worker.run(), DEADLINE)
+    # Tried at 0 (10 s spent), 10 (20 s), 20 (30 s: past 25, given up).
+    assert store.opens == 3
+    assert await store.workers_list() == []
+
+
+@pytest.mark.parametrize(
+    "error",
+    [SchemaVersionError("schema version 99"), StoreCorruptError("not a tokenline store")],
+    ids=["schema", "corrupt"],
+)
+async def test_errors_other_than_unavailable_end_the_start_at_once(error: Exception) -> None:
+    clock = FakeClock()
+    store = Unreachable(clock, failures=1, error=error)
+    worker = Worker(App("memory://", clock=clock), settings(600), store=store)
+    with pytest.raises(type(error)):
+        await asyncio.wait_for(worker.run(), DEADLINE)
+    assert store.opens == 1
+
+
+async def test_a_shutdown_request_ends_the_wait(caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    store = Unreachable(clock, failures=1_000_000, step=0.0)
+    worker = Worker(App("memory://", clock=clock), settings(3600), store=store)
+    task = asyncio.create_task(worker.run())
+    async with asyncio.timeout(DEADLINE):
+        # Polling: the store has no event for a failed open.
+        while store.opens < 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    with caplog.at_level(logging.WARNING, logger="tokenline.worker"):
+        worker.request_shutdown()
+        await asyncio.wait_for(task, DEADLINE)  # returns: no error, no membership
+    assert task.exception() is None
+    assert await store.workers_list() == []
+    assert any("stopped while waiting" in r.getMessage() for r in caplog.records)
+    opens = store.opens
+    await asyncio.sleep(0.3)
+    assert store.opens == opens
