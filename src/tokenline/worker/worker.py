@@ -84,6 +84,7 @@ log = logging.getLogger("tokenline.worker")
 #: doubles, up to STARTUP_MAX_PAUSE (see ``WorkerSettings.startup_wait``).
 STARTUP_FIRST_PAUSE = 0.25
 STARTUP_MAX_PAUSE = 5.0
+
 #: One line per succeeded job: for machine-read logs (``--log-format json``).
 success_log = logging.getLogger(SUCCESS_LOGGER)
 
