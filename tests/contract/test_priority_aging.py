@@ -178,6 +178,88 @@ async def test_claims_match_ranking_every_runnable_job(
             del jobs[jid]
 
 
+@pytest.mark.parametrize("aging", [None, 2.0])
+@pytest.mark.parametrize("seed", [10, 11, 12])
+async def test_claims_match_ranking_under_later_jobs_of_higher_priority(
+    store: Any, clock: FakeClock, seed: int, aging: float | None
+) -> None:
+    """Jobs not yet runnable (delayed), many and of higher priorities than the runnable
+    ones, fill the top of the ready index: claim after claim of random sizes, as they
+    come due, every store still picks the runnable jobs in ranking order (SQLite steps
+    over the later ones a priority at a time, past a window of the index)."""
+    rng = random.Random(seed)
+    queues = ["a", "b"]
+    batch = []
+    for _ in range(400):
+        later = rng.random() < 0.7
+        batch.append(
+            NewJob(
+                queue=rng.choice(queues), task="t", args="[]",
+                priority=rng.randint(3, 8) if later else rng.randint(-2, 4),
+                delay=rng.uniform(20, 60) if later else rng.choice([None, rng.uniform(0, 5)]),
+            )
+        )  # fmt: skip
+    now = clock.now()
+    ids = await store.jobs_enqueue(jobs=batch)
+    jobs = {jid: (j.priority, now + (j.delay or 0.0)) for jid, j in zip(ids, batch, strict=True)}
+    while jobs:
+        clock.advance(rng.uniform(0, 3))
+        now = clock.now()
+        limit = rng.randint(1, 30)
+        ranked = sorted(
+            (jid for jid, (_, at) in jobs.items() if at <= now),
+            key=lambda jid: claim_key(jobs[jid][0], jobs[jid][1], jid, now, aging),
+        )
+        got = await claim(store, limit, aging, queues)
+        assert got == ranked[:limit]
+        for jid in got:
+            del jobs[jid]
+
+
+async def test_a_sqlite_claim_steps_over_later_jobs_a_priority_at_a_time(tmp_path: Any) -> None:
+    """The work of a SQLite claim (the database engine's steps) stays nearly the same
+    whether 1,000 or 20,000 delayed jobs of a higher priority sit above the runnable
+    ones: they are stepped over a priority at a time, not a job at a time."""
+    import sqlite3
+
+    from tokenline.stores.sqlite import SQLiteStore
+    from tokenline.stores.sqlite._claim import claim_candidates
+
+    steps = {}
+    for later in (1_000, 20_000):
+        path = tmp_path / f"later-{later}.db"
+        clock = FakeClock()
+        store = SQLiteStore(f"sqlite:///{path}", clock=clock)
+        await store.open()
+        try:
+            for _ in range(later // 1000):
+                await store.jobs_enqueue(
+                    jobs=[NewJob("default", "t", "[]", priority=5, delay=3600) for _ in range(1000)]
+                )
+            await store.jobs_enqueue(jobs=[new(p % 3) for p in range(200)])
+        finally:
+            await store.close()
+        conn = sqlite3.connect(path)
+        try:
+            count = [0]
+
+            def tick(count: list[int] = count) -> int:
+                count[0] += 1
+                return 0
+
+            conn.set_progress_handler(tick, 100)
+            for aging in (None, 60.0):
+                rows = claim_candidates(
+                    conn, queue="default", now=clock.now(), limit=50, aging=aging
+                )
+                assert len(rows) == 50
+                assert all(r[2] <= clock.now() for r in rows)
+            steps[later] = count[0]
+        finally:
+            conn.close()
+    assert steps[20_000] < 2 * steps[1_000], steps
+
+
 # -- the claim stays an index read ------------------------------------------------------------
 @pytest.mark.postgres
 async def test_postgres_claim_with_aging_reads_jobs_only_through_indexes(
@@ -275,8 +357,15 @@ async def test_sqlite_claim_queries_read_jobs_only_through_indexes(tmp_path: Any
     await store.close()
     conn = sqlite3.connect(path)
     try:
-        params = {"queue": "q", "now": 0.0, "limit": 5, "priority": 1, "below": 1, "lowest": 0}
-        for name in ("claim_candidates", "claim_oldest", "claim_next_level", "claim_level"):
+        params = {
+            "queue": "q", "now": 0.0, "limit": 5, "priority": 1, "below": 1, "lowest": 0,
+            "window": 42, "after_run_at": 0.0, "after_id": 0,
+        }  # fmt: skip
+        names = (
+            "claim_candidates", "claim_window_end", "claim_oldest", "claim_next_level",
+            "claim_level",
+        )  # fmt: skip
+        for name in names:
             plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + CLAIM_Q[name], params)]
             on_jobs = [step for step in plan if "tokenline_jobs " in f"{step} "]
             assert on_jobs, (name, plan)

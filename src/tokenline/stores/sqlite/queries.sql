@@ -105,13 +105,31 @@ SELECT seq FROM sqlite_sequence WHERE name = 'tokenline_jobs';
 -- the queues' candidates and claims the best, in the same write transaction. INDEXED
 -- BY: without statistics, the planner would rather take tokenline_jobs_ready_age for
 -- its range on run_at, and sort every runnable job of the queue.
-SELECT id, priority, run_at, lease_token FROM tokenline_jobs INDEXED BY tokenline_jobs_ready
+-- The inner scan reads the index in order, runnable or not, and stops after :window
+-- entries; the outer keeps the runnable ones, in that order, up to :limit. A filter on
+-- run_at in the scan itself would step over every job not yet runnable that sits above
+-- the runnable ones (a backlog of delayed or backed-off jobs of a higher priority),
+-- however many. Past the window, the caller reads a priority at a time (_claim.py).
+SELECT id, priority, run_at, lease_token FROM (
+    SELECT id, priority, run_at, lease_token FROM tokenline_jobs INDEXED BY tokenline_jobs_ready
+    WHERE queue = :queue
+      AND state IN ('queued', 'scheduled')
+      AND NOT EXISTS (SELECT 1 FROM tokenline_paused_queues WHERE queue = :queue)
+    ORDER BY priority DESC, run_at, id
+    LIMIT :window
+)
+WHERE run_at <= :now
+LIMIT :limit;
+
+-- name: claim_window_end
+-- The last entry of claim_candidates' window, or none when the queue holds fewer: where
+-- a claim that found too few runnable jobs in the window goes on from.
+SELECT priority, run_at, id FROM tokenline_jobs INDEXED BY tokenline_jobs_ready
 WHERE queue = :queue
   AND state IN ('queued', 'scheduled')
-  AND run_at <= :now
   AND NOT EXISTS (SELECT 1 FROM tokenline_paused_queues WHERE queue = :queue)
 ORDER BY priority DESC, run_at, id
-LIMIT :limit;
+LIMIT 1 OFFSET :window - 1;
 
 -- name: claim_oldest
 -- The queue's oldest ready job (one step into tokenline_jobs_ready_age): no runnable
@@ -122,23 +140,26 @@ ORDER BY run_at
 LIMIT 1;
 
 -- name: claim_next_level
--- The next lower priority that has a runnable job, down to :lowest: one seek in
--- tokenline_jobs_ready per priority present, never a visit of each number between.
-SELECT priority FROM tokenline_jobs
+-- The next lower priority present in the queue, runnable or not, down to :lowest: one
+-- seek in tokenline_jobs_ready per priority present, never a visit of each number
+-- between, nor of each job not yet runnable (claim_level then reads the runnable ones).
+SELECT priority FROM tokenline_jobs INDEXED BY tokenline_jobs_ready
 WHERE queue = :queue
   AND state IN ('queued', 'scheduled')
-  AND run_at <= :now
   AND priority < :below
   AND priority >= :lowest
-ORDER BY priority DESC, run_at, id
+ORDER BY priority DESC
 LIMIT 1;
 
 -- name: claim_level
--- The oldest runnable jobs of one priority: within a priority, the oldest has aged most.
-SELECT id, priority, run_at, lease_token FROM tokenline_jobs
+-- The oldest runnable jobs of one priority after (:after_run_at, :after_id), in order:
+-- within a priority, the oldest has aged most. One index range, which ends at the first
+-- job not yet runnable.
+SELECT id, priority, run_at, lease_token FROM tokenline_jobs INDEXED BY tokenline_jobs_ready
 WHERE queue = :queue
   AND priority = :priority
   AND state IN ('queued', 'scheduled')
+  AND (run_at, id) > (:after_run_at, :after_id)
   AND run_at <= :now
 ORDER BY run_at, id
 LIMIT :limit;
