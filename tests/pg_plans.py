@@ -90,3 +90,16 @@ async def rows_read_from(
         for node in _nodes(plan[0]["Plan"])
         if node.get("Relation Name") == table
     ]
+
+
+async def blocks_touched(admin: Any, text: str, params: Mapping[str, Any]) -> int:
+    """Runs ``text`` once under EXPLAIN (ANALYZE, BUFFERS), in a transaction rolled back,
+    and returns the shared blocks it touched (hit or read), functions it called
+    included: a measure of the work of a read that does not depend on timing."""
+    async with admin.transaction(force_rollback=True):
+        cur = await admin.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + text, params)
+        (plan,) = await cur.fetchone()
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    top = plan[0]["Plan"]
+    return int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"])

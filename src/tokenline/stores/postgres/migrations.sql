@@ -231,3 +231,36 @@ CREATE TABLE {schema}.schedules (
 DROP INDEX {schema}.jobs_ready_age;
 CREATE INDEX jobs_ready_age ON {schema}.jobs (queue, run_at)
     WHERE state IN ('queued', 'scheduled') AND priority >= -2147483648;
+
+-- name: migration_0011_top_runnable_priority
+-- The highest priority of a queue that has a job runnable at `at` (NULL: none): one seek
+-- in jobs_ready per priority present from the top (the oldest job of each, which is
+-- runnable if any of that priority is). The claim reads jobs_ready from there down, so
+-- a backlog of jobs not yet runnable (delayed, backing off) of higher priorities is
+-- stepped over a priority at a time instead of a job at a time (3.3 against 10.9 ms for
+-- a claim of 50 under 100,000 of them, seen). A function, not a recursive query in the
+-- claim:
+-- the planner costs it as one call, where a recursive query's guessed size made the
+-- plan kept for every call look dearer than planning each call afresh.
+CREATE FUNCTION {schema}.top_runnable_priority(q text, at double precision)
+    RETURNS integer LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    p integer;
+    r double precision;
+BEGIN
+    SELECT j.priority, j.run_at INTO p, r FROM {schema}.jobs AS j
+    WHERE j.queue = q AND j.state IN ('queued', 'scheduled')
+    ORDER BY j.priority DESC, j.run_at, j.id
+    LIMIT 1;
+    WHILE p IS NOT NULL AND r > at LOOP
+        SELECT j.priority, j.run_at INTO p, r FROM {schema}.jobs AS j
+        WHERE j.queue = q AND j.state IN ('queued', 'scheduled') AND j.priority < p
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT 1;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+    END LOOP;
+    RETURN p;
+END
+$$;

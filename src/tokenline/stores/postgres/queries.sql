@@ -164,13 +164,15 @@ SELECT count(pg_notify(%(channel)s, q.queue)) FROM unnest(%(queues)s::text[]) AS
 -- jobs queued as with ten. Per unpaused queue (LATERAL), ordered index scans that stop
 -- at the limit read the rows the best `limit` by effective priority are among (the
 -- argument is in stores/sqlite/_claim.py, which reads the same rows):
---   by_priority  the best `limit` by priority alone (jobs_ready), as without aging;
+--   by_priority  the best `limit` by priority alone (jobs_ready), as without aging,
+--                read from the highest priority with a runnable job down (found by
+--                top_runnable_priority, a seek per priority present above it);
 --   reach        only for a queue whose by_priority is full, with %(aging)s set: how
 --                many points aging can lift any of its jobs, from the age of its oldest
 --                ready job (one step of jobs_ready_age);
 --   levels       the priorities present from the lowest of by_priority down to that
 --                many points below it, one seek per priority present (a loose index
---                scan), never one per number in between;
+--                scan), never one per number in between nor per job not yet runnable;
 --   by_age       the `limit` oldest runnable jobs of each of those priorities.
 -- Rows locked by these scans but not picked stay untouched, unlocked when the claim's
 -- transaction ends.
@@ -193,6 +195,9 @@ by_priority AS MATERIALIZED (
         SELECT j.id, j.priority, j.run_at
         FROM {schema}.jobs AS j
         WHERE j.queue = oq.name
+          -- From the highest priority with a runnable job (migration 0011): jobs not yet
+          -- runnable of higher priorities are stepped over a priority at a time.
+          AND j.priority <= {schema}.top_runnable_priority(oq.name, c.now)
           AND j.state IN ('queued', 'scheduled')
           AND j.run_at <= c.now
         ORDER BY j.priority DESC, j.run_at, j.id
@@ -229,13 +234,12 @@ levels (queue, priority, lowest) AS (
     SELECT r.queue, r.lowest, r.lowest - r.points FROM reach AS r WHERE r.points > 0
     UNION ALL
     SELECT l.queue, nxt.priority, l.lowest
-    FROM levels AS l, clock AS c,
+    FROM levels AS l,
     LATERAL (
         SELECT j.priority
         FROM {schema}.jobs AS j
         WHERE j.queue = l.queue
           AND j.state IN ('queued', 'scheduled')
-          AND j.run_at <= c.now
           AND j.priority < l.priority
           AND j.priority >= l.lowest
         ORDER BY j.priority DESC, j.run_at, j.id
