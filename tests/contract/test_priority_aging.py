@@ -139,6 +139,27 @@ async def test_aging_never_claims_from_a_paused_queue_or_an_unrequested_one(
     assert len(await claim(store, 5, 1.0, ["paused"])) == 1
 
 
+async def claims_follow_ranking(
+    store: Any, clock: FakeClock, rng: random.Random, jobs: dict[int, tuple[int, float]],
+    aging: float | None, queues: list[str], sizes: tuple[int, int], *, step: float,
+) -> None:  # fmt: skip
+    """Claim after claim of random sizes (``sizes``), the clock moved on by up to
+    ``step`` seconds before each, until every job of ``jobs`` (id: priority, run_at) is
+    claimed: each claim takes the best runnable jobs of a ranking of all, in order."""
+    while jobs:
+        clock.advance(rng.uniform(0, step))
+        now = clock.now()
+        limit = rng.randint(*sizes)
+        ranked = sorted(
+            (jid for jid, (_, at) in jobs.items() if at <= now),
+            key=lambda jid: claim_key(jobs[jid][0], jobs[jid][1], jid, now, aging),
+        )
+        got = await claim(store, limit, aging, queues)
+        assert got == ranked[:limit]
+        for jid in got:
+            del jobs[jid]
+
+
 @pytest.mark.parametrize(
     ("seed", "sizes", "count"),
     [(0, (1, 7), 60), (1, (1, 7), 60), (2, (1, 7), 60), (3, (1, 7), 60),
@@ -164,18 +185,7 @@ async def test_claims_match_ranking_every_runnable_job(
         (jid,) = await store.jobs_enqueue(jobs=[job])
         jobs[jid] = (job.priority, clock.now() + delay)
         clock.advance(rng.uniform(0, 0.7))
-    while jobs:
-        clock.advance(rng.uniform(0, 2))
-        now = clock.now()
-        limit = rng.randint(*sizes)
-        ranked = sorted(
-            (jid for jid, (_, at) in jobs.items() if at <= now),
-            key=lambda jid: claim_key(jobs[jid][0], jobs[jid][1], jid, now, aging),
-        )
-        got = await claim(store, limit, aging, queues)
-        assert got == ranked[:limit]
-        for jid in got:
-            del jobs[jid]
+    await claims_follow_ranking(store, clock, rng, jobs, aging, queues, sizes, step=2.0)
 
 
 @pytest.mark.parametrize("aging", [None, 2.0])
@@ -202,18 +212,7 @@ async def test_claims_match_ranking_under_later_jobs_of_higher_priority(
     now = clock.now()
     ids = await store.jobs_enqueue(jobs=batch)
     jobs = {jid: (j.priority, now + (j.delay or 0.0)) for jid, j in zip(ids, batch, strict=True)}
-    while jobs:
-        clock.advance(rng.uniform(0, 3))
-        now = clock.now()
-        limit = rng.randint(1, 30)
-        ranked = sorted(
-            (jid for jid, (_, at) in jobs.items() if at <= now),
-            key=lambda jid: claim_key(jobs[jid][0], jobs[jid][1], jid, now, aging),
-        )
-        got = await claim(store, limit, aging, queues)
-        assert got == ranked[:limit]
-        for jid in got:
-            del jobs[jid]
+    await claims_follow_ranking(store, clock, rng, jobs, aging, queues, (1, 30), step=3.0)
 
 
 async def test_a_sqlite_claim_steps_over_later_jobs_a_priority_at_a_time(tmp_path: Any) -> None:

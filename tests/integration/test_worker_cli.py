@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,18 @@ def _job_state(url: str, jid: int) -> JobState:
         app.close()
 
 
+def _wait_until_done(
+    url: str, jid: int, proc: subprocess.Popen[str], output: Callable[[], str]
+) -> None:
+    """Wait until job ``jid`` on ``url`` has succeeded; fail with the worker's ``output``
+    if the worker exits first or the deadline passes."""
+    deadline = time.monotonic() + DEADLINE
+    while _job_state(url, jid) is not JobState.SUCCEEDED:
+        assert proc.poll() is None, output()
+        assert time.monotonic() < deadline, f"job {jid} did not run on {url}:\n{output()}"
+        time.sleep(0.1)
+
+
 def _run_worker_until(
     tmp_path: Path, url: str, jid: int, *extra: str
 ) -> subprocess.CompletedProcess[str]:
@@ -52,11 +65,7 @@ def _run_worker_until(
         text=True,
     )
     try:
-        deadline = time.monotonic() + DEADLINE
-        while _job_state(url, jid) is not JobState.SUCCEEDED:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, f"job {jid} did not run on {url}"
-            time.sleep(0.1)
+        _wait_until_done(url, jid, proc, lambda: str(proc.communicate()))
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=DEADLINE)
     finally:
@@ -200,11 +209,7 @@ def test_a_worker_started_before_its_store_can_be_opened_waits_for_it(tmp_path: 
         app.task(name="shop.bill")(lambda ctx, n: n)
         jid = app.enqueue("shop.bill", 3)
         app.close()
-        deadline = time.monotonic() + DEADLINE
-        while _job_state(url, jid) is not JobState.SUCCEEDED:
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, f"job {jid} did not run:\n{log.read_text()}"
-            time.sleep(0.1)
+        _wait_until_done(url, jid, proc, log.read_text)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=DEADLINE) == 0, log.read_text()
     finally:
