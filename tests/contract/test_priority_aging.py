@@ -215,6 +215,15 @@ async def test_claims_match_ranking_under_later_jobs_of_higher_priority(
     await claims_follow_ranking(store, clock, rng, jobs, aging, queues, (1, 30), step=3.0)
 
 
+async def fill_under_later_jobs(store: Any, later: int) -> None:
+    """``later`` jobs of priority 5 delayed an hour, then 200 runnable of priorities 0-2."""
+    for _ in range(later // 1000):
+        await store.jobs_enqueue(
+            jobs=[NewJob("default", "t", "[]", priority=5, delay=3600) for _ in range(1000)]
+        )
+    await store.jobs_enqueue(jobs=[new(p % 3) for p in range(200)])
+
+
 async def test_a_sqlite_claim_steps_over_later_jobs_a_priority_at_a_time(tmp_path: Any) -> None:
     """The work of a SQLite claim (the database engine's steps) stays nearly the same
     whether 1,000 or 20,000 delayed jobs of a higher priority sit above the runnable
@@ -231,11 +240,7 @@ async def test_a_sqlite_claim_steps_over_later_jobs_a_priority_at_a_time(tmp_pat
         store = SQLiteStore(f"sqlite:///{path}", clock=clock)
         await store.open()
         try:
-            for _ in range(later // 1000):
-                await store.jobs_enqueue(
-                    jobs=[NewJob("default", "t", "[]", priority=5, delay=3600) for _ in range(1000)]
-                )
-            await store.jobs_enqueue(jobs=[new(p % 3) for p in range(200)])
+            await fill_under_later_jobs(store, later)
         finally:
             await store.close()
         conn = sqlite3.connect(path)
@@ -279,11 +284,7 @@ async def test_a_postgres_claim_steps_over_later_jobs_a_priority_at_a_time(
         store = PostgresStore(f"{postgres_server}?schema={schema}", clock=clock)
         await store.open()
         try:
-            for _ in range(later // 1000):
-                await store.jobs_enqueue(
-                    jobs=[NewJob("default", "t", "[]", priority=5, delay=3600) for _ in range(1000)]
-                )
-            await store.jobs_enqueue(jobs=[new(p % 3) for p in range(200)])
+            await fill_under_later_jobs(store, later)
             await admin.execute(sql.SQL("ANALYZE {}.jobs").format(sql.Identifier(schema)))
             for aging in (None, 60.0):
                 params = store._claim_params("w", ["default"], 1, 60.0, aging)
