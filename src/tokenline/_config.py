@@ -228,10 +228,11 @@ class WorkerSettings:
     #: before the reconciler marks it failed so the job may run it again (seconds; at
     #: least ``lease_ttl``).
     effect_pending_deadline: float = 300.0
-    #: Seconds a starting worker keeps trying to open its store while the store is
-    #: unavailable (down, refusing connections, busy, not answering), each failed try
-    #: logged with its reason, before it gives up with the last error. 0: give up at
-    #: once. Other errors (a damaged store, a schema to migrate) end the start at once.
+    #: Seconds a starting worker keeps trying to open, and register with, its store
+    #: while the store is unavailable (down, refusing connections, busy, not answering),
+    #: each failed try logged with its reason, before it gives up with the last error.
+    #: 0: give up at once. Other errors (a damaged store, a schema to migrate) end the
+    #: start at once.
     startup_wait: float = 0.0
     #: Per-call timeout for store operations of this worker (seconds); a slower answer
     #: counts as a coordination failure. ``None``: a third of the lease TTL.

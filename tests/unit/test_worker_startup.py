@@ -23,24 +23,30 @@ from tokenline import (
     Worker,
     WorkerSettings,
 )
+from tokenline._jobs import WorkerRecord
 from tokenline.stores import MemoryStore
 
 DEADLINE = 30.0
 
 
 class Unreachable(MemoryStore):
-    """A memory store whose first ``failures`` opens raise ``error``, each moving the
-    clock ``step`` seconds on (the time a refused connection or a timeout takes)."""
+    """A memory store whose first ``failures`` opens raise ``error``, and then whose
+    first ``register_failures`` registrations do, each moving the clock ``step`` seconds
+    on (the time a refused connection or a timeout takes)."""
 
     def __init__(
-        self, clock: FakeClock, failures: int, error: Exception | None = None, step: float = 1.0
-    ) -> None:
+        self, clock: FakeClock, failures: int, error: Exception | None = None, step: float = 1.0,
+        register_failures: int = 0,
+    ) -> None:  # fmt: skip
         super().__init__(clock=clock)
         self.fake_clock = clock
         self.failures = failures
+        self.register_failures = register_failures
         self.error = error or StoreUnavailableError("connection refused")
         self.step = step
         self.opens = 0
+        self.registrations = 0
+        self.closes = 0
 
     async def open(self) -> None:
         self.opens += 1
@@ -48,6 +54,17 @@ class Unreachable(MemoryStore):
             self.fake_clock.advance(self.step)
             raise self.error
         await super().open()
+
+    async def worker_register(self, *, record: WorkerRecord, ttl: float) -> WorkerRecord:
+        self.registrations += 1
+        if self.registrations <= self.register_failures:
+            self.fake_clock.advance(self.step)
+            raise StoreUnavailableError("database is locked")
+        return await super().worker_register(record=record, ttl=ttl)
+
+    async def close(self) -> None:
+        self.closes += 1
+        await super().close()
 
 
 def settings(startup_wait: float) -> WorkerSettings:
@@ -94,6 +111,32 @@ async def test_without_startup_wait_an_unavailable_store_ends_the_start_at_once(
     with pytest.raises(StoreUnavailableError, match="connection refused"):
         await asyncio.wait_for(worker.run(), DEADLINE)
     assert store.opens == 1
+    assert store.closes == 1
+
+
+async def test_a_registration_the_store_refuses_is_tried_again_within_the_wait() -> None:
+    """The store opens but is busy when the worker registers: the start goes on trying
+    the registration (not the open again) within ``startup_wait``, then runs jobs."""
+    clock = FakeClock()
+    app = App("memory://", clock=clock)
+
+    @app.task(name="t")
+    async def t(ctx: object, i: int) -> None:
+        """Nothing."""
+
+    store = Unreachable(clock, failures=0, register_failures=2)
+    await store.jobs_enqueue(jobs=[app.build_job("t", (1,), None)])
+    await run_until_job_done(Worker(app, settings(60), store=store), store, 1)
+    assert (store.opens, store.registrations) == (1, 3)
+
+
+async def test_without_startup_wait_a_refused_registration_ends_the_start_and_closes() -> None:
+    clock = FakeClock()
+    store = Unreachable(clock, failures=0, register_failures=1)
+    worker = Worker(App("memory://", clock=clock), settings(0), store=store)
+    with pytest.raises(StoreUnavailableError, match="database is locked"):
+        await asyncio.wait_for(worker.run(), DEADLINE)
+    assert (store.registrations, store.closes) == (1, 1)
 
 
 async def test_the_wait_gives_up_with_the_last_error_once_its_time_is_spent() -> None:

@@ -267,19 +267,21 @@ class Worker:
             # Before the store opens: a worker waiting for its store stops when told to.
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_shutdown)
-        opened = False
+        started = False
         try:
-            opened = await self._open_store(self._store)
+            started = await self._join(self._store)
         finally:
-            if install_signal_handlers and not opened:
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.remove_signal_handler(sig)
-        if not opened:
+            if not started:
+                if install_signal_handlers:
+                    for sig in (signal.SIGTERM, signal.SIGINT):
+                        loop.remove_signal_handler(sig)
+                with contextlib.suppress(TokenlineError):
+                    await self._store.close()
+        if not started:
             return
         self._board.bind(self._store)
         self._completer = BatchCompleter(self._store, refill=self)
         self._completer.start()
-        await self._register()
         self._last_tick = self.clock.monotonic()
         self._running = True
         if self._stop_requested:
@@ -375,20 +377,25 @@ class Worker:
         if self.state is WorkerState.DRAINING:
             self._drainer = asyncio.get_running_loop().create_task(self._drain())
 
-    async def _open_store(self, store: Store) -> bool:
-        """Open ``store``. While it is unavailable (down, refusing connections, busy, not
-        answering in time), try again, pausing longer each time up to
-        :data:`STARTUP_MAX_PAUSE`, until ``startup_wait`` seconds have passed; then raise
-        the last error. Each failed try is logged with its reason. Any other error (a
-        damaged store, a schema to migrate, a bad setting) is raised at once. False: a
-        shutdown was requested while waiting."""
+    async def _join(self, store: Store) -> bool:
+        """Open ``store`` and register this worker's membership. While the store is
+        unavailable (down, refusing connections, busy, not answering in time), try
+        again, pausing longer each time up to :data:`STARTUP_MAX_PAUSE`, until
+        ``startup_wait`` seconds have passed; then raise the last error. Each failed try
+        is logged with its reason. Any other error (a damaged store, a schema to migrate,
+        a bad setting) is raised at once. False: a shutdown was requested while
+        waiting."""
         deadline = self.clock.monotonic() + self.settings.startup_wait
         pause = STARTUP_FIRST_PAUSE
         self._opening = asyncio.Event()
+        opened = False
         try:
             while True:
                 try:
-                    await store.open()
+                    if not opened:
+                        await store.open()
+                        opened = True
+                    await self._register()
                     return True
                 except StoreUnavailableError as exc:
                     left = deadline - self.clock.monotonic()
