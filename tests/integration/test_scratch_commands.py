@@ -230,6 +230,20 @@ def test_ledger_bench_leaves_nothing(sandbox: Sandbox) -> None:
     assert sandbox.left() == []
 
 
+@pytest.mark.acceptance
+def test_claim_bench_reports_each_case_and_leaves_nothing(sandbox: Sandbox) -> None:
+    """benchmarks/claim_bench.py: a median per case, the core count, nothing left."""
+    result = sandbox.run(
+        sys.executable, str(BENCHMARKS / "claim_bench.py"),
+        "--backlog", "200", "--later", "300", "--claims", "3", "--size", "5",
+    )  # fmt: skip
+    assert result.returncode == 0, _explain(result)
+    for case in ("runnable:", "later:", "baseline:"):
+        assert f"SQLite, {case}" in result.stdout, result.stdout
+    assert f"{os.cpu_count()} cores" in result.stdout
+    assert sandbox.left() == []
+
+
 def _sink_tables(url: str) -> set[str]:
     import psycopg
 
