@@ -25,6 +25,7 @@ from typing import Any
 
 from tokenline import App
 from tokenline._jobs import Finish, NewJob, Outcome
+from tokenline.cli.bench import _load
 from tokenline.drill._scratch import scratch_for
 
 QUEUE = "claims"
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--claims", type=int, default=40)
     p.add_argument("--size", type=int, default=50)
     args = p.parse_args(argv)
-    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    load_before = _load()
     store = "PostgreSQL" if args.url else "SQLite"
     runnable = 5_000
     cases = {
@@ -88,10 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, batches in cases.items():
         took = case(args.url, batches, args.claims, args.size)
         print(f"{store}, {name}: a claim of {args.size} takes {took * 1000:.2f} ms (median)")
-    print(
-        f"{os.cpu_count()} cores, load {load_before} before, "
-        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} after"
-    )
+    print(f"{os.cpu_count()} cores, load {load_before} before, {_load()} after")
 
 
 if __name__ == "__main__":

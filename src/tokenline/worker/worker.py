@@ -401,17 +401,15 @@ class Worker:
                     left = deadline - self.clock.monotonic()
                     if left <= 0:
                         raise
-                    if self._opening.is_set():
-                        log.warning("worker %s: stopped while waiting for its store", self.id)
-                        return False
-                    wait = min(pause, left)
-                    log.warning(
-                        "worker %s: store unavailable at start-up, trying again in %.1fs "
-                        "(gives up in %.1fs): %s", self.id, wait, left, exc,
-                    )  # fmt: skip
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait):
-                        await self._opening.wait()
+                    if not self._opening.is_set():  # else stopped during that try
+                        wait = min(pause, left)
+                        log.warning(
+                            "worker %s: store unavailable at start-up, trying again in "
+                            "%.1fs (gives up in %.1fs): %s", self.id, wait, left, exc,
+                        )  # fmt: skip
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(wait):
+                                await self._opening.wait()
                 if self._opening.is_set():
                     log.warning("worker %s: stopped while waiting for its store", self.id)
                     return False
