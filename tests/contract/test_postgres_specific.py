@@ -34,6 +34,7 @@ from tokenline._errors import (
 from tokenline._jobs import Finish, JobState, Lease, NewJob, Outcome
 from tokenline.stores import store_from_url
 from tokenline.stores.postgres import SCHEMA_VERSION, PostgresStore
+from tokenline.stores.postgres._arrays import BinaryArray
 from tokenline.stores.postgres._deadline import CANCEL_GRACE, run_bounded
 from tokenline.stores.postgres.store import (
     LITERAL_CLAIM_LIMIT,
@@ -777,3 +778,38 @@ def test_a_batch_statement_for_one_row_takes_each_array_as_its_one_element() -> 
     )
     with pytest.raises(StoreError):
         for_one_row("SELECT %(now)s")
+
+
+#: Typed in binary, a list of strings reaches the server as text[]; in text form, as an
+#: untyped literal the server reads as whatever the statement needs (here uuid[]).
+ARRAY_TYPE = "SELECT pg_typeof(%s)::text"
+UUID_IN = "SELECT %s::uuid = ANY(%s)"
+
+
+async def test_batch_arrays_go_in_binary_and_a_handlers_lists_as_before(
+    pg: PostgresStore,
+) -> None:
+    """The store's batch arrays (BinaryArray) reach the server typed, in binary form,
+    on both pools. A plain list in a handler's own statement, on the connection
+    ctx.transaction() hands it, still goes as an untyped text literal: compared with
+    a uuid column it is read as uuid[], where a text[] would be refused."""
+    one = "6f1c2a9e-2b3c-4d5e-8f90-1a2b3c4d5e6f"
+    await pg.jobs_enqueue(jobs=[new(), new()])
+    first, second = await pg.jobs_claim(owner="w", queues=["default"], limit=2, ttl=60)
+
+    async with pg.fenced_transaction(lease=first.lease) as conn:
+        cur = await conn.execute(ARRAY_TYPE, (BinaryArray(["a", None]),))
+        assert await cur.fetchone() == ("text[]",)
+        cur = await conn.execute(UUID_IN, (one, [one]))
+        assert await cur.fetchone() == (True,)
+
+    def sync_form() -> list[Any]:
+        with pg.fenced_transaction(lease=second.lease) as conn:
+            return [
+                conn.execute(ARRAY_TYPE, (BinaryArray([1, 2]),)).fetchone(),
+                conn.execute(UUID_IN, (one, [one])).fetchone(),
+            ]
+
+    assert await asyncio.to_thread(sync_form) == [("smallint[]",), (True,)]
+    # Both jobs were finished by their transactions: the arrays in them went through.
+    assert {j.state for j in await pg.jobs_list()} == {JobState.SUCCEEDED}
