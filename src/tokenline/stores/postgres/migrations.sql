@@ -264,3 +264,53 @@ BEGIN
     RETURN p;
 END
 $$;
+
+-- name: migration_0012_runnable_jobs
+-- The claim's first read, per queue: the best `lim` runnable jobs by priority alone
+-- (priority descending, then run_at, then id), locked, those another claimer holds
+-- skipped. Priority by priority from the top: one seek for the oldest job of the next
+-- priority present (runnable if any of that priority is), then that priority's
+-- runnable jobs as one range of jobs_ready (run_at up to `at`). One scan across
+-- priorities, as before, stepped over each job not yet runnable of every priority it
+-- read, one entry at a time: with 100,000 delayed jobs and one runnable at a priority
+-- above the rest, a claim of 50 took 17 ms against 5.6 ms without that one.
+-- Volatile, as it locks rows, so each statement in it takes its own snapshot: a job
+-- it locks that the claim's snapshot does not show yet stays queued, unclaimed, and is
+-- unlocked when the claim ends.
+CREATE FUNCTION {schema}.runnable_jobs(q text, at double precision, lim integer)
+    RETURNS TABLE (job_id bigint, job_priority integer, job_run_at double precision)
+    LANGUAGE plpgsql COST 1 ROWS 16 AS $$
+DECLARE
+    p integer;
+    r double precision;
+    got integer := 0;
+    n integer;
+BEGIN
+    SELECT j.priority, j.run_at INTO p, r FROM {schema}.jobs AS j
+    WHERE j.queue = q AND j.state IN ('queued', 'scheduled')
+    ORDER BY j.priority DESC, j.run_at, j.id
+    LIMIT 1;
+    -- No row found sets p to NULL.
+    WHILE p IS NOT NULL LOOP
+        IF r <= at THEN
+            RETURN QUERY
+                SELECT j.id, j.priority, j.run_at FROM {schema}.jobs AS j
+                WHERE j.queue = q AND j.priority = p AND j.state IN ('queued', 'scheduled')
+                  AND j.run_at <= at
+                ORDER BY j.run_at, j.id
+                LIMIT lim - got
+                -- NO KEY UPDATE, not UPDATE: the KEY SHARE lock of a fenced transaction
+                -- left open by a rescued attempt's paused or cut-off owner must not hide
+                -- the job.
+                FOR NO KEY UPDATE OF j SKIP LOCKED;
+            GET DIAGNOSTICS n = ROW_COUNT;
+            got := got + n;
+            EXIT WHEN got >= lim;
+        END IF;
+        SELECT j.priority, j.run_at INTO p, r FROM {schema}.jobs AS j
+        WHERE j.queue = q AND j.state IN ('queued', 'scheduled') AND j.priority < p
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT 1;
+    END LOOP;
+END
+$$;

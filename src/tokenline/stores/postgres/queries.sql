@@ -165,8 +165,8 @@ SELECT count(pg_notify(%(channel)s, q.queue)) FROM unnest(%(queues)s::text[]) AS
 -- at the limit read the rows the best `limit` by effective priority are among (the
 -- argument is in stores/sqlite/_claim.py, which reads the same rows):
 --   by_priority  the best `limit` by priority alone (jobs_ready), as without aging,
---                read from the highest priority with a runnable job down (found by
---                top_runnable_priority, a seek per priority present above it);
+--                locked, read by runnable_jobs (migration 0012) a priority at a time:
+--                a seek per priority present, then a range of its runnable jobs;
 --   reach        only for a queue whose by_priority is full, with %(aging)s set: how
 --                many points aging can lift any of its jobs, from the age of its oldest
 --                ready job (one step of jobs_ready_age);
@@ -189,22 +189,13 @@ open_queues AS (
     WHERE NOT EXISTS (SELECT 1 FROM {schema}.paused_queues AS p WHERE p.queue = q.name)
 ),
 by_priority AS MATERIALIZED (
-    SELECT oq.name AS queue, cand.id, cand.priority, cand.run_at
+    SELECT oq.name AS queue, cand.job_id AS id, cand.job_priority AS priority,
+           cand.job_run_at AS run_at
     FROM open_queues AS oq, clock AS c,
+    -- The function returns at most the limit; the LIMIT tells the planner so, as the
+    -- scan it replaces did (see the note on small claims above).
     LATERAL (
-        SELECT j.id, j.priority, j.run_at
-        FROM {schema}.jobs AS j
-        WHERE j.queue = oq.name
-          -- From the highest priority with a runnable job (migration 0011): jobs not yet
-          -- runnable of higher priorities are stepped over a priority at a time.
-          AND j.priority <= {schema}.top_runnable_priority(oq.name, c.now)
-          AND j.state IN ('queued', 'scheduled')
-          AND j.run_at <= c.now
-        ORDER BY j.priority DESC, j.run_at, j.id
-        LIMIT %(limit)s
-        -- NO KEY UPDATE, not UPDATE: the KEY SHARE lock of a fenced transaction left
-        -- open by a rescued attempt's paused or cut-off owner must not hide the job.
-        FOR NO KEY UPDATE OF j SKIP LOCKED
+        SELECT * FROM {schema}.runnable_jobs(oq.name, c.now, %(limit)s) LIMIT %(limit)s
     ) AS cand
 ),
 reach AS (

@@ -119,9 +119,11 @@ def fuse_finish_claim(finish: str, claim: str) -> str:
     (``finished_ords``; one row with a NULL ``id`` when nothing was claimed).
 
     Both are lists of CTEs over one ``clock``; the claim's are kept whole, the finish's
-    join them without their own clock. One statement sees one snapshot: a job the finish
-    makes ready again is not among the claim's candidates (the next claim takes it). The
-    rows they update are apart: the finish's are running, the claim's queued. Built from
+    join them without their own clock. A job the finish makes ready again is claimed by
+    the next claim at the earliest: the claim updates rows as the statement's snapshot
+    shows them, and never a row the same statement has updated (its candidates are read
+    by runnable_jobs, whose own statements may see the finish's changes). The rows they
+    update are apart: the finish's are running, the claim's queued. Built from
     the two texts rather than written a third time; a change of their shape that this
     cannot follow is an error at the first use, not a different statement.
     """

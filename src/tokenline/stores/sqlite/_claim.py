@@ -28,10 +28,9 @@ p < ``lowest - reach``, J's effective priority is below ``lowest``, and the ``li
 rows of step 1 all have at least ``lowest``: J is not among the best. With no job old
 enough to gain a point (``reach`` 0), step 1 alone is the answer, read as before.
 
-PostgreSQL's ``claim`` query reads the same runnable rows in one statement. It starts
-from the highest priority with a runnable job (``top_runnable_priority``, a seek per
-priority above), but within the priorities it reads, it steps over the jobs not yet
-runnable one index entry at a time.
+PostgreSQL's ``claim`` query reads the same runnable rows in one statement. Its step 1
+(``runnable_jobs``, migration 0012) reads a priority at a time: a seek per priority
+present, then that priority's runnable jobs as one index range, with no window first.
 """
 
 from __future__ import annotations
