@@ -9,7 +9,11 @@ reported:
   (on PostgreSQL, a burst its statistics miss);
 * ``later``: ``--later`` jobs of priority 5 delayed an hour (as a retry storm of
   high-priority jobs leaves them) above 5,000 runnable jobs of priority 0;
-* ``baseline``: the 5,000 runnable jobs alone.
+* ``due``: as ``later``, with one more job of priority 5 runnable before each claim
+  (retries coming due), which the claim takes before reading on below the delayed ones;
+* ``baseline``: the 5,000 runnable jobs alone;
+* ``spread``: 5,000 runnable jobs, each of a priority of its own (the most priorities a
+  claim can read from).
 
     python benchmarks/claim_bench.py [--url postgresql://…] [--backlog 40000]
         [--later 100000] [--claims 40] [--size 50]
@@ -39,8 +43,18 @@ def _jobs(n: int, **kw: Any) -> list[list[NewJob]]:
     ]
 
 
-def case(url: str | None, batches: list[list[NewJob]], claims: int, size: int) -> float:
-    """Median seconds of one claim of ``size`` jobs on a fresh store holding ``batches``."""
+def _spread(n: int) -> list[list[NewJob]]:
+    return [
+        [NewJob(QUEUE, "bench.noop", "[]", priority=p) for p in range(start, min(n, start + BATCH))]
+        for start in range(0, n, BATCH)
+    ]
+
+
+def case(
+    url: str | None, batches: list[list[NewJob]], claims: int, size: int, *, due: bool = False
+) -> float:
+    """Median seconds of one claim of ``size`` jobs on a fresh store holding ``batches``;
+    ``due``: with a job of priority 5 enqueued, runnable, before each claim (not timed)."""
     scratch = scratch_for(url, keep=False, prefix="tokenline_claims")
     try:
         scratch.prepare({})
@@ -51,6 +65,8 @@ def case(url: str | None, batches: list[list[NewJob]], claims: int, size: int) -
                 await store.jobs_enqueue(jobs=batch)
             took = []
             for _ in range(claims):
+                if due:
+                    await store.jobs_enqueue(jobs=[NewJob(QUEUE, "bench.noop", "[]", priority=5)])
                 t = time.perf_counter()
                 got = await store.jobs_claim(owner="bench", queues=[QUEUE], limit=size, ttl=60)
                 took.append(time.perf_counter() - t)
@@ -79,15 +95,22 @@ def main(argv: list[str] | None = None) -> None:
     load_before = _load()
     store = "PostgreSQL" if args.url else "SQLite"
     runnable = 5_000
+    later = _jobs(args.later, priority=5, delay=3600.0) + _jobs(runnable)
     cases = {
-        f"runnable: {args.backlog:,} runnable jobs, never analyzed": _jobs(args.backlog),
+        f"runnable: {args.backlog:,} runnable jobs, never analyzed": (_jobs(args.backlog), False),
         f"later: {args.later:,} delayed jobs of priority 5 above {runnable:,} runnable": (
-            _jobs(args.later, priority=5, delay=3600.0) + _jobs(runnable)
+            later,
+            False,
         ),
-        f"baseline: {runnable:,} runnable jobs alone": _jobs(runnable),
+        "due: as later, with a job of priority 5 runnable before each claim": (later, True),
+        f"baseline: {runnable:,} runnable jobs alone": (_jobs(runnable), False),
+        f"spread: {runnable:,} runnable jobs, each of a priority of its own": (
+            _spread(runnable),
+            False,
+        ),
     }
-    for name, batches in cases.items():
-        took = case(args.url, batches, args.claims, args.size)
+    for name, (batches, due) in cases.items():
+        took = case(args.url, batches, args.claims, args.size, due=due)
         print(f"{store}, {name}: a claim of {args.size} takes {took * 1000:.2f} ms (median)")
     print(f"{os.cpu_count()} cores, load {load_before} before, {_load()} after")
 

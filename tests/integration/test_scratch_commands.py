@@ -238,7 +238,7 @@ def test_claim_bench_reports_each_case_and_leaves_nothing(sandbox: Sandbox) -> N
         "--backlog", "200", "--later", "300", "--claims", "3", "--size", "5",
     )  # fmt: skip
     assert result.returncode == 0, _explain(result)
-    for case in ("runnable:", "later:", "baseline:"):
+    for case in ("runnable:", "later:", "due:", "baseline:", "spread:"):
         assert f"SQLite, {case}" in result.stdout, result.stdout
     assert f"{os.cpu_count()} cores" in result.stdout
     assert sandbox.left() == []
