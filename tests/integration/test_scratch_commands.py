@@ -244,6 +244,21 @@ def test_claim_bench_reports_each_case_and_leaves_nothing(sandbox: Sandbox) -> N
     assert sandbox.left() == []
 
 
+@pytest.mark.acceptance
+def test_enqueue_many_bench_reports_each_kind_and_leaves_nothing(sandbox: Sandbox) -> None:
+    """benchmarks/enqueue_many_bench.py: a median per kind of batch, the core count,
+    nothing left."""
+    result = sandbox.run(
+        sys.executable, str(BENCHMARKS / "enqueue_many_bench.py"),
+        "--jobs", "120", "--batch", "50", "--rounds", "1",
+    )  # fmt: skip
+    assert result.returncode == 0, _explain(result)
+    for kind in ("plain:", "keyed:", "unique:"):
+        assert f"SQLite, {kind}" in result.stdout, result.stdout
+    assert f"{os.cpu_count()} cores" in result.stdout
+    assert sandbox.left() == []
+
+
 def _sink_tables(url: str) -> set[str]:
     import psycopg
 
