@@ -362,10 +362,17 @@ async def test_attempt_history_keeps_tokens_and_outcomes(store: Any, clock: Fake
     assert attempts[0].error == "flaky"
 
 
-async def test_concurrent_claimers_never_share_a_job(store_pair: tuple[Any, Any]) -> None:
-    """Many concurrent claims over two connections hand out each (job, token) once."""
+@pytest.mark.parametrize("spread", [False, True], ids=["one priority", "many priorities"])
+async def test_concurrent_claimers_never_share_a_job(
+    store_pair: tuple[Any, Any], spread: bool
+) -> None:
+    """Many concurrent claims over two connections hand out each (job, token) once:
+    with one priority, and with seven under delayed jobs of a higher one (a claim then
+    reads a priority at a time), where no delayed job is handed out."""
     a, b = store_pair
-    await a.jobs_enqueue(jobs=[new() for _ in range(60)])
+    if spread:
+        await a.jobs_enqueue(jobs=[new(priority=9, delay=3600) for _ in range(40)])
+    await a.jobs_enqueue(jobs=[new(priority=i % 7 if spread else 0) for i in range(60)])
     results = await asyncio.gather(
         *[
             (a if i % 2 else b).jobs_claim(owner=f"w{i}", queues=Q, limit=3, ttl=30)
