@@ -60,6 +60,30 @@ _log = logging.getLogger("tokenline.app")
 
 #: One encoder for every payload: json.dumps with options builds a new one per call.
 _JSON = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+
+def _payload_encoder() -> Callable[[object], str]:
+    """``_JSON.encode``, without the C encoder it builds again on every call (half its
+    time for a small payload): that encoder, made once, where Python has it. It skips
+    the check for circular references, which never runs here: ``_check_items`` has
+    refused any payload nested deeper than ``MAX_PAYLOAD_DEPTH`` before it is encoded,
+    and a circular one is nested without end."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return _JSON.encode
+    chunks = make(
+        None, _JSON.default, json.encoder.encode_basestring_ascii, None,
+        _JSON.key_separator, _JSON.item_separator, _JSON.sort_keys, _JSON.skipkeys,
+        _JSON.allow_nan,
+    )  # fmt: skip
+
+    def encode(value: object) -> str:
+        return "".join(chunks(value, 0))
+
+    return encode
+
+
+_encode_payload = _payload_encoder()
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: How unique an enqueue is: ``True`` (for good), ``"active"`` (while the job is not
@@ -526,7 +550,7 @@ class App:
             except RecursionError:  # the caller's own stack was nearly full
                 raise PayloadError(f"{field} of task {t.name!r} nest too deep") from None
         try:
-            payload = _JSON.encode({"args": list(args), "kwargs": kw})
+            payload = _encode_payload({"args": list(args), "kwargs": kw})
         except (TypeError, ValueError, RecursionError) as exc:
             raise PayloadError(f"args or kwargs of task {t.name!r} are not JSON: {exc}") from None
         # Characters bound bytes from below (at most 4 bytes each): encode only when needed.

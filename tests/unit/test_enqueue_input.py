@@ -551,6 +551,23 @@ def test_bad_batch_item_is_named_and_nothing_is_stored(app: App) -> None:
     assert _stored(app) == []
 
 
+def test_a_payload_that_contains_itself_is_refused_naming_the_field(app: App) -> None:
+    """A list or dict inside itself is nested without end: refused as too deep, by
+    enqueue and enqueue_many alike (the encoder checks no circular references)."""
+    loop: list[Any] = [1]
+    loop.append(loop)
+    ring: dict[str, Any] = {}
+    ring["again"] = ring
+    deep = r"nests lists and dicts more than \d+ deep \(MAX_PAYLOAD_DEPTH\)$"
+    with pytest.raises(InvalidInputError, match=r"^args\[0\]\[1\]\[1\].* " + deep):
+        app.enqueue("t", loop)
+    with pytest.raises(InvalidInputError, match=r"^kwargs\['ring'\]\['again'\].* " + deep):
+        app.enqueue("t", kwargs={"ring": ring})
+    with pytest.raises(InvalidInputError, match=r"^items\[1\]: args\[0\]\['again'\].* " + deep):
+        app.enqueue_many("t", [[1], [ring]])
+    assert _stored(app) == []
+
+
 @pytest.mark.parametrize("args", ["abc", b"ab", {"a": 1}, 5, None], ids=repr)
 def test_build_job_takes_a_list_or_tuple_of_arguments(app: App, args: Any) -> None:
     """build_job's args is the argument list: a string is not spread into characters,
