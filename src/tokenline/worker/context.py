@@ -120,14 +120,14 @@ class JobContext:
     @property
     def cancelled(self) -> bool:
         """True once the worker has cancelled this job (fenced, timed out, stopping)."""
-        return self._slot.cancel.is_set()
+        return self._slot.cancelled
 
     def check(self) -> None:
         """Raise if this attempt must stop: cancelled, or its lease is no longer trusted.
 
         Long sync handlers should call it between steps; every ``ctx`` commit calls it.
         """
-        if self._slot.cancel.is_set():
+        if self._slot.cancelled:
             raise JobCancelled(
                 f"job {self.job_id} was cancelled by the worker: {self._slot.cancel_reason}"
             )

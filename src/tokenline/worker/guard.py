@@ -137,14 +137,14 @@ class LeaseCheck:
 
     def __call__(self) -> str | None:
         slot = self._slot
-        if slot.cancel.is_set():
+        if slot.cancelled:
             if slot.cancel_reason is None:
                 slot.cancel_reason = "cancelled by the worker"
             return slot.cancel_reason
         if self._local_fencing and self._clock.monotonic() >= slot.valid_until:
             if slot.cancel_reason is None:
                 slot.cancel_reason = UNTRUSTED
-            slot.cancel.set()
+            slot.cancelled = True
             self.expired = True
             return slot.cancel_reason
         return None

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -34,7 +33,10 @@ class Slot:
     #: Monotonic deadline after which the worker no longer trusts its lease: the age
     #: limit of the view above (the last renewal's send time + TTL - margin).
     valid_until: float
-    cancel: threading.Event = field(default_factory=threading.Event)
+    #: The worker cancelled the attempt (``cancel_reason`` says why, set first). A flag
+    #: the handler's thread reads, never waits on: not a threading.Event, whose lock and
+    #: condition cost more to make than anything else a job's start does.
+    cancelled: bool = False
     cancel_reason: str | None = None
     task: asyncio.Task[None] | None = None
     completed_in_transaction: bool = False

@@ -750,11 +750,11 @@ class Worker:
         key = (slot.claimed.job.id, slot.claimed.lease.token)
         if self._slots.get(key) is slot:
             del self._slots[key]
-        if not slot.cancel.is_set():
+        if not slot.cancelled:
             # A ctx kept past its attempt (a thread the handler started, a global) must
             # refuse from now on, as it does once the worker cancelled the attempt.
             slot.cancel_reason = "the attempt is over"
-            slot.cancel.set()
+            slot.cancelled = True
         if slot.waiting_since is not None:
             slot.waiting_since = None
             with contextlib.suppress(ValueError):
@@ -827,7 +827,7 @@ class Worker:
         except TimeoutError as exc:
             if slot.completed_in_transaction:
                 return None
-            slot.cancel.set()  # the sync thread may run on; its ctx calls now refuse
+            slot.cancelled = True  # the sync thread may run on; its ctx calls now refuse
             reason = (
                 exception_text(exc, with_type=False)
                 or f"hard timeout: attempt ran longer than {timeout:g}s"
@@ -1178,7 +1178,7 @@ class Worker:
         slots = list(self._slots.values())
         for slot in slots:
             slot.cancel_reason = reason
-            slot.cancel.set()
+            slot.cancelled = True
             if slot.task is not None and slot.task is not current:
                 slot.task.cancel()
         now_mono = self.clock.monotonic()
