@@ -270,10 +270,10 @@ $$;
 -- (priority descending, then run_at, then id), locked, those another claimer holds
 -- skipped. Priority by priority from the top: one seek for the oldest job of the next
 -- priority present (runnable if any of that priority is), then that priority's
--- runnable jobs as one range of jobs_ready (run_at up to `at`). One scan across
--- priorities, as before, stepped over each job not yet runnable of every priority it
--- read, one entry at a time: with 100,000 delayed jobs and one runnable at a priority
--- above the rest, a claim of 50 took 17 ms against 5.6 ms without that one.
+-- runnable jobs as one range of jobs_ready (run_at up to `at`). The one scan across
+-- priorities it replaces stepped over each job not yet runnable of every priority it
+-- read, one entry at a time: with 100,000 delayed jobs of a priority above the rest
+-- and one of them come due, a claim of 50 took 17.6-21.0 ms, against 5.6-6.7 ms now.
 -- Volatile, as it locks rows, so each statement in it takes its own snapshot: a job
 -- it locks that the claim's snapshot does not show yet stays queued, unclaimed, and is
 -- unlocked when the claim ends.
