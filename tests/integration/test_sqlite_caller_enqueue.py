@@ -159,16 +159,18 @@ async def test_the_lock_freed_while_waiting_is_taken(tmp_path: Path) -> None:
     store = SQLiteStore(f"sqlite:///{tmp_path / 'q.db'}", timeout=10)
     await store.open()
     holder = sqlite3.connect(tmp_path / "q.db", isolation_level=None, check_same_thread=False)
+    timer = threading.Timer(0.5, holder.rollback)
     try:
         holder.execute("BEGIN IMMEDIATE")
-        timer = threading.Timer(0.5, holder.rollback)
         timer.start()
         began = time.monotonic()
         (jid,) = await asyncio.to_thread(store.jobs_enqueue_blocking, jobs=[job()])
         assert time.monotonic() - began >= 0.4
         assert (await store.job_get(job_id=jid)).state is JobState.QUEUED
-        timer.join()
     finally:
+        # Never closed under the timer's rollback, which may still be running.
+        if timer.is_alive():
+            await asyncio.to_thread(timer.join)
         holder.close()
         await store.close()
 
@@ -188,12 +190,15 @@ async def test_closing_waits_for_an_enqueue_in_progress_then_refuses_more(
     await asyncio.sleep(0.3)  # the enqueue is waiting for the lock
     callers = store._callers
     assert callers is not None
-    threading.Timer(0.5, holder.rollback).start()
+    rollback = threading.Timer(0.5, holder.rollback)
+    rollback.start()
     await store.close()
     with sqlite3.connect(path) as reader:  # close waited for the enqueue to commit
         assert reader.execute("SELECT id FROM tokenline_jobs").fetchall() == [(1,)]
     assert await enqueue == [1]
     assert callers.idle == 0
+    # Not closed under the timer's rollback, which may still be running.
+    await asyncio.to_thread(rollback.join)
     holder.close()
     with pytest.raises(StoreError, match="not open"):
         store.jobs_enqueue_blocking(jobs=[job()])

@@ -170,13 +170,17 @@ async def test_transaction_waits_for_another_processes_lock_instead_of_failing(
             tmp_path / "wait.db", isolation_level=None, check_same_thread=False
         )
         holder.execute("BEGIN IMMEDIATE")
-        threading.Timer(1.0, lambda: holder.execute("ROLLBACK")).start()
+        rollback = threading.Timer(1.0, lambda: holder.execute("ROLLBACK"))
+        rollback.start()
 
         def in_transaction() -> None:
             with store.fenced_transaction(lease=claimed.lease, timeout=10) as conn:
                 conn.execute("CREATE TABLE marks (n)")
 
         await asyncio.to_thread(in_transaction)
+        # The lock frees inside the timer's ROLLBACK, which may still be running: closing
+        # the connection under it crashed the interpreter (seen once in CI).
+        await asyncio.to_thread(rollback.join)
         holder.close()
         assert (await store.job_get(job_id=claimed.job.id)).state is JobState.SUCCEEDED
     finally:
@@ -194,6 +198,7 @@ async def test_a_claim_its_caller_gave_up_on_claims_nothing(tmp_path: Path) -> N
     store = SQLiteStore(url, timeout=1.0)  # the caller's deadline: 2 x 1 + 1 = 3 s
     await store.open()
     holder = sqlite3.connect(tmp_path / "late.db", isolation_level=None, check_same_thread=False)
+    timer = threading.Timer(3.6, holder.rollback)
     try:
         await store.jobs_enqueue(jobs=[job()])
         began = time.monotonic()
@@ -208,7 +213,6 @@ async def test_a_claim_its_caller_gave_up_on_claims_nothing(tmp_path: Path) -> N
         busy = asyncio.ensure_future(store._call(occupy))
         await asyncio.to_thread(occupied.wait, 10)
         holder.execute("BEGIN IMMEDIATE")
-        timer = threading.Timer(3.6, holder.rollback)
         timer.start()
         with pytest.raises(StoreUnavailableError):
             await store.jobs_claim(owner="w", queues=["default"], limit=1, ttl=30)
@@ -218,6 +222,9 @@ async def test_a_claim_its_caller_gave_up_on_claims_nothing(tmp_path: Path) -> N
         await asyncio.sleep(1.5)  # past the claim's own busy timeout
         assert await store.jobs_list(state=JobState.RUNNING) == []
     finally:
+        # Never closed under the timer's rollback, which may still be running.
+        if timer.is_alive():
+            await asyncio.to_thread(timer.join)
         holder.close()
         await store.close()
 
