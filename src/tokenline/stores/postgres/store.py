@@ -458,18 +458,18 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
 
     def _enqueue_params(self, jobs: Sequence[NewJob]) -> dict[str, Any]:
         return {
-            "queue": BinaryArray(j.queue for j in jobs),
-            "task": BinaryArray(j.task for j in jobs),
-            "args": BinaryArray(j.args for j in jobs),
-            "idempotency_key": BinaryArray(j.idempotency_key for j in jobs),
-            "priority": BinaryArray(j.priority for j in jobs),
-            "run_at": BinaryArray(j.run_at for j in jobs),
-            "delay": BinaryArray(j.delay for j in jobs),
-            "max_attempts": BinaryArray(j.max_attempts for j in jobs),
-            "max_lease_expiries": BinaryArray(j.max_lease_expiries for j in jobs),
-            "timeout": BinaryArray(j.timeout for j in jobs),
-            "unique": BinaryArray(None if j.unique is None else j.unique.value for j in jobs),
-            "unique_for": BinaryArray(j.unique_for for j in jobs),
+            "queue": BinaryArray([j.queue for j in jobs]),
+            "task": BinaryArray([j.task for j in jobs]),
+            "args": BinaryArray([j.args for j in jobs]),
+            "idempotency_key": BinaryArray([j.idempotency_key for j in jobs]),
+            "priority": BinaryArray([j.priority for j in jobs]),
+            "run_at": BinaryArray([j.run_at for j in jobs]),
+            "delay": BinaryArray([j.delay for j in jobs]),
+            "max_attempts": BinaryArray([j.max_attempts for j in jobs]),
+            "max_lease_expiries": BinaryArray([j.max_lease_expiries for j in jobs]),
+            "timeout": BinaryArray([j.timeout for j in jobs]),
+            "unique": BinaryArray([None if j.unique is None else j.unique.value for j in jobs]),
+            "unique_for": BinaryArray([j.unique_for for j in jobs]),
             "now": self._now(),
             "channel": self.target.channel,
         }
@@ -636,9 +636,9 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         if not leases:
             return []
         params = {
-            "job_id": BinaryArray(lease.job_id for lease in leases),
-            "token": BinaryArray(lease.token for lease in leases),
-            "lease_owner": BinaryArray(lease.owner for lease in leases),
+            "job_id": BinaryArray([lease.job_id for lease in leases]),
+            "token": BinaryArray([lease.token for lease in leases]),
+            "lease_owner": BinaryArray([lease.owner for lease in leases]),
             "owner": owner,
             "ttl": ttl,
             "now": self._now(),
@@ -657,9 +657,9 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
             await self._rowcount(
                 self._q("stale_insert_many"),
                 {
-                    "job_id": BinaryArray(x.job_id for x in stale),
-                    "token": BinaryArray(x.token for x in stale),
-                    "lease_owner": BinaryArray(x.owner for x in stale),
+                    "job_id": BinaryArray([x.job_id for x in stale]),
+                    "token": BinaryArray([x.token for x in stale]),
+                    "lease_owner": BinaryArray([x.owner for x in stale]),
                     "operation": "renew",
                     "now": self._now(),
                 },
@@ -691,16 +691,16 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
     def _finish_params(self, finishes: Sequence[Finish]) -> dict[str, Any]:
         moves = [finish_transition(f) for f in finishes]
         return {
-            "job_id": BinaryArray(f.lease.job_id for f in finishes),
-            "token": BinaryArray(f.lease.token for f in finishes),
-            "lease_owner": BinaryArray(f.lease.owner for f in finishes),
-            "outcome": BinaryArray(f.outcome.value for f in finishes),
-            "state": BinaryArray(m.state.value for m in moves),
-            "delay": BinaryArray(m.delay for m in moves),
-            "refund": BinaryArray(m.refund for m in moves),
-            "final": BinaryArray(m.finished for m in moves),
-            "error": BinaryArray(f.error for f in finishes),
-            "error_class": BinaryArray(f.error_class for f in finishes),
+            "job_id": BinaryArray([f.lease.job_id for f in finishes]),
+            "token": BinaryArray([f.lease.token for f in finishes]),
+            "lease_owner": BinaryArray([f.lease.owner for f in finishes]),
+            "outcome": BinaryArray([f.outcome.value for f in finishes]),
+            "state": BinaryArray([m.state.value for m in moves]),
+            "delay": BinaryArray([m.delay for m in moves]),
+            "refund": BinaryArray([m.refund for m in moves]),
+            "final": BinaryArray([m.finished for m in moves]),
+            "error": BinaryArray([f.error for f in finishes]),
+            "error_class": BinaryArray([f.error_class for f in finishes]),
             "now": self._now(),
         }
 
@@ -812,13 +812,13 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
                 rescues = [rescue_transition(c) for c in candidates]
                 moves = [r.transition for r in rescues]
                 params = {
-                    "job_id": BinaryArray(c.job_id for c in candidates),
-                    "token": BinaryArray(c.token for c in candidates),
-                    "state": BinaryArray(m.state.value for m in moves),
-                    "refund": BinaryArray(m.refund for m in moves),
-                    "final": BinaryArray(m.finished for m in moves),
-                    "delay": BinaryArray(m.delay for m in moves),
-                    "error": BinaryArray(r.reason for r in rescues),
+                    "job_id": BinaryArray([c.job_id for c in candidates]),
+                    "token": BinaryArray([c.token for c in candidates]),
+                    "state": BinaryArray([m.state.value for m in moves]),
+                    "refund": BinaryArray([m.refund for m in moves]),
+                    "final": BinaryArray([m.finished for m in moves]),
+                    "delay": BinaryArray([m.delay for m in moves]),
+                    "error": BinaryArray([r.reason for r in rescues]),
                     "now": self._now(),
                     "channel": self.target.channel,
                 }
