@@ -66,7 +66,8 @@ async def test_an_enqueue_does_not_wait_for_the_stores_thread(tmp_path: Path) ->
 
 
 async def test_sequential_enqueues_reuse_one_connection(tmp_path: Path) -> None:
-    """One caller after another: one connection, kept between calls."""
+    """One caller after another: one connection, kept between calls, sending its write
+    transaction and nothing else (no busy-timeout PRAGMA around each one)."""
     store = SQLiteStore(f"sqlite:///{tmp_path / 'q.db'}")
     await store.open()
     try:
@@ -75,8 +76,11 @@ async def test_sequential_enqueues_reuse_one_connection(tmp_path: Path) -> None:
         opened: list[sqlite3.Connection] = []
         connect = callers._connect
 
+        sent: list[str] = []
+
         def counting() -> sqlite3.Connection:
             opened.append(connect())
+            opened[-1].set_trace_callback(sent.append)
             return opened[-1]
 
         callers._connect = counting
@@ -88,6 +92,8 @@ async def test_sequential_enqueues_reuse_one_connection(tmp_path: Path) -> None:
         assert len(set(ids)) == 50
         assert len(opened) == 1
         assert callers.idle == 1
+        firsts = [s.split()[0].upper() for s in sent]
+        assert firsts == ["BEGIN", "INSERT", "COMMIT"] * 50, sent[:6]
     finally:
         await store.close()
 

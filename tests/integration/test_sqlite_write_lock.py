@@ -124,3 +124,52 @@ def test_a_store_connection_takes_the_lock_without_asking_sqlite_its_timeout(
     _connection.set_busy_timeout(conn, 0)  # already so: nothing sent
     conn.set_trace_callback(None)
     assert sent == []
+
+
+def test_a_writes_only_connection_waits_in_pauses_with_sqlites_own_wait_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection opened ``writes_only`` (a synchronous caller's, for enqueue) keeps
+    SQLite's busy timeout at 0 for good: its write transaction sends no PRAGMA at all,
+    yet waits in short pauses for a lock another connection holds, and then has it;
+    past its wait, SQLite's busy error, with no transaction left open."""
+    conn = _connection.connect_main(tmp_path / "f.db", busy_timeout=2.0, writes_only=True)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("CREATE TABLE t (x)")
+    assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 0
+    sent: list[str] = []
+    conn.set_trace_callback(sent.append)
+    with _connection.immediate(conn):
+        conn.execute("INSERT INTO t VALUES (1)")
+    conn.set_trace_callback(None)
+    assert not [s for s in sent if "PRAGMA" in s.upper()], sent
+
+    holder = _connect(tmp_path / "f.db", 5.0)
+    holder.execute("BEGIN IMMEDIATE")
+    pauses: list[float] = []
+    real_sleep = _connection.time.sleep
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 5:
+            holder.execute("COMMIT")  # the holder lets go while the waiter waits
+        real_sleep(seconds)
+
+    monkeypatch.setattr(_connection.time, "sleep", pause)
+    with _connection.immediate(conn):
+        conn.execute("INSERT INTO t VALUES (2)")
+    assert len(pauses) >= 5
+    assert max(pauses) <= 0.001, pauses
+    monkeypatch.setattr(_connection.time, "sleep", real_sleep)
+
+    short = _connection.connect_main(tmp_path / "f.db", busy_timeout=0.05, writes_only=True)
+    holder.execute("BEGIN IMMEDIATE")
+    with pytest.raises(sqlite3.OperationalError) as caught:
+        begin_immediate(short)
+    code: Any = getattr(caught.value, "sqlite_errorcode", None)
+    assert code is not None
+    assert code & 0xFF == sqlite3.SQLITE_BUSY
+    assert not short.in_transaction
+    assert short.execute("PRAGMA busy_timeout").fetchone()[0] == 0
+    holder.execute("ROLLBACK")
+    assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 2

@@ -415,9 +415,10 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
 
     def _connect_caller(self) -> sqlite3.Connection:
         """A main-file connection for a synchronous caller's thread (see _callers.py);
-        its lock waits are short turns of :meth:`_waiting`, as on the store's thread."""
+        its lock waits are short turns of :meth:`_waiting`, as on the store's thread.
+        It runs nothing but :meth:`_enqueue_on`'s write transactions."""
         with map_sqlite_errors(self.path):
-            return connect_main(self.path, busy_timeout=_POLL, same_thread=False)
+            return connect_main(self.path, busy_timeout=_POLL, same_thread=False, writes_only=True)
 
     def _while_busy(self, fn: Callable[[], T]) -> T:
         """``fn()``, tried again while the file is busy, for up to the store timeout.
