@@ -31,7 +31,7 @@ from tokenline._errors import (
     StoreError,
     StoreUnavailableError,
 )
-from tokenline._jobs import Finish, JobState, Lease, NewJob, Outcome
+from tokenline._jobs import ALLOWED_TRANSITIONS, Finish, JobState, Lease, NewJob, Outcome
 from tokenline.stores import store_from_url
 from tokenline.stores.postgres import SCHEMA_VERSION, PostgresStore
 from tokenline.stores.postgres._arrays import BinaryArray
@@ -446,6 +446,47 @@ async def test_database_refuses_backwards_state_moves(
             ),
             (jid,),
         )
+
+
+async def test_the_database_allows_exactly_the_transitions_the_code_allows(
+    pg: PostgresStore, admin: psycopg.AsyncConnection[Any], postgres_schema: str
+) -> None:
+    """Every pair of states, moved by plain SQL: the trigger lets through exactly the
+    moves in ALLOWED_TRANSITIONS (and a write that keeps the state), and refuses every
+    other one by name, leaving the row as it was."""
+    await pg.jobs_enqueue(jobs=[new()])  # the schema exists, migrated
+    jobs = sql.Identifier(postgres_schema, "jobs")
+    pairs = [(src, dst) for src in JobState for dst in JobState]
+    cur = await admin.execute(
+        sql.SQL(
+            "INSERT INTO {} (queue, task, args, run_at, max_attempts, state, created_at, "
+            "updated_at) SELECT 'pairs', 't', '[]', 0, 1, s, 0, 0 FROM unnest(%s::text[]) "
+            "WITH ORDINALITY AS u (s, n) ORDER BY n RETURNING id"
+        ).format(jobs),
+        ([src.value for src, _ in pairs],),
+    )
+    ids = [row[0] for row in await cur.fetchall()]
+    refused: list[tuple[JobState, JobState]] = []
+    messages: list[str] = []
+    for (src, dst), jid in zip(pairs, ids, strict=True):
+        try:
+            await admin.execute(
+                sql.SQL("UPDATE {} SET state = %s WHERE id = %s").format(jobs), (dst.value, jid)
+            )
+        except psycopg.errors.CheckViolation as exc:
+            messages.append(exc.diag.message_primary or "")
+            refused.append((src, dst))
+            cur = await admin.execute(
+                sql.SQL("SELECT state FROM {} WHERE id = %s").format(jobs), (jid,)
+            )
+            assert (await cur.fetchone()) == (src.value,)
+    expected = [(s, d) for s, d in pairs if s != d and d not in ALLOWED_TRANSITIONS[s]]
+    assert refused == expected
+    by_id = dict(zip(pairs, ids, strict=True))
+    assert messages == [
+        f"tokenline: illegal job state transition {s.value} -> {d.value} (job {by_id[s, d]})"
+        for s, d in expected
+    ]
 
 
 async def test_leases_follow_the_database_clock(pg: PostgresStore) -> None:

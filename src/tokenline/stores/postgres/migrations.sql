@@ -314,3 +314,27 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- name: migration_0013_state_check_in_trigger_condition
+-- The state check moves into the trigger's WHEN condition, which the executor evaluates
+-- as a plain expression: the plpgsql function ran for every updated row, about 4 µs
+-- each, and a claim and a finish each update every job's state. It now runs only to
+-- refuse an illegal move, with the same message. The same transitions, mirroring
+-- tokenline._jobs.ALLOWED_TRANSITIONS.
+CREATE OR REPLACE FUNCTION {schema}.jobs_monotonic() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'tokenline: illegal job state transition % -> % (job %)',
+        OLD.state, NEW.state, OLD.id
+        USING ERRCODE = 'check_violation';
+END
+$$;
+DROP TRIGGER jobs_monotonic ON {schema}.jobs;
+CREATE TRIGGER jobs_monotonic BEFORE UPDATE OF state ON {schema}.jobs
+    FOR EACH ROW
+    WHEN (NEW.state <> OLD.state AND NOT (
+           (OLD.state = 'scheduled' AND NEW.state IN ('queued', 'running', 'cancelled'))
+        OR (OLD.state = 'queued'    AND NEW.state IN ('running', 'cancelled'))
+        OR (OLD.state = 'running'   AND NEW.state IN ('succeeded', 'dead', 'queued', 'scheduled'))
+        OR (OLD.state = 'dead'      AND NEW.state IN ('queued', 'cancelled'))
+    ))
+    EXECUTE FUNCTION {schema}.jobs_monotonic();
