@@ -156,6 +156,24 @@ def _missing_sqlite_file(store: Store) -> str | None:
     return None
 
 
+async def _missing_schema(store: Store, timeout: float) -> str | None:  # noqa: ASYNC109
+    """What a store lacks to exist (its PostgreSQL schema, tokenline's tables in a
+    SQLite file), asked without creating it: opening would install it, and a mistyped
+    name would look healthy and empty. ``None`` when it is there, or when the server
+    cannot be asked in time (opening then says why)."""
+    from .stores.sqlite import SQLiteStore
+
+    inner = getattr(store, "inner", store)  # a store wrapped for faults
+    missing = getattr(inner, "missing", None)
+    if missing is None or (isinstance(inner, SQLiteStore) and not inner.path.is_file()):
+        return None  # no file: _missing_sqlite_file, or a missing directory for open
+    try:
+        found: str | None = await _bounded(missing(), timeout)
+    except (StoreError, TimeoutError):
+        return None
+    return found
+
+
 #: The store's verdict when opening it failed in this way.
 _STORE_STATE = {
     UNREACHABLE: "unreachable",
@@ -188,6 +206,14 @@ async def _open(store: Store, timeout: float) -> dict[str, Any] | None:  # noqa:
         )
         return {
             "store": "missing",
+            "error": error,
+            "channels": _all_failing(store, NOT_MIGRATED, error),
+        }
+    absent = await _missing_schema(store, timeout)
+    if absent is not None:
+        error = f"{absent}: run `tokenline migrate` (status created nothing)"
+        return {
+            "store": "schema not ready",
             "error": error,
             "channels": _all_failing(store, NOT_MIGRATED, error),
         }

@@ -154,7 +154,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
 from . import events
 from ._app import App
 from ._clock import Clock, SystemClock
-from ._errors import ConfigError, NotSupportedError, TokenlineError
+from ._errors import ConfigError, NotSupportedError, StoreError, TokenlineError
 from ._jobs import JobState, QueueStats, WorkerRecord
 from ._records import Duplicate
 from .backpressure.breaker import BreakerState
@@ -505,10 +505,14 @@ class StoreCollector:
         self._run: Callable[[Callable[[Store], Coroutine[Any, Any, _Reading]]], _Reading]
         if isinstance(store_or_app, App):
             self._run = store_or_app.run
+            # A handle of its own, never opened: asked only whether the store exists.
+            self._probe: Store = store_or_app.open_store()
             self._pairs = {(t.queue, t.name) for t in store_or_app.tasks.values()}
         else:
             self._own = _LoopThread(store_or_app)
             self._run = self._own.run
+            self._probe = store_or_app
+        self._found = False  # the store was seen to exist (a SQLite file, a schema)
         self._lock = threading.Lock()
         self._view: _Reading | None = None
         self._view_at: float | None = None  # monotonic: when the served view was read
@@ -533,6 +537,7 @@ class StoreCollector:
                 return await asyncio.wait_for(_read(store, since), timeout)
 
             try:
+                self._require_store()
                 reading = self._run(read)
             except Exception as exc:  # whatever it was, the store could not be read
                 self._up = False
@@ -549,6 +554,23 @@ class StoreCollector:
                 self._duplicates.add(reading.duplicates)
             self._pairs.update((d.queue, d.task) for d in reading.depth)
             return True
+
+    def _require_store(self) -> None:
+        """Raise :class:`StoreError` while the store does not exist. Reading it would
+        open it, and opening creates a missing SQLite file or PostgreSQL schema: a
+        mistyped URL would then look like a healthy, empty store. Asked until the store
+        is first seen, then never again."""
+        if self._found:
+            return
+        inner = getattr(self._probe, "inner", self._probe)  # a store wrapped for faults
+        missing = getattr(inner, "missing", None)
+        what = asyncio.run(missing()) if missing is not None else None
+        if what is not None:
+            raise StoreError(
+                f"{what}; nothing is read, nor created, until a worker, "
+                "an enqueue or `tokenline migrate` creates it"
+            )
+        self._found = True
 
     def ready(self) -> tuple[bool, str]:
         """Readiness for ``/readyz``: the store could be read (within ``max_age``)."""

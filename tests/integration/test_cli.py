@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -442,6 +443,70 @@ def test_a_command_that_reads_refuses_a_missing_sqlite_file(
     result = CliRunner().invoke(main, [*command, "--url", f"sqlite:///{typo}"])
     assert result.exit_code == 2, result.output
     assert f"error: no tokenline store at {typo}" in " ".join(result.output.split())
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("content", ["empty", "other tables"])
+@pytest.mark.parametrize("command", READING, ids=[" ".join(c) for c in READING])
+def test_a_command_that_reads_refuses_a_sqlite_file_that_is_not_a_store(
+    tmp_path: Path, command: list[str], content: str
+) -> None:
+    """An empty file, or a database of the user's own tables: opening it would write
+    tokenline's schema into it. Refused, exit status 2, the file left byte for byte as
+    it was and nothing created beside it."""
+    import sqlite3
+
+    path = tmp_path / "app.db"
+    path.touch()
+    if content == "other tables":
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            conn.execute("CREATE TABLE users (id INTEGER)")
+            conn.commit()
+    before = path.read_bytes()
+    result = CliRunner().invoke(main, [*command, "--url", f"sqlite:///{path}"])
+    assert result.exit_code == 2, result.output
+    assert f"error: {str(path)!r} holds no tokenline store" in " ".join(result.output.split())
+    assert path.read_bytes() == before
+    assert list(tmp_path.iterdir()) == [path]
+
+
+def test_a_command_that_reads_refuses_a_postgres_schema_that_is_not_installed(
+    postgres_server: str,
+) -> None:
+    """A mistyped ?schema= got a new schema installed under that name, and an answer
+    from it ("no jobs"). Every command that reads is refused, exit status 2, naming the
+    schema and the database, and no schema is created."""
+    import psycopg
+
+    schema = f"tl_typo_{uuid.uuid4().hex[:8]}"
+    url = f"{postgres_server}?schema={schema}"
+    try:
+        for command in READING:
+            result = CliRunner().invoke(main, [*command, "--url", url])
+            assert result.exit_code == 2, (command, result.output)
+            flat = " ".join(result.output.split())
+            assert f"error: the tokenline schema {schema!r} of database" in flat, flat
+            assert "is not installed (nothing was created" in flat
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            cur = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,))
+            assert cur.fetchone() == (0,)
+    finally:
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def test_the_dashboard_refuses_a_store_that_is_not_there(tmp_path: Path) -> None:
+    """The dashboard reads the store and acts on it: a mistyped path is refused before
+    it serves anything, and nothing is created."""
+    typo = tmp_path / "tokenlin.db"
+    done = subprocess.run(
+        [sys.executable, "-m", "tokenline", "dashboard", "--url", f"sqlite:///{typo}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"no tokenline store at {typo}" in " ".join(done.stderr.split())
     assert list(tmp_path.iterdir()) == []
 
 

@@ -4,6 +4,7 @@ terminals, --json for machines, and help that says what each command and option 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -361,6 +362,45 @@ def test_status_on_a_reachable_postgres_without_the_schema(postgres_server: str)
     finally:
         with psycopg.connect(postgres_server, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def test_status_creates_no_postgres_schema_that_is_not_there(postgres_server: str) -> None:
+    """With migrating on open left on (the default), status on a schema that is not
+    installed says so, as above, and installs nothing: a mistyped ?schema= used to get
+    a new, empty, healthy-looking store."""
+    import psycopg
+
+    schema = f"tl_status_{uuid.uuid4().hex[:8]}"
+    try:
+        code, out = cli("status", "--url", f"{postgres_server}?schema={schema}", "--json")
+        assert code == 1
+        report = json.loads(out)
+        assert report["store"] == "schema not ready"
+        assert "is not installed" in report["error"]
+        assert "run `tokenline migrate`" in report["error"]
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            cur = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,))
+            assert cur.fetchone() == (0,)
+    finally:
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def test_status_leaves_a_sqlite_file_of_other_tables_as_it_was(tmp_path: Path) -> None:
+    """A database of the user's own tables: status says it holds no tokenline store and
+    writes nothing into it."""
+    import sqlite3
+
+    path = tmp_path / "app.db"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE users (id INTEGER)")
+        conn.commit()
+    before = path.read_bytes()
+    code, out = cli("status", "--url", f"sqlite:///{path}")
+    assert code == 1
+    assert "holds no tokenline store" in " ".join(out.split())
+    assert path.read_bytes() == before
+    assert list(tmp_path.iterdir()) == [path]
 
 
 def test_status_on_a_sqlite_file_that_does_not_exist(tmp_path: Path) -> None:

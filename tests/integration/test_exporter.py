@@ -289,3 +289,31 @@ def test_the_exporter_command_serves_the_store_until_sigterm(db_url: str) -> Non
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_a_store_that_is_not_there_is_reported_down_and_never_created(tmp_path: Path) -> None:
+    """The exporter's first read used to open the store, which created a mistyped SQLite
+    file (and would install a mistyped PostgreSQL schema): an empty store that looked
+    healthy. Now the store is down, /readyz says what is missing, nothing is created;
+    once a worker or `tokenline migrate` creates it, the next read finds it."""
+    path = tmp_path / "later.db"
+    app = App(f"sqlite:///{path}")
+    collector = StoreCollector(app, max_age=0)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    try:
+        ready, why = collector.ready()
+        assert not ready
+        assert f"no tokenline store at {path}" in why
+        assert sample(registry, "tokenline_exporter_store_up") == 0
+        assert list(tmp_path.iterdir()) == []
+
+        async def migrate() -> None:
+            await SQLiteStore(f"sqlite:///{path}").migrate()
+
+        asyncio.run(migrate())
+        assert collector.ready() == (True, "store reachable")
+        assert sample(registry, "tokenline_exporter_store_up") == 1
+    finally:
+        collector.close()
+        app.close()

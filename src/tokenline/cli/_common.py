@@ -81,8 +81,9 @@ def resolve_app(app_spec: str | None, url: str | None, *, existing: bool = False
     """The app named by ``--app``, else a bare app on ``--url`` / ``TOKENLINE_URL``.
 
     ``existing``: the command only reads the store, or acts on what is in it, so a
-    SQLite file that is not there is refused (see :func:`require_store`) rather than
-    created empty where a path was mistyped.
+    SQLite file or a PostgreSQL schema that is not there is refused (see
+    :func:`require_store`) rather than created empty where a path or a name was
+    mistyped.
 
     With both, and a URL other than the one the app was built with, the result is the
     app's tasks and settings on the given store: a worker started that way must run the
@@ -103,21 +104,22 @@ def resolve_app(app_spec: str | None, url: str | None, *, existing: bool = False
             )
             app = moved
     if existing:
-        require_store(app.url)
+        require_store(app)
     return app
 
 
-def require_store(url: str) -> None:
-    """Exit with status 2 and "no tokenline store at PATH" when ``url`` names a SQLite
-    file that does not exist (other stores are servers: asking them says what is
-    missing)."""
-    if not url.startswith("sqlite:///"):
-        return
-    path = url[len("sqlite:///") :]
-    if path and not os.path.isfile(path):
+def require_store(app: App) -> None:
+    """Exit with status 2 when the store ``app`` names is not there, naming what is
+    missing: a SQLite file ("no tokenline store at PATH") or a PostgreSQL schema ("the
+    tokenline schema 'x' of database 'y' on host:port is not installed"). Nothing is
+    created. A server that cannot be asked is left to opening the store, which says
+    why."""
+    missing = getattr(app.open_store(), "missing", None)
+    what = asyncio.run(missing()) if missing is not None else None
+    if what is not None:
         err_console.print(
-            f"[bold red]error:[/] no tokenline store at {escape(path)} (nothing was created; "
-            "check --url or TOKENLINE_URL, or create one with `tokenline migrate`)",
+            f"[bold red]error:[/] {escape(what)} (nothing was created; check --url or "
+            "TOKENLINE_URL, or create one with `tokenline migrate`)",
             highlight=False,
         )
         raise SystemExit(2)

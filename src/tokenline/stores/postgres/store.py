@@ -402,6 +402,26 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         self._pool = pool
         self._listener = Listener(self.target.conninfo, self.target.channel, timeout=self.timeout)
 
+    async def missing(self) -> str | None:
+        """What is missing for this store to exist, without creating anything: its
+        schema, said with where it was looked for; ``None`` when it is installed, or
+        when the server cannot be asked (opening the store then says why)."""
+        try:
+            with self._translate():
+                installed = await run_bounded(self._installed(), self._deadline)
+        except StoreError:
+            return None
+        if installed:
+            return None
+        return f"the tokenline schema {self.schema!r} of {self.target.where} is not installed"
+
+    async def _installed(self) -> bool:
+        conn = await AsyncConnection.connect(self.target.conninfo, autocommit=True)
+        try:
+            return await schema_version(conn, self.schema) > 0
+        finally:
+            await conn.close()
+
     async def migrate(self) -> int:
         """Bring the schema to this code's version and return it (``tokenline migrate``).
 

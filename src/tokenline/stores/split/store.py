@@ -175,6 +175,11 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
         finally:
             await self.ledger.close()
 
+    async def missing(self) -> str | None:
+        """What is missing for this store to exist: the ledger's schema (Redis keeps no
+        schema; a key prefix with no keys is an empty store)."""
+        return await self.ledger.missing()
+
     async def migrate(self) -> int | None:
         """Migrate the ledger's schema (Redis has none)."""
         version = await self.ledger.migrate()

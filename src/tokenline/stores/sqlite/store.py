@@ -596,6 +596,25 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                     row = coord.execute(CQ["clock_get"]).fetchone()
         return MachineClock(Anchor(row["boot_id"], row["wall"], row["uptime"]), uptime)
 
+    async def missing(self) -> str | None:
+        """What is missing for this store to exist, without creating or changing
+        anything: its file, or tokenline's tables in it (an empty file, or a database of
+        other tables, which opening would write tokenline's schema into); ``None`` when
+        it is a tokenline store, or when the file cannot be read (opening says why)."""
+        if not self.path.is_file():
+            return f"no tokenline store at {self.path!s}"
+        try:
+            conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True)
+            try:
+                found = conn.execute(Q["is_store"]).fetchone() is not None
+            finally:
+                conn.close()
+        except sqlite3.Error:
+            return None
+        if found:
+            return None
+        return f"{str(self.path)!r} holds no tokenline store (no tokenline tables in it)"
+
     async def migrate(self) -> int:
         """Create or upgrade both files' schemas (opening the store does it too) and
         return the schema version."""
