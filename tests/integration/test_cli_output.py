@@ -450,6 +450,17 @@ def test_dlq_discard_names_each_id_it_cannot_discard(url: str) -> None:
     assert job_state(url, 4) is JobState.QUEUED
 
 
+@pytest.mark.parametrize("verb", ["retry", "discard"])
+@pytest.mark.parametrize("ids", [["3"], ["999999"]], ids=["dead", "unknown"])
+def test_dlq_refuses_ids_with_all(url: str, verb: str, ids: list[str]) -> None:
+    """Ids with --all acted on every dead job, ignoring the ids (or said "0 dead jobs"
+    for an unknown id): refused as a usage error naming both, nothing done."""
+    code, out = cli("dlq", verb, "--url", url, *ids, "--all")
+    assert code == 2
+    assert f"give job ids ({ids[0]}) or --all, not both" in out
+    assert (job_state(url, 2), job_state(url, 3)) == (JobState.DEAD, JobState.DEAD)
+
+
 # -- 7: a DLQ retry resets the budget, and the job view says so -----------------------------
 def test_a_job_retried_from_the_dlq_shows_its_fresh_budget(tmp_path: Path) -> None:
     """A job that used its 3 attempts and was retried from the DLQ runs as attempt 1/3,

@@ -95,6 +95,12 @@ def _act_on_dead(
     """Sort the ids out, act on the dead ones; how many were acted on, and the rest."""
     if not job_ids and not take_all:
         raise click.UsageError("give job ids or --all")
+    if job_ids and take_all:
+        # Either would be a guess: --all acts on every dead job, not only those named.
+        raise click.UsageError(
+            f"give job ids ({', '.join(map(str, job_ids))}) or --all, not both: --all "
+            "acts on every dead job"
+        )
 
     async def run(store: Store) -> tuple[int, list[int], list[tuple[int, str]]]:
         dead, refused = await _sort_out(store, job_ids, take_all)
@@ -127,7 +133,7 @@ def _report_dead(verb: str, done: int, dead: list[int], refused: list[tuple[int,
 @app_option
 @url_option
 @click.argument("job_ids", nargs=-1, type=ID)
-@click.option("--all", "take_all", is_flag=True, help="Every dead job.")
+@click.option("--all", "take_all", is_flag=True, help="Every dead job (instead of ids).")
 def dlq_retry(
     app_spec: str | None, url: str | None, job_ids: tuple[int, ...], take_all: bool
 ) -> None:
@@ -150,7 +156,7 @@ def dlq_retry(
 @app_option
 @url_option
 @click.argument("job_ids", nargs=-1, type=ID)
-@click.option("--all", "take_all", is_flag=True, help="Every dead job.")
+@click.option("--all", "take_all", is_flag=True, help="Every dead job (instead of ids).")
 def dlq_discard(
     app_spec: str | None, url: str | None, job_ids: tuple[int, ...], take_all: bool
 ) -> None:
