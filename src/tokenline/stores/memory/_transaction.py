@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ..._errors import StaleTokenError
 from ..._jobs import Finish, Lease, Outcome
 from ..._records import Fence
+from .._block import BlockGuard
 from ..base import FencedTransaction
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ class MemoryFencedTransaction(FencedTransaction):
         self._lease = lease
         self._fences = tuple(fences)
         self._held = False
+        self._guard = BlockGuard()
 
     def __enter__(self) -> sqlite3.Connection:
         store, db = self._store, self._store.database
@@ -61,6 +63,7 @@ class MemoryFencedTransaction(FencedTransaction):
         except BaseException:
             self._release()
             raise
+        self._guard.install(db.connection)  # from here the block may not end it
         return db.connection
 
     def _release(self) -> None:
@@ -73,6 +76,11 @@ class MemoryFencedTransaction(FencedTransaction):
             return
         conn = self._store.database.connection
         try:
+            self._guard.remove(conn)
+            if self._guard.ended is not None:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise self._guard.refusal() from exc
             if exc_type is not None:
                 # The caller's error is the one to see: a ROLLBACK with no transaction
                 # left (SQLite ended it after an error) would fail and hide it.

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..._errors import StaleTokenError
 from ..._jobs import Finish, Lease, Outcome
 from ..._records import DuplicateKind, Fence, by_attempt
+from .._block import BlockGuard
 from ..base import FencedTransaction
 from ._callers import held_by_this_thread
 from ._connection import begin_immediate, rollback
@@ -62,6 +63,7 @@ class SQLiteFencedTransaction(FencedTransaction):
         # jobs_enqueue_blocking). An `async with` enters and exits on pool threads.
         self._async = False
         self._marked: str | None = None
+        self._guard = BlockGuard()
 
     def __enter__(self) -> sqlite3.Connection:
         store, lease = self._store, self._lease
@@ -107,6 +109,7 @@ class SQLiteFencedTransaction(FencedTransaction):
             except BaseException:
                 self._close(conn)  # again after a refusal above: closing twice is harmless
                 raise
+        self._guard.install(conn)  # from here the block may not end it (_block.py)
         self._conn = conn
         return conn
 
@@ -128,7 +131,11 @@ class SQLiteFencedTransaction(FencedTransaction):
         self._conn = None
         store = self._store
         try:
+            self._guard.remove(conn)
             with map_sqlite_errors(store.path):
+                if self._guard.ended is not None:
+                    rollback(conn)
+                    raise self._guard.refusal() from exc
                 if exc_type is not None:
                     # The caller's error is the one to see, even where SQLite has
                     # already rolled back (a full disk).

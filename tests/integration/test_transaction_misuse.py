@@ -1,0 +1,173 @@
+"""A handler that ends its own ``ctx.transaction()``: refused, nothing written, the job
+dead with the reason.
+
+Committing inside the block made the user's writes durable without the job's
+completion: when the handler then failed, the retry wrote them again (two rows for one
+job). Rolling back inside it let the block's later statements commit one by one, with
+the same result. The block may not end the transaction: leaving it commits everything
+together with the completion, an exception in it rolls everything back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tokenline import App, JobContext, Worker, WorkerSettings
+from tokenline._jobs import JobState
+
+#: Generous: these tests must pass on a slow, noisy machine.
+DEADLINE = 60.0
+
+SETTINGS = WorkerSettings(
+    lease_ttl=5.0,
+    renew_interval=0.5,
+    poll_interval=0.05,
+    rescue_interval=0.5,
+    concurrency=1,
+)
+
+#: How the handler ends the transaction itself, in its block.
+MODES = ["commit", "sql_commit", "rollback_then_write", "commit_swallowed"]
+
+
+@pytest.fixture(params=["sqlite", "memory"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh store of each backend that has transactions, with the business table
+    (the in-memory store's is made once it is open)."""
+    if request.param == "memory":
+        yield "memory://"
+        return
+    if request.param == "sqlite":
+        path = tmp_path / "misuse.db"
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE marks (job integer, token integer)")
+        yield f"sqlite:///{path}"
+        return
+    import psycopg
+
+    server: str = request.getfixturevalue("postgres_server")
+    schema = f"tl_misuse_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"CREATE TABLE {schema}.marks (job integer, token integer)")
+    yield f"{server}?schema={schema}&options=-c%20search_path%3D{schema}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def _end(conn: Any, mode: str) -> None:
+    """End the transaction the way ``mode`` says (sqlite3's or psycopg's sync API)."""
+    if mode == "commit":
+        conn.commit()
+    elif mode == "sql_commit":
+        conn.execute("COMMIT")
+    elif mode == "rollback_then_write":
+        conn.execute("ROLLBACK")
+    elif mode == "commit_swallowed":
+        with contextlib.suppress(Exception):  # the misuse under test: carrying on
+            conn.execute("COMMIT")
+
+
+def misuse_app(url: str) -> App:
+    """The same misuse in a sync and an async handler; each fails its first attempt
+    after ending the transaction, so a write that got out would be written again."""
+    app = App(url)
+    p = "%s" if url.startswith("postgresql") else "?"
+    insert = f"INSERT INTO marks (job, token) VALUES ({p}, {p})"
+
+    @app.task(name="sync_misuse", max_attempts=3)
+    def sync_misuse(ctx: JobContext, mode: str) -> None:
+        with ctx.transaction() as conn:
+            conn.execute(insert, (ctx.job_id, ctx.token))
+            _end(conn, mode)
+            if mode == "rollback_then_write":
+                conn.execute(insert, (ctx.job_id, ctx.token))
+            if ctx.attempt == 1:
+                raise RuntimeError("failed after ending the transaction")
+
+    @app.task(name="async_misuse", max_attempts=3)
+    async def async_misuse(ctx: JobContext, mode: str) -> None:
+        async with ctx.transaction() as conn:
+            if isinstance(conn, sqlite3.Connection):
+                conn.execute(insert, (ctx.job_id, ctx.token))
+                _end(conn, mode)
+                if mode == "rollback_then_write":
+                    conn.execute(insert, (ctx.job_id, ctx.token))
+            else:
+                await conn.execute(insert, (ctx.job_id, ctx.token))
+                if mode == "commit":
+                    await conn.commit()
+                elif mode == "commit_swallowed":
+                    with contextlib.suppress(Exception):  # the misuse under test
+                        await conn.execute("COMMIT")
+                else:
+                    await conn.execute("COMMIT" if mode == "sql_commit" else "ROLLBACK")
+                if mode == "rollback_then_write":
+                    await conn.execute(insert, (ctx.job_id, ctx.token))
+            if ctx.attempt == 1:
+                raise RuntimeError("failed after ending the transaction")
+
+    return app
+
+
+def _marks(url: str, store: Any) -> list[tuple[int, int]]:
+    if url == "memory://":
+        return [tuple(r) for r in store.database.connection.execute("SELECT job, token FROM marks")]
+    if url.startswith("sqlite:///"):
+        with sqlite3.connect(url[len("sqlite:///") :]) as conn:
+            return [tuple(r) for r in conn.execute("SELECT job, token FROM marks")]
+    import psycopg
+
+    schema = url.split("schema=")[1].split("&")[0]
+    with psycopg.connect(url.split("?")[0], autocommit=True) as conn:
+        return [tuple(r) for r in conn.execute(f"SELECT job, token FROM {schema}.marks")]
+
+
+@pytest.mark.parametrize("form", ["sync", "async"])
+async def test_a_handler_that_ends_its_transaction_writes_nothing_and_goes_dead(
+    url: str, form: str
+) -> None:
+    """Every way of ending the transaction inside the block, in both forms: no business
+    row at all (the refused attempt's writes are rolled back, and it is not retried),
+    and each job dead on its first attempt, its error saying that ending the
+    transaction inside ``ctx.transaction()`` is refused."""
+    app = misuse_app(url)
+    store = app.open_store(timeout=SETTINGS.call_timeout)
+    await store.open()
+    if url == "memory://":
+        store.database.connection.execute("CREATE TABLE marks (job integer, token integer)")
+    worker = Worker(app, SETTINGS, store=store)
+    run = asyncio.create_task(worker.run())
+    try:
+        ids = [await app.enqueue_async(f"{form}_misuse", mode) for mode in MODES]
+
+        async def all_done() -> None:
+            while True:
+                jobs = [await store.job_get(job_id=j) for j in ids]
+                if all(j.state.finished for j in jobs):
+                    return
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(all_done(), DEADLINE)
+        for job_id, mode in zip(ids, MODES, strict=True):
+            job = await store.job_get(job_id=job_id)
+            assert (job.state, job.attempt, job.error_class) == (
+                JobState.DEAD,
+                1,
+                "permanent",
+            ), (mode, job)
+            assert job.last_error is not None
+            assert "inside `with ctx.transaction()` is refused" in job.last_error, (mode, job)
+        assert _marks(url, store) == []
+    finally:
+        worker.request_shutdown()
+        await asyncio.wait_for(run, DEADLINE)
+        app.close()
