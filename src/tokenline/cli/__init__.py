@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from .._config import WorkerSettings, load_settings, validate_queue_name
 from .._errors import InvalidInputError, QueueNameError
-from .._jobs import MAX_DELAY, MAX_PAYLOAD_DEPTH
+from .._jobs import MAX_DELAY, MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
 from .._logging import configure as configure_logging
 from ..stores import store_from_url
 from ..worker import run_worker
@@ -200,6 +200,36 @@ def worker(
     console.print(f"worker stopped: {counters.summary()}", highlight=False, markup=False)
 
 
+class _LongInteger(Exception):
+    """An integer in JSON text with more digits than an argument may have."""
+
+
+def _json_int(digits: str) -> int:
+    # Counted before int(): past Python's own limit (4300 digits unless the process
+    # changed it) int() raises a bare ValueError naming neither the argument nor
+    # tokenline's limit, which is MAX_INT_DIGITS in every process, as in the App.
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise _LongInteger
+    return int(digits)
+
+
+def _decode_json(text: str, name: str) -> Any:
+    """``text`` decoded as JSON, or an :class:`InvalidInputError` naming the argument
+    (``name``: ``args`` or ``kwargs``, as the App's own refusals name them) and what is
+    wrong with it."""
+    try:
+        return json.loads(text, parse_int=_json_int)
+    except _LongInteger:
+        problem = f"has an integer of more than {MAX_INT_DIGITS} digits (MAX_INT_DIGITS)"
+    except RecursionError:
+        problem = (
+            f"is nested too deeply to decode (the limit is {MAX_PAYLOAD_DEPTH} levels per argument)"
+        )
+    except ValueError as exc:  # JSONDecodeError, and any limit of the decoder's own
+        problem = f"is not valid JSON: {exc}"
+    raise InvalidInputError(f"{name} {problem}")
+
+
 @main.command()
 @app_option
 @url_option
@@ -231,16 +261,8 @@ def enqueue(
     if not app_spec:
         raise click.UsageError("--app (or TOKENLINE_APP) is required to check the task name")
     with reporting_errors():
-        try:
-            parsed = json.loads(args)
-            kwargs = json.loads(kwargs_json) if kwargs_json else None
-        except json.JSONDecodeError as exc:
-            raise InvalidInputError(f"arguments are not valid JSON: {exc}") from None
-        except RecursionError:
-            raise InvalidInputError(
-                "args: nested too deeply to decode (the limit is "
-                f"{MAX_PAYLOAD_DEPTH} levels per argument)"
-            ) from None
+        parsed = _decode_json(args, "args")
+        kwargs = _decode_json(kwargs_json, "kwargs") if kwargs_json else None
         if not isinstance(parsed, list):
             raise InvalidInputError(f"ARGS must be a JSON array, got {args!r}")
         app = resolve_app(app_spec, url)

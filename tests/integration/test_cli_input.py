@@ -1,0 +1,80 @@
+"""What the CLI reads from its user before it builds anything: JSON arguments, app
+specs, queue names, URLs and durations are refused in one line naming what is wrong."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from tokenline import App
+from tokenline.cli import main
+
+
+def cli(*args: str) -> tuple[int, str]:
+    """Run the CLI (stdout and stderr together); an exception it lets out fails the
+    test as the traceback a user would see."""
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+@pytest.fixture
+def app_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """An importable module with an app of one task, t, on a SQLite file: (--app, --url)."""
+    name = f"cli_input_app_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(
+        "from tokenline import App\n\napp = App()\napp.task(name='t')(lambda ctx, *a, **k: None)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    return f"{name}:app", f"sqlite:///{tmp_path / 'cli.db'}"
+
+
+def stored(url: str) -> list[Any]:
+    with App(url) as app:
+        return [j.id for j in app.run(lambda s: s.jobs_list(limit=10))]
+
+
+# -- JSON arguments ---------------------------------------------------------------------
+@pytest.mark.parametrize("digits", [4001, 5000], ids=["under Python's limit", "over it"])
+@pytest.mark.parametrize("where", ["args", "kwargs"])
+def test_enqueue_refuses_an_integer_of_too_many_digits_naming_the_argument(
+    app_spec: tuple[str, str], digits: int, where: str
+) -> None:
+    """An integer past Python's 4300-digit limit on converting text ended in a
+    ValueError traceback; now either length is refused as the App refuses it, naming
+    the argument, with nothing stored."""
+    spec, url = app_spec
+    number = "-" + "9" * digits
+    given = ["[1]", "--kwargs", f'{{"n": {number}}}'] if where == "kwargs" else [f"[{number}]"]
+    code, out = cli("enqueue", "--app", spec, "--url", url, "t", *given)
+    assert code == 1, out
+    assert f"error: {where} has an integer of more than 4000 digits (MAX_INT_DIGITS)" in out
+    assert stored(url) == []
+
+
+def test_enqueue_takes_an_integer_of_the_most_digits_allowed(app_spec: tuple[str, str]) -> None:
+    spec, url = app_spec
+    code, out = cli("enqueue", "--app", spec, "--url", url, "t", f"[{'9' * 4000}]")
+    assert code == 0, out
+    assert stored(url) == [1]
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (["[1,"], "error: args is not valid JSON: Expecting value"),
+        (["[1]", "--kwargs", '{"a": '], "error: kwargs is not valid JSON: Expecting value"),
+        (["[1]", "--kwargs", "[" * 10_000], "error: kwargs is nested too deeply to decode"),
+    ],
+)
+def test_enqueue_names_which_argument_is_not_json(
+    app_spec: tuple[str, str], given: list[str], said: str
+) -> None:
+    """A decoding error said "arguments" (and "args" for --kwargs nested too deep)."""
+    spec, url = app_spec
+    code, out = cli("enqueue", "--app", spec, "--url", url, "t", *given)
+    assert code == 1, out
+    assert said in out
