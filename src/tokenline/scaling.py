@@ -72,7 +72,8 @@ class Snapshot:
 
     #: Store clock, seconds.
     at: float
-    #: Jobs queued and ready to run, over all queues not paused.
+    #: Jobs runnable now, over all queues not paused: queued ones, and scheduled ones
+    #: (delayed, or a retry backing off) whose ``run_at`` has come by the store's clock.
     backlog: int
     #: Age of the oldest ready job, seconds (None: none ready).
     oldest_ready_age: float | None = None

@@ -15,8 +15,9 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from tokenline import App
-from tokenline._jobs import WorkerRecord
+from tokenline._jobs import JobState, WorkerRecord
 from tokenline.cli import main
+from tokenline.cli.scale import ScaleHinter
 from tokenline.drill.storefaults import RoleFaults, StoreFaults, write_fault_file
 from tokenline.stores import store_from_url
 
@@ -60,6 +61,52 @@ def test_jobs_waiting_and_no_worker_asks_for_workers(tmp_path: Path) -> None:
     assert out["advice"] == "add"
     assert out["backlog_after"] == 5
     assert out["workers"] == 0
+
+
+def _seed_delayed(url: str, *, due: int, later: int) -> None:
+    """``due`` jobs delayed by 0.2 s, waited out so that they are runnable but still
+    stored as scheduled, and ``later`` jobs delayed by an hour."""
+
+    async def seed() -> None:
+        store = store_from_url(url)
+        await store.open()
+        try:
+            app = App(url)
+            app.task(name="t")(lambda ctx: None)
+            await store.jobs_enqueue(
+                jobs=[app.build_job("t", [], delay=0.2) for _ in range(due)]
+                + [app.build_job("t", [], delay=3600) for _ in range(later)]
+            )
+            await asyncio.sleep(0.4)
+            scheduled = await store.jobs_list(state=JobState.SCHEDULED)
+            assert len(scheduled) == due + later  # the store has not moved them
+        finally:
+            await store.close()
+
+    asyncio.run(seed())
+
+
+def test_scheduled_jobs_whose_time_came_are_backlog(tmp_path: Path) -> None:
+    """A delayed job (or a due retry) whose run_at has passed is stored as scheduled
+    until a worker claims it: scale-hint counted only stored-queued jobs, and with such
+    jobs waiting and no worker alive said "enough: backlog 0 → 0". They are runnable,
+    so they are backlog; jobs whose time has not come are not."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    _seed_delayed(url, due=3, later=2)
+    out = hint("--url", url, "--interval", "0")
+    assert out["advice"] == "add", out
+    assert out["backlog_after"] == 3
+    assert out["oldest_ready_age"] is not None
+
+
+def test_the_exporter_hint_counts_scheduled_jobs_whose_time_came(tmp_path: Path) -> None:
+    """The exporter's /scale-hint (ScaleHinter) reads the same runnable backlog."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    _seed_delayed(url, due=2, later=1)
+    status, body, _ = ScaleHinter(App(url).open_store, min_interval=0.0).answer()
+    assert status == 200
+    out = json.loads(body)
+    assert (out["advice"], out["backlog_after"]) == ("add", 2), out
 
 
 def test_a_steady_backlog_with_a_busy_worker_is_enough(tmp_path: Path) -> None:

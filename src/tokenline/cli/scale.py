@@ -6,7 +6,8 @@ import asyncio
 import json
 import threading
 import time
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import click
 
@@ -14,6 +15,7 @@ from .._jobs import JobState, QueueStats, WorkerRecord
 from ..health import read_status as _status
 from ..scaling import Hint, Snapshot, WorkerLoad, scale_hint
 from ..stores import Store
+from ..stores.base import Depth, ResourceLease
 from ._common import (
     Seconds,
     app_option,
@@ -26,6 +28,8 @@ from ._common import (
 
 __all__ = ["BREAKER_PREFIX", "ScaleHinter", "scale_hint_command", "snapshot"]
 
+T = TypeVar("T")
+
 #: Resource leases named so are the open circuit breakers of dependencies.
 BREAKER_PREFIX = "tokenline:breaker:"
 
@@ -35,19 +39,28 @@ def _load(w: WorkerRecord) -> WorkerLoad:
     return WorkerLoad(state=w.state, in_flight=w.in_flight, limit=limit)
 
 
-def _backlog(stats: list[QueueStats]) -> tuple[int, float | None]:
-    ready = [s for s in stats if not s.paused]
-    ages = [s.oldest_ready_age for s in ready if s.oldest_ready_age is not None]
-    return sum(s.count(JobState.QUEUED) for s in ready), max(ages, default=None)
+def _backlog(stats: list[QueueStats], depth: list[Depth] | None) -> tuple[int, float | None]:
+    """Jobs runnable now in the queues not paused, and the oldest one's age.
+
+    ``depth`` (:meth:`Store.jobs_depth`) counts as ``queued`` every job whose ``run_at``
+    has come by the store's clock, whatever its stored state: a delayed job or a retry
+    whose time came is stored as scheduled until claimed, and waits for a worker just
+    the same (``oldest_ready_age`` already counts it). Without ``depth`` (its read
+    failed), the stored queued count stands in.
+    """
+    paused = {s.queue for s in stats if s.paused}
+    ages = [s.oldest_ready_age for s in stats if not s.paused and s.oldest_ready_age is not None]
+    if depth is None:
+        runnable = sum(s.count(JobState.QUEUED) for s in stats if not s.paused)
+    else:
+        runnable = sum(
+            d.count for d in depth if d.state == JobState.QUEUED.value and d.queue not in paused
+        )
+    return runnable, max(ages, default=None)
 
 
-async def _open_breakers(store: Store, now: float, timeout: float) -> list[str]:  # noqa: ASYNC109
+def _open_breakers(leases: list[ResourceLease], now: float) -> list[str]:
     """Dependencies whose open-breaker lease is held, by the store's clock."""
-    await asyncio.wait_for(store.open(), timeout)
-    try:
-        leases = await asyncio.wait_for(store.resource_leases_list(), timeout)
-    finally:
-        await store.close()
     return sorted(
         lease.resource.removeprefix(BREAKER_PREFIX)
         for lease in leases
@@ -55,6 +68,31 @@ async def _open_breakers(store: Store, now: float, timeout: float) -> list[str]:
         and not lease.resource.endswith(":probe")
         and lease.expires_at > now
     )
+
+
+async def _read(call: Awaitable[T], timeout: float) -> T | Exception:  # noqa: ASYNC109
+    """``call``'s answer within ``timeout``, or the exception it failed with."""
+    try:
+        return await asyncio.wait_for(call, timeout)
+    except Exception as exc:
+        return exc
+
+
+async def _depth_and_leases(
+    store: Store,
+    timeout: float,  # noqa: ASYNC109
+) -> tuple[list[Depth] | Exception, list[ResourceLease] | Exception]:
+    """The store's job depth (a broker read) and its resource leases (a leases read),
+    each within ``timeout``; a read that failed gives its exception instead."""
+    opened = await _read(store.open(), timeout)
+    if isinstance(opened, Exception):
+        return opened, opened
+    try:
+        return await asyncio.gather(
+            _read(store.jobs_depth(), timeout), _read(store.resource_leases_list(), timeout)
+        )
+    finally:
+        await store.close()
 
 
 async def snapshot(open_store: Any, timeout: float) -> Snapshot:  # noqa: ASYNC109
@@ -70,12 +108,16 @@ async def snapshot(open_store: Any, timeout: float) -> Snapshot:  # noqa: ASYNC1
     now = report.get("now")
     if report["store"] != "ok" or now is None:
         return Snapshot(at=0.0, backlog=0, failing_channels=failing or {"broker": "unreachable"})
-    backlog, oldest = _backlog(report["queues"] or [])
-    try:
-        open_deps = await _open_breakers(open_store(), now, timeout)
-    except Exception as exc:  # the leases channel answered a moment ago: say what failed
-        failing["leases"] = f"failing ({type(exc).__name__})"
-        open_deps = []
+    depth, leases = await _depth_and_leases(open_store(), timeout)
+    # Both channels answered a moment ago: a read failing now is said, with what failed.
+    if isinstance(depth, Exception):
+        failing.setdefault("broker", f"failing ({type(depth).__name__})")
+    if isinstance(leases, Exception):
+        failing.setdefault("leases", f"failing ({type(leases).__name__})")
+    backlog, oldest = _backlog(
+        report["queues"] or [], None if isinstance(depth, Exception) else depth
+    )
+    open_deps = [] if isinstance(leases, Exception) else _open_breakers(leases, now)
     return Snapshot(
         at=now,
         backlog=backlog,
