@@ -451,6 +451,57 @@ def _coerce(cls: type[Any], name: str, raw: str) -> Any:
     return raw
 
 
+def _read_toml(path: Path) -> dict[str, Any]:
+    """The parsed file, or :class:`ConfigError` naming it and why it cannot be read."""
+    shown = repr(str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("config", f"file {shown} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError("config", f"{shown} is a directory, not a TOML file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            "config",
+            f"{shown} is not valid TOML: not UTF-8 text (byte {exc.object[exc.start]:#04x} "
+            f"at offset {exc.start})",
+        ) from None
+    except OSError as exc:
+        raise ConfigError("config", f"{shown} cannot be read: {exc.strerror or exc}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("config", f"{shown} is not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib reads nested arrays and tables recursively
+        raise ConfigError("config", f"{shown} is not valid TOML: nested too deeply") from None
+
+
+def _table(data: dict[str, Any], section: str, shown: str) -> dict[str, Any] | None:
+    """The table ``section`` (dotted) of ``data``, ``None`` if the file has none; a value
+    (a number, an array, an array of tables) where a table is needed is an error."""
+    table = data
+    walked: list[str] = []
+    for part in section.split("."):
+        walked.append(part)
+        value = table.get(part)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            _not_a_table(".".join(walked), value, shown)
+        table = value
+    return table
+
+
+def _not_a_table(name: str, value: object, shown: str) -> typing.NoReturn:
+    """Refuse ``value``, found where the table ``[name]`` is due."""
+    got = (
+        f"an array of tables [[{name}]]"
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value)
+        else _shown(value)
+    )
+    raise ConfigError(name, f"must be a table [{name}] in {shown}, got {got}")
+
+
 def load_settings(
     cls: type[S],
     overrides: Mapping[str, Any] | None = None,
@@ -462,27 +513,23 @@ def load_settings(
     """Build settings from arguments, then ``TOKENLINE_*`` variables, then a TOML file.
 
     ``overrides`` win over the environment, which wins over the file's ``[section]``
-    table. Unknown keys in ``overrides`` or the file raise :class:`ConfigError`.
+    table. Unknown keys in ``overrides`` or the file raise :class:`ConfigError`, and so
+    does a file that cannot be read or is not TOML, and one with a value where a table
+    is due or a table where a value is.
     """
     names = {f.name for f in dataclasses.fields(cls)}
     values: dict[str, Any] = {}
     if file is not None:
         path = Path(file)
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError("config", f"file {str(path)!r} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError("config", f"{str(path)!r} is not valid TOML: {exc}") from None
-        table: Any = data
-        for part in section.split("."):
-            table = table.get(part, {}) if isinstance(table, dict) else {}
+        shown = repr(str(path))
+        table = _table(_read_toml(path), section, shown) or {}
+        for key, value in table.items():
+            if key in names and isinstance(value, dict):
+                raise ConfigError(key, f"must be a value, not a table, in [{section}] of {shown}")
         table = {k: v for k, v in table.items() if not isinstance(v, dict)}
         unknown = set(table) - names
         if unknown:
-            raise ConfigError(
-                sorted(unknown)[0], f"unknown setting in [{section}] of {str(path)!r}"
-            )
+            raise ConfigError(sorted(unknown)[0], f"unknown setting in [{section}] of {shown}")
         values.update(table)
         if "queues" in values and isinstance(values["queues"], list):
             values["queues"] = tuple(values["queues"])

@@ -1,0 +1,155 @@
+"""Config files: whatever their content, a file that cannot take effect as written is a
+ConfigError naming the file, the table or setting, and why; never a traceback, never
+silently ignored."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from tokenline import ConfigError, Settings, WorkerSettings, load_settings
+from tokenline.cli import main
+
+WORKER = "tokenline.worker"
+
+
+def _toml(tmp_path: Path, text: str | bytes) -> Path:
+    path = tmp_path / "c.toml"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _refused(path: Path, cls: type[Any] = WorkerSettings, section: str = WORKER) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_settings(cls, environ={}, file=path, section=section)
+    assert str(path) in str(info.value)
+    return info.value
+
+
+# -- a file that cannot be read ---------------------------------------------------------------
+def test_a_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    """Bytes that are not UTF-8 raised UnicodeDecodeError out of the worker command."""
+    err = _refused(_toml(tmp_path, b"\xff\xfe"))
+    assert err.setting == "config"
+    assert "not UTF-8" in err.reason
+
+
+def test_a_directory_is_a_config_error(tmp_path: Path) -> None:
+    """A directory given as the file raised IsADirectoryError."""
+    err = _refused(tmp_path)
+    assert err.setting == "config"
+    assert "is a directory" in err.reason
+
+
+def test_a_file_that_may_not_be_read_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file the process may not read (permissions) raised PermissionError."""
+    path = _toml(tmp_path, "[tokenline]\n")
+
+    def refuse(self: Path, *args: object, **kwargs: object) -> str:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_text", refuse)
+    err = _refused(path)
+    assert err.setting == "config"
+    assert "cannot be read: Permission denied" in err.reason
+
+
+def test_toml_nested_too_deeply_is_a_config_error(tmp_path: Path) -> None:
+    """The TOML reader recurses into nested arrays: RecursionError, not a setting error."""
+    depth = sys.getrecursionlimit() * 2
+    err = _refused(_toml(tmp_path, "x = " + "[" * depth + "]" * depth + "\n"))
+    assert err.setting == "config"
+    assert "not valid TOML" in err.reason
+
+
+# -- a value where a table is due, a table where a value is ----------------------------------
+@pytest.mark.parametrize(
+    ("text", "setting", "got"),
+    [
+        ("[tokenline]\nworker = 5\n", WORKER, "got 5"),
+        ('[tokenline]\nworker = "x"\n', WORKER, "got 'x'"),
+        ("tokenline = [1]\n", "tokenline", "got [1]"),
+        ("[[tokenline.worker]]\nconcurrency = 3\n", WORKER, "array of tables"),
+        ("[[tokenline]]\nurl = 'x'\n", "tokenline", "array of tables"),
+    ],
+)
+def test_a_value_where_a_table_is_due_names_the_table(
+    tmp_path: Path, text: str, setting: str, got: str
+) -> None:
+    """`[tokenline]\\nworker = 5` ended in AttributeError: 'int' object has no attribute
+    'items'; `[[tokenline.worker]]` likewise, from a list."""
+    err = _refused(_toml(tmp_path, text))
+    assert err.setting == setting
+    assert f"must be a table [{setting}]" in err.reason
+    assert got in err.reason
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[tokenline.worker]\nconcurrency = {}\n",
+        "[tokenline.worker]\nconcurrency = { value = 3 }\n",
+        "[tokenline.worker.concurrency]\nvalue = 3\n",
+    ],
+)
+def test_a_table_where_a_value_is_due_names_the_setting(tmp_path: Path, text: str) -> None:
+    """A table given as a setting's value was dropped silently: the default ran instead."""
+    err = _refused(_toml(tmp_path, text))
+    assert err.setting == "concurrency"
+    assert "must be a value, not a table" in err.reason
+
+
+VALUES = [
+    "-1", "0", "1.5", "nan", "inf", "-inf", '"x"', '""', "true", "[]", "[1]", "[[1]]",
+    '["a", 1]', "[{ a = 1 }]", "{}", "{ a = 1 }", "1979-05-27", "1979-05-27T07:32:00Z",
+    "07:32:00", "9223372036854775807", "-9223372036854775808", '"auto"', '["a", "a"]',
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("cls", "section"), [(WorkerSettings, WORKER), (Settings, "tokenline")])
+def test_any_value_of_any_setting_builds_or_is_a_config_error(
+    tmp_path: Path, cls: type[Any], section: str
+) -> None:
+    """Every TOML type, given to every setting, is accepted or refused as ConfigError."""
+    for field in dataclasses.fields(cls):
+        for value in VALUES:
+            path = _toml(tmp_path, f"[{section}]\n{field.name} = {value}\n")
+            with contextlib.suppress(ConfigError):
+                load_settings(cls, environ={}, file=path, section=section)
+
+
+# -- the worker command -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (b"[tokenline]\nworker = 5\n", "invalid setting 'tokenline.worker': must be a table"),
+        (b"\xff\xfe", "is not valid TOML: not UTF-8 text"),
+    ],
+)
+def test_the_worker_command_reports_a_bad_file_and_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: bytes, says: str
+) -> None:
+    """A file the worker cannot use is one line naming it, exit status 2: no traceback."""
+    module = f"config_file_app_{uuid.uuid4().hex[:8]}"
+    store = f"sqlite:///{tmp_path / 'w.db'}"
+    (tmp_path / f"{module}.py").write_text(f"import tokenline\napp = tokenline.App({store!r})\n")
+    (tmp_path / "c.toml").write_bytes(text)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = CliRunner().invoke(main, ["worker", "--app", f"{module}:app", "--config", "c.toml"])
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert says in " ".join(result.output.split())
+    assert "'c.toml'" in result.output
