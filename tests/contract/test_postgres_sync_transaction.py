@@ -203,16 +203,19 @@ async def test_an_exception_in_the_block_rolls_everything_back(
 async def test_ending_the_transaction_inside_the_block_is_refused(
     pg: PostgresStore, marks: Callable[[], Awaitable[list[int]]]
 ) -> None:
-    """A block that commits by itself gets the StoreError that says to leave COMMIT to
-    the `with`, and the job is not completed."""
+    """A block that commits by itself: its COMMIT fails (the guard of migration 0014),
+    the block's end raises the NotSupportedError that says why, nothing it wrote is
+    kept and the job is not completed."""
     c = await claim(pg)
 
     def commit_inside() -> None:
         with pg.fenced_transaction(lease=c.lease) as conn:
+            conn.execute(INSERT, (3,))
             conn.execute("COMMIT")
 
-    with pytest.raises(StoreError, match="leave COMMIT and ROLLBACK"):
+    with pytest.raises(NotSupportedError, match=r"inside `with ctx.transaction\(\)` is refused"):
         await asyncio.to_thread(commit_inside)
+    assert await marks() == []
     assert await state_of(pg, c.job.id) is JobState.RUNNING
 
 

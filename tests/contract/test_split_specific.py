@@ -167,6 +167,16 @@ def _dead_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _install_ledger(postgres_url: str) -> None:
+    """Install the ledger's schema, as a worker or `tokenline migrate` would have: status
+    creates no store, and a schema not installed would fail every channel."""
+    import asyncio
+
+    from tokenline.stores.postgres import PostgresStore
+
+    asyncio.run(PostgresStore(postgres_url).migrate())
+
+
 @pytest.mark.parametrize("down", ["redis", "postgresql"])
 def test_status_names_the_failing_side_of_the_split(
     down: str, redis_url: str, postgres_url: str
@@ -180,6 +190,7 @@ def test_status_names_the_failing_side_of_the_split(
 
     from tokenline.cli import main
 
+    _install_ledger(postgres_url)
     port = _dead_port()
     broker = f"redis://127.0.0.1:{port}/0" if down == "redis" else redis_url
     ledger = f"postgresql://postgres@127.0.0.1:{port}/test" if down != "redis" else postgres_url
@@ -208,6 +219,7 @@ def test_status_names_redis_when_the_drill_proxy_cuts_it_off(
     from tokenline.drill._scratch import through
     from tokenline.drill.proxy import Faults, ThreadedFaultProxy
 
+    _install_ledger(postgres_url)
     server = urllib.parse.urlsplit(redis_url)
     with ThreadedFaultProxy((server.hostname or "127.0.0.1", server.port or 6379)) as proxy:
         broker = through(redis_url, *proxy.address)

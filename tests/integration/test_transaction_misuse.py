@@ -38,7 +38,7 @@ SETTINGS = WorkerSettings(
 MODES = ["commit", "sql_commit", "rollback_then_write", "commit_swallowed"]
 
 
-@pytest.fixture(params=["sqlite", "memory"])
+@pytest.fixture(params=["sqlite", "postgres", "memory"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh store of each backend that has transactions, with the business table
     (the in-memory store's is made once it is open)."""

@@ -32,6 +32,7 @@ __all__ = [
     "End",
     "InTransaction",
     "Query",
+    "Status",
     "Step",
     "Steps",
     "SyncDriver",
@@ -78,7 +79,12 @@ class InTransaction:
     """Answer whether the connection is inside a transaction (no round trip)."""
 
 
-Step: TypeAlias = Query | Copy | Begin | End | InTransaction
+@dataclass(frozen=True, slots=True)
+class Status:
+    """Answer the connection's :class:`~psycopg.pq.TransactionStatus` (no round trip)."""
+
+
+Step: TypeAlias = Query | Copy | Begin | End | InTransaction | Status
 #: A generator of steps returning ``T``.
 Steps: TypeAlias = Generator[Step, Any, T]
 
@@ -174,6 +180,8 @@ class SyncDriver:
                 raise _no_transaction()
             ending.__exit__(*_exit_args(step.error))
             return None
+        if isinstance(step, Status):
+            return self.conn.info.transaction_status
         return self.conn.info.transaction_status == TransactionStatus.INTRANS
 
 
@@ -222,4 +230,6 @@ class AsyncDriver:
                 raise _no_transaction()
             await ending.__aexit__(*_exit_args(step.error))
             return None
+        if isinstance(step, Status):
+            return self.conn.info.transaction_status
         return self.conn.info.transaction_status == TransactionStatus.INTRANS

@@ -21,8 +21,12 @@ Why a stale worker cannot commit through it:
    'running'`` — and one ``COMMIT`` makes the user's writes and the completion durable
    together. If the job was rescued meanwhile (its token bumped), that update matches
    no row: everything is rolled back, the refusal recorded and :class:`StaleTokenError`
-   raised. An exception in the block rolls both back, and so does a block that ended
-   the transaction itself (a :class:`StoreError` says to leave that to the ``with``).
+   raised. An exception in the block rolls both back.
+3. The block may not end the transaction itself (migration 0014): its ``COMMIT`` is
+   refused by a deferred check, and the connection does not autocommit while it is
+   lent, so statements after a ``ROLLBACK`` wait in a new transaction that the block's
+   end finds without its guard and rolls back. Either way nothing of the block is
+   written, and :class:`NotSupportedError` (a permanent error) says why.
 
 Why it may stay open longer than the lease TTL: the check takes only a ``KEY SHARE``
 lock on the job row. The control plane's renewals (and the rescue, and other jobs'
@@ -48,12 +52,13 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
 
 from ..._errors import NotSupportedError, StaleTokenError, StoreError
 from ..._jobs import Finish, Lease, Outcome
 from ..._records import DuplicateKind, Fence, by_attempt
 from ..base import FencedTransaction
-from ._steps import AsyncDriver, Begin, End, InTransaction, Steps, SyncDriver
+from ._steps import AsyncDriver, Begin, End, Status, Steps, SyncDriver, fetch_one
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
@@ -102,9 +107,10 @@ class PostgresFencedTransaction(FencedTransaction):
         driver = SyncDriver(conn)
         try:
             with store._translate():
+                conn.autocommit = False  # see _closing's _block_open
                 driver.run(self._opening())
         except BaseException:
-            pool.putconn(conn)
+            _give_back_sync(pool, conn)
             raise
         self._sync = pool, conn, driver
         return conn
@@ -117,8 +123,7 @@ class PostgresFencedTransaction(FencedTransaction):
             with self._store._translate():
                 driver.run(self._closing(_error(exc_type, exc)))
         finally:
-            # The pool rolls back, or discards, a connection left in a transaction or broken.
-            pool.putconn(conn)
+            _give_back_sync(pool, conn)
 
     async def __aenter__(self) -> AsyncConnection[Any]:
         self._enter_once()
@@ -127,9 +132,10 @@ class PostgresFencedTransaction(FencedTransaction):
         driver = AsyncDriver(conn)
         try:
             with store._translate():
+                await conn.set_autocommit(False)  # see _closing's _block_open
                 await driver.run(self._opening())
         except BaseException:
-            await store._checkin(conn)
+            await _give_back(store, conn)
             raise
         self._async = conn, driver
         return conn
@@ -142,7 +148,7 @@ class PostgresFencedTransaction(FencedTransaction):
             with self._store._translate():
                 await driver.run(self._closing(_error(exc_type, exc)))
         finally:
-            await self._store._checkin(conn)
+            await _give_back(self._store, conn)
 
     def _enter_once(self) -> None:
         if self._entered:
@@ -168,38 +174,60 @@ class PostgresFencedTransaction(FencedTransaction):
             # the refusal in its own transaction: it must outlive the rollback.
             yield End(psycopg.Rollback())
             stale = by_attempt(refused.key, DuplicateKind.STALE, "fence", lease, 0.0)
-            yield from store.record_duplicate_steps(stale)
+            yield from _on_its_own(store.record_duplicate_steps(stale))
             raise StaleTokenError(
                 resource=f"fence {refused.key!r}", token=refused.token, operation="transaction"
             )
         if not fenced:
             yield End(psycopg.Rollback())
-            yield from store._record_stale_steps(lease, "transaction")
+            yield from _on_its_own(store._record_stale_steps(lease, "transaction"))
             raise self._stale()
 
     def _closing(self, error: BaseException | None) -> Steps[None]:
         """After the block: roll back on ``error``; else finish the job as succeeded
-        inside the transaction, then commit both."""
+        inside the transaction, then commit both. A block that ended the transaction
+        itself (see migration 0014) gets :class:`NotSupportedError` either way."""
+        status = yield Status()
+        if status == TransactionStatus.IDLE:
+            # No transaction at all: the block committed (refused by the guard, so its
+            # COMMIT failed and rolled back) or rolled back, and wrote nothing since.
+            # psycopg's transaction block is left all the same (its ROLLBACK is a no-op).
+            ended = _ended()
+            yield from _rollback_quietly(error or ended)
+            raise ended from error
         if error is not None:
+            if _explicit_end(error) or (
+                status == TransactionStatus.INTRANS and not (yield from self._block_open())
+            ):
+                yield from _rollback_quietly(error)
+                raise _ended() from error
             yield from _rollback_quietly(error)
             return
         try:
-            if not (yield InTransaction()):
+            if status != TransactionStatus.INTRANS:
                 raise StoreError(
-                    "the fenced transaction was ended inside its block; "
-                    "leave COMMIT and ROLLBACK to the `with` / `async with`"
+                    "a statement of the fenced transaction's block failed and the block "
+                    "went on: the transaction can only roll back"
                 )
+            if not (yield from self._block_open()):
+                raise _ended()
             completed = yield from self._complete()
         except GeneratorExit:
             raise
         except BaseException as exc:
             yield from _rollback_quietly(exc)
             if isinstance(exc, StaleTokenError):
-                yield from self._store._record_stale_steps(self._lease, "transaction")
+                yield from _on_its_own(self._store._record_stale_steps(self._lease, "transaction"))
             raise
         yield End()  # COMMIT: the writes and the completion
         self.wrote = True
         self.committed = completed
+
+    def _block_open(self) -> Steps[bool]:
+        """Close the block's guard: whether the transaction the block was given is still
+        the one open. After a ROLLBACK in the block, its later statements ran in a new
+        transaction (the connection does not autocommit meanwhile), without the guard."""
+        return (yield from fetch_one(self._store._q("transaction_block_close"))) is not None
 
     def _complete(self) -> Steps[bool]:
         """Finish the job as succeeded inside the transaction; whether it was. If the
@@ -213,6 +241,62 @@ class PostgresFencedTransaction(FencedTransaction):
         return StaleTokenError(
             resource=f"job {self._lease.job_id}", token=self._lease.token, operation="transaction"
         )
+
+
+def _ended() -> NotSupportedError:
+    """The error of a block that ended its own transaction: nothing of it is written."""
+    return NotSupportedError(
+        "COMMIT or ROLLBACK inside `with ctx.transaction()` is refused: leaving the block "
+        "commits its writes together with the job's completion (an exception in it rolls "
+        "them back); nothing was written"
+    )
+
+
+def _explicit_end(error: BaseException) -> bool:
+    """Whether ``error`` is psycopg refusing ``conn.commit()`` or ``conn.rollback()``
+    inside the transaction block: nothing ended, but the block tried to end it."""
+    return isinstance(error, psycopg.ProgrammingError) and "within a Transaction context" in str(
+        error
+    )
+
+
+def _on_its_own(steps: Steps[None]) -> Steps[None]:
+    """``steps`` in a transaction of their own (a record that must outlive the fenced
+    transaction's rollback): the connection does not autocommit while it is lent."""
+    yield Begin()
+    try:
+        yield from steps
+    except GeneratorExit:
+        raise
+    except BaseException as exc:
+        yield from _rollback_quietly(exc)
+        raise
+    yield End()
+
+
+def _give_back_sync(pool: ConnectionPool[Any], conn: psycopg.Connection[Any]) -> None:
+    """Return ``conn`` to its pool autocommitting again, as every other user expects it;
+    one that cannot be put back so is closed, and the pool discards it."""
+    try:
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            conn.rollback()
+        conn.autocommit = True
+    except psycopg.Error:
+        conn.close()
+    finally:
+        pool.putconn(conn)
+
+
+async def _give_back(store: PostgresStore, conn: AsyncConnection[Any]) -> None:
+    """:func:`_give_back_sync` for the async pool."""
+    try:
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            await conn.rollback()
+        await conn.set_autocommit(True)
+    except psycopg.Error:
+        await conn.close()
+    finally:
+        await store._checkin(conn)
 
 
 def _rollback_quietly(exc: BaseException) -> Steps[None]:

@@ -338,3 +338,29 @@ CREATE TRIGGER jobs_monotonic BEFORE UPDATE OF state ON {schema}.jobs
         OR (OLD.state = 'dead'      AND NEW.state IN ('queued', 'cancelled'))
     ))
     EXECUTE FUNCTION {schema}.jobs_monotonic();
+
+-- name: migration_0014_fenced_transaction_block_guard
+-- A row per open fenced transaction (ctx.transaction()), inserted by its first
+-- statement and deleted by the block's end just before the completion, in the same
+-- transaction: the table is empty but for transactions in flight, and unlogged, as
+-- nothing in it outlives its transaction. A COMMIT sent by the handler inside the
+-- block would make its writes durable without the job's completion (and the retry
+-- would write them again): the deferred check refuses any commit that finds the
+-- transaction's row still there, so that COMMIT fails and everything rolls back. A
+-- ROLLBACK inside the block takes the row with it, which the block's end sees.
+CREATE UNLOGGED TABLE {schema}.open_blocks (xact bigint NOT NULL);
+CREATE INDEX open_blocks_xact ON {schema}.open_blocks (xact);
+CREATE FUNCTION {schema}.block_closed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM {schema}.open_blocks WHERE xact = NEW.xact) THEN
+        RAISE EXCEPTION 'tokenline: COMMIT inside `with ctx.transaction()` is refused: '
+            'leaving the block commits its writes together with the job''s completion; '
+            'nothing was written'
+            USING ERRCODE = 'invalid_transaction_termination';
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE CONSTRAINT TRIGGER open_blocks_closed AFTER INSERT ON {schema}.open_blocks
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW EXECUTE FUNCTION {schema}.block_closed();

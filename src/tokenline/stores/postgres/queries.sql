@@ -407,7 +407,9 @@ FOR NO KEY UPDATE;
 -- job keeps its lease however long the transaction lasts, and a rescued attempt's
 -- transaction cannot keep its job from being rescued. The session is named after the
 -- attempt, so that a rescue can end it, and may stay open (or run a statement) for the
--- attempt's remaining time instead of the store timeout.
+-- attempt's remaining time instead of the store timeout. It also opens the block's guard
+-- (migration 0014), which transaction_block_close closes.
+WITH guard AS (INSERT INTO {schema}.open_blocks (xact) VALUES (txid_current()))
 SELECT id,
        set_config('application_name', %(session)s, true),
        set_config('statement_timeout',
@@ -420,6 +422,11 @@ WHERE id = %(job_id)s
   AND lease_token = %(token)s AND lease_owner = %(owner)s  -- fence
   AND state = 'running'
 FOR KEY SHARE;
+
+-- name: transaction_block_close
+-- The end of a fenced transaction's block, before the completion: a row when the
+-- transaction the block was given is still the one open (none: the block ended it).
+DELETE FROM {schema}.open_blocks WHERE xact = txid_current() RETURNING xact;
 
 -- name: stale_insert
 INSERT INTO {schema}.stale_commits (job_id, token, owner, operation, at)

@@ -71,9 +71,10 @@ WHERE f.done_token IS NULL
 RETURNING job_id;
 
 -- name: transaction_begin
--- First statement of a fenced transaction: fence_check, and the session settings of
--- stores/postgres/queries.sql's transaction_begin.
-WITH advanced AS (
+-- First statement of a fenced transaction: fence_check, and the session settings and
+-- the block's guard of stores/postgres/queries.sql's transaction_begin.
+WITH guard AS (INSERT INTO {schema}.open_blocks (xact) VALUES (txid_current())),
+advanced AS (
     INSERT INTO {schema}.job_fences AS f (job_id, token, owner, updated_at)
     VALUES (%(job_id)s, %(token)s, %(owner)s, {schema}.now_epoch(NULL))
     ON CONFLICT (job_id) DO UPDATE
