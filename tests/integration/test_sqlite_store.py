@@ -285,3 +285,40 @@ def test_migrate_off_refuses_an_old_schema_and_leaves_it(tmp_path: Path) -> None
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION - 1
     conn.close()
+
+
+async def test_a_priority_or_run_at_of_the_wrong_type_is_refused_by_the_file(
+    tmp_path: Path,
+) -> None:
+    """SQLite keeps whatever type a statement writes: a priority of 'abc', written by
+    hand, stopped every worker of its queue (the claim ranks in Python), and a run_at of
+    'soon' left its job queued for good. The file refuses both, from any SQL, and a
+    value of the right type written as text is stored as a number; the claim then
+    hands out every job."""
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'q.db'}")
+    await store.open()
+    try:
+        ids = await store.jobs_enqueue(jobs=[NewJob(queue="q", task="t", args="[]")] * 3)
+        with sqlite3.connect(tmp_path / "q.db") as conn:
+            for sql in (
+                "UPDATE tokenline_jobs SET priority = 'abc' WHERE id = ?",
+                "UPDATE tokenline_jobs SET run_at = 'soon' WHERE id = ?",
+                "UPDATE tokenline_jobs SET priority = x'00' WHERE id = ?",
+            ):
+                with pytest.raises(sqlite3.IntegrityError, match="priority must be an integer"):
+                    conn.execute(sql, (ids[0],))
+            with pytest.raises(sqlite3.IntegrityError, match="priority must be an integer"):
+                conn.execute(
+                    "INSERT INTO tokenline_jobs (queue, task, args, priority, run_at, "
+                    "max_attempts, state, created_at, updated_at) "
+                    "VALUES ('q', 't', '[]', 'high', 0, 1, 'queued', 0, 0)"
+                )
+            conn.execute("UPDATE tokenline_jobs SET priority = '7' WHERE id = ?", (ids[1],))
+            rows = conn.execute(
+                "SELECT typeof(priority), typeof(run_at) FROM tokenline_jobs ORDER BY id"
+            ).fetchall()
+        assert rows == [("integer", "real")] * 3
+        claimed = await store.jobs_claim(owner="w", queues=["q"], limit=10, ttl=30)
+        assert [c.job.id for c in claimed] == [ids[1], ids[0], ids[2]]
+    finally:
+        await store.close()

@@ -367,6 +367,27 @@ CREATE TABLE IF NOT EXISTS tokenline_schedules (
     updated_at REAL NOT NULL
 );
 
+-- name: schema_v7
+-- SQLite keeps whatever a statement writes into a column ('abc' in priority) where
+-- PostgreSQL's types refuse it. One such row, written by hand, stopped every worker of
+-- its queue (the claim ranks jobs by priority and run_at in Python) or sat queued for
+-- good. The store refuses a priority or run_at of the wrong type instead, whatever SQL
+-- writes it. (A malformed payload, unlike these, is dead-lettered with the reason.)
+CREATE TRIGGER IF NOT EXISTS tokenline_jobs_types_insert
+BEFORE INSERT ON tokenline_jobs
+WHEN
+    typeof(NEW.priority) <> 'integer' OR typeof(NEW.run_at) NOT IN ('real', 'integer')
+BEGIN
+    SELECT RAISE(ABORT, 'tokenline: a job''s priority must be an integer and its run_at a number');
+END;
+CREATE TRIGGER IF NOT EXISTS tokenline_jobs_types_update
+BEFORE UPDATE OF priority, run_at ON tokenline_jobs
+WHEN
+    typeof(NEW.priority) <> 'integer' OR typeof(NEW.run_at) NOT IN ('real', 'integer')
+BEGIN
+    SELECT RAISE(ABORT, 'tokenline: a job''s priority must be an integer and its run_at a number');
+END;
+
 -- name: leader_holds
 -- Run first in every maintenance write transaction (BEGIN IMMEDIATE on the main file).
 -- The coordination file says whether the lease is held and unexpired; the main file's

@@ -113,7 +113,7 @@ __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
 log = logging.getLogger("tokenline.store.sqlite")
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 Q = load_queries(__name__.rpartition(".")[0])
 CQ = load_queries(__name__.rpartition(".")[0], "coord.sql")
 #: Version of the coordination file's schema (its own ``user_version``).
@@ -537,6 +537,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                 (3, Q["schema_v4"]),
                 (4, Q["schema_v5"]),
                 (5, Q["schema_v6"]),
+                (6, Q["schema_v7"]),
             ]
             for since, script in steps:
                 if version <= since:
