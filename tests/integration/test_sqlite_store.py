@@ -105,6 +105,42 @@ def test_outbox_enqueue_exists_only_if_the_callers_transaction_commits(tmp_path:
     assert [(j.id, j.args) for j in jobs] == [(jid, '{"args":[2],"kwargs":{}}')]
 
 
+def test_outbox_refuses_a_connection_to_another_file(tmp_path: Path) -> None:
+    """A connection to another tokenline store (or any other database) had the job
+    written there, where no worker of this app looks: refused, naming both files,
+    nothing written to either; a connection to the store's file by another path (a
+    symlink) is the same file, and accepted."""
+    ours, theirs = tmp_path / "ours.db", tmp_path / "theirs.db"
+    app, other = App(f"sqlite:///{ours}"), App(f"sqlite:///{theirs}")
+    for a in (app, other):
+
+        @a.task(name="ship")
+        def ship(ctx: object) -> None:
+            """A task to enqueue."""
+
+        a.run(lambda s: s.queues_stats())  # creates the schema
+    try:
+        for target in (theirs, ":memory:"):
+            conn = sqlite3.connect(target, isolation_level=None)
+            conn.execute("BEGIN")
+            with pytest.raises(StoreError, match="not this store's file") as caught:
+                app.enqueue("ship", connection=conn)
+            assert str(ours) in str(caught.value)
+            conn.execute("ROLLBACK")
+            conn.close()
+        (tmp_path / "link.db").symlink_to(ours)
+        conn = sqlite3.connect(tmp_path / "link.db", isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        jid = app.enqueue("ship", connection=conn)
+        conn.execute("COMMIT")
+        conn.close()
+        assert [j.id for j in app.run(lambda s: s.jobs_list())] == [jid]
+        assert other.run(lambda s: s.jobs_list()) == []
+    finally:
+        app.close()
+        other.close()
+
+
 def test_outbox_needs_an_open_transaction(tmp_path: Path) -> None:
     """A connection outside a transaction would commit the job on its own: refused."""
     path = tmp_path / "outbox2.db"

@@ -48,6 +48,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -685,6 +686,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                 raise StoreError(
                     "connection= must be a sqlite3.Connection inside an open transaction"
                 )
+            self._require_own_file(connection)
             with map_sqlite_errors(self.path):
                 # An unopened store (app.enqueue(connection=...)) reads the anchor only.
                 now = self.clock.now() if self._main is not None else self._peek_now()
@@ -693,6 +695,26 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         return await self._call(
             lambda conn: self._enqueue_on(conn, jobs), here=len(jobs) <= _HERE_MAX_ROWS
         )
+
+    def _require_own_file(self, connection: sqlite3.Connection) -> None:
+        """Refuse a caller's connection whose main database is not this store's file:
+        the job would be written into whatever store (or database) it has open, where
+        no worker of this app looks for it."""
+        try:
+            rows = connection.execute("PRAGMA database_list").fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"connection= cannot be read: {exc}") from exc
+        opened = next((str(r[2]) for r in rows if r[1] == "main"), "")
+        same = False
+        if opened:
+            with contextlib.suppress(OSError):
+                same = os.path.samefile(opened, self.path)
+        if not same:
+            raise StoreError(
+                f"connection= has {opened or 'an in-memory database'!r} open, not this "
+                f"store's file {str(self.path)!r}: enqueue through a connection to the "
+                "store's own file"
+            )
 
     @staticmethod
     def _enqueue_rows(jobs: Sequence[NewJob], now: float) -> list[dict[str, Any]]:
