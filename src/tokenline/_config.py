@@ -10,6 +10,7 @@ silently dropped.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import re
@@ -451,6 +452,15 @@ def _coerce(cls: type[Any], name: str, raw: str) -> Any:
     return raw
 
 
+#: The tables of a config file that tokenline reads: each one's settings class and the
+#: tables it may hold. Every one present in a file is checked, whichever is being read,
+#: so that a key in the wrong one is an error rather than silently unused.
+_TABLES: dict[str, tuple[type[Any], frozenset[str]]] = {
+    "tokenline": (Settings, frozenset({"worker"})),
+    "tokenline.worker": (WorkerSettings, frozenset()),
+}
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
     """The parsed file, or :class:`ConfigError` naming it and why it cannot be read."""
     shown = repr(str(path))
@@ -502,6 +512,71 @@ def _not_a_table(name: str, value: object, shown: str) -> typing.NoReturn:
     raise ConfigError(name, f"must be a table [{name}] in {shown}, got {got}")
 
 
+def _check_table(
+    table: Mapping[str, Any], section: str, names: set[str], tables: frozenset[str], shown: str
+) -> None:
+    """Refuse a key of ``[section]`` that is neither a setting in ``names`` nor a table in
+    ``tables``, a table given as a setting's value, and a value where a table is due."""
+    for key, value in table.items():
+        if key in tables:
+            if not isinstance(value, dict):
+                _not_a_table(f"{section}.{key}", value, shown)
+            continue
+        if key not in names and isinstance(value, dict):
+            holds = (
+                "holds settings and " + ", ".join(f"[{section}.{t}]" for t in sorted(tables))
+                if tables
+                else "holds settings, not tables"
+            )
+            raise ConfigError(f"{section}.{key}", f"unknown table in {shown}: [{section}] {holds}")
+        if key not in names:
+            where = [t for t, (c, _) in _TABLES.items() if t != section and key in _fields(c)]
+            close = difflib.get_close_matches(key, sorted(names), n=1)
+            hint = ""
+            if where:
+                hint = f" (it belongs in [{where[0]}])"
+            elif close:
+                hint = f" (did you mean {close[0]!r}?)"
+            raise ConfigError(key, f"unknown setting in [{section}] of {shown}{hint}")
+        if isinstance(value, dict):
+            raise ConfigError(key, f"must be a value, not a table, in [{section}] of {shown}")
+
+
+def _fields(cls: type[Any]) -> set[str]:
+    """The names of the settings of ``cls``."""
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _squashed(name: str) -> str:
+    """``name`` in lower case without separators, to compare table names loosely."""
+    return re.sub(r"[\W_]+", "", name.lower())
+
+
+def _not_read(data: Mapping[str, Any], wanted: list[str], names: set[str]) -> list[str]:
+    """What in a file without tokenline's table looks meant for it: tables whose name is
+    or resembles one of ``wanted`` (``[worker]``, ``[tokenline_worker]``,
+    ``[tool.tokenline]``), and settings written outside any table."""
+    squashed_wanted = [_squashed(w) for w in wanted]
+    found: list[str] = []
+
+    def walk(table: Mapping[str, Any], prefix: str, depth: int) -> None:
+        for key, value in table.items():
+            if isinstance(value, dict):
+                squashed = _squashed(key)
+                if any(
+                    w in squashed or difflib.SequenceMatcher(None, squashed, w).ratio() >= 0.8
+                    for w in squashed_wanted
+                ):
+                    found.append(f"[{prefix}{key}]")
+                elif depth < 3:
+                    walk(value, f"{prefix}{key}.", depth + 1)
+            elif not prefix and key in names:
+                found.append(f"{key} (outside any table)")
+
+    walk(data, "", 0)
+    return found
+
+
 def load_settings(
     cls: type[S],
     overrides: Mapping[str, Any] | None = None,
@@ -514,23 +589,41 @@ def load_settings(
 
     ``overrides`` win over the environment, which wins over the file's ``[section]``
     table. Unknown keys in ``overrides`` or the file raise :class:`ConfigError`, and so
-    does a file that cannot be read or is not TOML, and one with a value where a table
-    is due or a table where a value is.
+    does a file that cannot take effect: one that cannot be read or is not TOML, one
+    with a value where a table is due or a table where a value is, one with a table
+    tokenline does not know under its own (``[tokenline.worker.extra]``), and one with
+    no tokenline table at all (no ``[tokenline]`` when ``section`` is
+    ``tokenline.worker``; no ``[tool.tokenline]`` when it is ``tool.tokenline``). A file
+    holding tokenline's table but not ``[section]`` gives no setting. Other tables (other
+    tools', in a shared file) are left alone.
     """
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = _fields(cls)
     values: dict[str, Any] = {}
     if file is not None:
         path = Path(file)
         shown = repr(str(path))
-        table = _table(_read_toml(path), section, shown) or {}
-        for key, value in table.items():
-            if key in names and isinstance(value, dict):
-                raise ConfigError(key, f"must be a value, not a table, in [{section}] of {shown}")
-        table = {k: v for k, v in table.items() if not isinstance(v, dict)}
-        unknown = set(table) - names
-        if unknown:
-            raise ConfigError(sorted(unknown)[0], f"unknown setting in [{section}] of {shown}")
-        values.update(table)
+        data = _read_toml(path)
+        table = _table(data, section, shown)
+        parts: list[str] = section.split(".")
+        # The table whose presence makes this tokenline's file: [tokenline] for
+        # tokenline.worker, [tool.tokenline] for tool.tokenline, the section otherwise.
+        home: int = parts.index("tokenline") if "tokenline" in parts else len(parts) - 1
+        anchor = ".".join(parts[: home + 1])
+        if _table(data, anchor, shown) is None:
+            missed = _not_read(data, ["tokenline", *parts[home:]], names)
+            unread = f" (not read: {', '.join(missed)})" if missed else ""
+            raise ConfigError(
+                "config",
+                f"{shown} has no [{anchor}] table, so nothing in it would take "
+                f"effect{unread}; put the settings in [{section}]",
+            )
+        for known, (known_cls, known_tables) in _TABLES.items():
+            if known != section and (other := _table(data, known, shown)) is not None:
+                _check_table(other, known, _fields(known_cls), known_tables, shown)
+        if table is not None:
+            tables = _TABLES[section][1] if section in _TABLES else frozenset()
+            _check_table(table, section, names, tables, shown)
+            values.update({k: v for k, v in table.items() if k in names})
         if "queues" in values and isinstance(values["queues"], list):
             values["queues"] = tuple(values["queues"])
     env = os.environ if environ is None else environ

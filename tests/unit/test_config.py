@@ -273,9 +273,19 @@ def test_file_section_can_be_nested(tmp_path: Path) -> None:
 
 
 def test_missing_section_gives_defaults(tmp_path: Path) -> None:
-    """A file without the section contributes nothing."""
+    """A tokenline file without the section contributes nothing."""
+    path = _toml(tmp_path, "[tokenline]\nmax_attempts = 3\n")
+    assert load_settings(WorkerSettings, environ={}, file=path, section="tokenline.worker") == (
+        WorkerSettings()
+    )
+
+
+def test_a_file_with_no_tokenline_table_is_an_error(tmp_path: Path) -> None:
+    """A file holding only other tables would take no effect: it is refused, saying so."""
     path = _toml(tmp_path, "[other]\nx = 1\n")
-    assert load_settings(Settings, environ={}, file=path) == Settings()
+    with pytest.raises(ConfigError, match=r"has no \[tokenline\] table") as info:
+        load_settings(Settings, environ={}, file=path)
+    assert info.value.setting == "config"
 
 
 def test_invalid_value_in_file_names_the_setting(tmp_path: Path) -> None:

@@ -130,12 +130,100 @@ def test_any_value_of_any_setting_builds_or_is_a_config_error(
                 load_settings(cls, environ={}, file=path, section=section)
 
 
+# -- tables: the file's tokenline tables, and those that look meant to be ---------------------
+@pytest.mark.parametrize(
+    ("text", "not_read"),
+    [
+        ("[other]\nx = 1\n", []),
+        ("", []),
+        ("[worker]\nconcurrency = 0\n", ["[worker]"]),
+        ("[tokenline_worker]\nconcurrency = 0\n", ["[tokenline_worker]"]),
+        ("[Tokenline.worker]\nconcurrency = 0\n", ["[Tokenline]"]),
+        ("[tool.tokenline.worker]\nconcurrency = 0\n", ["[tool.tokenline]"]),
+        ("concurrency = 0\n[other]\nx = 1\n", ["concurrency (outside any table)"]),
+    ],
+)
+def test_a_file_without_a_tokenline_table_is_an_error_naming_lookalikes(
+    tmp_path: Path, text: str, not_read: list[str]
+) -> None:
+    """A file given explicitly that holds no [tokenline] table took no effect, silently:
+    the worker ran with its defaults. It is an error saying so, naming the tables (and
+    top-level settings) that look meant for tokenline."""
+    err = _refused(_toml(tmp_path, text))
+    assert err.setting == "config"
+    assert "has no [tokenline] table" in err.reason
+    assert "put the settings in [tokenline.worker]" in err.reason
+    for name in not_read:
+        assert name in err.reason
+    if not not_read:
+        assert "not read" not in err.reason
+
+
+@pytest.mark.parametrize(
+    ("text", "setting", "says"),
+    [
+        (
+            "[tokenline.worker]\nconcurrency = 3\n[tokenline.worker.extra]\nconcurrency = 0\n",
+            "tokenline.worker.extra",
+            "unknown table",
+        ),
+        ("[tokenline.workers]\nconcurrency = 0\n", "tokenline.workers", "unknown table"),
+        ("[tokenline]\nconcurrency = 0\n", "concurrency", "belongs in [tokenline.worker]"),
+        ("[tokenline]\nsomething = 0\n", "something", "unknown setting in [tokenline]"),
+        ("[tokenline.worker]\nconcurency = 3\n", "concurency", "did you mean 'concurrency'?"),
+    ],
+)
+def test_an_unknown_table_or_key_under_tokenline_is_an_error(
+    tmp_path: Path, text: str, setting: str, says: str
+) -> None:
+    """A sub-table of [tokenline.worker], an unknown table under [tokenline], and a key
+    of [tokenline] the worker never reads were ignored: the worker ran with its defaults."""
+    err = _refused(_toml(tmp_path, text))
+    assert err.setting == setting
+    assert says in err.reason
+
+
+def test_a_worker_setting_in_the_app_table_is_refused_by_either_reader(tmp_path: Path) -> None:
+    """Each tokenline table of the file is checked whichever one is being read."""
+    path = _toml(tmp_path, "[tokenline]\nmax_attempts = 3\n[tokenline.worker]\nlease_tll = 1\n")
+    assert _refused(path, Settings, "tokenline").setting == "lease_tll"
+
+
+def test_other_tools_tables_are_left_alone(tmp_path: Path) -> None:
+    """A shared file (a pyproject.toml) may hold other tools' tables, [worker] included."""
+    path = _toml(
+        tmp_path,
+        "[tool.black]\nline-length = 100\n[worker]\nthreads = 4\n"
+        "[tokenline]\nmax_attempts = 3\n[tokenline.worker]\nconcurrency = 3\n",
+    )
+    assert load_settings(WorkerSettings, environ={}, file=path, section=WORKER).concurrency == 3
+    assert load_settings(Settings, environ={}, file=path).max_attempts == 3
+
+
+def test_a_file_with_the_tokenline_table_but_not_the_section_gives_defaults(
+    tmp_path: Path,
+) -> None:
+    """[tokenline] alone is a tokenline file with no worker settings: defaults."""
+    path = _toml(tmp_path, "[tokenline]\nmax_attempts = 3\n")
+    assert load_settings(WorkerSettings, environ={}, file=path, section=WORKER) == WorkerSettings()
+
+
+def test_a_nested_section_needs_its_own_table(tmp_path: Path) -> None:
+    """With section tool.tokenline (a pyproject.toml), [tool] of other tools is not enough."""
+    path = _toml(tmp_path, "[tool.black]\nline-length = 100\n[tool.tokenlin]\nmax_attempts = 3\n")
+    err = _refused(path, Settings, "tool.tokenline")
+    assert "has no [tool.tokenline] table" in err.reason
+    assert "[tool.tokenlin]" in err.reason
+
+
 # -- the worker command -------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("text", "says"),
     [
         (b"[tokenline]\nworker = 5\n", "invalid setting 'tokenline.worker': must be a table"),
         (b"\xff\xfe", "is not valid TOML: not UTF-8 text"),
+        (b"[worker]\nconcurrency = 0\n", "has no [tokenline] table"),
+        (b"[tokenline.worker.extra]\nconcurrency = 0\n", "'tokenline.worker.extra': unknown"),
     ],
 )
 def test_the_worker_command_reports_a_bad_file_and_exits_2(
