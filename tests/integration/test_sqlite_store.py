@@ -358,3 +358,39 @@ async def test_a_priority_or_run_at_of_the_wrong_type_is_refused_by_the_file(
         assert [c.job.id for c in claimed] == [ids[1], ids[0], ids[2]]
     finally:
         await store.close()
+
+
+def _read_coord(main: Path, coord: Path) -> None:
+    """Open a store connection with ``coord`` attached and read from it."""
+    from tokenline.stores.sqlite._connection import connect_main
+
+    conn = connect_main(main, busy_timeout=1.0, coord=coord)
+    try:
+        conn.execute("SELECT count(*) FROM coord.sqlite_master").fetchall()
+    finally:
+        conn.close()
+
+
+def test_a_damaged_or_deleted_coordination_file_is_named(tmp_path: Path) -> None:
+    """SQLite's "file is not a database" does not say which file of a connection it
+    could not read: the error blamed the store's file when its coordination file was
+    the damaged one. A coordination file deleted while the store was open is named too,
+    with what to do."""
+    from tokenline.stores.sqlite._connection import coord_path
+    from tokenline.stores.sqlite._errors import map_sqlite_errors
+
+    main = tmp_path / "q.db"
+    asyncio.run(SQLiteStore(f"sqlite:///{main}").migrate())
+    coord = coord_path(main)
+    for leftover in tmp_path.glob("q.db-coord-*"):  # its log and index: the file alone
+        leftover.unlink()
+    with coord.open("r+b") as fh:
+        fh.write(b"GARBAGE!GARBAGE!")
+    with pytest.raises(StoreCorruptError) as caught, map_sqlite_errors(main):
+        _read_coord(main, coord)
+    assert str(caught.value).startswith(f"{str(coord)!r} is not a usable tokenline store file")
+    coord.unlink()
+    with pytest.raises(StoreUnavailableError) as gone, map_sqlite_errors(main):
+        _read_coord(main, coord)
+    assert f"its coordination file {str(coord)!r} is missing" in str(gone.value)
+    assert "Restart the processes that use this store" in str(gone.value)

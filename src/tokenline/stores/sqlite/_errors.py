@@ -44,6 +44,42 @@ class SQLiteBusyError(StoreUnavailableError):
     """Another connection holds the file's write lock longer than the busy timeout."""
 
 
+#: The first 16 bytes of every SQLite database file.
+_HEADER = b"SQLite format 3\x00"
+
+
+def _files(path: Path) -> list[Path]:
+    """``path`` and, for a store's main file, its coordination file beside it."""
+    coord = path.with_name(path.name + "-coord")
+    return [path] if path.name.endswith("-coord") else [path, coord]
+
+
+def _damaged(path: Path) -> Path:
+    """The file of the store at ``path`` whose header is not SQLite's (``path`` when
+    none is, or when they cannot be read)."""
+    for candidate in _files(path):
+        with contextlib.suppress(OSError), candidate.open("rb") as fh:
+            head = fh.read(len(_HEADER))
+            if head and head != _HEADER:
+                return candidate
+    return path
+
+
+def _hint(path: Path, code: int | None) -> str:
+    """What to do about a file that cannot be used: a coordination file gone from a
+    store that is still there was deleted while it was open, most likely."""
+    hint = _HINTS.get(code, _HINT) if code is not None else _HINT
+    if code == sqlite3.SQLITE_CANTOPEN and path.is_file():
+        missing = [f for f in _files(path)[1:] if not f.exists()]
+        if missing:
+            hint = (
+                f"its coordination file {str(missing[0])!r} is missing: deleted while the "
+                "store was open? Restart the processes that use this store; the first to "
+                "open it creates the file again and every lease expires"
+            )
+    return hint
+
+
 def _primary(exc: sqlite3.Error) -> int | None:
     code = getattr(exc, "sqlite_errorcode", None)
     return None if code is None else int(code) & 0xFF
@@ -61,11 +97,14 @@ def map_sqlite_errors(path: Path) -> Iterator[None]:
             raise SQLiteBusyError(f"SQLite store {where} is busy: {exc}") from exc
         if code in _UNAVAILABLE:
             raise StoreUnavailableError(
-                f"cannot use SQLite store {where}: {exc} ({_HINTS.get(code, _HINT)})"
+                f"cannot use SQLite store {where}: {exc} ({_hint(path, code)})"
             ) from exc
         if code in _CORRUPT:
+            # SQLite does not say which file of the connection it could not read: the
+            # store's, or the coordination file attached to it. The headers do.
             raise StoreCorruptError(
-                f"{where} is not a usable tokenline store ({exc}); nothing was changed"
+                f"{str(_damaged(path))!r} is not a usable tokenline store file ({exc}); "
+                "nothing was changed"
             ) from exc
         if code == sqlite3.SQLITE_CONSTRAINT:
             raise StoreError(f"SQLite store {where} refused a write: {exc}") from exc
