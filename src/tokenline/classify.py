@@ -81,6 +81,13 @@ def _describe(exc: BaseException) -> str:
     return exception_text(exc)
 
 
+def _given(reason: object, signal: str) -> str:
+    """The reason a handler gave with ``Permanent`` or ``Retry``, as recorded: kept as
+    given, but never blank (a dead job must say why) nor anything but text."""
+    text = reason if isinstance(reason, str) else repr(reason)
+    return text if text.strip() else f"{signal} raised without a reason"
+
+
 def classify(exc: BaseException, user: Classifier | None = None) -> Decision:
     """Decide the class of ``exc``; ``user`` is consulted first."""
     # Explicit signals from the handler beat any classifier.
@@ -89,9 +96,9 @@ def classify(exc: BaseException, user: Classifier | None = None) -> Decision:
         if (problem := delay_problem(exc.delay)) is not None:
             why = f"{exc.reason} (its delay {problem}: the retry policy decides)"
             return Decision(ErrorClass.TRANSIENT, why)
-        return Decision(ErrorClass.TRANSIENT, exc.reason, exc.delay)
+        return Decision(ErrorClass.TRANSIENT, _given(exc.reason, "Retry"), exc.delay)
     if isinstance(exc, Permanent):
-        return Decision(ErrorClass.PERMANENT, exc.reason)
+        return Decision(ErrorClass.PERMANENT, _given(exc.reason, "Permanent"))
     if isinstance(exc, FencedError | StoreUnavailableError):
         return Decision(ErrorClass.COORDINATION, _describe(exc))
     if isinstance(exc, DependencyOpenError):

@@ -116,6 +116,21 @@ def test_permanent_is_permanent_with_its_reason() -> None:
     assert decision.delay is None
 
 
+@pytest.mark.parametrize("reason", ["", "   ", "\n"])
+def test_a_blank_reason_is_recorded_as_such_never_empty(reason: str) -> None:
+    """Permanent("") dead-lettered its job with an empty reason, which listings show
+    blank and the drill counts as a job lost without a reason; Retry(reason="") alike."""
+    assert classify(Permanent(reason)).reason == "Permanent raised without a reason"
+    assert classify(Retry(1.0, reason)).reason == "Retry raised without a reason"
+
+
+def test_a_reason_that_is_not_text_is_recorded_as_text() -> None:
+    """A reason of another type (a handler passing an exception or a number) is kept
+    as its repr, so that the record is text."""
+    assert classify(Permanent(404)).reason == "404"  # type: ignore[arg-type]
+    assert classify(Permanent(KeyError("k"))).reason == "KeyError('k')"  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     "exc",
     [
