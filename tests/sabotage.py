@@ -141,7 +141,11 @@ def _split(store: Store) -> Store:
             return False
 
         def complete_steps() -> Generator[Any, Any, bool]:
-            yield from ()  # no statement: the job is not finished in the transaction
+            # The job is not finished in the transaction; the block's guard is closed as
+            # the real completion closes it (migration 0014), or the commit is refused.
+            from tokenline.stores.postgres._steps import fetch_one
+
+            yield from fetch_one(transaction._store._q("transaction_block_close"))
             return False
 
         # The user's writes commit; the job is finished later, apart. PostgreSQL's

@@ -209,8 +209,6 @@ class PostgresFencedTransaction(FencedTransaction):
                     "a statement of the fenced transaction's block failed and the block "
                     "went on: the transaction can only roll back"
                 )
-            if not (yield from self._block_open()):
-                raise _ended()
             completed = yield from self._complete()
         except GeneratorExit:
             raise
@@ -230,9 +228,14 @@ class PostgresFencedTransaction(FencedTransaction):
         return (yield from fetch_one(self._store._q("transaction_block_close"))) is not None
 
     def _complete(self) -> Steps[bool]:
-        """Finish the job as succeeded inside the transaction; whether it was. If the
-        job was rescued while the transaction was open, raise: it all rolls back."""
-        (ok,) = yield from self._store._finish_steps([Finish(self._lease, Outcome.SUCCEEDED)])
+        """Close the block's guard and finish the job as succeeded inside the
+        transaction; whether it was. A block that ended the transaction (the guard is
+        gone), or a job rescued while the transaction was open: raise, it all rolls
+        back."""
+        finish = Finish(self._lease, Outcome.SUCCEEDED)
+        block_open, ok = yield from self._store._complete_block_steps(finish)
+        if not block_open:
+            raise _ended()
         if not ok:
             raise self._stale()
         return True

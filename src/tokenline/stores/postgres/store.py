@@ -229,6 +229,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         # The finish of one job (see for_one_row), from _q's text on first use: a
         # subclass that rewrites that text rewrites this one too.
         self._finish_one_text: str | None = None
+        self._guarded_finish_text: str | None = None
         # The claim statements by (fused with a finish, the size written in or 0), built once.
         self._claim_texts: dict[tuple[bool, bool, int], str] = {}
         # Statements too long for psycopg's cache, converted once (see _raw.py).
@@ -707,6 +708,27 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         if text is None:
             text = self._finish_one_text = for_one_row(self._q("finish"))
         return text, _one_row(params)
+
+    def _complete_block_steps(self, finish: Finish) -> Steps[tuple[bool, bool]]:
+        """A fenced transaction's end, in one statement: close the block's guard
+        (migration 0014) and apply ``finish``. Whether the guard was still there (the
+        transaction is the one the block was given) and whether the finish was
+        accepted; the caller rolls back unless both."""
+        text, params = self._finish_statement([finish])
+        guarded = self._guarded_finish_text
+        if guarded is None:
+            head, last = "WITH ", "SELECT ord FROM done;"
+            if not text.startswith(head) or not text.rstrip().endswith(last):
+                raise StoreError("the finish statement has changed shape; this is a bug")
+            close = self._q("transaction_block_close").rstrip().rstrip(";")
+            guarded = self._guarded_finish_text = (
+                f"WITH block AS ({close}),\n"
+                + text[len(head) : text.rstrip().rindex(last)]
+                + "SELECT (SELECT count(*) FROM block), (SELECT count(*) FROM done);"
+            )
+        row = yield from fetch_one(guarded, params)
+        assert row is not None  # two aggregates: always one row
+        return bool(row[0]), bool(row[1])
 
     def _finish_params(self, finishes: Sequence[Finish]) -> dict[str, Any]:
         moves = [finish_transition(f) for f in finishes]

@@ -131,6 +131,13 @@ class SplitLedger(PostgresStore):
             out.append((yield from fetch_one(self._q("job_done"), params)) is not None)
         return out
 
+    def _complete_block_steps(self, finish: Finish) -> Steps[tuple[bool, bool]]:
+        """Close the block's guard, then record the job done (two statements: the
+        completion here is ``job_done``, not the jobs table's finish)."""
+        block_open = (yield from fetch_one(self._q("transaction_block_close"))) is not None
+        (accepted,) = yield from self._finish_steps([finish])
+        return block_open, accepted
+
     def fenced_transaction(
         self, *, lease: Lease, fences: Sequence[Fence] = (), timeout: float | None = None
     ) -> FencedTransaction:
