@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sqlite3
 import subprocess
 import sys
 import uuid
@@ -612,3 +613,34 @@ def test_json_output_is_valid_utf8_whatever_the_store_holds(tmp_path: Path) -> N
         job = data if isinstance(data, dict) else data[0]
         assert job["args"] == [text_arg]
         assert "é" in text
+
+
+def test_bytes_where_the_store_keeps_text_print_as_hex(url: str) -> None:
+    """A BLOB in a SQLite text column (a hand-edited row) made every --json listing of it
+    fail on bytes JSON cannot hold, a table of its key fail, and audit fail to sort it
+    among text. Each prints such a value as <bytes: HEX>, never as the text it might
+    decode to."""
+    path = url.removeprefix("sqlite:///")
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute(
+            "UPDATE tokenline_jobs SET args = x'5b315d', idempotency_key = x'fffe00', "
+            "last_error = x'00ff' WHERE id = 3"
+        )
+        db.execute(
+            "INSERT INTO tokenline_stale_commits (job_id, token, owner, operation, at) "
+            "SELECT job_id, token, x'fffe00', operation, at FROM tokenline_stale_commits"
+        )
+    for args in (["jobs"], ["job", "3"], ["dlq", "list"]):
+        code, out = cli(*args, "--url", url, "--json")
+        assert code == 0, out
+        data = json.loads(out)
+        job = data if isinstance(data, dict) else next(j for j in data if j["id"] == 3)
+        assert (job["args"], job["kwargs"]) == ("<bytes: 5b315d>", {})
+        assert (job["idempotency_key"], job["last_error"]) == ("<bytes: fffe00>", "<bytes: 00ff>")
+    code, out = cli("jobs", "--url", url)
+    assert (code, "<bytes: fffe00>" in out) == (0, True), out
+    code, out = cli("job", "3", "--url", url)
+    assert (code, "args <bytes: 5b315d>" in out) == (0, True), out
+    code, out = cli("audit", "duplicates", "--url", url, "--json")
+    assert code == 0, out
+    assert "<bytes: fffe00>" in json.loads(out)["keys"][0]["workers"]

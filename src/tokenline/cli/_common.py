@@ -425,10 +425,25 @@ json_option = click.option(
 )
 
 
+def bytes_text(data: bytes | bytearray | memoryview) -> str:
+    """How bytes read where the store keeps text are shown, in tables and in JSON:
+    ``<bytes: fffe00>``, their hex. Only a row written by something other than
+    tokenline holds them (a BLOB in a SQLite text column); shown so, they cannot be
+    taken for the text they might decode to, nor stop a listing."""
+    return f"<bytes: {bytes(data).hex()}>"
+
+
+def _json_default(value: object) -> str:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes_text(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def print_json(data: Any) -> None:
     """``data`` as indented JSON on stdout, with nothing else around it; valid UTF-8
-    whatever the stored text holds (see :func:`~tokenline._logging.json_text`)."""
-    click.echo(json_text(data, indent=2))
+    whatever the stored text holds (see :func:`~tokenline._logging.json_text`), and
+    bytes written as :func:`bytes_text` says."""
+    click.echo(json_text(data, indent=2, default=_json_default))
 
 
 #: Free text in a table (errors, arguments) shows at most this many columns, then "…".
@@ -468,6 +483,8 @@ def output_width() -> int | None:
 def _cell(value: str | Text, kind: str) -> Text:
     if isinstance(value, Text):
         return value
+    if isinstance(value, bytes | bytearray | memoryview):  # a stored value, see bytes_text
+        value = bytes_text(value)
     # Free text is shown on one line; a traceback's newlines would break the row. Built
     # as Text, it bypasses the console's render_str: made printable here.
     return Text(printable(" ".join(value.split()) if kind == "text" else value))

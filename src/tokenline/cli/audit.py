@@ -22,6 +22,7 @@ from ._common import (
     Col,
     CommandGroup,
     app_option,
+    bytes_text,
     console,
     json_option,
     plural,
@@ -79,17 +80,24 @@ class _Group:
             self.stale += 1
         if d.job_id is not None:
             self.jobs.add(d.job_id)
-        self.workers.add(d.owner)
-        self.operations.add(d.operation)
+        self.workers.add(_text(d.owner))
+        self.operations.add(_text(d.operation))
         self.first = min(self.first, d.at)
         self.last = max(self.last, d.at)
+
+
+def _text(value: str) -> str:
+    """A stored name as text: bytes (a hand-written row) as :func:`bytes_text` shows
+    them, so that groups and their sets still sort, and print, beside the others."""
+    return bytes_text(value) if isinstance(value, bytes) else value
 
 
 def group_by_key(duplicates: Sequence[Duplicate]) -> list[_Group]:
     """One group per key, the most affected first."""
     groups: dict[str, _Group] = {}
     for d in duplicates:
-        groups.setdefault(d.key, _Group(d.key)).add(d)
+        key = _text(d.key)
+        groups.setdefault(key, _Group(key)).add(d)
     return sorted(groups.values(), key=lambda g: (-(g.repeats + g.stale), g.key))
 
 

@@ -24,6 +24,7 @@ from ._common import (
     Col,
     ago,
     app_option,
+    bytes_text,
     console,
     json_option,
     plural,
@@ -51,9 +52,11 @@ _KEPT = {None, "succeeded", "retry", "dead"}
 
 # -- JSON ---------------------------------------------------------------------------------
 def _decoded(text: str | None) -> Any:
-    """JSON text as its value; text that is not JSON stays as it is."""
-    if text is None:
-        return None
+    """JSON text as its value; text that is not JSON stays as it is, and so do bytes
+    (they print as :func:`~tokenline.cli._common.bytes_text` says, not as whatever JSON
+    they might decode to)."""
+    if text is None or not isinstance(text, str):
+        return text
     try:
         return json.loads(text)
     except ValueError:
@@ -399,7 +402,7 @@ def _attempt_line(j: Job, earlier: int) -> str:
 
 def _show_job(j: Job, attempts: list[Attempt], effects: list[Any], dups: list[Any]) -> None:
     def e(value: object) -> str:
-        return escape(str(value))
+        return escape(bytes_text(value) if isinstance(value, bytes) else str(value))
 
     earlier = earlier_attempts(j, attempts)
     console.print(
