@@ -23,10 +23,13 @@ def cli(*args: str) -> tuple[int, str]:
 
 @pytest.fixture
 def app_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
-    """An importable module with an app of one task, t, on a SQLite file: (--app, --url)."""
+    """An importable module with an app of one task, t, on a SQLite file: (--app, --url);
+    the app is also holder.app, and number is 3."""
     name = f"cli_input_app_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{name}.py").write_text(
-        "from tokenline import App\n\napp = App()\napp.task(name='t')(lambda ctx, *a, **k: None)\n"
+        "import types\n\nfrom tokenline import App\n\napp = App()\n"
+        "app.task(name='t')(lambda ctx, *a, **k: None)\n"
+        "holder = types.SimpleNamespace(app=app)\nnumber = 3\n"
     )
     monkeypatch.chdir(tmp_path)
     return f"{name}:app", f"sqlite:///{tmp_path / 'cli.db'}"
@@ -78,3 +81,34 @@ def test_enqueue_names_which_argument_is_not_json(
     code, out = cli("enqueue", "--app", spec, "--url", url, "t", *given)
     assert code == 1, out
     assert said in out
+
+
+# -- --app ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("attribute", "said"),
+    [
+        ("nosuch", "module '{m}' has no attribute 'nosuch'"),
+        ("app.nosuch", "{m}:app (App) has no attribute 'nosuch'"),
+        ("holder.app.nosuch", "{m}:holder.app (App) has no attribute 'nosuch'"),
+        ("holder..app", "the attribute path 'holder..app' has an empty name"),
+        ("number", "is not a tokenline.App (got int)"),
+    ],
+)
+def test_app_names_the_attribute_that_is_missing(
+    app_spec: tuple[str, str], attribute: str, said: str
+) -> None:
+    """A missing attribute was reported as "not a tokenline.App (got NoneType)"."""
+    spec, url = app_spec
+    module = spec.partition(":")[0]
+    code, out = cli("queues", "--app", f"{module}:{attribute}", "--url", url)
+    assert code == 2, out
+    assert said.format(m=module) in out
+    assert "NoneType" not in out
+
+
+def test_app_may_be_a_dotted_attribute(app_spec: tuple[str, str]) -> None:
+    spec, url = app_spec
+    module = spec.partition(":")[0]
+    code, out = cli("enqueue", "--app", f"{module}:holder.app", "--url", url, "t", "[1]")
+    assert code == 0, out
+    assert stored(url) == [1]

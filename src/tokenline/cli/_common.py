@@ -61,7 +61,8 @@ err_console = SafeConsole(stderr=True, soft_wrap=True)
 
 
 def load_app(spec: str) -> App:
-    """Import ``module:attribute`` and return the :class:`App` it names."""
+    """Import ``module:attribute`` and return the :class:`App` it names; the attribute
+    may be dotted (``myproject.jobs:registry.app``), and a missing one is named."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise click.BadParameter(f"{spec!r}: expected module:attribute, e.g. myproject.jobs:app")
@@ -71,7 +72,22 @@ def load_app(spec: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise click.BadParameter(f"cannot import {module_name!r}: {exc}") from None
-    app = getattr(module, attr, None)
+    app: object = module
+    done: list[str] = []
+    for part in attr.split("."):
+        if not part:
+            raise click.BadParameter(f"{spec!r}: the attribute path {attr!r} has an empty name")
+        # A missing name must be said so: getattr's default of None was reported as
+        # "not a tokenline.App (got NoneType)", as if the name were set to None.
+        if not hasattr(app, part):
+            where = (
+                f"{module_name}:{'.'.join(done)} ({type(app).__name__})"
+                if done
+                else f"module {module_name!r}"
+            )
+            raise click.BadParameter(f"{spec!r}: {where} has no attribute {part!r}")
+        app = getattr(app, part)
+        done.append(part)
     if not isinstance(app, App):
         raise click.BadParameter(f"{spec!r} is not a tokenline.App (got {type(app).__name__})")
     return app
@@ -379,7 +395,8 @@ app_option = click.option(
     envvar="TOKENLINE_APP",
     show_envvar=True,
     default=None,
-    help="The application as module:attribute, e.g. myproject.jobs:app.",
+    help="The application as module:attribute (the attribute may be dotted), e.g. "
+    "myproject.jobs:app.",
 )
 
 
