@@ -549,6 +549,9 @@ class App:
                 ) from None
             except RecursionError:  # the caller's own stack was nearly full
                 raise PayloadError(f"{field} of task {t.name!r} nest too deep") from None
+        # After the values' own checks, which name the field at fault.
+        if (unfit := t.args_problem(args, kw)) is not None:
+            raise PayloadError(f"args of task {t.name!r} {unfit}")
         try:
             payload = _encode_payload({"args": list(args), "kwargs": kw})
         except (TypeError, ValueError, RecursionError) as exc:

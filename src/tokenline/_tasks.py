@@ -19,8 +19,8 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import ConfigError, InvalidInputError
@@ -70,6 +70,72 @@ def handler_problem(fn: object) -> str | None:
     return None
 
 
+class _Shape:
+    """The arguments a handler takes after ``ctx``, checked against a job's.
+
+    The common handler, with plain parameters only, is checked by counting (a job's
+    arguments are checked on every enqueue, and ``inspect.Signature.bind`` costs more
+    than encoding them); any other, with ``*args``, ``**kwargs``, keyword-only or
+    positional-only parameters, by binding.
+    """
+
+    __slots__ = ("_names", "_required", "_signature", "_text")
+
+    def __init__(self, signature: inspect.Signature, plain: bool) -> None:
+        params = list(signature.parameters.values())[1:]
+        self._signature = None if plain else signature
+        self._names = tuple(p.name for p in params)
+        self._required = sum(1 for p in params if p.default is inspect.Parameter.empty)
+        rest = str(signature.replace(parameters=params, return_annotation=inspect.Signature.empty))
+        self._text = f"(ctx, {rest[1:]}" if params else "(ctx)"
+
+    def problem(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+        """Why ``ctx, *args, **kwargs`` does not fit, or ``None``."""
+        why = self._counted(args, kwargs) if self._signature is None else self._bound(args, kwargs)
+        return None if why is None else f"do not fit its handler {self._text}: {why}"
+
+    def _bound(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+        assert self._signature is not None
+        try:
+            self._signature.bind(None, *args, **kwargs)
+        except TypeError as exc:
+            return str(exc)
+        return None
+
+    def _counted(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+        names, given = self._names, len(args)
+        if given > len(names):
+            return f"{given} positional arguments given, at most {len(names)} taken"
+        for name in kwargs:
+            if name not in names:
+                return f"unexpected keyword argument {name!r}"
+            if names.index(name) < given:
+                return f"{name!r} given both by position and by keyword"
+        missing = [n for n in names[given : self._required] if n not in kwargs]
+        if missing:
+            return f"missing required argument{'s' if len(missing) > 1 else ''} " + ", ".join(
+                repr(n) for n in missing
+            )
+        return None
+
+
+def _shape_of(fn: Callable[..., Any]) -> _Shape | None:
+    """``fn``'s :class:`_Shape`, or ``None`` when its signature cannot be read (a
+    builtin, say) or takes no ``ctx``: such a handler is not checked."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    params = list(signature.parameters.values())
+    if not params or params[0].kind not in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    ):
+        return None  # no ctx of its own (``*args`` only, say): left to the worker
+    plain = all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params[1:])
+    return _Shape(signature, plain)
+
+
 @dataclass(frozen=True, slots=True)
 class Task:
     """A registered handler and its options."""
@@ -88,6 +154,8 @@ class Task:
     #: Dependencies whose open circuit breaker defers the task's jobs (checked for
     #: existence when a worker starts).
     depends_on: tuple[str, ...] = ()
+    #: What the handler accepts after ``ctx`` (see :func:`_shape_of`), read once.
+    _shape: _Shape | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # fullmatch: ``$`` alone would let a name end in a newline.
@@ -123,6 +191,14 @@ class Task:
                 f"or None; got {describe(self.classifier)}",
             )
         object.__setattr__(self, "depends_on", dependency_names(self.depends_on))
+        object.__setattr__(self, "_shape", _shape_of(self.fn))
+
+    def args_problem(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+        """Why the handler cannot be called with ``ctx, *args, **kwargs``, or ``None``
+        (also when its signature cannot be read): a job that could never run is
+        refused when it is enqueued, not dead-lettered by the worker."""
+        shape = self._shape
+        return None if shape is None else shape.problem(args, kwargs)
 
     @property
     def is_async(self) -> bool:

@@ -76,7 +76,7 @@ def app(make_app: Callable[..., App]) -> App:
     a = make_app("memory://")
     a.task(name="mail.send")(lambda ctx, to: None)
     a.task(name="billing.invoice", queue="billing", priority=3, max_attempts=7)(
-        lambda ctx, order: None
+        lambda ctx, order, **options: None
     )
     return a
 
@@ -255,6 +255,77 @@ def test_build_job_falls_back_to_app_max_attempts() -> None:
     app = App("memory://", settings=Settings(max_attempts=4))
     app.task(name="t.x")(sample_task)
     assert app.build_job("t.x", [1]).max_attempts == 4
+
+
+def _plain(ctx: object, a: int, b: int = 1) -> None:
+    """A handler of plain parameters."""
+
+
+def _keyword_only(ctx: object, a: int, *, k: int) -> None:
+    """A handler with a keyword-only parameter."""
+
+
+def _anything(ctx: object, *args: object, **kwargs: object) -> None:
+    """A handler that takes whatever it is given."""
+
+
+@pytest.mark.parametrize(
+    ("fn", "args", "kwargs", "why"),
+    [
+        (_plain, [1, 2, 3], None, "3 positional arguments given, at most 2 taken"),
+        (_plain, [], None, "missing required argument 'a'"),
+        (_plain, [1], {"ctx": 1}, "unexpected keyword argument 'ctx'"),
+        (_plain, [1], {"c": 1}, "unexpected keyword argument 'c'"),
+        (_plain, [1], {"a": 2}, "'a' given both by position and by keyword"),
+        (_keyword_only, [1], None, "missing a required argument: 'k'"),
+        (_keyword_only, [1, 2], None, "too many positional arguments"),
+    ],
+)
+def test_args_the_handler_cannot_take_are_refused_when_enqueued(
+    fn: Any, args: list[Any], kwargs: dict[str, Any] | None, why: str
+) -> None:
+    """A job its handler could never run used to be stored, then dead-lettered by the
+    worker (TypeError). Refused before anything is stored, naming the task, the
+    handler's parameters and what does not fit."""
+    app = App("memory://")
+    app.task(name="t.fit")(fn)
+    with pytest.raises(PayloadError) as caught:
+        app.enqueue("t.fit", *args, kwargs=kwargs)
+    message = str(caught.value)
+    assert message.startswith("args of task 't.fit' do not fit its handler (ctx, a")
+    assert why in message
+    assert app.run(lambda s: s.jobs_list()) == []
+    app.close()
+
+
+def test_enqueue_many_names_the_item_whose_args_do_not_fit() -> None:
+    app = App("memory://")
+    app.task(name="t.fit")(_plain)
+    with pytest.raises(PayloadError) as caught:
+        app.enqueue_many("t.fit", [(1,), (1, 2, 3)])
+    assert str(caught.value).startswith("items[1]: args of task 't.fit' do not fit its handler")
+    assert app.run(lambda s: s.jobs_list()) == []
+    app.close()
+
+
+@pytest.mark.parametrize(
+    ("fn", "args", "kwargs"),
+    [
+        (_plain, [1], None),
+        (_plain, [1, 2], None),
+        (_plain, [], {"a": 1, "b": 2}),
+        (_keyword_only, [1], {"k": 2}),
+        (_anything, [1, 2, 3], {"x": 1}),
+        (print, [1, 2], {"sep": ""}),  # a builtin: its signature says too little to check
+    ],
+)
+def test_args_the_handler_takes_are_enqueued(
+    fn: Any, args: list[Any], kwargs: dict[str, Any] | None
+) -> None:
+    app = App("memory://")
+    app.task(name="t.fit")(fn)
+    job = app.build_job("t.fit", args, kwargs)
+    assert json.loads(job.args) == {"args": args, "kwargs": kwargs or {}}
 
 
 def test_build_job_accepts_the_function_itself() -> None:

@@ -221,13 +221,17 @@ async def test_permanent_goes_dead_at_once(app: App, store: Store) -> None:
 
 
 async def test_type_error_in_handler_is_dead_at_once(app: App, store: Store) -> None:
-    """Arguments the handler cannot take (TypeError) dead-letter the job without retries."""
+    """Arguments the handler cannot take (TypeError) dead-letter the job without retries.
+    The app refuses such a job when it is enqueued; this one was stored as another
+    version of the handler would have it (a rolling deploy), straight into the store."""
 
     @app.task(name="t.arity", max_attempts=5)
     async def arity(ctx: JobContext) -> None:
         return None
 
-    jid = await app.enqueue_async("t.arity", 1, 2, store=store)
+    (jid,) = await store.jobs_enqueue(
+        jobs=[NewJob(queue="default", task="t.arity", args='{"args": [1, 2], "kwargs": {}}')]
+    )
     async with running(Worker(app, FAST)):
         job = await job_in(store, jid, JobState.DEAD)
     assert job.attempt == 1
