@@ -92,7 +92,10 @@ async def test_sequential_enqueues_reuse_one_connection(tmp_path: Path) -> None:
         assert len(set(ids)) == 50
         assert len(opened) == 1
         assert callers.idle == 1
-        firsts = [s.split()[0].upper() for s in sent]
+        # A statement that fires a trigger (schema v7's type check) is traced again, with
+        # its own text, when the trigger's program starts: counted once.
+        statements = [s for n, s in enumerate(sent) if n == 0 or s != sent[n - 1]]
+        firsts = [s.split()[0].upper() for s in statements]
         assert firsts == ["BEGIN", "INSERT", "COMMIT"] * 50, sent[:6]
     finally:
         await store.close()
