@@ -112,3 +112,21 @@ def test_app_may_be_a_dotted_attribute(app_spec: tuple[str, str]) -> None:
     code, out = cli("enqueue", "--app", f"{module}:holder.app", "--url", url, "t", "[1]")
     assert code == 0, out
     assert stored(url) == [1]
+
+
+# -- memory:// --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "command",
+    [["enqueue", "t", "[1]"], ["pause", "default"], ["resume", "default"], ["migrate"]],
+    ids=lambda c: c[0],
+)
+@pytest.mark.parametrize("url", ["memory://", "MEMORY://x"])
+def test_a_command_that_stores_refuses_the_memory_store(
+    app_spec: tuple[str, str], command: list[str], url: str
+) -> None:
+    """The job, pause or schema went with the process while the command said it was
+    done (an id printed, exit status 0)."""
+    spec, _ = app_spec
+    code, out = cli(command[0], "--app", spec, "--url", url, *command[1:])
+    assert code == 2, out
+    assert f"{command[0]} on {url}: the memory store lives only inside one process" in out

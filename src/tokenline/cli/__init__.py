@@ -26,6 +26,7 @@ from ._common import (
     app_option,
     console,
     log_level_option,
+    refuse_memory_store,
     reporting_errors,
     resolve_app,
     url_option,
@@ -267,6 +268,7 @@ def enqueue(
             raise InvalidInputError(f"ARGS must be a JSON array, got {args!r}")
         app = resolve_app(app_spec, url)
         try:
+            refuse_memory_store(app, "enqueue")
             jid = app.enqueue(
                 task,
                 *parsed,
@@ -295,7 +297,9 @@ def _queue_arg(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
 def pause(app_spec: str | None, url: str | None, queue: str) -> None:
     """Stop workers from claiming jobs of QUEUE (jobs stay queued)."""
     with reporting_errors():
-        with_store(resolve_app(app_spec, url), lambda s: s.queue_pause(queue=queue))
+        app = resolve_app(app_spec, url)
+        refuse_memory_store(app, "pause")
+        with_store(app, lambda s: s.queue_pause(queue=queue))
     console.print(f"paused {queue}", highlight=False, markup=False)
 
 
@@ -306,7 +310,9 @@ def pause(app_spec: str | None, url: str | None, queue: str) -> None:
 def resume(app_spec: str | None, url: str | None, queue: str) -> None:
     """Let workers claim jobs of QUEUE again."""
     with reporting_errors():
-        with_store(resolve_app(app_spec, url), lambda s: s.queue_resume(queue=queue))
+        app = resolve_app(app_spec, url)
+        refuse_memory_store(app, "resume")
+        with_store(app, lambda s: s.queue_resume(queue=queue))
     console.print(f"resumed {queue}", highlight=False, markup=False)
 
 
@@ -324,6 +330,7 @@ def migrate(app_spec: str | None, url: str | None, timeout: float) -> None:
     """Create or upgrade the store's schema (all pending steps in one transaction)."""
     with reporting_errors():
         app = resolve_app(app_spec, url)
+        refuse_memory_store(app, "migrate")
         store = store_from_url(app.url, timeout=timeout, migrate=True)
 
         version = asyncio.run(store.migrate())

@@ -141,6 +141,19 @@ def require_store(app: App) -> None:
         raise SystemExit(2)
 
 
+def refuse_memory_store(app: App, command: str) -> None:
+    """Refuse, as a usage error, a ``command`` that would store something on a
+    ``memory://`` store: that store lives only inside one process, so a job, a pause or
+    a schema written there would be gone as this command exits, after reporting
+    success."""
+    if app.url.split(":", 1)[0].strip().lower() == "memory":
+        raise click.UsageError(
+            f"{command} on {app.url}: the memory store lives only inside one process, so "
+            "what this command stores would be gone when it exits; give a sqlite:/// or "
+            "postgresql:// URL (--url or TOKENLINE_URL)"
+        )
+
+
 def with_store(app: App, fn: Callable[[Store], Coroutine[Any, Any, T]]) -> T:
     """Open a store for ``app``, run ``fn`` on it and close it; closed also when opening
     it failed part way (a pool opened before the failure is not left to the loop's end)."""
