@@ -91,6 +91,12 @@ class _Shape:
 
     def problem(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
         """Why ``ctx, *args, **kwargs`` does not fit, or ``None``."""
+        if (
+            not kwargs
+            and self._signature is None
+            and self._required <= len(args) <= len(self._names)
+        ):
+            return None  # the common case, at the cost of a comparison
         why = self._counted(args, kwargs) if self._signature is None else self._bound(args, kwargs)
         return None if why is None else f"do not fit its handler {self._text}: {why}"
 
