@@ -130,3 +130,37 @@ def test_a_command_that_stores_refuses_the_memory_store(
     code, out = cli(command[0], "--app", spec, "--url", url, *command[1:])
     assert code == 2, out
     assert f"{command[0]} on {url}: the memory store lives only inside one process" in out
+
+
+# -- queue names ------------------------------------------------------------------------
+@pytest.mark.parametrize("command", [["jobs"], ["dlq", "list"]], ids=" ".join)
+@pytest.mark.parametrize("name", ["bad queue", "", "q\n"])
+def test_a_queue_filter_is_checked_like_a_queue_name(
+    app_spec: tuple[str, str], command: list[str], name: str
+) -> None:
+    """jobs --queue and dlq list --queue took any text and listed nothing, exit status
+    0, while pause refused the same name."""
+    _, url = app_spec
+    assert cli("migrate", "--url", url)[0] == 0
+    code, out = cli(*command, "--url", url, "--queue", name)
+    assert code == 2, out
+    assert f"Invalid value for '--queue': invalid queue name {name!r}" in out
+    code, out = cli(*command, "--url", url, "--queue", "default")
+    assert code == 0, out
+
+
+@pytest.mark.parametrize("queues", ["a,,b", "a,", ",a", " , "])
+def test_worker_refuses_an_empty_name_in_its_queues(
+    app_spec: tuple[str, str], queues: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty name between commas was dropped: the worker ran without it."""
+    import tokenline.cli
+
+    def started(*args: Any, **kwargs: Any) -> None:
+        pytest.fail(f"a worker started on --queues {queues!r}")
+
+    monkeypatch.setattr(tokenline.cli, "run_worker", started)
+    spec, url = app_spec
+    code, out = cli("worker", "--app", spec, "--url", url, "--queues", queues)
+    assert code == 2, out
+    assert f"invalid setting 'queues': {queues!r} has an empty queue name" in out

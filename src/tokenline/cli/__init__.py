@@ -13,8 +13,8 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from .._config import WorkerSettings, load_settings, validate_queue_name
-from .._errors import InvalidInputError, QueueNameError
+from .._config import WorkerSettings, load_settings
+from .._errors import ConfigError, InvalidInputError
 from .._jobs import MAX_DELAY, MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
 from .._logging import configure as configure_logging
 from ..stores import store_from_url
@@ -26,6 +26,7 @@ from ._common import (
     app_option,
     console,
     log_level_option,
+    queue_name,
     refuse_memory_store,
     reporting_errors,
     resolve_app,
@@ -193,7 +194,16 @@ def worker(
     with reporting_errors():
         app = resolve_app(app_spec, url)
         if options.get("queues"):
-            options["queues"] = tuple(q.strip() for q in options["queues"].split(",") if q.strip())
+            queues = tuple(q.strip() for q in options["queues"].split(","))
+            # An empty name (a,,b or a trailing comma) is a typo, not a list of two:
+            # dropping it would run the worker without the queue that was meant there.
+            if "" in queues:
+                raise ConfigError(
+                    "queues",
+                    f"{options['queues']!r} has an empty queue name: give names separated "
+                    "by single commas",
+                )
+            options["queues"] = queues
         settings = load_settings(WorkerSettings, options, file=config, section="tokenline.worker")
         counters = run_worker(
             app, settings, metrics_port=metrics_port, metrics_host=metrics_host or "127.0.0.1"
@@ -283,17 +293,10 @@ def enqueue(
     console.print(jid)
 
 
-def _queue_arg(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
-    try:
-        return validate_queue_name(value)
-    except QueueNameError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
 @main.command()
 @app_option
 @url_option
-@click.argument("queue", callback=_queue_arg)
+@click.argument("queue", callback=queue_name)
 def pause(app_spec: str | None, url: str | None, queue: str) -> None:
     """Stop workers from claiming jobs of QUEUE (jobs stay queued)."""
     with reporting_errors():
@@ -306,7 +309,7 @@ def pause(app_spec: str | None, url: str | None, queue: str) -> None:
 @main.command()
 @app_option
 @url_option
-@click.argument("queue", callback=_queue_arg)
+@click.argument("queue", callback=queue_name)
 def resume(app_spec: str | None, url: str | None, queue: str) -> None:
     """Let workers claim jobs of QUEUE again."""
     with reporting_errors():

@@ -34,8 +34,8 @@ from rich.table import Table
 from rich.text import Text
 
 from .._app import App
-from .._config import parse_prefetch
-from .._errors import ConfigError, TokenlineError
+from .._config import parse_prefetch, validate_queue_name
+from .._errors import ConfigError, QueueNameError, TokenlineError
 from .._logging import LEVELS, json_text, printable
 from ..stores import Store, split_url
 from ..stores.base import MAX_JOB_ID
@@ -324,6 +324,19 @@ class Prefetch(_PrefetchType):
             return parse_prefetch(str(value))
         except ValueError:
             self.fail(f"{value!r} is neither 'auto' nor a whole number of jobs", param, ctx)
+
+
+def queue_name(
+    _ctx: click.Context | None, _param: click.Parameter | None, value: str | None
+) -> str | None:
+    """Callback of every option or argument naming one queue: the name, checked as an
+    enqueue checks it, or a usage error saying why it is none (``None``: not given)."""
+    if value is None:
+        return None
+    try:
+        return validate_queue_name(value)
+    except QueueNameError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 #: A job id given on the command line: every store's ids are 1 to 2**63 - 1, so anything

@@ -18,6 +18,7 @@ from ._common import (
     json_option,
     plural,
     print_json,
+    queue_name,
     reporting_errors,
     resolve_app,
     url_option,
@@ -36,7 +37,7 @@ def dlq() -> None:
 @dlq.command("list")
 @app_option
 @url_option
-@click.option("--queue", default=None, help="Only dead jobs of this queue.")
+@click.option("--queue", default=None, callback=queue_name, help="Only dead jobs of this queue.")
 @click.option(
     "--limit",
     type=click.IntRange(1, 10_000),

@@ -29,6 +29,7 @@ from ._common import (
     json_option,
     plural,
     print_json,
+    queue_name,
     reporting_errors,
     resolve_app,
     show,
@@ -346,7 +347,7 @@ LIMIT_HELP = "Most jobs to list, newest first."
 @app_option
 @url_option
 @click.option("--state", type=click.Choice(STATES), default=None, help="Only jobs in this state.")
-@click.option("--queue", default=None, help="Only jobs of this queue.")
+@click.option("--queue", default=None, callback=queue_name, help="Only jobs of this queue.")
 @click.option(
     "--limit",
     type=click.IntRange(1, 10_000),
