@@ -164,3 +164,26 @@ def test_worker_refuses_an_empty_name_in_its_queues(
     code, out = cli("worker", "--app", spec, "--url", url, "--queues", queues)
     assert code == 2, out
     assert f"invalid setting 'queues': {queues!r} has an empty queue name" in out
+
+
+# -- store URLs -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("sqlite://relative.db", "not a SQLite URL: 'sqlite://relative.db'"),
+        ("sqlite:relative.db", "not a SQLite URL: 'sqlite:relative.db'"),
+        ("sqlite:///", "'sqlite:///' names no file"),
+        ("foo://x", "unsupported store URL 'foo://x'"),  # as it was: the same kind
+    ],
+)
+@pytest.mark.parametrize("command", [["queues"], ["status"], ["pause", "default"]], ids=" ".join)
+def test_a_malformed_sqlite_url_is_a_bad_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str], url: str, said: str
+) -> None:
+    """A SQLite URL that names no file failed as the store opened, exit status 1, while
+    every other malformed URL is a bad setting, exit status 2."""
+    monkeypatch.chdir(tmp_path)
+    code, out = cli(*command, "--url", url)
+    assert code == 2, out
+    assert f"error: invalid setting 'url': {said}" in out
+    assert list(tmp_path.iterdir()) == []

@@ -35,7 +35,7 @@ from rich.text import Text
 
 from .._app import App
 from .._config import parse_prefetch, validate_queue_name
-from .._errors import ConfigError, QueueNameError, TokenlineError
+from .._errors import ConfigError, QueueNameError, StoreError, TokenlineError
 from .._logging import LEVELS, json_text, printable
 from ..stores import Store, split_url
 from ..stores.base import MAX_JOB_ID
@@ -119,9 +119,24 @@ def resolve_app(app_spec: str | None, url: str | None, *, existing: bool = False
                 markup=False,
             )
             app = moved
+    check_sqlite_url(app.url)
     if existing:
         require_store(app)
     return app
+
+
+def check_sqlite_url(url: str) -> None:
+    """Refuse a ``sqlite:`` URL that names no file (``sqlite://relative.db``,
+    ``sqlite:///``) as a bad setting, exit status 2 like every other malformed URL;
+    the store itself says so only when opened, as a store error (exit status 1)."""
+    if url.split(":", 1)[0].strip().lower() != "sqlite":
+        return
+    from ..stores.sqlite.store import path_from_url
+
+    try:
+        path_from_url(url)
+    except StoreError as exc:
+        raise ConfigError("url", str(exc)) from None
 
 
 def require_store(app: App) -> None:
