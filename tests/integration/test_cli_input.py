@@ -187,3 +187,38 @@ def test_a_malformed_sqlite_url_is_a_bad_setting(
     assert code == 2, out
     assert f"error: invalid setting 'url': {said}" in out
     assert list(tmp_path.iterdir()) == []
+
+
+# -- audit --since ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("since", "said"),
+    [
+        ("99999999999d", "'99999999999d' reaches back before the epoch (1970-01-01 UTC)"),
+        ("9" * 400 + "d", f"'{'9' * 400}d' reaches back before the epoch"),
+        ("-5", "'-5' is before the epoch"),
+        ("1969-12-31", "'1969-12-31' is before the epoch"),
+        ("", "'' is empty: give a duration (30m, 2h, 7d), an ISO time or epoch seconds"),
+        (" ", "' ' is empty"),
+        ("nan", "'nan' is not a time"),
+        ("inf", "'inf' is not a time"),
+    ],
+)
+def test_audit_since_is_a_time_since_the_epoch(
+    app_spec: tuple[str, str], since: str, said: str
+) -> None:
+    """A duration reaching before 1970 was taken and printed as "since -8.64e+15
+    (epoch seconds)", and an empty --since read as no filter at all."""
+    _, url = app_spec
+    assert cli("migrate", "--url", url)[0] == 0
+    code, out = cli("audit", "duplicates", "--url", url, "--since", since)
+    assert code == 2, out
+    assert f"Invalid value for --since: {said}" in out
+
+
+@pytest.mark.parametrize("since", ["1h", "0", "1970-01-01", "2026-01-01T00:00:00+02:00"])
+def test_audit_since_takes_each_form(app_spec: tuple[str, str], since: str) -> None:
+    _, url = app_spec
+    assert cli("migrate", "--url", url)[0] == 0
+    code, out = cli("audit", "duplicates", "--url", url, "--since", since)
+    assert code == 0, out
+    assert "0 keys since " in out

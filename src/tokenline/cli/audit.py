@@ -9,7 +9,9 @@ idempotency key or ``job:<id>``).
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,24 +41,42 @@ __all__ = ["audit", "parse_since"]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+#: What --since takes, for its refusals.
+_SINCE_FORMS = "give a duration (30m, 2h, 7d), an ISO time or epoch seconds"
 
 
 def parse_since(value: str, now: float) -> float:
     """Epoch seconds for ``--since``: a duration back from ``now`` (``90s``, ``15m``,
-    ``2h``, ``7d``), an ISO 8601 time (UTC unless it says otherwise) or epoch seconds."""
+    ``2h``, ``7d``), an ISO 8601 time (UTC unless it says otherwise) or epoch seconds.
+
+    A usage error says why for anything else, and for a time before the epoch (1970):
+    nothing was recorded then, and a duration reaching that far is a typo. An empty
+    value is refused too, rather than read as no filter at all.
+    """
+    if not value.strip():
+        raise click.BadParameter(f"{value!r} is empty: {_SINCE_FORMS}", param_hint="--since")
     match = _DURATION.match(value)
-    if match:
-        return now - float(match[1]) * _UNIT[match[2]]
     try:
-        return float(value)
+        since = now - float(match[1]) * _UNIT[match[2]] if match else float(value)
     except ValueError:
-        pass
+        since = _iso_time(value)
+    if since < 0:  # -inf too: a duration of more digits than a float holds
+        back = f"{value!r} reaches back" if match else f"{value!r} is"
+        raise click.BadParameter(
+            f"{back} before the epoch (1970-01-01 UTC), when nothing was recorded",
+            param_hint="--since",
+        )
+    if not math.isfinite(since):
+        raise click.BadParameter(f"{value!r} is not a time: {_SINCE_FORMS}", param_hint="--since")
+    return since
+
+
+def _iso_time(value: str) -> float:
+    """Epoch seconds of an ISO 8601 time (UTC unless it says otherwise)."""
     try:
         parsed = dt.datetime.fromisoformat(value)
     except ValueError:
-        raise click.BadParameter(
-            f"{value!r}: give a duration (30m, 2h, 7d), an ISO time or epoch seconds"
-        ) from None
+        raise click.BadParameter(f"{value!r}: {_SINCE_FORMS}", param_hint="--since") from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=dt.UTC)
     return parsed.timestamp()
@@ -140,12 +160,14 @@ def duplicates(
     repeats, stale, jobs, workers, operations, first, last}} (first and last: epoch
     seconds; jobs, workers and operations: every one, sorted).
     """
-    if since:
-        parse_since(since, 0.0)  # bad input is refused before the store is opened
+    if since is not None:
+        # Bad input is refused before the store is opened; a duration is measured
+        # again from the store's clock below.
+        parse_since(since, time.time())
 
     async def gather(store: Store) -> tuple[float | None, list[Any]]:
         # "2h" means two hours back by the store's clock, which stamped the records.
-        begin = parse_since(since, await store.store_time()) if since else None
+        begin = parse_since(since, await store.store_time()) if since is not None else None
         return begin, await store.duplicates_list(since=begin, limit=limit)
 
     with reporting_errors():
