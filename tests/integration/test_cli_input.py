@@ -222,3 +222,18 @@ def test_audit_since_takes_each_form(app_spec: tuple[str, str], since: str) -> N
     code, out = cli("audit", "duplicates", "--url", url, "--since", since)
     assert code == 0, out
     assert "0 keys since " in out
+
+
+@pytest.mark.parametrize(
+    ("prefix", "said"),
+    [
+        ("", "invalid Redis key prefix '': it is empty (prefix= with no name)"),
+        ("a%20b", "invalid Redis key prefix 'a b': it may hold no braces or whitespace"),
+    ],
+)
+def test_a_bad_redis_key_prefix_says_what_is_wrong(prefix: str, said: str) -> None:
+    """An empty prefix was refused as having "no braces or spaces", which it has not."""
+    broker = f"redis://127.0.0.1:6379/0?prefix={prefix}"
+    code, out = cli("queues", "--broker", broker, "--ledger", "postgresql://127.0.0.1/x")
+    assert code == 2, out
+    assert said in out

@@ -142,8 +142,16 @@ def parse_redis_url(url: str) -> tuple[str, str, str]:
     query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     names = [v for k, v in query if k == "prefix"]
     name = names[-1] if names else "tokenline"
-    if not name or any(c in name for c in "{}\r\n\t "):
-        raise ConfigError("url", f"invalid Redis key prefix {name!r}: no braces or spaces")
+    if not name:
+        raise ConfigError(
+            "url",
+            "invalid Redis key prefix '': it is empty (prefix= with no name); give a "
+            "name, or leave prefix out for the default, tokenline",
+        )
+    if any(c in name for c in "{}\r\n\t "):
+        raise ConfigError(
+            "url", f"invalid Redis key prefix {name!r}: it may hold no braces or whitespace"
+        )
     rest = urllib.parse.urlencode([(k, v) for k, v in query if k != "prefix"])
     connect = urllib.parse.urlunsplit(parts._replace(query=rest))
     where = f"{parts.hostname or '127.0.0.1'}:{parts.port or 6379}{parts.path or '/0'}"
