@@ -51,7 +51,7 @@ from .dependencies import (
 )
 from .retry import RetryPolicy
 from .stores import MemoryStore, Store, store_from_url
-from .stores.base import EventLoopNeeded
+from .stores.base import MAX_JOB_ID, EventLoopNeeded, possible_job_id
 
 __all__ = ["App"]
 
@@ -714,6 +714,21 @@ class App:
         (jid,) = self._enqueue_now([job])
         return jid
 
+    def cancel(self, *job_ids: int, reason: str = "cancelled") -> int:
+        """Cancel jobs that have not run yet (queued or scheduled) or are dead: they
+        never run (again), and keep ``reason`` as their last error. Return how many
+        were cancelled. A running job is left to finish its attempt, and a finished
+        one as it is: ``tokenline cancel`` names each id it did not cancel, and why."""
+        ids, why = _cancel_input(job_ids, reason)
+        return self.run(lambda s: s.jobs_cancel(job_ids=ids, reason=why)) if ids else 0
+
+    async def cancel_async(self, *job_ids: int, reason: str = "cancelled") -> int:
+        """:meth:`cancel` from async code."""
+        ids, why = _cancel_input(job_ids, reason)
+        if not ids:
+            return 0
+        return await asyncio.to_thread(self.run, lambda s: s.jobs_cancel(job_ids=ids, reason=why))
+
     def build_many(
         self,
         task: Task | str | Callable[..., Any],
@@ -855,6 +870,26 @@ class _PortalStore:
         return await asyncio.to_thread(
             self._app.run, lambda s: s.jobs_enqueue(jobs=jobs, connection=connection)
         )
+
+
+#: Longest reason a cancel may give (a job's error is cut past 2,000 characters anyway).
+_MAX_CANCEL_REASON = 2_000
+
+
+def _cancel_input(job_ids: Sequence[object], reason: object) -> tuple[list[int], str]:
+    """The ids and reason of a cancel, checked: each id a job id, the reason text."""
+    for job_id in job_ids:
+        if not possible_job_id(job_id):
+            raise InvalidInputError(
+                f"job ids are whole numbers from 1 to {MAX_JOB_ID}, got {describe(job_id)}"
+            )
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInputError(f"reason must be a non-empty string, got {describe(reason)}")
+    if len(reason) > _MAX_CANCEL_REASON:
+        raise InvalidInputError(
+            f"reason is {len(reason)} characters, over the limit of {_MAX_CANCEL_REASON}"
+        )
+    return [j for j in dict.fromkeys(job_ids) if isinstance(j, int)], reason
 
 
 def _uniqueness(unique: UniqueOption, unique_for: float | None, key: str | None) -> Unique | None:

@@ -35,6 +35,7 @@ from ._common import (
 )
 from .audit import audit
 from .bench import bench
+from .cancel import cancel
 from .dashboard import dashboard
 from .demo import demo
 from .dlq import dlq
@@ -367,5 +368,5 @@ for command in (
 ):
     main.add_command(command)
 main.add_command(audit)
-for command in (leases, lease, drain, maintenance, reconcile):
+for command in (leases, lease, drain, maintenance, reconcile, cancel):
     main.add_command(command)

@@ -1,0 +1,82 @@
+"""``tokenline cancel``: cancel jobs that have not run yet, naming each id it did not."""
+
+from __future__ import annotations
+
+import click
+
+from .._errors import JobNotFoundError
+from .._jobs import JobState
+from ..stores import Store
+from ._common import (
+    ID,
+    app_option,
+    console,
+    err_console,
+    plural,
+    reporting_errors,
+    resolve_app,
+    url_option,
+    with_store,
+)
+
+__all__ = ["cancel"]
+
+#: Why a job in each state is not cancelled.
+_NOT_CANCELLED = {
+    JobState.RUNNING: "it is running: its attempt finishes as it would (cancel it if it "
+    "is queued again)",
+    JobState.SUCCEEDED: "it has succeeded",
+    JobState.CANCELLED: "it is already cancelled",
+}
+#: The states a cancel acts on.
+_CANCELLABLE = (JobState.QUEUED, JobState.SCHEDULED, JobState.DEAD)
+
+
+async def _cancel(
+    store: Store, job_ids: tuple[int, ...], reason: str
+) -> tuple[list[int], list[tuple[int, str]]]:
+    """Cancel each job of ``job_ids`` that may be; the ids cancelled, and the others
+    with the reason (one at a time, so that each is said for what it was)."""
+    done: list[int] = []
+    refused: list[tuple[int, str]] = []
+    for jid in dict.fromkeys(job_ids):  # each id once, in the order given
+        try:
+            state = (await store.job_get(job_id=jid)).state
+        except JobNotFoundError:
+            refused.append((jid, "no such job"))
+            continue
+        if state not in _CANCELLABLE:
+            refused.append((jid, _NOT_CANCELLED.get(state, f"its state is {state.value}")))
+        elif await store.jobs_cancel(job_ids=[jid], reason=reason):
+            done.append(jid)
+        else:
+            refused.append((jid, "it started meanwhile"))
+    return done, refused
+
+
+@click.command()
+@app_option
+@url_option
+@click.argument("job_ids", nargs=-1, type=ID, required=True)
+@click.option(
+    "--reason",
+    default="cancelled by an operator",
+    show_default=True,
+    help="Kept as the jobs' last error.",
+)
+def cancel(app_spec: str | None, url: str | None, job_ids: tuple[int, ...], reason: str) -> None:
+    """Cancel jobs that have not run yet (queued or scheduled), or are dead: they never
+    run (again). A running job finishes its attempt; each id not cancelled is named,
+    with why, and the exit status is then 1."""
+    if not reason.strip():
+        raise click.BadParameter("must not be empty", param_hint="'--reason'")
+    with reporting_errors():
+        done, refused = with_store(
+            resolve_app(app_spec, url, existing=True), lambda s: _cancel(s, job_ids, reason)
+        )
+    ids = f": {', '.join(map(str, done))}" if done else ""
+    console.print(f"cancelled {plural(len(done), 'job')}{ids}", highlight=False)
+    for jid, why in refused:
+        err_console.print(f"not cancelled: job {jid}: {why}", highlight=False, markup=False)
+    if refused:
+        raise SystemExit(1)

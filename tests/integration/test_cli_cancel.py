@@ -1,0 +1,114 @@
+"""Cancelling jobs that have not run yet: ``app.cancel`` and ``tokenline cancel``.
+
+There was no way for a user or an operator to cancel a queued job: only dead ones could
+be discarded. A cancelled job never runs; a running one finishes its attempt; each id
+not cancelled is named with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tokenline import App, InvalidInputError, JobState
+from tokenline.cli import main
+
+
+def _app(path: Path) -> App:
+    app = App(f"sqlite:///{path}")
+
+    @app.task(name="t")
+    def t(ctx: object, i: int) -> None:
+        """A task to enqueue."""
+
+    return app
+
+
+def _states(app: App, ids: list[int]) -> list[JobState]:
+    async def read(store: object) -> list[JobState]:
+        return [(await store.job_get(job_id=j)).state for j in ids]  # type: ignore[attr-defined]
+
+    return app.run(read)
+
+
+def test_app_cancel_cancels_what_has_not_run_and_leaves_the_rest(tmp_path: Path) -> None:
+    """Queued and scheduled jobs are cancelled, with the reason as their last error; a
+    running job is left running, a succeeded one succeeded; the count says how many."""
+    app = _app(tmp_path / "c.db")
+    running, done = app.enqueue("t", 3), app.enqueue("t", 4)
+
+    async def run_both_finish_one(store: object) -> None:
+        claimed = await store.jobs_claim(owner="w", queues=["default"], limit=2, ttl=60)  # type: ignore[attr-defined]
+        (finished,) = [c for c in claimed if c.job.id == done]
+        await store.job_complete(lease=finished.lease)  # type: ignore[attr-defined]
+
+    app.run(run_both_finish_one)
+    queued, scheduled = app.enqueue("t", 1), app.enqueue("t", 2, delay=3600)
+    assert app.cancel(queued, scheduled, running, done, reason="order withdrawn") == 2
+    assert _states(app, [queued, scheduled, running, done]) == [
+        JobState.CANCELLED,
+        JobState.CANCELLED,
+        JobState.RUNNING,
+        JobState.SUCCEEDED,
+    ]
+    job = app.run(lambda s: s.job_get(job_id=queued))
+    assert job.last_error == "order withdrawn"
+    assert asyncio.run(app.cancel_async(scheduled)) == 0  # already cancelled
+    assert app.cancel() == 0
+    app.close()
+
+
+@pytest.mark.parametrize(
+    ("ids", "reason", "message"),
+    [
+        ((0,), "x", "job ids are whole numbers from 1"),
+        ((True,), "x", "job ids are whole numbers from 1"),
+        (("7",), "x", "job ids are whole numbers from 1"),
+        ((2**63,), "x", "job ids are whole numbers from 1"),
+        ((1,), "", "reason must be a non-empty string"),
+        ((1,), None, "reason must be a non-empty string"),
+        ((1,), "r" * 2001, "over the limit of 2000"),
+    ],
+)
+def test_app_cancel_refuses_bad_input_naming_it(
+    tmp_path: Path, ids: tuple[object, ...], reason: object, message: str
+) -> None:
+    app = _app(tmp_path / "c.db")
+    jid = app.enqueue("t", 1)
+    with pytest.raises(InvalidInputError, match=message):
+        app.cancel(*ids, reason=reason)  # type: ignore[arg-type]
+    assert _states(app, [jid]) == [JobState.QUEUED]
+    app.close()
+
+
+def test_the_cancel_command_names_each_id_it_did_not_cancel(tmp_path: Path) -> None:
+    """Exit status 0 when every id was cancelled; else 1, each other id named with why
+    (no such job, already cancelled), the others cancelled all the same."""
+    path = tmp_path / "c.db"
+    app = _app(path)
+    first, second = app.enqueue("t", 1), app.enqueue("t", 2, delay=60)
+    app.close()
+    url = f"sqlite:///{path}"
+    result = CliRunner().invoke(main, ["cancel", str(first), "--url", url])
+    assert result.exit_code == 0, result.output
+    assert f"cancelled 1 job: {first}" in result.output
+    result = CliRunner().invoke(
+        main, ["cancel", str(first), str(second), "999", "--url", url, "--reason", "stop"]
+    )
+    assert result.exit_code == 1, result.output
+    assert f"cancelled 1 job: {second}" in result.output
+    assert f"not cancelled: job {first}: it is already cancelled" in result.output
+    assert "not cancelled: job 999: no such job" in result.output
+    app = _app(path)
+    assert _states(app, [first, second]) == [JobState.CANCELLED] * 2
+    assert app.run(lambda s: s.job_get(job_id=second)).last_error == "stop"
+    app.close()
+
+
+def test_the_cancel_command_refuses_a_store_that_is_not_there(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["cancel", "1", "--url", f"sqlite:///{tmp_path / 'x.db'}"])
+    assert result.exit_code == 2
+    assert list(tmp_path.iterdir()) == []
