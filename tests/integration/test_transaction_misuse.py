@@ -171,3 +171,51 @@ async def test_a_handler_that_ends_its_transaction_writes_nothing_and_goes_dead(
         worker.request_shutdown()
         await asyncio.wait_for(run, DEADLINE)
         app.close()
+
+
+@pytest.mark.parametrize("statement", ["update", "delete"])
+async def test_a_block_that_changes_its_own_job_row_on_sqlite_goes_dead(
+    tmp_path: Path, statement: str
+) -> None:
+    """The job rows share the SQLite file with the user's tables. A block that changed
+    its own job row (marked it succeeded) made the completion fail: the job went back
+    to its queue without spending an attempt and the same block ran again, for ever.
+    Refused like an end of the transaction: nothing written, the job dead at once."""
+    path = tmp_path / "own.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE marks (job integer, token integer)")
+    app = App(f"sqlite:///{path}")
+    sql = {
+        "update": "UPDATE tokenline_jobs SET state = 'succeeded' WHERE id = ?",
+        "delete": "DELETE FROM tokenline_attempts WHERE job_id = ?",
+    }[statement]
+
+    @app.task(name="meddle", max_attempts=3)
+    def meddle(ctx: JobContext) -> None:
+        with ctx.transaction() as conn:
+            conn.execute("INSERT INTO marks (job, token) VALUES (?, ?)", (ctx.job_id, ctx.token))
+            conn.execute(sql, (ctx.job_id,))
+
+    store = app.open_store(timeout=SETTINGS.call_timeout)
+    await store.open()
+    worker = Worker(app, SETTINGS, store=store)
+    run = asyncio.create_task(worker.run())
+    try:
+        jid = await app.enqueue_async("meddle")
+
+        async def finished() -> Any:
+            while True:
+                job = await store.job_get(job_id=jid)
+                if job.state.finished:
+                    return job
+                await asyncio.sleep(0.05)
+
+        job = await asyncio.wait_for(finished(), DEADLINE)
+        assert (job.state, job.attempt, job.error_class) == (JobState.DEAD, 1, "permanent")
+        assert job.last_error is not None
+        assert f"of tokenline_{'jobs' if statement == 'update' else 'attempts'}" in job.last_error
+        assert _marks(f"sqlite:///{path}", store) == []
+    finally:
+        worker.request_shutdown()
+        await asyncio.wait_for(run, DEADLINE)
+        app.close()

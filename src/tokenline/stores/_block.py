@@ -7,8 +7,12 @@ would let the block's later statements commit one by one. So while the block run
 every statement that would end the transaction (``COMMIT``, ``END``, ``ROLLBACK``,
 ``conn.commit()``, ``conn.rollback()``, the commit that ``executescript`` begins with)
 is refused by SQLite itself: it asks the connection's authorizer before compiling any
-statement. Savepoints stay allowed: they never end the transaction. The block's end
-then reports the refusal, as a permanent error, after rolling everything back.
+statement. Savepoints stay allowed: they never end the transaction. Nor may the block
+change or delete tokenline's own job rows (SQLite's store keeps them in the same file):
+the store finishes the job when the block ends, and a job row changed under it made that
+completion fail, the job go back to its queue and the same block run again, for ever.
+The block's end then reports the refusal, as a permanent error, after rolling
+everything back. (Inserting jobs stays allowed: ``enqueue(..., connection=conn)``.)
 """
 
 from __future__ import annotations
@@ -43,12 +47,26 @@ class BlockGuard:
         if action == sqlite3.SQLITE_TRANSACTION:
             self.ended = arg1 or "COMMIT"
             return sqlite3.SQLITE_DENY
+        if action in _CHANGES and arg1 in _OWN_ROWS:
+            self.ended = f"{_CHANGES[action]} of {arg1}"
+            return sqlite3.SQLITE_DENY
         return sqlite3.SQLITE_OK
 
     def refusal(self) -> NotSupportedError:
-        """The error the block's end raises when it tried to end the transaction."""
+        """The error the block's end raises when it tried what it may not."""
+        if self.ended in ("COMMIT", "ROLLBACK"):
+            why = (
+                "leaving the block commits its writes together with the job's completion "
+                "(an exception in it rolls them back)"
+            )
+        else:
+            why = "tokenline's own rows are the store's to change: it finishes the job"
         return NotSupportedError(
-            f"{self.ended} inside `with ctx.transaction()` is refused: leaving the block "
-            "commits its writes together with the job's completion (an exception in it "
-            "rolls them back); nothing was written"
+            f"{self.ended} inside `with ctx.transaction()` is refused: {why}; nothing was written"
         )
+
+
+#: What the block may not do to :data:`_OWN_ROWS`, by SQLite's authorizer action.
+_CHANGES = {sqlite3.SQLITE_UPDATE: "an UPDATE", sqlite3.SQLITE_DELETE: "a DELETE"}
+#: The store's tables whose rows the block may not change.
+_OWN_ROWS = frozenset({"tokenline_jobs", "tokenline_attempts"})
