@@ -100,7 +100,11 @@ def one_round(sink: str, redis_url: str, jobs: int, workers: int) -> dict[str, A
             REDIS_ENV: redis_url,
             SINK_ENV: sink,
             TABLE_ENV: table,
-            "PYTHONPATH": str(Path(__file__).resolve().parent),
+            # Ahead of the caller's own path, not instead of it: a run against another
+            # checkout (PYTHONPATH=…/src) must have its workers run that code too.
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")) if p
+            ),
         }
         consumer = Path(sys.executable).with_name("huey_consumer")
         cmd = [str(consumer), "peer_huey.huey", "-w", "1", "-k", "thread", "-d", "0.05", "-q"]

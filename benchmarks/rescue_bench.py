@@ -95,7 +95,11 @@ def one_round(url: str | None) -> dict[str, Any]:
             **os.environ,
             "TOKENLINE_URL": scratch.url,
             STARTS_ENV: str(starts),
-            "PYTHONPATH": str(Path(__file__).resolve().parent),
+            # Ahead of the caller's own path, not instead of it: a run against another
+            # checkout (PYTHONPATH=…/src) must have its workers run that code too.
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")) if p
+            ),
         }
         cmd = [
             sys.executable, "-m", "tokenline", "worker", "--app", "rescue_bench:app",
