@@ -52,6 +52,17 @@ def postgres_server() -> str:
     return POSTGRES_URL
 
 
+@pytest.fixture
+def absent_schema(postgres_server: str) -> Iterator[str]:
+    """A schema name no test has used; dropped afterwards if anything created it."""
+    import psycopg
+
+    schema = f"tl_absent_{secrets.token_hex(6)}"
+    yield schema
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> str:
     """The test Redis server's URL; skips (fails in CI) when it cannot be reached."""

@@ -1,4 +1,5 @@
-"""A PostgreSQL schema as an older tokenline left it, for the upgrade tests."""
+"""PostgreSQL schemas in tests: one as an older tokenline left it (for the upgrade
+tests), and whether one exists at all."""
 
 from __future__ import annotations
 
@@ -26,3 +27,12 @@ def schema_at_version(conn: Any, schema: str, version: int) -> None:
             sql.SQL("INSERT INTO {}.schema_version (version, name) VALUES (%s, %s)").format(ident),
             (m.version, m.name),
         )
+
+
+def schema_exists(server: str, schema: str) -> bool:
+    """Whether ``schema`` exists on the PostgreSQL ``server``."""
+    import psycopg
+
+    with psycopg.connect(server, autocommit=True) as conn:
+        cur = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,))
+        return cur.fetchone() == (1,)

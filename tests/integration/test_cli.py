@@ -16,6 +16,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from pg_schema import schema_exists
 from tokenline import App, JobState
 from tokenline.cli import main
 from tokenline.cli._common import Prefetch, Seconds
@@ -471,28 +472,19 @@ def test_a_command_that_reads_refuses_a_sqlite_file_that_is_not_a_store(
 
 
 def test_a_command_that_reads_refuses_a_postgres_schema_that_is_not_installed(
-    postgres_server: str,
+    postgres_server: str, absent_schema: str
 ) -> None:
     """A mistyped ?schema= got a new schema installed under that name, and an answer
     from it ("no jobs"). Every command that reads is refused, exit status 2, naming the
     schema and the database, and no schema is created."""
-    import psycopg
-
-    schema = f"tl_typo_{uuid.uuid4().hex[:8]}"
-    url = f"{postgres_server}?schema={schema}"
-    try:
-        for command in READING:
-            result = CliRunner().invoke(main, [*command, "--url", url])
-            assert result.exit_code == 2, (command, result.output)
-            flat = " ".join(result.output.split())
-            assert f"error: the tokenline schema {schema!r} of database" in flat, flat
-            assert "is not installed (nothing was created" in flat
-        with psycopg.connect(postgres_server, autocommit=True) as conn:
-            cur = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,))
-            assert cur.fetchone() == (0,)
-    finally:
-        with psycopg.connect(postgres_server, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    url = f"{postgres_server}?schema={absent_schema}"
+    for command in READING:
+        result = CliRunner().invoke(main, [*command, "--url", url])
+        assert result.exit_code == 2, (command, result.output)
+        flat = " ".join(result.output.split())
+        assert f"error: the tokenline schema {absent_schema!r} of database" in flat, flat
+        assert "is not installed (nothing was created" in flat
+    assert not schema_exists(postgres_server, absent_schema)
 
 
 def test_the_dashboard_refuses_a_store_that_is_not_there(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
+from pg_schema import schema_exists
 from tokenline import App, JobState
 from tokenline._errors import StaleTokenError
 from tokenline._jobs import WorkerRecord
@@ -365,26 +366,19 @@ def test_status_on_a_reachable_postgres_without_the_schema(postgres_server: str)
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
-def test_status_creates_no_postgres_schema_that_is_not_there(postgres_server: str) -> None:
+def test_status_creates_no_postgres_schema_that_is_not_there(
+    postgres_server: str, absent_schema: str
+) -> None:
     """With migrating on open left on (the default), status on a schema that is not
     installed says so, as above, and installs nothing: a mistyped ?schema= used to get
     a new, empty, healthy-looking store."""
-    import psycopg
-
-    schema = f"tl_status_{uuid.uuid4().hex[:8]}"
-    try:
-        code, out = cli("status", "--url", f"{postgres_server}?schema={schema}", "--json")
-        assert code == 1
-        report = json.loads(out)
-        assert report["store"] == "schema not ready"
-        assert "is not installed" in report["error"]
-        assert "run `tokenline migrate`" in report["error"]
-        with psycopg.connect(postgres_server, autocommit=True) as conn:
-            cur = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,))
-            assert cur.fetchone() == (0,)
-    finally:
-        with psycopg.connect(postgres_server, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    code, out = cli("status", "--url", f"{postgres_server}?schema={absent_schema}", "--json")
+    assert code == 1
+    report = json.loads(out)
+    assert report["store"] == "schema not ready"
+    assert "is not installed" in report["error"]
+    assert "run `tokenline migrate`" in report["error"]
+    assert not schema_exists(postgres_server, absent_schema)
 
 
 def test_status_leaves_a_sqlite_file_of_other_tables_as_it_was(tmp_path: Path) -> None:

@@ -20,6 +20,24 @@ def _connect(path: Path, timeout: float) -> sqlite3.Connection:
     return conn
 
 
+def _letting_go_after_five_pauses(
+    holder: sqlite3.Connection, monkeypatch: pytest.MonkeyPatch
+) -> list[float]:
+    """Record the waiter's pauses (the list returned); the holder commits at the fifth,
+    while the waiter waits."""
+    pauses: list[float] = []
+    real_sleep = _connection.time.sleep
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 5:
+            holder.execute("COMMIT")
+        real_sleep(seconds)
+
+    monkeypatch.setattr(_connection.time, "sleep", pause)
+    return pauses
+
+
 def test_a_held_lock_is_waited_for_in_short_pauses_then_taken(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -30,16 +48,7 @@ def test_a_held_lock_is_waited_for_in_short_pauses_then_taken(
     waiter = _connect(tmp_path / "f.db", 5.0)
     holder.execute("CREATE TABLE t (x)")
     holder.execute("BEGIN IMMEDIATE")
-    pauses: list[float] = []
-    real_sleep = _connection.time.sleep
-
-    def pause(seconds: float) -> None:
-        pauses.append(seconds)
-        if len(pauses) == 5:
-            holder.execute("COMMIT")  # the holder lets go while the waiter waits
-        real_sleep(seconds)
-
-    monkeypatch.setattr(_connection.time, "sleep", pause)
+    pauses = _letting_go_after_five_pauses(holder, monkeypatch)
     begin_immediate(waiter)
     waiter.execute("INSERT INTO t VALUES (1)")
     waiter.execute("COMMIT")
@@ -146,21 +155,12 @@ def test_a_writes_only_connection_waits_in_pauses_with_sqlites_own_wait_off(
 
     holder = _connect(tmp_path / "f.db", 5.0)
     holder.execute("BEGIN IMMEDIATE")
-    pauses: list[float] = []
-    real_sleep = _connection.time.sleep
-
-    def pause(seconds: float) -> None:
-        pauses.append(seconds)
-        if len(pauses) == 5:
-            holder.execute("COMMIT")  # the holder lets go while the waiter waits
-        real_sleep(seconds)
-
-    monkeypatch.setattr(_connection.time, "sleep", pause)
+    pauses = _letting_go_after_five_pauses(holder, monkeypatch)
     with _connection.immediate(conn):
         conn.execute("INSERT INTO t VALUES (2)")
     assert len(pauses) >= 5
     assert max(pauses) <= 0.001, pauses
-    monkeypatch.setattr(_connection.time, "sleep", real_sleep)
+    monkeypatch.undo()
 
     short = _connection.connect_main(tmp_path / "f.db", busy_timeout=0.05, writes_only=True)
     holder.execute("BEGIN IMMEDIATE")
