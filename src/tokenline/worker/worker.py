@@ -64,6 +64,7 @@ from ..maintenance import (
 from ..retry import RetryPolicy, policy_delay
 from .completer import BatchCompleter, ClaimArgs
 from .context import JobContext, decode_args
+from .deadlines import Deadlines
 from .guard import ABANDONED, UNTRUSTED, Guarded, LeaseCheck
 from .prefetch import AUTO_PATIENCE, RunTimes, auto_prefetch
 from .resources import renew_resource_leases
@@ -163,6 +164,8 @@ class Worker:
         #: Set while run() waits for its store to answer at start-up (startup_wait).
         self._opening: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
+        # The async handlers' hard timeouts, on the loop the worker runs on.
+        self._deadlines: Deadlines | None = None
         #: The fetch loop's claim in flight, which a stop lets answer (see run).
         self._claim_call = InFlight()
         #: Jobs asked for by claims in flight (see ``reserve``).
@@ -880,10 +883,23 @@ class Worker:
         once its lease is no longer trusted (see ``guard.py``)."""
         check = LeaseCheck(slot, self.clock, self.settings.local_fencing)
         slot.guarded = True
+        current = asyncio.current_task()
+        assert current is not None  # a handler runs in its job's task
+        if self._deadlines is None:
+            self._deadlines = Deadlines(asyncio.get_running_loop())
+        # As asyncio.timeout(limit) would, for less (see deadlines.py).
+        deadline = self._deadlines.start(limit, current)
         try:
-            async with asyncio.timeout(limit) as scope:
+            try:
                 result = await Guarded(coro, check, lambda: slot.abandoned)
-            if scope.expired():
+            except asyncio.CancelledError:
+                if deadline.settle(cancelled=True):
+                    raise TimeoutError from None
+                raise
+            except BaseException:
+                deadline.settle(cancelled=False)
+                raise
+            if deadline.settle(cancelled=False):
                 # It caught the cancellation of its hard timeout and returned late: the
                 # timeout holds all the same, or a handler could run past it at will.
                 raise TimeoutError(
@@ -894,9 +910,7 @@ class Worker:
         except asyncio.CancelledError:
             if not slot.abandoned or slot.cancel_reason is not None:
                 raise  # the worker's own cancellation (fenced, stopping): it ends the task
-            current = asyncio.current_task()
-            if current is not None:
-                current.uncancel()  # the watchdog's cancellation, which closed it
+            current.uncancel()  # the watchdog's cancellation, which closed it
             raise TimeoutError(
                 f"hard timeout: attempt ran longer than {limit:g}s, and the handler was "
                 f"abandoned after it ignored its cancellation for "
