@@ -67,6 +67,20 @@ def handler_problem(fn: object) -> str | None:
             f"{describe(fn)} is a generator function (it yields): calling it runs none "
             "of its body; return the result instead of yielding it"
         )
+    try:
+        params = list(inspect.signature(fn, follow_wrapped=False).parameters.values())
+    except (TypeError, ValueError):
+        return None  # a builtin, say: its signature says too little to refuse it
+    positional = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.VAR_POSITIONAL,
+    )
+    if not params or params[0].kind not in positional:
+        return (
+            f"{describe(fn)} takes no positional parameter for the job context: the "
+            "worker calls it as fn(ctx, *args, **kwargs)"
+        )
     return None
 
 
@@ -129,7 +143,9 @@ def _shape_of(fn: Callable[..., Any]) -> _Shape | None:
     """``fn``'s :class:`_Shape`, or ``None`` when its signature cannot be read (a
     builtin, say) or takes no ``ctx``: such a handler is not checked."""
     try:
-        signature = inspect.signature(fn)
+        # The function that is called, not the one a functools.wraps decorator names:
+        # a wrapper that supplies or drops arguments takes what it takes.
+        signature = inspect.signature(fn, follow_wrapped=False)
     except (TypeError, ValueError):
         return None
     params = list(signature.parameters.values())

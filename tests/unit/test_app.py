@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import math
@@ -296,6 +297,36 @@ def test_args_the_handler_cannot_take_are_refused_when_enqueued(
     assert why in message
     assert app.run(lambda s: s.jobs_list()) == []
     app.close()
+
+
+def test_a_wrapper_is_checked_for_what_it_takes_not_what_it_wraps() -> None:
+    """A functools.wraps decorator that supplies an argument (a connection, say) takes
+    one fewer than the function it names: its jobs were refused as missing that one."""
+    db = object()
+
+    def with_db(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(ctx: object, *args: Any) -> Any:
+            return fn(ctx, db, *args)
+
+        return wrapper
+
+    app = App("memory://")
+
+    @app.task(name="t.inject")
+    @with_db
+    def inject(ctx: object, conn: object, order_id: int) -> None:
+        """Needs a connection its decorator gives it."""
+
+    assert json.loads(app.build_job("t.inject", [42]).args) == {"args": [42], "kwargs": {}}
+
+
+@pytest.mark.parametrize("fn", [lambda: None, lambda *, ctx: None], ids=["none", "keyword"])
+def test_a_handler_that_cannot_take_the_context_is_refused_when_registered(fn: Any) -> None:
+    """The worker calls fn(ctx, *args, **kwargs): a handler with no positional
+    parameter could never run, and no enqueue could fit it."""
+    with pytest.raises(ConfigError, match="takes no positional parameter for the job context"):
+        App("memory://").task(name="t.bad")(fn)
 
 
 def test_enqueue_many_names_the_item_whose_args_do_not_fit() -> None:
