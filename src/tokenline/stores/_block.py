@@ -12,12 +12,15 @@ change or delete tokenline's own job rows (SQLite's store keeps them in the same
 the store finishes the job when the block ends, and a job row changed under it made that
 completion fail, the job go back to its queue and the same block run again, for ever.
 The block's end then reports the refusal, as a permanent error, after rolling
-everything back. (Inserting jobs stays allowed: ``enqueue(..., connection=conn)``.)
+everything back. (Enqueueing stays allowed: ``enqueue(..., connection=conn)`` writes
+its job rows as the store, under :meth:`BlockGuard.ours`.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
+from collections.abc import Iterator
 
 from .._errors import NotSupportedError
 
@@ -28,11 +31,14 @@ class BlockGuard:
     """Install on a connection whose transaction a block holds; :attr:`ended` names the
     statement it tried and was refused, if any."""
 
-    __slots__ = ("ended",)
+    __slots__ = ("_ours", "ended", "transaction")
 
     def __init__(self) -> None:
-        #: The transaction statement the block tried (``COMMIT``, ``ROLLBACK``), refused.
+        #: What the block tried and was refused (``COMMIT``, ``an UPDATE of …``).
         self.ended: str | None = None
+        #: Whether that was a transaction statement (else a change to the store's rows).
+        self.transaction = False
+        self._ours = 0
 
     def install(self, conn: sqlite3.Connection) -> None:
         """Refuse transaction statements on ``conn`` until :meth:`remove`."""
@@ -43,18 +49,28 @@ class BlockGuard:
         """Let ``conn`` end its transaction again (the block is over)."""
         conn.set_authorizer(None)
 
+    @contextlib.contextmanager
+    def ours(self) -> Iterator[None]:
+        """The store itself writes its rows inside the block (an enqueue with
+        ``connection=conn``): allowed while this lasts."""
+        self._ours += 1
+        try:
+            yield
+        finally:
+            self._ours -= 1
+
     def _authorize(self, action: int, arg1: str | None, *_: str | None) -> int:
         if action == sqlite3.SQLITE_TRANSACTION:
-            self.ended = arg1 or "COMMIT"
+            self.ended, self.transaction = arg1 or "COMMIT", True
             return sqlite3.SQLITE_DENY
-        if action in _CHANGES and arg1 in _OWN_ROWS:
-            self.ended = f"{_CHANGES[action]} of {arg1}"
+        if action in _CHANGES and arg1 in _OWN_ROWS and not self._ours:
+            self.ended, self.transaction = f"{_CHANGES[action]} of {arg1}", False
             return sqlite3.SQLITE_DENY
         return sqlite3.SQLITE_OK
 
     def refusal(self) -> NotSupportedError:
         """The error the block's end raises when it tried what it may not."""
-        if self.ended in ("COMMIT", "ROLLBACK"):
+        if self.transaction:
             why = (
                 "leaving the block commits its writes together with the job's completion "
                 "(an exception in it rolls them back)"
@@ -66,7 +82,12 @@ class BlockGuard:
         )
 
 
-#: What the block may not do to :data:`_OWN_ROWS`, by SQLite's authorizer action.
-_CHANGES = {sqlite3.SQLITE_UPDATE: "an UPDATE", sqlite3.SQLITE_DELETE: "a DELETE"}
+#: What the block may not do to :data:`_OWN_ROWS`, by SQLite's authorizer action (an
+#: INSERT too: ``INSERT OR REPLACE`` replaces a row without asking about a DELETE).
+_CHANGES = {
+    sqlite3.SQLITE_INSERT: "an INSERT",
+    sqlite3.SQLITE_UPDATE: "an UPDATE",
+    sqlite3.SQLITE_DELETE: "a DELETE",
+}
 #: The store's tables whose rows the block may not change.
 _OWN_ROWS = frozenset({"tokenline_jobs", "tokenline_attempts"})

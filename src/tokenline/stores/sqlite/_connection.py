@@ -17,6 +17,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "Connection",
@@ -48,6 +49,9 @@ class Connection(sqlite3.Connection):
     #: milliseconds, while SQLite's own busy timeout stays 0. ``None``: the busy timeout
     #: is the wait.
     lock_wait_ms: int | None = None
+    #: The guard of the ``ctx.transaction()`` block this connection is lent to, if any
+    #: (see ``stores/_block.py``): the store's own writes in the block go through it.
+    block_guard: Any = None
 
 
 def busy_timeout(conn: sqlite3.Connection) -> int:

@@ -31,7 +31,7 @@ from ..._records import DuplicateKind, Fence, by_attempt
 from .._block import BlockGuard
 from ..base import FencedTransaction
 from ._callers import held_by_this_thread
-from ._connection import begin_immediate, rollback
+from ._connection import Connection, begin_immediate, rollback
 from ._errors import map_sqlite_errors
 
 if TYPE_CHECKING:
@@ -110,6 +110,8 @@ class SQLiteFencedTransaction(FencedTransaction):
                 self._close(conn)  # again after a refusal above: closing twice is harmless
                 raise
         self._guard.install(conn)  # from here the block may not end it (_block.py)
+        if isinstance(conn, Connection):
+            conn.block_guard = self._guard
         self._conn = conn
         return conn
 
@@ -132,6 +134,8 @@ class SQLiteFencedTransaction(FencedTransaction):
         store = self._store
         try:
             self._guard.remove(conn)
+            if isinstance(conn, Connection):
+                conn.block_guard = None
             with map_sqlite_errors(store.path):
                 if self._guard.ended is not None:
                     rollback(conn)

@@ -687,7 +687,10 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                     "connection= must be a sqlite3.Connection inside an open transaction"
                 )
             self._require_own_file(connection)
-            with map_sqlite_errors(self.path):
+            # Inside a ctx.transaction() block, whose guard lets only the store write
+            # its job rows (stores/_block.py).
+            guard = getattr(connection, "block_guard", None)
+            with map_sqlite_errors(self.path), guard.ours() if guard else contextlib.nullcontext():
                 # An unopened store (app.enqueue(connection=...)) reads the anchor only.
                 now = self.clock.now() if self._main is not None else self._peek_now()
                 pairs = zip(self._enqueue_rows(jobs, now), jobs, strict=True)
