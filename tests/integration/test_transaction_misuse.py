@@ -173,7 +173,7 @@ async def test_a_handler_that_ends_its_transaction_writes_nothing_and_goes_dead(
         app.close()
 
 
-@pytest.mark.parametrize("statement", ["update", "delete"])
+@pytest.mark.parametrize("statement", ["update", "delete", "replace"])
 async def test_a_block_that_changes_its_own_job_row_on_sqlite_goes_dead(
     tmp_path: Path, statement: str
 ) -> None:
@@ -188,6 +188,9 @@ async def test_a_block_that_changes_its_own_job_row_on_sqlite_goes_dead(
     sql = {
         "update": "UPDATE tokenline_jobs SET state = 'succeeded' WHERE id = ?",
         "delete": "DELETE FROM tokenline_attempts WHERE job_id = ?",
+        # REPLACE deletes the row it conflicts with without asking about a DELETE.
+        "replace": "INSERT OR REPLACE INTO tokenline_jobs SELECT * FROM tokenline_jobs "
+        "WHERE id = ?",
     }[statement]
 
     @app.task(name="meddle", max_attempts=3)
@@ -213,9 +216,111 @@ async def test_a_block_that_changes_its_own_job_row_on_sqlite_goes_dead(
         job = await asyncio.wait_for(finished(), DEADLINE)
         assert (job.state, job.attempt, job.error_class) == (JobState.DEAD, 1, "permanent")
         assert job.last_error is not None
-        assert f"of tokenline_{'jobs' if statement == 'update' else 'attempts'}" in job.last_error
+        table = "tokenline_attempts" if statement == "delete" else "tokenline_jobs"
+        assert f"of {table}" in job.last_error
         assert _marks(f"sqlite:///{path}", store) == []
     finally:
         worker.request_shutdown()
         await asyncio.wait_for(run, DEADLINE)
         app.close()
+
+
+async def test_a_block_may_enqueue_through_its_own_connection_on_sqlite(tmp_path: Path) -> None:
+    """The guard refuses the block's own writes to the job rows, not the store's: a job
+    enqueued with connection=conn inside the block exists once the block commits, and
+    not at all when it rolls back."""
+    path = tmp_path / "chain.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE marks (job integer, token integer)")
+    app = App(f"sqlite:///{path}")
+
+    @app.task(name="next")
+    def follow(ctx: JobContext, parent: int) -> None:
+        """The job a first one enqueues."""
+
+    @app.task(name="first", max_attempts=2)
+    def first(ctx: JobContext) -> None:
+        with ctx.transaction() as conn:
+            conn.execute("INSERT INTO marks (job, token) VALUES (?, ?)", (ctx.job_id, ctx.token))
+            app.enqueue("next", ctx.job_id, connection=conn)
+            if ctx.attempt == 1:
+                raise RuntimeError("rolled back with its enqueue")
+
+    store = app.open_store(timeout=SETTINGS.call_timeout)
+    await store.open()
+    worker = Worker(app, SETTINGS, store=store)
+    run = asyncio.create_task(worker.run())
+    try:
+        jid = await app.enqueue_async("first")
+
+        async def settled() -> list[Any]:
+            while True:
+                jobs = await store.jobs_list()
+                if len(jobs) == 2 and all(j.state.finished for j in jobs):
+                    return jobs
+                await asyncio.sleep(0.05)
+
+        jobs = await asyncio.wait_for(settled(), DEADLINE)
+        by_task = {j.task: j for j in jobs}
+        assert by_task["first"].state is JobState.SUCCEEDED
+        assert by_task["first"].attempt == 2
+        assert by_task["next"].args == f'{{"args":[{jid}],"kwargs":{{}}}}'
+        assert len(_marks(f"sqlite:///{path}", store)) == 1
+    finally:
+        worker.request_shutdown()
+        await asyncio.wait_for(run, DEADLINE)
+        app.close()
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "SET CONSTRAINTS ALL IMMEDIATE",  # runs the guard's deferred check now
+        "DO $$ BEGIN COMMIT; END $$",  # the server refuses it inside a transaction
+    ],
+)
+async def test_other_ways_to_end_a_postgres_block_are_permanent_errors(
+    postgres_server: str, statement: str
+) -> None:
+    """Whatever refuses it (the guard, or the server itself), a block that tries to end
+    its transaction fails its job for good with the reason, not as a transient error
+    retried until its attempts run out; nothing it wrote is kept."""
+    import psycopg
+
+    schema = f"tl_misuse_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"CREATE TABLE {schema}.marks (job integer, token integer)")
+    url = f"{postgres_server}?schema={schema}&options=-c%20search_path%3D{schema}"
+    app = App(url)
+
+    @app.task(name="ender", max_attempts=3)
+    def ender(ctx: JobContext) -> None:
+        with ctx.transaction() as conn:
+            conn.execute("INSERT INTO marks (job, token) VALUES (%s, %s)", (ctx.job_id, ctx.token))
+            conn.execute(statement)
+
+    store = app.open_store(timeout=SETTINGS.call_timeout)
+    await store.open()
+    worker = Worker(app, SETTINGS, store=store)
+    run = asyncio.create_task(worker.run())
+    try:
+        jid = await app.enqueue_async("ender")
+
+        async def finished() -> Any:
+            while True:
+                job = await store.job_get(job_id=jid)
+                if job.state.finished:
+                    return job
+                await asyncio.sleep(0.05)
+
+        job = await asyncio.wait_for(finished(), DEADLINE)
+        assert (job.state, job.attempt, job.error_class) == (JobState.DEAD, 1, "permanent")
+        assert "inside `with ctx.transaction()` is refused" in (job.last_error or "")
+        assert _marks(url, store) == []
+    finally:
+        worker.request_shutdown()
+        await asyncio.wait_for(run, DEADLINE)
+        app.close()
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

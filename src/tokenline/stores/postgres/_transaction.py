@@ -190,8 +190,9 @@ class PostgresFencedTransaction(FencedTransaction):
         status = yield Status()
         if status == TransactionStatus.IDLE:
             # No transaction at all: the block committed (refused by the guard, so its
-            # COMMIT failed and rolled back) or rolled back, and wrote nothing since.
-            # psycopg's transaction block is left all the same (its ROLLBACK is a no-op).
+            # COMMIT failed and rolled back) or rolled back (and maybe committed writes
+            # of its own after that, which are beyond reach). psycopg's transaction
+            # block is left all the same (its ROLLBACK is a no-op).
             ended = _ended()
             yield from _rollback_quietly(error or ended)
             raise ended from error
@@ -247,17 +248,22 @@ class PostgresFencedTransaction(FencedTransaction):
 
 
 def _ended() -> NotSupportedError:
-    """The error of a block that ended its own transaction: nothing of it is written."""
+    """The error of a block that ended, or tried to end, its own transaction."""
     return NotSupportedError(
         "COMMIT or ROLLBACK inside `with ctx.transaction()` is refused: leaving the block "
         "commits its writes together with the job's completion (an exception in it rolls "
-        "them back); nothing was written"
+        "them back); the transaction was rolled back (a ROLLBACK followed by a COMMIT of "
+        "the block's own commits what came between, which tokenline cannot undo)"
     )
 
 
 def _explicit_end(error: BaseException) -> bool:
-    """Whether ``error`` is psycopg refusing ``conn.commit()`` or ``conn.rollback()``
-    inside the transaction block: nothing ended, but the block tried to end it."""
+    """Whether ``error`` says the block tried to end its transaction: psycopg refusing
+    ``conn.commit()`` or ``conn.rollback()`` inside the transaction block, or the server
+    an invalid transaction termination (the guard of migration 0014 refusing a COMMIT,
+    a COMMIT in a ``DO`` block or a procedure)."""
+    if isinstance(error, psycopg.errors.InvalidTransactionTermination):
+        return True
     return isinstance(error, psycopg.ProgrammingError) and "within a Transaction context" in str(
         error
     )

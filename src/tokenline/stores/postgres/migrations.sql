@@ -353,9 +353,10 @@ CREATE INDEX open_blocks_xact ON {schema}.open_blocks (xact);
 CREATE FUNCTION {schema}.block_closed() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM {schema}.open_blocks WHERE xact = NEW.xact) THEN
-        RAISE EXCEPTION 'tokenline: COMMIT inside `with ctx.transaction()` is refused: '
-            'leaving the block commits its writes together with the job''s completion; '
-            'nothing was written'
+        RAISE EXCEPTION 'tokenline: COMMIT inside `with ctx.transaction()` is refused '
+            '(so is SET CONSTRAINTS ALL IMMEDIATE, which would check this now: name your '
+            'own constraints): leaving the block commits its writes together with the '
+            'job''s completion'
             USING ERRCODE = 'invalid_transaction_termination';
     END IF;
     RETURN NULL;
