@@ -341,6 +341,8 @@ async def test_a_priority_or_run_at_of_the_wrong_type_is_refused_by_the_file(
                 "UPDATE tokenline_jobs SET run_at = 'soon' WHERE id = ?",
                 "UPDATE tokenline_jobs SET priority = x'00' WHERE id = ?",
                 "UPDATE tokenline_jobs SET queue = x'71' WHERE id = ?",
+                "UPDATE tokenline_jobs SET run_at = -1e999 WHERE id = ?",
+                "UPDATE tokenline_jobs SET run_at = 1e999 WHERE id = ?",
             ):
                 with pytest.raises(sqlite3.IntegrityError, match="priority must be an integer"):
                     conn.execute(sql, (ids[0],))

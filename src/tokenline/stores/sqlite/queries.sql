@@ -371,24 +371,25 @@ CREATE TABLE IF NOT EXISTS tokenline_schedules (
 -- SQLite keeps whatever a statement writes into a column ('abc' in priority) where
 -- PostgreSQL's types refuse it. One such row, written by hand, stopped every worker of
 -- its queue (the claim ranks jobs by priority and run_at in Python) or sat queued for
--- good; a queue name that is not text stopped every listing of the queues. The store
--- refuses a priority, run_at or queue of the wrong type instead, whatever SQL writes
--- it. (A malformed payload, unlike these, is dead-lettered with the reason.)
+-- good; a queue name that is not text stopped every listing of the queues, and an
+-- infinite run_at every claim. The store refuses a priority, run_at or queue of the
+-- wrong type instead, whatever SQL writes it. (A malformed payload, unlike these, is
+-- dead-lettered with the reason.)
 CREATE TRIGGER IF NOT EXISTS tokenline_jobs_types_insert
 BEFORE INSERT ON tokenline_jobs
 WHEN
     typeof(NEW.priority) <> 'integer' OR typeof(NEW.run_at) NOT IN ('real', 'integer')
-    OR typeof(NEW.queue) <> 'text'
+    OR abs(NEW.run_at) >= 9e999 OR typeof(NEW.queue) <> 'text'
 BEGIN
-    SELECT RAISE(ABORT, 'tokenline: a job''s priority must be an integer, its run_at a number and its queue text');
+    SELECT RAISE(ABORT, 'tokenline: a job''s priority must be an integer, its run_at a finite number and its queue text');
 END;
 CREATE TRIGGER IF NOT EXISTS tokenline_jobs_types_update
 BEFORE UPDATE OF priority, run_at, queue ON tokenline_jobs
 WHEN
     typeof(NEW.priority) <> 'integer' OR typeof(NEW.run_at) NOT IN ('real', 'integer')
-    OR typeof(NEW.queue) <> 'text'
+    OR abs(NEW.run_at) >= 9e999 OR typeof(NEW.queue) <> 'text'
 BEGIN
-    SELECT RAISE(ABORT, 'tokenline: a job''s priority must be an integer, its run_at a number and its queue text');
+    SELECT RAISE(ABORT, 'tokenline: a job''s priority must be an integer, its run_at a finite number and its queue text');
 END;
 
 -- name: leader_holds
