@@ -471,6 +471,25 @@ def test_a_command_that_reads_refuses_a_sqlite_file_that_is_not_a_store(
     assert list(tmp_path.iterdir()) == [path]
 
 
+def test_a_command_that_reads_recreates_no_missing_coordination_file(tmp_path: Path) -> None:
+    """A store whose -coord file was removed: each reading command put a new, empty one
+    in its place (every lease gone, the store reported healthy). Refused, exit status
+    2, naming the file; nothing created."""
+    path = tmp_path / "q.db"
+    assert CliRunner().invoke(main, ["migrate", "--url", f"sqlite:///{path}"]).exit_code == 0
+    for coord in tmp_path.glob("q.db-coord*"):
+        coord.unlink()
+    for command in READING:
+        result = CliRunner().invoke(main, [*command, "--url", f"sqlite:///{path}"])
+        assert result.exit_code == 2, (command, result.output)
+        assert "the coordination file" in result.output
+        assert "is missing" in " ".join(result.output.split())
+    # Reading a WAL database leaves SQLite's own -wal and -shm beside it: no store file.
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix not in (".db-wal", ".db-shm")) == [
+        "q.db"
+    ]
+
+
 def test_a_command_that_reads_refuses_a_postgres_schema_that_is_not_installed(
     postgres_server: str, absent_schema: str
 ) -> None:

@@ -438,7 +438,12 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                 time.sleep(_POLL)
 
     def _too_old(self, path: Path, version: int) -> SchemaVersionError:
-        state = "holds no tokenline schema" if version == 0 else f"has schema version {version}"
+        if not path.exists():
+            state = "does not exist"
+        elif version == 0:
+            state = "holds no tokenline schema"
+        else:
+            state = f"has schema version {version}"
         return SchemaVersionError(
             f"{str(path)!r} {state}, older than this tokenline's and migrations are off "
             "(TOKENLINE_MIGRATE=0 or migrate=False): run `tokenline migrate`"
@@ -600,9 +605,10 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
 
     async def missing(self) -> str | None:
         """What is missing for this store to exist, without creating or changing
-        anything: its file, or tokenline's tables in it (an empty file, or a database of
-        other tables, which opening would write tokenline's schema into); ``None`` when
-        it is a tokenline store, or when the file cannot be read (opening says why)."""
+        anything: its file, tokenline's tables in it (an empty file, or a database of
+        other tables, which opening would write tokenline's schema into), or its
+        coordination file; ``None`` when it is a tokenline store, or when the file
+        cannot be read (opening says why)."""
         if not self.path.is_file():
             return f"no tokenline store at {self.path!s}"
         try:
@@ -613,9 +619,15 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                 conn.close()
         except sqlite3.Error:
             return None
-        if found:
-            return None
-        return f"{str(self.path)!r} holds no tokenline store (no tokenline tables in it)"
+        if not found:
+            return f"{str(self.path)!r} holds no tokenline store (no tokenline tables in it)"
+        if not self.coord_path.is_file():
+            return (
+                f"the coordination file {str(self.coord_path)!r} of the store is missing: "
+                "a worker, an enqueue or `tokenline migrate` creates it again, and every "
+                "lease then expires"
+            )
+        return None
 
     async def migrate(self) -> int:
         """Create or upgrade both files' schemas (opening the store does it too) and
