@@ -28,6 +28,7 @@ from ._jobs import (
     attempts_problem,
     check_queue_name,
     describe,
+    error_text,
     priority_problem,
     run_at_problem,
     seconds_problem,
@@ -889,7 +890,8 @@ def _cancel_input(job_ids: Sequence[object], reason: object) -> tuple[list[int],
         raise InvalidInputError(
             f"reason is {len(reason)} characters, over the limit of {_MAX_CANCEL_REASON}"
         )
-    return [j for j in dict.fromkeys(job_ids) if isinstance(j, int)], reason
+    # Kept as the jobs' error: NULs and lone surrogates escaped, as every store can keep.
+    return [j for j in dict.fromkeys(job_ids) if isinstance(j, int)], error_text(reason)
 
 
 def _uniqueness(unique: UniqueOption, unique_for: float | None, key: str | None) -> Unique | None:

@@ -112,3 +112,31 @@ def test_the_cancel_command_refuses_a_store_that_is_not_there(tmp_path: Path) ->
     result = CliRunner().invoke(main, ["cancel", "1", "--url", f"sqlite:///{tmp_path / 'x.db'}"])
     assert result.exit_code == 2
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_reason_is_kept_as_every_store_can_keep_it(tmp_path: Path) -> None:
+    """A lone surrogate failed the cancel with a raw UnicodeEncodeError, and a NUL was
+    stored raw (PostgreSQL refuses one): both are kept as escapes, as errors are."""
+    app = _app(tmp_path / "c.db")
+    first, second = app.enqueue("t", 1), app.enqueue("t", 2)
+    assert app.cancel(first, reason="sur\udcffx") == 1
+    assert app.cancel(second, reason="nul\x00here") == 1
+    errors = [app.run(lambda s, j=j: s.job_get(job_id=j)).last_error for j in (first, second)]
+    assert errors == ["sur\\udcffx", "nul\\x00here"]
+    app.close()
+
+
+@pytest.mark.parametrize("text", ["\u0663", "1_0", "+3", " ", "3.0"])
+def test_the_cancel_command_reads_ids_in_ascii_digits_only(tmp_path: Path, text: str) -> None:
+    """int() reads 1_0 as 10 and an Arabic-Indic three as 3: a job nobody typed would
+    be cancelled. Refused as a usage error; nothing cancelled."""
+    path = tmp_path / "c.db"
+    app = _app(path)
+    ids = [app.enqueue("t", i) for i in range(12)]
+    app.close()
+    result = CliRunner().invoke(main, ["cancel", text, "--url", f"sqlite:///{path}"])
+    assert result.exit_code == 2, result.output
+    assert "is not a whole number in digits 0-9" in result.output
+    app = _app(path)
+    assert set(_states(app, ids)) == {JobState.QUEUED}
+    app.close()

@@ -357,9 +357,20 @@ def queue_name(
 #: A job id given on the command line: every store's ids are 1 to 2**63 - 1, so anything
 #: else is refused naming the argument, before the store is asked (a batch with one
 #: impossible id must not leave the others undone, nor fail halfway).
-ID = click.IntRange(1, MAX_JOB_ID)
+class _Whole(click.IntRange):
+    """A whole number written in ASCII digits: ``int()`` also reads ``1_0`` as 10 and
+    other scripts' digits (``٣`` as 3), which would name a job nobody typed."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """The number, or a usage error naming the text that is not one."""
+        if isinstance(value, str) and not (value.isascii() and value.strip().isdigit()):
+            self.fail(f"{value!r} is not a whole number in digits 0-9", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+ID = _Whole(1, MAX_JOB_ID)
 #: A token given on the command line: 64-bit like the ids (0 names none held yet).
-TOKEN = click.IntRange(0, MAX_JOB_ID)
+TOKEN = _Whole(0, MAX_JOB_ID)
 
 
 _url = click.option(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .._errors import JobNotFoundError
-from .._jobs import JobState
+from .._jobs import JobState, error_text
 from ..stores import Store
 from ._common import (
     ID,
@@ -70,6 +70,7 @@ def cancel(app_spec: str | None, url: str | None, job_ids: tuple[int, ...], reas
     with why, and the exit status is then 1."""
     if not reason.strip():
         raise click.BadParameter("must not be empty", param_hint="'--reason'")
+    reason = error_text(reason)  # NULs and lone surrogates escaped, as the store keeps them
     with reporting_errors():
         done, refused = with_store(
             resolve_app(app_spec, url, existing=True), lambda s: _cancel(s, job_ids, reason)
