@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import sqlite3
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +131,37 @@ def _marks(url: str, store: Any) -> list[tuple[int, int]]:
         return [tuple(r) for r in conn.execute(f"SELECT job, token FROM {schema}.marks")]
 
 
+@contextlib.asynccontextmanager
+async def _working(app: App) -> AsyncIterator[Any]:
+    """The app's store, open, with a worker running on it until the block ends; the app
+    is closed afterwards. The in-memory store gets its business table here."""
+    store = app.open_store(timeout=SETTINGS.call_timeout)
+    await store.open()
+    if app.url == "memory://":
+        store.database.connection.execute("CREATE TABLE marks (job integer, token integer)")
+    worker = Worker(app, SETTINGS, store=store)
+    run = asyncio.create_task(worker.run())
+    try:
+        yield store
+    finally:
+        worker.request_shutdown()
+        await asyncio.wait_for(run, DEADLINE)
+        app.close()
+
+
+async def _finished(store: Any, job_ids: list[int]) -> list[Any]:
+    """The jobs ``job_ids`` once every one of them is finished (within DEADLINE)."""
+
+    async def poll() -> list[Any]:
+        while True:
+            jobs = [await store.job_get(job_id=j) for j in job_ids]
+            if all(j.state.finished for j in jobs):
+                return jobs
+            await asyncio.sleep(0.05)
+
+    return await asyncio.wait_for(poll(), DEADLINE)
+
+
 @pytest.mark.parametrize("form", ["sync", "async"])
 async def test_a_handler_that_ends_its_transaction_writes_nothing_and_goes_dead(
     url: str, form: str
@@ -140,25 +171,9 @@ async def test_a_handler_that_ends_its_transaction_writes_nothing_and_goes_dead(
     and each job dead on its first attempt, its error saying that ending the
     transaction inside ``ctx.transaction()`` is refused."""
     app = misuse_app(url)
-    store = app.open_store(timeout=SETTINGS.call_timeout)
-    await store.open()
-    if url == "memory://":
-        store.database.connection.execute("CREATE TABLE marks (job integer, token integer)")
-    worker = Worker(app, SETTINGS, store=store)
-    run = asyncio.create_task(worker.run())
-    try:
+    async with _working(app) as store:
         ids = [await app.enqueue_async(f"{form}_misuse", mode) for mode in MODES]
-
-        async def all_done() -> None:
-            while True:
-                jobs = [await store.job_get(job_id=j) for j in ids]
-                if all(j.state.finished for j in jobs):
-                    return
-                await asyncio.sleep(0.05)
-
-        await asyncio.wait_for(all_done(), DEADLINE)
-        for job_id, mode in zip(ids, MODES, strict=True):
-            job = await store.job_get(job_id=job_id)
+        for job, mode in zip(await _finished(store, ids), MODES, strict=True):
             assert (job.state, job.attempt, job.error_class) == (
                 JobState.DEAD,
                 1,
@@ -167,10 +182,6 @@ async def test_a_handler_that_ends_its_transaction_writes_nothing_and_goes_dead(
             assert job.last_error is not None
             assert "inside `with ctx.transaction()` is refused" in job.last_error, (mode, job)
         assert _marks(url, store) == []
-    finally:
-        worker.request_shutdown()
-        await asyncio.wait_for(run, DEADLINE)
-        app.close()
 
 
 @pytest.mark.parametrize("statement", ["update", "delete", "replace"])
@@ -199,30 +210,13 @@ async def test_a_block_that_changes_its_own_job_row_on_sqlite_goes_dead(
             conn.execute("INSERT INTO marks (job, token) VALUES (?, ?)", (ctx.job_id, ctx.token))
             conn.execute(sql, (ctx.job_id,))
 
-    store = app.open_store(timeout=SETTINGS.call_timeout)
-    await store.open()
-    worker = Worker(app, SETTINGS, store=store)
-    run = asyncio.create_task(worker.run())
-    try:
-        jid = await app.enqueue_async("meddle")
-
-        async def finished() -> Any:
-            while True:
-                job = await store.job_get(job_id=jid)
-                if job.state.finished:
-                    return job
-                await asyncio.sleep(0.05)
-
-        job = await asyncio.wait_for(finished(), DEADLINE)
+    async with _working(app) as store:
+        (job,) = await _finished(store, [await app.enqueue_async("meddle")])
         assert (job.state, job.attempt, job.error_class) == (JobState.DEAD, 1, "permanent")
         assert job.last_error is not None
         table = "tokenline_attempts" if statement == "delete" else "tokenline_jobs"
         assert f"of {table}" in job.last_error
         assert _marks(f"sqlite:///{path}", store) == []
-    finally:
-        worker.request_shutdown()
-        await asyncio.wait_for(run, DEADLINE)
-        app.close()
 
 
 async def test_a_block_may_enqueue_through_its_own_connection_on_sqlite(tmp_path: Path) -> None:
@@ -246,30 +240,14 @@ async def test_a_block_may_enqueue_through_its_own_connection_on_sqlite(tmp_path
             if ctx.attempt == 1:
                 raise RuntimeError("rolled back with its enqueue")
 
-    store = app.open_store(timeout=SETTINGS.call_timeout)
-    await store.open()
-    worker = Worker(app, SETTINGS, store=store)
-    run = asyncio.create_task(worker.run())
-    try:
+    async with _working(app) as store:
         jid = await app.enqueue_async("first")
-
-        async def settled() -> list[Any]:
-            while True:
-                jobs = await store.jobs_list()
-                if len(jobs) == 2 and all(j.state.finished for j in jobs):
-                    return jobs
-                await asyncio.sleep(0.05)
-
-        jobs = await asyncio.wait_for(settled(), DEADLINE)
-        by_task = {j.task: j for j in jobs}
-        assert by_task["first"].state is JobState.SUCCEEDED
-        assert by_task["first"].attempt == 2
-        assert by_task["next"].args == f'{{"args":[{jid}],"kwargs":{{}}}}'
+        (parent,) = await _finished(store, [jid])
+        assert (parent.state, parent.attempt) == (JobState.SUCCEEDED, 2)
+        (child,) = [j for j in await store.jobs_list() if j.task == "next"]
+        (child,) = await _finished(store, [child.id])
+        assert child.args == f'{{"args":[{jid}],"kwargs":{{}}}}'
         assert len(_marks(f"sqlite:///{path}", store)) == 1
-    finally:
-        worker.request_shutdown()
-        await asyncio.wait_for(run, DEADLINE)
-        app.close()
 
 
 @pytest.mark.parametrize(
@@ -300,27 +278,12 @@ async def test_other_ways_to_end_a_postgres_block_are_permanent_errors(
             conn.execute("INSERT INTO marks (job, token) VALUES (%s, %s)", (ctx.job_id, ctx.token))
             conn.execute(statement)
 
-    store = app.open_store(timeout=SETTINGS.call_timeout)
-    await store.open()
-    worker = Worker(app, SETTINGS, store=store)
-    run = asyncio.create_task(worker.run())
     try:
-        jid = await app.enqueue_async("ender")
-
-        async def finished() -> Any:
-            while True:
-                job = await store.job_get(job_id=jid)
-                if job.state.finished:
-                    return job
-                await asyncio.sleep(0.05)
-
-        job = await asyncio.wait_for(finished(), DEADLINE)
-        assert (job.state, job.attempt, job.error_class) == (JobState.DEAD, 1, "permanent")
-        assert "inside `with ctx.transaction()` is refused" in (job.last_error or "")
-        assert _marks(url, store) == []
+        async with _working(app) as store:
+            (job,) = await _finished(store, [await app.enqueue_async("ender")])
+            assert (job.state, job.attempt, job.error_class) == (JobState.DEAD, 1, "permanent")
+            assert "inside `with ctx.transaction()` is refused" in (job.last_error or "")
+            assert _marks(url, store) == []
     finally:
-        worker.request_shutdown()
-        await asyncio.wait_for(run, DEADLINE)
-        app.close()
         with psycopg.connect(postgres_server, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
