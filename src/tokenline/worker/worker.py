@@ -64,7 +64,7 @@ from ..maintenance import (
 from ..retry import RetryPolicy, policy_delay
 from .completer import BatchCompleter, ClaimArgs
 from .context import JobContext, decode_args
-from .deadlines import Deadlines
+from .deadlines import Deadline, Deadlines
 from .guard import ABANDONED, UNTRUSTED, Guarded, LeaseCheck
 from .prefetch import AUTO_PATIENCE, RunTimes, auto_prefetch
 from .resources import renew_resource_leases
@@ -815,8 +815,7 @@ class Worker:
             else:
                 call = functools.partial(self._in_thread, task.fn, ctx, *args, **kwargs)
                 fut = asyncio.get_running_loop().run_in_executor(self._pool, call)
-                async with asyncio.timeout(timeout):
-                    result = await fut
+                result = await self._await_within(fut, timeout)
         except asyncio.CancelledError as exc:
             current = asyncio.current_task()
             if slot.cancel_reason is not None or (current is not None and current.cancelling()):
@@ -876,6 +875,32 @@ class Worker:
             return None
         return self._after_failure(slot, decision, task.retry)
 
+    def _deadline(self, limit: float) -> Deadline:
+        """A hard timeout of ``limit`` seconds for the current task (see deadlines.py)."""
+        current = asyncio.current_task()
+        assert current is not None  # a handler runs in its job's task
+        if self._deadlines is None:
+            self._deadlines = Deadlines(asyncio.get_running_loop())
+        return self._deadlines.start(limit, current)
+
+    async def _await_within(self, fut: asyncio.Future[object], limit: float) -> object:
+        """``await fut`` under a hard timeout of ``limit`` seconds, as ``async with
+        asyncio.timeout(limit)`` would: TimeoutError once it passes (a sync handler's
+        thread runs on; its ctx calls refuse from then on)."""
+        deadline = self._deadline(limit)
+        try:
+            result = await fut
+        except asyncio.CancelledError:
+            if deadline.settle(cancelled=True):
+                raise TimeoutError from None
+            raise
+        except BaseException:
+            deadline.settle(cancelled=False)
+            raise
+        if deadline.settle(cancelled=False):
+            raise TimeoutError  # done as the deadline passed: the deadline holds
+        return result
+
     async def _run_async(
         self, slot: Slot, coro: Coroutine[Any, Any, object], limit: float
     ) -> object:
@@ -883,12 +908,9 @@ class Worker:
         once its lease is no longer trusted (see ``guard.py``)."""
         check = LeaseCheck(slot, self.clock, self.settings.local_fencing)
         slot.guarded = True
-        current = asyncio.current_task()
-        assert current is not None  # a handler runs in its job's task
-        if self._deadlines is None:
-            self._deadlines = Deadlines(asyncio.get_running_loop())
         # As asyncio.timeout(limit) would, for less (see deadlines.py).
-        deadline = self._deadlines.start(limit, current)
+        deadline = self._deadline(limit)
+        current = deadline.task
         try:
             try:
                 result = await Guarded(coro, check, lambda: slot.abandoned)
