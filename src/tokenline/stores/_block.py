@@ -8,7 +8,7 @@ every statement that would end the transaction (``COMMIT``, ``END``, ``ROLLBACK`
 ``conn.commit()``, ``conn.rollback()``, the commit that ``executescript`` begins with)
 is refused by SQLite itself: it asks the connection's authorizer before compiling any
 statement. Savepoints stay allowed: they never end the transaction. Nor may the block
-change or delete tokenline's own job rows (SQLite's store keeps them in the same file):
+insert, change or delete tokenline's own job rows (SQLite's store keeps them in the same file):
 the store finishes the job when the block ends, and a job row changed under it made that
 completion fail, the job go back to its queue and the same block run again, for ever.
 The block's end then reports the refusal, as a permanent error, after rolling

@@ -25,8 +25,9 @@ Why a stale worker cannot commit through it:
 3. The block may not end the transaction itself (migration 0014): its ``COMMIT`` is
    refused by a deferred check, and the connection does not autocommit while it is
    lent, so statements after a ``ROLLBACK`` wait in a new transaction that the block's
-   end finds without its guard and rolls back. Either way nothing of the block is
-   written, and :class:`NotSupportedError` (a permanent error) says why.
+   end finds without its guard and rolls back. :class:`NotSupportedError` (a permanent
+   error) says why. What is out of reach: a ``ROLLBACK`` the block follows with writes
+   and a ``COMMIT`` of its own commits them, as another connection would.
 
 Why it may stay open longer than the lease TTL: the check takes only a ``KEY SHARE``
 lock on the job row. The control plane's renewals (and the rescue, and other jobs'
