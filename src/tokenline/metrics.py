@@ -132,6 +132,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import errno
 import logging
 import math
@@ -473,6 +474,18 @@ class _LoopThread:
                 self._loop.close()
 
 
+def _run_here(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """``fn()``'s coroutine run to its end from synchronous code: on a thread of its own
+    when this thread already runs an event loop (an async web app that serves the
+    metrics from its loop), where ``asyncio.run`` would refuse."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(fn())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(fn())).result()
+
+
 class StoreCollector:
     """A Prometheus collector of the store-wide metrics (see the module docstring).
 
@@ -564,7 +577,7 @@ class StoreCollector:
             return
         inner = getattr(self._probe, "inner", self._probe)  # a store wrapped for faults
         missing = getattr(inner, "missing", None)
-        what = asyncio.run(missing()) if missing is not None else None
+        what = _run_here(missing) if missing is not None else None
         if what is not None:
             raise StoreError(
                 f"{what}; nothing is read, nor created, until a worker, "

@@ -317,3 +317,19 @@ def test_a_store_that_is_not_there_is_reported_down_and_never_created(tmp_path: 
     finally:
         collector.close()
         app.close()
+
+
+async def test_a_collector_read_from_a_running_event_loop_finds_its_store(
+    tmp_path: Path,
+) -> None:
+    """An async web app that serves the metrics from its own loop calls the collector
+    there: asking whether the store exists must not need a loop of its own there."""
+    path = tmp_path / "there.db"
+    await SQLiteStore(f"sqlite:///{path}").migrate()
+    app = App(f"sqlite:///{path}")
+    collector = StoreCollector(app, max_age=0)
+    try:
+        assert collector.ready() == (True, "store reachable")
+    finally:
+        collector.close()
+        app.close()
