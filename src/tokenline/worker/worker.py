@@ -31,10 +31,10 @@ import threading
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import events
 from .._config import AUTO, WorkerSettings
@@ -64,7 +64,7 @@ from ..maintenance import (
 from ..retry import RetryPolicy, policy_delay
 from .completer import BatchCompleter, ClaimArgs
 from .context import JobContext, decode_args
-from .deadlines import Deadline, Deadlines
+from .deadlines import Deadlines
 from .guard import ABANDONED, UNTRUSTED, Guarded, LeaseCheck
 from .prefetch import AUTO_PATIENCE, RunTimes, auto_prefetch
 from .resources import renew_resource_leases
@@ -80,6 +80,8 @@ if TYPE_CHECKING:
 __all__ = ["MAINTENANCE_LEASE", "Worker", "WorkerCounters"]
 
 log = logging.getLogger("tokenline.worker")
+
+T = TypeVar("T")
 
 #: First pause (seconds) between two tries to open the store at start-up; each pause
 #: doubles, up to STARTUP_MAX_PAUSE (see ``WorkerSettings.startup_wait``).
@@ -875,21 +877,18 @@ class Worker:
             return None
         return self._after_failure(slot, decision, task.retry)
 
-    def _deadline(self, limit: float) -> Deadline:
-        """A hard timeout of ``limit`` seconds for the current task (see deadlines.py)."""
+    async def _await_within(self, awaitable: Awaitable[T], limit: float, late: str = "") -> T:
+        """``await awaitable`` under a hard timeout of ``limit`` seconds, as ``async with
+        asyncio.timeout(limit)`` would, for less (see deadlines.py): TimeoutError once it
+        passes, with ``late`` when the awaited code caught the cancellation and returned
+        after its deadline anyway (the timeout holds all the same)."""
         current = asyncio.current_task()
         assert current is not None  # a handler runs in its job's task
         if self._deadlines is None:
             self._deadlines = Deadlines(asyncio.get_running_loop())
-        return self._deadlines.start(limit, current)
-
-    async def _await_within(self, fut: asyncio.Future[object], limit: float) -> object:
-        """``await fut`` under a hard timeout of ``limit`` seconds, as ``async with
-        asyncio.timeout(limit)`` would: TimeoutError once it passes (a sync handler's
-        thread runs on; its ctx calls refuse from then on)."""
-        deadline = self._deadline(limit)
+        deadline = self._deadlines.start(limit, current)
         try:
-            result = await fut
+            result = await awaitable
         except asyncio.CancelledError:
             if deadline.settle(cancelled=True):
                 raise TimeoutError from None
@@ -898,7 +897,7 @@ class Worker:
             deadline.settle(cancelled=False)
             raise
         if deadline.settle(cancelled=False):
-            raise TimeoutError  # done as the deadline passed: the deadline holds
+            raise TimeoutError(late)
         return result
 
     async def _run_async(
@@ -908,31 +907,20 @@ class Worker:
         once its lease is no longer trusted (see ``guard.py``)."""
         check = LeaseCheck(slot, self.clock, self.settings.local_fencing)
         slot.guarded = True
-        # As asyncio.timeout(limit) would, for less (see deadlines.py).
-        deadline = self._deadline(limit)
-        current = deadline.task
+        late = (
+            f"hard timeout: attempt ran longer than {limit:g}s "
+            "(the handler caught its cancellation and returned late)"
+        )
         try:
-            try:
-                result = await Guarded(coro, check, lambda: slot.abandoned)
-            except asyncio.CancelledError:
-                if deadline.settle(cancelled=True):
-                    raise TimeoutError from None
-                raise
-            except BaseException:
-                deadline.settle(cancelled=False)
-                raise
-            if deadline.settle(cancelled=False):
-                # It caught the cancellation of its hard timeout and returned late: the
-                # timeout holds all the same, or a handler could run past it at will.
-                raise TimeoutError(
-                    f"hard timeout: attempt ran longer than {limit:g}s "
-                    "(the handler caught its cancellation and returned late)"
-                )
-            return result
+            return await self._await_within(
+                Guarded(coro, check, lambda: slot.abandoned), limit, late
+            )
         except asyncio.CancelledError:
             if not slot.abandoned or slot.cancel_reason is not None:
                 raise  # the worker's own cancellation (fenced, stopping): it ends the task
-            current.uncancel()  # the watchdog's cancellation, which closed it
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()  # the watchdog's cancellation, which closed it
             raise TimeoutError(
                 f"hard timeout: attempt ran longer than {limit:g}s, and the handler was "
                 f"abandoned after it ignored its cancellation for "
