@@ -269,10 +269,14 @@ async def read_status(
 ) -> dict[str, Any]:
     """Open ``store`` and probe its channels at once, each within ``timeout`` seconds;
     what failed, and how, is said, not raised. ``dependencies``: names whose shared
-    circuit breakers to read with the leases channel."""
+    circuit breakers to read with the leases channel.
+
+    The report's data is ``None`` where the channel carrying it failed (or the store
+    did not open), never empty: ``queues`` and ``stale_commits`` (broker), ``now``,
+    ``workers`` and, when asked for, ``dependencies`` (leases)."""
     failed = await _open(store, timeout)
     if failed is not None:
-        return failed
+        return failed | _unknown_data(dependencies)
     down = _roles_down(store)
     probes = {name: _Probe() for name in CHANNELS}
 
@@ -311,20 +315,31 @@ async def read_status(
     _name_servers(store, report["channels"])
     if not store.capabilities.ledger:
         report["channels"]["ledger"] = dict(_NOT_PROVIDED)
-    stats, stale = queues or ([], None)
-    now, records, named = membership or (None, [], [])
-    report["queues"] = stats
-    report["now"] = now
-    if dependencies and now is not None:
-        shared = read_shared(named, now)
-        report["dependencies"] = {
-            name: {"state": "closed", "open_until": None, "prober": None}
-            | ({} if (b := shared.get(name)) is None else _breaker_json(b))
-            for name in dependencies
-        }
-    report["workers"] = live(records, now) if now is not None else []
-    report["stale_commits"] = stale
+    report |= _unknown_data(dependencies)
+    # A channel said to fail (a split store's role that did not open, say) has no data
+    # even when its probe answered: an empty list would read as a healthy, empty store.
+    if queues is not None and report["channels"]["broker"]["ok"] is not False:
+        report["queues"], report["stale_commits"] = queues
+    if membership is not None and report["channels"]["leases"]["ok"] is not False:
+        now, records, named = membership
+        report["now"] = now
+        report["workers"] = live(records, now)
+        if dependencies:
+            shared = read_shared(named, now)
+            report["dependencies"] = {
+                name: {"state": "closed", "open_until": None, "prober": None}
+                | ({} if (b := shared.get(name)) is None else _breaker_json(b))
+                for name in dependencies
+            }
     return report
+
+
+def _unknown_data(dependencies: Sequence[str]) -> dict[str, Any]:
+    """The report's data as it is when no channel answered: each item unknown."""
+    data: dict[str, Any] = dict.fromkeys(("queues", "stale_commits", "now", "workers"))
+    if dependencies:
+        data["dependencies"] = None
+    return data
 
 
 def _breaker_json(b: SharedBreaker) -> dict[str, Any]:

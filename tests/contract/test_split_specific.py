@@ -182,8 +182,9 @@ def test_status_names_the_failing_side_of_the_split(
     down: str, redis_url: str, postgres_url: str
 ) -> None:
     """With Redis unreachable, status says broker and leases fail, naming Redis, and the
-    ledger answers; with PostgreSQL unreachable, the ledger fails, naming PostgreSQL,
-    and broker and leases answer."""
+    ledger answers, and the queues, workers and stale commits Redis carries are null
+    (they were empty lists, as from a healthy empty store); with PostgreSQL
+    unreachable, the ledger fails, naming PostgreSQL, and broker and leases answer."""
     import json
 
     from click.testing import CliRunner
@@ -196,13 +197,20 @@ def test_status_names_the_failing_side_of_the_split(
     ledger = f"postgresql://postgres@127.0.0.1:{port}/test" if down != "redis" else postgres_url
     args = ["status", "--json", "--timeout", "5", "--broker", broker, "--ledger", ledger]
     result = CliRunner().invoke(main, args)
-    channels = json.loads(result.stdout)["channels"]
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    channels = report["channels"]
     failing = {name for name, c in channels.items() if c["ok"] is False}
     named = "Redis" if down == "redis" else "PostgreSQL"
     expected = {"broker", "leases"} if down == "redis" else {"ledger"}
     assert failing == expected, channels
     assert all(named in channels[name]["error"] for name in failing), channels
     assert all(channels[name]["ok"] for name in set(channels) - failing), channels
+    data = [report[k] for k in ("queues", "workers", "stale_commits")]
+    if down == "redis":
+        assert data == [None, None, None], report
+    else:
+        assert None not in data, report
 
 
 def test_status_names_redis_when_the_drill_proxy_cuts_it_off(

@@ -416,6 +416,10 @@ _ROLE_DOWN = {
 }
 
 
+#: What `status --json` reads through each channel: null, never empty, when it fails.
+_CARRIED = {"broker": ("queues", "stale_commits"), "leases": ("workers",), "ledger": ()}
+
+
 @pytest.mark.parametrize("role", sorted(_ROLE_DOWN))
 def test_status_during_a_drill_fault_names_that_channel_and_only_it(
     sqlite_url: str, tmp_path: Path, role: str
@@ -433,11 +437,18 @@ def test_status_during_a_drill_fault_names_that_channel_and_only_it(
     assert failing(report) == {role: "unreachable"}
     assert "drill fault" in report["channels"][role]["error"]
     assert all(c["ok"] for n, c in report["channels"].items() if n != role)
+    # What the failing channel carries is null (it used to be an empty list, as from a
+    # healthy empty store); what the others carry is read.
+    assert {k for k in ("queues", "workers", "stale_commits") if report[k] is None} == set(
+        _CARRIED[role]
+    ), report
     code, out = status_during(sqlite_url, fault_file, faults)
     assert code == 1
     lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
     assert "FAILING  unreachable: drill fault" in lines[role]
     assert [n for n in CHANNELS if " ok " in lines[n]] == [n for n in CHANNELS if n != role]
+    unknown = {line.split(":")[0] for line in out.splitlines() if "UNKNOWN" in line}
+    assert unknown == {k.replace("_", " ") for k in _CARRIED[role]}, out
     code, out = status_during(sqlite_url, fault_file, None, "--json")
     assert code == 0, out
     assert failing(json.loads(out)) == {}
@@ -483,6 +494,7 @@ def test_status_of_an_unreachable_sqlite_store_fails_every_channel(tmp_path: Pat
     report = json.loads(out)
     assert report["store"] == "unreachable"
     assert failing(report) == dict.fromkeys(CHANNELS, "unreachable")
+    assert [report[k] for k in ("queues", "workers", "stale_commits")] == [None] * 3
     code, out = cli("status", "--url", u)
     assert code == 1
     for name in CHANNELS:
@@ -501,6 +513,7 @@ def test_status_of_postgres_on_a_closed_port_fails_every_channel() -> None:
     report = json.loads(out)
     assert report["store"] == "unreachable"
     assert failing(report) == dict.fromkeys(CHANNELS, "unreachable")
+    assert [report[k] for k in ("queues", "workers", "stale_commits")] == [None] * 3
 
 
 def test_status_of_a_missing_sqlite_file_says_not_migrated(tmp_path: Path) -> None:

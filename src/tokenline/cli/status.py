@@ -61,15 +61,16 @@ def _status_json(url: str, r: dict[str, Any]) -> dict[str, Any]:
         "error": r["error"],
         "channels": r["channels"],
     }
-    if r["store"] == "ok":
-        total, recent = r["stale_commits"] or (None, [])
-        out.update(
-            queues=[queue_json(s) for s in r["queues"]],
-            workers=[worker_json(w, r["now"]) for w in r["workers"]],
-            stale_commits={"total": total, "recent": [stale_json(c) for c in recent]},
-        )
-        if "dependencies" in r:
-            out["dependencies"] = r["dependencies"]
+    # null, never an empty list, where the channel carrying the data failed: a script
+    # must not take a failing store for a healthy empty one.
+    queues, workers, stale = r["queues"], r["workers"], r["stale_commits"]
+    out["queues"] = None if queues is None else [queue_json(s) for s in queues]
+    out["workers"] = None if workers is None else [worker_json(w, r["now"]) for w in workers]
+    out["stale_commits"] = (
+        None if stale is None else {"total": stale[0], "recent": [stale_json(c) for c in stale[1]]}
+    )
+    if "dependencies" in r:
+        out["dependencies"] = r["dependencies"]
     return out
 
 
@@ -97,6 +98,13 @@ def _channel_lines(channels: dict[str, Any], *, errors: bool) -> None:
         console.print(f"{name:<7} {verdict}  [dim]{escape(what)}[/]", highlight=False)
 
 
+def _unknown(what: str, channel: str) -> None:
+    """Say that ``what`` is unknown, not empty: the channel carrying it failed."""
+    console.print(
+        f"{what}: [bold red]UNKNOWN[/] (the {channel} channel is failing)", highlight=False
+    )
+
+
 def _status_text(url: str, r: dict[str, Any]) -> None:
     if r["store"] != "ok":
         console.print(f"store   {_STORE_LINE[r['store']]}  {escape(url)}", highlight=False)
@@ -108,11 +116,21 @@ def _status_text(url: str, r: dict[str, Any]) -> None:
     console.print(f"store   [green]reachable[/]  {escape(url)}", highlight=False)
     _channel_lines(r["channels"], errors=True)
     if "dependencies" in r:
-        _dependency_lines(r["dependencies"], r["now"])
-    show_queues(r["queues"])
-    if r["now"] is not None:
+        if r["dependencies"] is None:
+            _unknown("dependencies", "leases")
+        else:
+            _dependency_lines(r["dependencies"], r["now"])
+    if r["queues"] is None:
+        _unknown("queues", "broker")
+    else:
+        show_queues(r["queues"])
+    if r["workers"] is None:
+        _unknown("workers", "leases")
+    else:
         show_workers(r["workers"], r["now"])
-    if r["stale_commits"] is not None:
+    if r["stale_commits"] is None:
+        _unknown("stale commits", "broker")
+    else:
         total, recent = r["stale_commits"]
         console.print(f"stale commits refused by the store: {total}", highlight=False)
         for c in recent:
@@ -150,11 +168,13 @@ def status(app_spec: str | None, url: str | None, timeout: float, as_json: bool)
     --json keys: url; store ("ok", "unreachable", "slow", "refusing", "schema not
     ready" or "missing"); error; channels (broker, leases, ledger, each with ok,
     failure (null, "unreachable", "slow", "refusing" or "not migrated"), latency_ms,
-    error; ok is null for a channel the store does not provide); and, once the store
-    opened: queues (as in `queues --json`), workers (live ones, as in `workers
-    --json`), stale_commits (total, recent: job_id, token, owner, operation, at);
-    and when the --app registers dependencies, dependencies (each: state "closed",
-    "open" or "half_open", open_until, prober), one line each in the text output.
+    error; ok is null for a channel the store does not provide); queues (as in `queues
+    --json`), workers (live ones, as in `workers --json`), stale_commits (total,
+    recent: job_id, token, owner, operation, at); and when the --app registers
+    dependencies, dependencies (each: state "closed", "open" or "half_open",
+    open_until, prober), one line each in the text output. queues and stale_commits
+    are null when the broker channel fails, workers and dependencies when the leases
+    channel does (all of them when the store cannot be opened): unknown, not empty.
     """
     with reporting_errors():
         app = resolve_app(app_spec, url)
