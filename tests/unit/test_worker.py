@@ -659,6 +659,47 @@ async def test_hard_timeout_flags_sync_handler_through_ctx(app: App, store: Stor
     assert isinstance(raised[0], JobCancelled)
 
 
+async def test_threads_held_past_their_attempt_keep_jobs_from_the_pool_queue(
+    app: App, store: Store
+) -> None:
+    """Sync handlers that run on past their hard timeout keep their pool threads: once
+    they hold more than the pool has to spare, the worker claims no job it has no thread
+    for. Before, such a job waited in the pool's queue with its timeout running, and went
+    dead "after running longer than" its timeout without its handler ever starting."""
+    release = threading.Event()
+    ran: list[int] = []
+
+    @app.task(name="t.stuck", timeout=0.1, max_attempts=1)
+    def stuck(ctx: JobContext) -> None:
+        release.wait(DEADLINE * 3)  # ignores ctx: its thread runs on after the timeout
+
+    @app.task(name="t.quick", timeout=0.2, max_attempts=1)
+    def quick(ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    # Concurrency 1: a pool of two threads, one to spare.
+    settings = dataclasses.replace(FAST, concurrency=1)
+    stuck_ids = [await app.enqueue_async("t.stuck", priority=10, store=store) for _ in range(2)]
+    quick_id = await app.enqueue_async("t.quick", store=store)
+    worker = Worker(app, settings)
+    try:
+        async with running(worker):
+            for jid in stuck_ids:
+                await job_in(store, jid, JobState.DEAD)
+            await eventually(lambda: worker.concurrency_limit == 0, "no thread is left")
+            # Long enough for the quick job's timeout to pass several times over, had it
+            # been claimed and left waiting for a thread.
+            await asyncio.sleep(1.0)
+            waiting = await store.job_get(job_id=quick_id)
+            assert (waiting.state, waiting.attempt) == (JobState.QUEUED, 0)
+            release.set()
+            job = await job_in(store, quick_id, JobState.SUCCEEDED, JobState.DEAD)
+            assert (job.state, job.attempt, ran) == (JobState.SUCCEEDED, 1, [quick_id])
+            await eventually(lambda: worker.concurrency_limit == 1, "the threads came back")
+    finally:
+        release.set()
+
+
 async def test_an_async_handler_that_ignores_its_hard_timeout_is_abandoned(
     app: App, store: Store
 ) -> None:

@@ -20,6 +20,7 @@ commit matches nothing. The local checks (watchdog, the guard around async handl
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import inspect
@@ -212,9 +213,14 @@ class Worker:
         # returns or calls ctx, and must not starve the next jobs.
         self._sync_lock = threading.Lock()
         self._sync_running = 0
+        self._pool_size = self.settings.concurrency * 2
         self._pool = ThreadPoolExecutor(
-            max_workers=self.settings.concurrency * 2, thread_name_prefix=HANDLER_THREAD_PREFIX
+            max_workers=self._pool_size, thread_name_prefix=HANDLER_THREAD_PREFIX
         )
+        #: Pool threads still held by sync handlers whose attempt ended without them
+        #: (timed out, fenced, stopped): past the pool's spare threads, each one is a
+        #: job fewer the worker may run at once (see _capacity).
+        self._threads_kept = 0
         #: This worker's wall clock against the store's, measured at each heartbeat.
         self.skew = ClockSkew(self.clock, self.id, self.settings.clock_skew_warning)
         #: Called with (old, new, reason) on every state change; for tests and metrics.
@@ -335,8 +341,17 @@ class Worker:
     @property
     def concurrency_limit(self) -> int:
         """How many jobs the worker runs at once now: its adaptive limit, between
-        ``concurrency_floor`` and ``concurrency``."""
-        return self._limiter.limit
+        ``concurrency_floor`` and ``concurrency``, or fewer while sync handlers past their
+        attempt hold more pool threads than the pool has to spare."""
+        return min(self._limiter.limit, self._capacity())
+
+    def _capacity(self) -> int:
+        """Jobs the worker may hold at once: ``concurrency``, less one for each pool
+        thread a handler past its attempt keeps beyond the pool's spare ones. A job
+        claimed beyond that would wait in the pool's queue with its hard timeout running,
+        and fail, or go dead, without its handler ever starting."""
+        spare = self._pool_size - self.settings.concurrency
+        return max(0, self.settings.concurrency - max(0, self._threads_kept - spare))
 
     def liveness(self) -> tuple[bool, str]:
         """Whether the process is alive: its event loop turns (the watchdog ran within
@@ -520,7 +535,7 @@ class Worker:
         ahead = self._ahead() if freeing else 0
         # The adaptive limit, not only the configured concurrency, bounds the claim.
         free = self._limiter.claim_batch(
-            self.settings.concurrency + ahead - in_flight, in_flight=in_flight - ahead
+            self._capacity() + ahead - in_flight, in_flight=in_flight - ahead
         )
         limit = min(free, self.settings.claim_batch or free)
         if limit > 0:
@@ -675,8 +690,8 @@ class Worker:
         self._launch(slot)
 
     def _run_limit(self) -> int:
-        """Handlers that may run at once: the adaptive limit."""
-        return self._limiter.limit
+        """Handlers that may run at once: the adaptive limit, within the capacity."""
+        return min(self._limiter.limit, self._capacity())
 
     def _promote(self) -> None:
         """Start prefetched jobs while handlers are fewer than the limit."""
@@ -769,7 +784,7 @@ class Worker:
         # The fetch loop waits for a free slot, a drain for every slot freed. A slot that
         # the claim made with this job's finish has filled again wakes neither for
         # nothing: at one job at a time, that was a turn of the loop per job.
-        if self._stop_requested or len(self._slots) + self._claiming < self.settings.concurrency:
+        if self._stop_requested or len(self._slots) + self._claiming < self._capacity():
             self._slot_freed.set()
         if not self._slots and self.state is WorkerState.PROCESSING:
             self._fire(WorkerEvent.ALL_JOBS_DONE)
@@ -816,8 +831,7 @@ class Worker:
                 result = await self._run_async(slot, task.fn(ctx, *args, **kwargs), timeout)
             else:
                 call = functools.partial(self._in_thread, task.fn, ctx, *args, **kwargs)
-                fut = asyncio.get_running_loop().run_in_executor(self._pool, call)
-                result = await self._await_within(fut, timeout)
+                result = await self._in_pool(call, timeout)
         except asyncio.CancelledError as exc:
             current = asyncio.current_task()
             if slot.cancel_reason is not None or (current is not None and current.cancelling()):
@@ -936,6 +950,44 @@ class Worker:
                 await self._lease_lost(
                     f"job {slot.claimed.job.id}: {UNTRUSTED}; handler stopped before its next step"
                 )
+
+    async def _in_pool(self, call: Callable[[], object], limit: float) -> object:
+        """Run ``call`` on a pool thread under a hard timeout of ``limit`` seconds; a
+        thread that runs on past the attempt is counted until it returns."""
+        fut = self._pool.submit(call)
+        try:
+            return await self._await_within(asyncio.wrap_future(fut), limit)
+        finally:
+            # Not started yet: it never will be. Running: its thread is kept from the
+            # next jobs until the handler returns, which no one can make it do.
+            if not fut.cancel() and not fut.done():
+                self._thread_kept(fut)
+
+    def _thread_kept(self, fut: concurrent.futures.Future[object]) -> None:
+        self._threads_kept += 1
+        capacity = self._capacity()
+        if capacity < self.settings.concurrency:
+            log.warning(
+                "worker %s: %d sync handlers past their attempt still hold pool threads; "
+                "it runs at most %d jobs at once until they return",
+                self.id,
+                self._threads_kept,
+                capacity,
+                extra={"worker_id": self.id},
+            )
+        loop = asyncio.get_running_loop()
+
+        def returned(_: concurrent.futures.Future[object]) -> None:
+            # On the handler's thread; after a stop, the loop may be closed.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._thread_returned)
+
+        fut.add_done_callback(returned)
+
+    def _thread_returned(self) -> None:
+        self._threads_kept -= 1
+        if self._slot_freed is not None:
+            self._slot_freed.set()  # the fetch loop may claim again
 
     def _in_thread(self, fn: Callable[..., object], *args: object, **kwargs: object) -> object:
         """Run a sync handler on a pool thread, counted while it runs."""
