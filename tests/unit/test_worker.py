@@ -38,6 +38,7 @@ from tokenline import (
     Worker,
     WorkerSettings,
     WorkerState,
+    events,
 )
 from tokenline._jobs import ClaimedJob, NewJob
 from tokenline.stores import MemoryStore, Store
@@ -679,10 +680,17 @@ async def test_threads_held_past_their_attempt_keep_jobs_from_the_pool_queue(
 
     # Concurrency 1: a pool of two threads, one to spare.
     settings = dataclasses.replace(FAST, concurrency=1)
+    moves: list[tuple[int, int]] = []
     stuck_ids = [await app.enqueue_async("t.stuck", priority=10, store=store) for _ in range(2)]
     quick_id = await app.enqueue_async("t.quick", store=store)
     worker = Worker(app, settings)
+
+    def heard(event: events.Event) -> None:
+        if isinstance(event, events.ConcurrencyLimitChanged):
+            moves.append((event.old, event.new))
+
     try:
+        events.add_hook(heard)
         async with running(worker):
             for jid in stuck_ids:
                 await job_in(store, jid, JobState.DEAD)
@@ -696,7 +704,10 @@ async def test_threads_held_past_their_attempt_keep_jobs_from_the_pool_queue(
             job = await job_in(store, quick_id, JobState.SUCCEEDED, JobState.DEAD)
             assert (job.state, job.attempt, ran) == (JobState.SUCCEEDED, 1, [quick_id])
             await eventually(lambda: worker.concurrency_limit == 1, "the threads came back")
+        # The metrics hear of each move (the gauge follows these events).
+        assert moves == [(1, 0), (0, 1)]
     finally:
+        events.remove_hook(heard)
         release.set()
 
 

@@ -964,17 +964,9 @@ class Worker:
                 self._thread_kept(fut)
 
     def _thread_kept(self, fut: concurrent.futures.Future[object]) -> None:
+        before = self.concurrency_limit
         self._threads_kept += 1
-        capacity = self._capacity()
-        if capacity < self.settings.concurrency:
-            log.warning(
-                "worker %s: %d sync handlers past their attempt still hold pool threads; "
-                "it runs at most %d jobs at once until they return",
-                self.id,
-                self._threads_kept,
-                capacity,
-                extra={"worker_id": self.id},
-            )
+        self._limit_moved(before)
         loop = asyncio.get_running_loop()
 
         def returned(_: concurrent.futures.Future[object]) -> None:
@@ -985,9 +977,30 @@ class Worker:
         fut.add_done_callback(returned)
 
     def _thread_returned(self) -> None:
+        before = self.concurrency_limit
         self._threads_kept -= 1
+        self._limit_moved(before)
         if self._slot_freed is not None:
             self._slot_freed.set()  # the fetch loop may claim again
+
+    def _limit_moved(self, before: int) -> None:
+        """Tell the log and the metrics that threads kept by handlers past their attempt
+        moved the concurrency limit from ``before``."""
+        after = self.concurrency_limit
+        if after == before:
+            return
+        log.log(
+            logging.WARNING if after < before else logging.INFO,
+            "worker %s: concurrency %d -> %d (%d sync handlers past their attempt still "
+            "hold pool threads)",
+            self.id,
+            before,
+            after,
+            self._threads_kept,
+            extra={"worker_id": self.id},
+        )
+        if events.enabled():
+            events.emit(events.ConcurrencyLimitChanged(self.id, before, after))
 
     def _in_thread(self, fn: Callable[..., object], *args: object, **kwargs: object) -> object:
         """Run a sync handler on a pool thread, counted while it runs."""
@@ -1181,7 +1194,7 @@ class Worker:
 
     def _learn(self, slot: Slot, outcome: Outcome) -> None:
         now = self.clock.monotonic()
-        before = self._limiter.limit
+        before = self.concurrency_limit
         if outcome is Outcome.SUCCEEDED:
             self._limiter.on_success(now - slot.started_at, in_flight=len(self._slots))
             self._errors.record(True, now)
@@ -1191,7 +1204,7 @@ class Worker:
             # that dependency; pausing the whole worker for it would stop the rest too.
             if slot not in self._blamed:
                 self._errors.record(not slot.failure.is_overload, now)
-        after = self._limiter.limit
+        after = self.concurrency_limit
         if after != before:
             level = logging.INFO if after < before else logging.DEBUG
             how = self._limiter.describe()
