@@ -129,13 +129,22 @@ def current_effect() -> EffectCall | None:
     return _CURRENT.get()
 
 
+#: The effects running in this thread or task, outermost first: an effect run from inside
+#: one of its own key could only wait for itself.
+_RUNNING: contextvars.ContextVar[tuple[EffectCall, ...]] = contextvars.ContextVar(
+    "tokenline_effects_running", default=()
+)
+
+
 @contextlib.contextmanager
 def running_effect(call: EffectCall) -> Iterator[None]:
     """Make ``call`` the :func:`current_effect` for the duration of the block."""
     reset = _CURRENT.set(call)
+    outer = _RUNNING.set((*_RUNNING.get(), call))
     try:
         yield
     finally:
+        _RUNNING.reset(outer)
         _CURRENT.reset(reset)
 
 
@@ -204,6 +213,13 @@ class EffectRun:
         self.key = validate_key(key, "effect key")
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
             raise InvalidInputError(f"wait must be a number of seconds >= 0, got {wait!r}")
+        if any(c.key == self.key and c.job_id == lease.job_id for c in _RUNNING.get()):
+            # Its key is pending under this very attempt, which would wait for itself
+            # until `wait` ran out, on every attempt: refused at once, as a bug.
+            raise InvalidInputError(
+                f"effect {self.key!r} is called from inside itself: an effect cannot run "
+                "its own key again before it has returned"
+            )
         self.store = store
         self.lease = lease
         self.clock = clock

@@ -249,6 +249,46 @@ async def test_one_name_serves_both_kinds_of_handler(app: App, store: Store) -> 
     assert [e.key for e in await store.effects_list()] == ["k"]
 
 
+async def test_an_effect_called_from_inside_itself_is_refused_at_once(
+    app: App, store: Store
+) -> None:
+    """An effect that runs its own key again before returning would wait for itself, on
+    every attempt, then blame "another" attempt: it is refused at once, the job dead on
+    its first attempt, in both kinds of handler, through a chain of effects as well. A
+    key that another effect of the same attempt runs after the first returned is not."""
+    calls: list[str] = []
+
+    @app.task(name="t.nested_sync", max_attempts=3)
+    def nested_sync(ctx: JobContext) -> None:
+        ctx.effect("a", lambda: ctx.effect("b", lambda: ctx.effect("a", lambda: 1, wait=60)))
+
+    @app.task(name="t.nested_async", max_attempts=3)
+    async def nested_async(ctx: JobContext) -> None:
+        async def inner() -> int:
+            return int(await ctx.effect("a", lambda: 1, wait=60))
+
+        await ctx.effect("a", inner)
+
+    @app.task(name="t.in_turn")
+    async def in_turn(ctx: JobContext) -> None:
+        async def both() -> None:
+            calls.append("x")
+
+        await ctx.effect("x", both)
+        await ctx.effect("y", lambda: ctx.effect("x", both))
+
+    ids = [await app.enqueue_async(t, store=store) for t in ("t.nested_sync", "t.nested_async")]
+    ok = await app.enqueue_async("t.in_turn", store=store)
+    async with running(Worker(app, FAST)):
+        dead = [await job_in(store, jid, JobState.DEAD) for jid in ids]
+        await job_in(store, ok, JobState.SUCCEEDED)
+    for job in dead:
+        assert job.attempt == 1
+        assert job.error_class == "permanent"
+        assert "effect 'a' is called from inside itself" in (job.last_error or "")
+    assert calls == ["x"]
+
+
 # -- fences and resource leases ---------------------------------------------------------
 async def test_fenced_uses_the_resource_lease_token_inside_ctx_lease(
     app: App, store: Store
