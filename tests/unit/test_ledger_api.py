@@ -18,6 +18,7 @@ from tokenline import (
     Job,
     JobContext,
     JobState,
+    LeaseExpiredError,
     NotSupportedError,
     RetryPolicy,
     Settings,
@@ -318,6 +319,36 @@ async def test_fenced_uses_the_resource_lease_token_inside_ctx_lease(
     assert seen["job"] == 1
     assert seen["lease"] == seen["held"]
     assert seen["lease2"] == seen["held2"] > seen["held"]
+
+
+async def test_a_released_resource_lease_no_longer_passes_its_check(app: App, store: Store) -> None:
+    """Kept past its ``with`` block, a lease object's check() raises: the store has let
+    the lease go and another holder may have it (sync and async handlers)."""
+    errors: list[str] = []
+
+    @app.task(name="t.sync_kept")
+    def sync_kept(ctx: JobContext) -> None:
+        with ctx.lease("r:1") as held:
+            held.check()  # passes while held
+        with pytest.raises(LeaseExpiredError) as info:
+            held.check()
+        errors.append(str(info.value))
+
+    @app.task(name="t.async_kept")
+    async def async_kept(ctx: JobContext) -> None:
+        async with ctx.lease("r:2") as held:
+            held.check()
+        with pytest.raises(LeaseExpiredError) as info:
+            held.check()
+        errors.append(str(info.value))
+
+    ids = [await app.enqueue_async(t, store=store) for t in ("t.sync_kept", "t.async_kept")]
+    async with running(Worker(app, FAST)):
+        for jid in ids:
+            await job_in(store, jid, JobState.SUCCEEDED)
+    assert sorted(errors) == [
+        f"lease on 'r:{n}' (token 1) was released when its ctx.lease block ended" for n in (1, 2)
+    ]
 
 
 async def test_the_control_plane_renews_a_held_resource_lease(app: App, store: Store) -> None:

@@ -64,6 +64,8 @@ class HeldLease:
     valid_until: float
     clock: Clock = field(repr=False)
     lost: bool = False
+    #: Given back at the end of its ``with ctx.lease(...)`` block.
+    released: bool = False
 
     @property
     def resource(self) -> str:
@@ -86,7 +88,13 @@ class HeldLease:
         return self.current.expires_at
 
     def check(self) -> None:
-        """Raise :class:`LeaseExpiredError` once the lease is lost or no longer trusted."""
+        """Raise :class:`LeaseExpiredError` once the lease is lost, no longer trusted or
+        released (its block has ended: another holder may have it now)."""
+        if self.released:
+            raise LeaseExpiredError(
+                f"lease on {self.resource!r} (token {self.token}) was released when its "
+                "ctx.lease block ended"
+            )
         if self.lost:
             raise LeaseExpiredError(
                 f"lease on {self.resource!r} (token {self.token}) was taken over: "
@@ -172,6 +180,7 @@ class LeaseScope:
         held, self._held = self._held, None
         if held is None:
             return
+        held.released = True
         with contextlib.suppress(ValueError):
             self._slot.resources.remove(held)
         try:
