@@ -8,10 +8,10 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -141,13 +141,11 @@ def _lease(url: str) -> ResourceLease | None:
 
 def test_maintenance_process_leads_repairs_and_stops_cleanly(url: str, tmp_path: Path) -> None:
     """tokenline maintenance takes the leadership, its reconciler repairs the open
-    attempt, its metrics count the repair and show the term, and on SIGTERM it exits 0
-    having given the lease back."""
+    attempt, its metrics (on a port of its choosing, whose URL it prints: it used not
+    to) count the repair and show the term, and on SIGTERM it exits 0 having given
+    the lease back."""
     env = {**os.environ, "TOKENLINE_RECONCILE_INTERVAL": "0.2"}
-    with socket.socket() as s:  # a port that was free a moment ago
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = ["maintenance", "--url", url, "--metrics-port", str(port)]
+    command = ["maintenance", "--url", url, "--metrics-port", "0"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "tokenline", *command],
         cwd=tmp_path,
@@ -158,6 +156,17 @@ def test_maintenance_process_leads_repairs_and_stops_cleanly(url: str, tmp_path:
     )
     try:
         deadline = time.monotonic() + DEADLINE
+        assert proc.stdout is not None
+        # A line never printed must fail the test, not hang it: the kill ends the read.
+        watchdog = threading.Timer(DEADLINE, proc.kill)
+        watchdog.start()
+        try:
+            printed = [proc.stdout.readline(), proc.stdout.readline()]
+        finally:
+            watchdog.cancel()
+        (metrics_url,) = [line.split(" on ")[1].strip() for line in printed if "/metrics" in line]
+        assert metrics_url.startswith("http://127.0.0.1:"), printed
+        assert not metrics_url.startswith("http://127.0.0.1:0/"), printed
         while run("reconcile", "--url", url, "--dry-run")[0] != 0:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the maintenance process repaired nothing"
@@ -171,7 +180,7 @@ def test_maintenance_process_leads_repairs_and_stops_cleanly(url: str, tmp_path:
             assert time.monotonic() < deadline, f"no repair in the metrics: {text}"
             time.sleep(0.1)
             with contextlib.suppress(OSError):
-                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+                text = urllib.request.urlopen(metrics_url).read().decode()
         assert f"tokenline_maintenance_leader_term {float(held.token)}" in text
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=DEADLINE)

@@ -84,7 +84,8 @@ config_option = click.option(
     default=None,
     envvar="TOKENLINE_METRICS_PORT",
     show_envvar=True,
-    help="Serve /metrics (repairs by service and kind, the leader term) on this port.",
+    help="Serve /metrics (repairs by service and kind, the leader term) on this port "
+    "(0: any free port); its URL is printed.",
 )
 @click.option(
     "--metrics-host",
@@ -133,6 +134,8 @@ def _metrics(port: int, host: str) -> Iterator[None]:
     registry = prom.CollectorRegistry()
     hook = metrics.WorkerMetrics(registry)
     server = metrics.serve(port, host=host, registry=registry)
+    # The port bound, which with --metrics-port 0 only the server knows.
+    console.print(f"maintenance metrics on {server.url}/metrics", markup=False, highlight=False)
     events.add_hook(hook)
     try:
         yield
