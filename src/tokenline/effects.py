@@ -77,10 +77,11 @@ from ._errors import (
     InvalidInputError,
     PayloadError,
     StaleTokenError,
+    StoreUnavailableError,
     TokenlineError,
 )
 from ._jobs import error_text, exception_text
-from ._records import EffectBegin, EffectRecord, Fence, Start, validate_key
+from ._records import EffectBegin, EffectRecord, EffectStatus, Fence, Start, validate_key
 
 if TYPE_CHECKING:
     from ._clock import Clock
@@ -109,6 +110,8 @@ log = logging.getLogger("tokenline.ledger")
 DEFAULT_EFFECT_WAIT = 30.0
 #: Longest pause between two looks at a key pending under another attempt.
 _POLL_CAP = 1.0
+#: First pause before a record of an effect's outcome is tried again.
+_RECORD_PAUSE = 0.05
 
 _CURRENT: contextvars.ContextVar[EffectCall | None] = contextvars.ContextVar(
     "tokenline_effect", default=None
@@ -209,6 +212,7 @@ class EffectRun:
         clock: Clock,
         wait: float,
         max_bytes: int | None = None,
+        trusted: Callable[[], bool] | None = None,
     ) -> None:
         self.key = validate_key(key, "effect key")
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
@@ -226,6 +230,9 @@ class EffectRun:
         self.wait = float(wait)
         #: Longest result stored, in bytes of JSON (None: no limit).
         self.max_bytes = max_bytes
+        #: Whether the attempt still trusts its job lease: while it does, a record of
+        #: the outcome that the store could not take is tried again (see _record).
+        self.trusted = trusted
 
     @property
     def call(self) -> EffectCall:
@@ -276,12 +283,49 @@ class EffectRun:
             # The effect ran: recorded failed, the key would run it again. Completed
             # without a result, it never runs again, and a repeat says why it has none.
             log.error("effect %r ran, but its result is not stored: %s", self.key, exc)
-            if not await self.store.effect_finish(lease=self.lease, key=self.key):
+            if not await self._record(None):
                 raise self._stale("effect_complete") from exc
             raise
-        if not await self.store.effect_finish(lease=self.lease, key=self.key, result=text):
+        if not await self._record(text):
             raise self._stale("effect_complete")
         return decode_result(text)
+
+    async def _record(self, text: str | None) -> bool:
+        """Mark the key completed (with ``text``, the result's JSON, if any), trying again
+        while the store is unavailable and the attempt still trusts its lease.
+
+        The callee has run: left pending, the key would be taken over by the attempt
+        that runs the job next, and run again, although this attempt's lease never
+        lapsed. A try whose answer was lost may have been committed: before each new
+        try, the key's record says whether it was.
+        """
+        pause = _RECORD_PAUSE
+        tried = False
+        while True:
+            try:
+                if tried:
+                    records = await self.store.effects_list(key=self.key, limit=1)
+                    record = records[0] if records else None
+                    if (
+                        record is not None
+                        and record.status is EffectStatus.COMPLETED
+                        and (record.job_id, record.token) == (self.lease.job_id, self.lease.token)
+                    ):
+                        return True
+                tried = True
+                return await self.store.effect_finish(lease=self.lease, key=self.key, result=text)
+            except StoreUnavailableError as exc:
+                if self.trusted is None or not self.trusted():
+                    raise
+                log.warning(
+                    "effect %r ran, but its record did not reach the store (%s); trying "
+                    "again in %.2fs while the job's lease is trusted",
+                    self.key,
+                    exc,
+                    pause,
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _POLL_CAP)
 
     async def failed(self, exc: BaseException) -> None:
         """Record that the callee raised ``exc``: the key may run again."""

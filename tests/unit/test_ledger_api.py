@@ -27,9 +27,10 @@ from tokenline import (
     current_effect,
     require_fenced,
 )
-from tokenline._errors import StaleTokenError
+from tokenline._errors import StaleTokenError, StoreUnavailableError
+from tokenline._jobs import Lease
 from tokenline._records import DuplicateKind, EffectStatus
-from tokenline.stores import Store
+from tokenline.stores import MemoryStore, Store
 
 #: Deadline for anything a test waits on; a healthy run takes a small fraction of it.
 DEADLINE = 10.0
@@ -288,6 +289,64 @@ async def test_an_effect_called_from_inside_itself_is_refused_at_once(
         assert job.error_class == "permanent"
         assert "effect 'a' is called from inside itself" in (job.last_error or "")
     assert calls == ["x"]
+
+
+class _LosingStore(MemoryStore):
+    """Fails the first record of each effect's outcome: before the write (``lose`` is
+    "request") or after it, as a connection cut before the answer (``"answer"``)."""
+
+    def __init__(self, lose: str) -> None:
+        super().__init__()
+        self.lose = lose
+        self.failed: set[str] = set()
+
+    async def effect_finish(
+        self, *, lease: Lease, key: str, result: str | None = None, error: str | None = None
+    ) -> bool:
+        if key in self.failed:
+            return await super().effect_finish(lease=lease, key=key, result=result, error=error)
+        self.failed.add(key)
+        if self.lose == "answer":
+            await super().effect_finish(lease=lease, key=key, result=result, error=error)
+        raise StoreUnavailableError(f"connection lost ({self.lose})")
+
+
+@pytest.mark.parametrize("lose", ["request", "answer"])
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_an_effect_whose_record_fails_once_is_recorded_not_run_again(
+    lose: str, kind: str
+) -> None:
+    """The callee ran, and the record of its outcome did not reach the store (or its
+    answer was lost): the record is tried again while the lease is trusted, so the job
+    succeeds on its first attempt and the callee never runs twice. Before, the attempt
+    failed, the next one took the pending key over and ran the callee again."""
+    app = App("memory://")
+    store = _LosingStore(lose)
+    calls: list[int] = []
+
+    def send(token: int) -> str:
+        calls.append(token)
+        return "sent"
+
+    if kind == "sync":
+
+        @app.task(name="t.mail", retry=RetryPolicy(base=0.001, cap=0.001))
+        def mail(ctx: JobContext) -> None:
+            assert ctx.effect("mail:1", send, ctx.token) == "sent"
+
+    else:
+
+        @app.task(name="t.mail", retry=RetryPolicy(base=0.001, cap=0.001))
+        async def amail(ctx: JobContext) -> None:
+            assert await ctx.effect("mail:1", send, ctx.token) == "sent"
+
+    jid = await app.enqueue_async("t.mail", store=store)
+    async with running(Worker(app, FAST, store=store)):
+        job = await job_in(store, jid, JobState.SUCCEEDED)
+    assert (job.attempt, calls) == (1, [1])
+    (record,) = await store.effects_list(key="mail:1")
+    assert (record.status, record.runs, record.result) == (EffectStatus.COMPLETED, 1, '"sent"')
+    assert await store.duplicates_list() == []
 
 
 # -- fences and resource leases ---------------------------------------------------------

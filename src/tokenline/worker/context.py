@@ -245,7 +245,13 @@ class JobContext:
             clock=self._clock,
             wait=wait,
             max_bytes=self._max_result_bytes,
+            trusted=self._lease_trusted,
         )
+
+    def _lease_trusted(self) -> bool:
+        """The job's lease is still within its trust window by the worker's clock (with
+        or without local fencing): no other attempt can have the job yet."""
+        return self._clock.monotonic() < self._slot.valid_until
 
     def _fence(self, key: str) -> Fence:
         held = next((h for h in self._slot.resources if h.resource == key), None)
