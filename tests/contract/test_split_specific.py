@@ -279,3 +279,31 @@ async def test_a_failed_open_closes_the_side_that_opened(postgres_url: str) -> N
         await store.open()
     assert store.ledger._pool is None
     assert set(store.roles_down) == {"broker", "leases"}
+
+
+async def test_ledgers_opened_at_once_on_a_fresh_schema_all_open(postgres_url: str) -> None:
+    """Workers and enqueuers starting together on a new split topology each open the
+    ledger, which creates its tables: unserialised, all but one of them failed on
+    PostgreSQL's catalogue (duplicate key in ``pg_type_typname_nsp_index``)."""
+    import asyncio
+
+    from tokenline.stores.postgres import PostgresStore
+    from tokenline.stores.split.ledger import SplitLedger
+
+    # The PostgreSQL store's own migrations are already serialised: install them first,
+    # so that every ledger reaches its split tables at the same moment.
+    await PostgresStore(postgres_url).migrate()
+    ledgers = [SplitLedger(postgres_url) for _ in range(8)]
+    results = await asyncio.gather(*(ledger.open() for ledger in ledgers), return_exceptions=True)
+    try:
+        assert [r for r in results if r is not None] == []
+
+        async def current(conn: Any) -> list[Any]:
+            params = {"schema": ledgers[0].schema}
+            cur = await conn.execute(ledgers[0]._q("split_schema_current"), params)
+            return list(await cur.fetchall())
+
+        assert await ledgers[0]._call(current) == [(True,)]
+    finally:
+        for ledger in ledgers:
+            await ledger.close()

@@ -105,19 +105,27 @@ class SplitLedger(PostgresStore):
             self._queries[name] = compose(text, self.schema)
 
     async def open(self) -> None:
-        """Open the PostgreSQL store, then create the split tables if missing."""
+        """Open the PostgreSQL store, then create the split tables if missing.
+
+        Under the PostgreSQL store's migration lock, in one transaction, as its own
+        migrations are: processes opening a new ledger at once create the tables once.
+        ``CREATE TABLE IF NOT EXISTS`` alone does not serialise them, and all but the
+        first would fail on the catalogue's unique index of type names.
+        """
         await super().open()
-        create, current = self._q("split_schema"), self._q("split_schema_current")
-        upgrade = self._q("split_schema_upgrade")
+        lock, create = self._q("migrate_lock"), self._q("split_schema")
+        current, upgrade = self._q("split_schema_current"), self._q("split_schema_upgrade")
 
         async def run(conn: AsyncConnection[Any]) -> None:
-            await conn.execute(create)
-            cur = await conn.execute(current, {"schema": self.schema})
-            row = await cur.fetchone()
-            # Only when something is missing: the upgrade locks job_fences, and would
-            # wait behind any ledger transaction holding a fence row.
-            if row is None or not row[0]:
-                await conn.execute(upgrade)
+            async with conn.transaction():
+                await conn.execute(lock, {"schema": self.schema})
+                await conn.execute(create)
+                cur = await conn.execute(current, {"schema": self.schema})
+                row = await cur.fetchone()
+                # Only when something is missing: the upgrade locks job_fences, and
+                # would wait behind any ledger transaction holding a fence row.
+                if row is None or not row[0]:
+                    await conn.execute(upgrade)
 
         await self._call(run)
 
