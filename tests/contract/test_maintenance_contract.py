@@ -13,7 +13,7 @@ import pytest
 from sabotage import LeaderlessMemoryStore, LeaderlessSQLiteStore, leaderless_postgres
 from tokenline._clock import FakeClock
 from tokenline._errors import StaleTokenError
-from tokenline._jobs import Attempt, JobState, NewJob, WorkerRecord
+from tokenline._jobs import Attempt, Finish, JobState, NewJob, Outcome, WorkerRecord
 from tokenline._records import EffectStatus, Start
 from tokenline.maintenance import MAINTENANCE_LEASE, Leadership, Reconciler, Rescuer
 from tokenline.stores import MemoryStore, Store
@@ -216,25 +216,50 @@ async def reconcile(store: Any, clock: FakeClock) -> Any:
     return report
 
 
+async def _effect_of_own_key(store: Any, claimed: Any, key: str) -> None:
+    """The handler's first step: the effect keyed by the job's idempotency key, done."""
+    begun = await store.effect_begin(lease=claimed.lease, key=key)
+    assert begun.start is Start.RUN
+    assert await store.effect_finish(lease=claimed.lease, key=key, result='"charged"')
+
+
 @pytest.mark.one_store
-async def test_reconciler_acknowledges_a_job_whose_effect_completed(
+async def test_reconciler_leaves_a_job_whose_own_effect_completed_before_a_retry(
     store: Any, clock: FakeClock
 ) -> None:
-    """A job whose own effect completed, its ack lost and its lease gone, is found and
-    acknowledged (running on an expired lease, and again once rescued to queued)."""
-    for rescued in (False, True):
-        claimed = await running_job(store, key=f"invoice:{rescued}")
-        begun = await store.effect_begin(lease=claimed.lease, key=f"invoice:{rescued}")
-        assert begun.start is Start.RUN
-        assert await store.effect_finish(lease=claimed.lease, key=f"invoice:{rescued}", result="1")
-        clock.advance(6)  # the ack was lost and the lease expired
-        if rescued:
-            assert list((await store.jobs_rescue()).requeued) == [claimed.job.id]
-        report = await reconcile(store, clock)
-        assert report.counts == {Drift.JOB_UNACKNOWLEDGED.value: 1}
-        job = await store.job_get(job_id=claimed.job.id)
-        assert job.state is JobState.SUCCEEDED
-        assert await store.jobs_claim(owner="w2", queues=Q, limit=1, ttl=5) == []
+    """Regression (data loss): a job whose own-key effect completed and whose attempt then
+    asked for a retry is not acknowledged; its next attempt runs the rest of the handler."""
+    claimed = await running_job(store, key="order:1")
+    await _effect_of_own_key(store, claimed, "order:1")
+    retry = Finish(claimed.lease, Outcome.RETRY, 1.0, error="retry requested")
+    assert await store.jobs_finish(finishes=[retry]) == [True]
+    clock.advance(2)  # due again; its lease long released
+    report = await reconcile(store, clock)
+    assert report.counts == {}
+    assert (await store.job_get(job_id=claimed.job.id)).state is not JobState.SUCCEEDED
+    (again,) = await store.jobs_claim(owner="w2", queues=Q, limit=1, ttl=5)
+    assert again.job.id == claimed.job.id
+
+
+@pytest.mark.one_store
+async def test_reconciler_leaves_a_job_that_crashed_after_its_own_effect(
+    store: Any, clock: FakeClock
+) -> None:
+    """Regression (data loss): a worker killed between the job's own-key effect and the
+    rest of its handler leaves a job that is not acknowledged, neither running on the
+    expired lease nor once rescued: it runs again."""
+    claimed = await running_job(store, key="order:2")
+    await _effect_of_own_key(store, claimed, "order:2")
+    clock.advance(6)  # the worker died; its lease expired
+    assert await store.reconcile_find(pending_deadline=DEADLINE) == []
+    assert list((await store.jobs_rescue()).requeued) == [claimed.job.id]
+    report = await reconcile(store, clock)
+    assert report.counts == {}
+    assert (await store.job_get(job_id=claimed.job.id)).state is JobState.QUEUED
+    (again,) = await store.jobs_claim(owner="w2", queues=Q, limit=1, ttl=5)
+    assert again.job.id == claimed.job.id
+    # The effect itself stays done: the next attempt gets its result, not a second run.
+    assert (await store.effect_begin(lease=again.lease, key="order:2")).start is Start.DONE
 
 
 @pytest.mark.one_store

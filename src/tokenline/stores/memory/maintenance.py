@@ -85,14 +85,9 @@ class MemoryMaintenance:
         }
 
     def _committed(self, job: Job) -> bool:
-        if any(a.outcome == "succeeded" for a in self._attempts.get(job.id, [])):
-            return True
-        effect = self._effects.get(job.idempotency_key or "")
-        return (
-            effect is not None
-            and effect.job_id == job.id
-            and effect.status is EffectStatus.COMPLETED
-        )
+        # Only a succeeded attempt proves the handler finished; an effect of the job's
+        # own key completing proves that effect ran, not what came after it.
+        return any(a.outcome == "succeeded" for a in self._attempts.get(job.id, []))
 
     def _find_unacked(self, now: float, deadline: float) -> list[Inconsistency]:
         return [

@@ -747,17 +747,16 @@ RETURNING s.name;
 -- name: schedule_marks
 SELECT name, mark FROM {schema}.schedules ORDER BY name COLLATE "C";
 -- name: reconcile_unacknowledged
--- Jobs whose fenced transaction committed (an attempt succeeded) or whose own effect
--- (keyed by their idempotency key) completed, still waiting or running on a dead lease.
+-- Jobs whose fenced transaction committed (an attempt succeeded), still waiting or
+-- running on a dead lease. Only the succeeded attempt proves the handler finished: an
+-- effect of the job's own key completing proves that effect ran, not what came after
+-- it (a retry, a crash), and acknowledging on it would skip the rest of the handler.
 SELECT j.id, j.lease_token, j.state FROM {schema}.jobs AS j
 WHERE j.state IN ('queued', 'scheduled', 'running')
   AND j.lease_token > 0  -- only a job that ran can have committed: not the backlog
   AND NOT (j.state = 'running' AND j.lease_expires_at > {schema}.now_epoch(%(now)s))
-  AND (EXISTS (SELECT 1 FROM {schema}.attempts AS a
-               WHERE a.job_id = j.id AND a.outcome = 'succeeded')
-       OR EXISTS (SELECT 1 FROM {schema}.effects AS e
-                  WHERE e.key = j.idempotency_key AND e.job_id = j.id
-                    AND e.status = 'completed'))
+  AND EXISTS (SELECT 1 FROM {schema}.attempts AS a
+              WHERE a.job_id = j.id AND a.outcome = 'succeeded')
 ORDER BY j.id
 LIMIT %(limit)s;
 

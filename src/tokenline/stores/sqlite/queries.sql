@@ -460,8 +460,10 @@ RETURNING name;
 -- name: schedule_marks
 SELECT name, mark FROM tokenline_schedules ORDER BY name;
 -- name: reconcile_unacknowledged
--- Jobs whose fenced transaction committed (an attempt succeeded) or whose own effect
--- (keyed by their idempotency key) completed, still waiting or running on a dead lease.
+-- Jobs whose fenced transaction committed (an attempt succeeded), still waiting or
+-- running on a dead lease. Only the succeeded attempt proves the handler finished: an
+-- effect of the job's own key completing proves that effect ran, not what came after
+-- it (a retry, a crash), and acknowledging on it would skip the rest of the handler.
 SELECT j.id, j.lease_token, j.state FROM tokenline_jobs AS j
 WHERE j.state IN ('queued', 'scheduled', 'running')
   AND j.lease_token > 0  -- only a job that ran can have committed: not the backlog
@@ -469,11 +471,8 @@ WHERE j.state IN ('queued', 'scheduled', 'running')
       SELECT 1 FROM coord.job_leases AS l
       WHERE j.state = 'running' AND l.job_id = j.id AND l.token = j.lease_token
         AND l.expires_at > :now)
-  AND (EXISTS (SELECT 1 FROM tokenline_attempts AS a
-               WHERE a.job_id = j.id AND a.outcome = 'succeeded')
-       OR EXISTS (SELECT 1 FROM tokenline_effects AS e
-                  WHERE e.key = j.idempotency_key AND e.job_id = j.id
-                    AND e.status = 'completed'))
+  AND EXISTS (SELECT 1 FROM tokenline_attempts AS a
+              WHERE a.job_id = j.id AND a.outcome = 'succeeded')
 ORDER BY j.id
 LIMIT :limit;
 
