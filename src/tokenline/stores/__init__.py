@@ -8,6 +8,7 @@ store per role) is one URL too, ``split:?broker=…&leases=…&ledger=…`` (see
 
 from __future__ import annotations
 
+import difflib
 import urllib.parse
 
 from .._clock import Clock
@@ -30,7 +31,8 @@ def split_url(broker: str, ledger: str, leases: str | None = None) -> str:
     """The URL of the split topology: broker and leases on Redis, the ledger on
     PostgreSQL. ``leases`` defaults to ``broker``; both roles share one Redis store.
 
-    Raises :class:`ConfigError` naming the role whose URL is wrong.
+    Raises :class:`ConfigError` naming the role whose URL is wrong: a wrong scheme, or
+    a Redis URL with an unknown or malformed parameter, port or database.
     """
     leases = broker if leases is None else leases
     for role, url, schemes in (
@@ -48,19 +50,71 @@ def split_url(broker: str, ledger: str, leases: str | None = None) -> str:
             "the broker and leases roles share one Redis store: give the same URL to both "
             f"(broker {broker!r}, leases {leases!r})",
         )
+    _check_redis_url(broker)
     roles = {"broker": broker, "leases": leases, "ledger": ledger}
     query = urllib.parse.urlencode(roles, safe=":/@")
     return f"split:?{query}"
 
 
+def _check_redis_url(broker: str) -> None:
+    """Refuse a bad broker URL as a setting of the broker role, when it is named rather
+    than when the store first connects."""
+    try:
+        from .redis._url import parse_redis_url
+    except ModuleNotFoundError as exc:  # pragma: no cover - depends on extras
+        if exc.name and exc.name.startswith("redis"):
+            return  # opening the store says which extra to install
+        raise
+    try:
+        parse_redis_url(broker)
+    except ConfigError as exc:
+        raise ConfigError("broker", exc.reason) from None
+
+
+#: The split URL's parameters, one per role.
+_ROLES = ("broker", "leases", "ledger")
+
+
 def _split_parts(url: str) -> tuple[str, str, str]:
-    query = dict(urllib.parse.parse_qsl(url.partition("?")[2], keep_blank_values=True))
-    missing = [k for k in ("broker", "ledger") if not query.get(k)]
+    """The broker, leases and ledger URLs of a ``split:?…`` URL; :class:`ConfigError`
+    for a parameter that is unknown, given twice or empty, or a role left out."""
+    head, _, query = url.partition("?")
+    if head.partition(":")[2].strip("/"):
+        raise ConfigError(
+            "url",
+            f"the split URL takes its roles as query parameters only, got {head!r} before "
+            "the '?' (see split_url)",
+        )
+    roles: dict[str, str] = {}
+    for key, value in urllib.parse.parse_qsl(query, keep_blank_values=True):
+        if key not in _ROLES:
+            raise ConfigError("url", _unknown_split_key(key))
+        if key in roles:
+            raise ConfigError(key, f"the split URL gives {key}= more than once: give it once")
+        if not value:
+            # An empty leases= fell back to the broker's; an empty role is a mistake.
+            raise ConfigError(key, f"the split URL's {key}= is empty: give its URL")
+        roles[key] = value
+    missing = [k for k in ("broker", "ledger") if k not in roles]
     if missing:
         raise ConfigError(
             missing[0], f"the split URL {url!r} names no {missing[0]} (see split_url)"
         )
-    return query["broker"], query.get("leases") or query["broker"], query["ledger"]
+    return roles["broker"], roles.get("leases", roles["broker"]), roles["ledger"]
+
+
+def _unknown_split_key(key: str) -> str:
+    close = difflib.get_close_matches(key, _ROLES, n=1)
+    if close:
+        hint = f"did you mean {close[0]!r}? "
+    else:
+        # The likely slip: a role's own option (a Redis prefix, a PostgreSQL schema)
+        # written beside the roles instead of inside the role's URL.
+        hint = (
+            "an option of a role's own URL goes inside it, percent-encoded, as split_url "
+            "writes it (broker=redis://host:6379/0%3Fprefix%3Dname); "
+        )
+    return f"the split URL has an unknown parameter {key!r}: {hint}it takes broker, leases, ledger"
 
 
 def store_from_url(

@@ -1,7 +1,8 @@
 """The Redis store: broker and leases on Redis, every atomic step one Lua script.
 
 ``redis://host:port/db?prefix=name`` (``rediss://`` for TLS). All of a store's keys
-start with ``{name}:`` (default ``tokenline``), one Redis Cluster hash slot; the
+start with ``{name}:`` (default ``tokenline``), one Redis Cluster hash slot; the few
+connection options a URL may also carry are listed and checked in ``_url.py``. The
 scripts in ``scripts/`` document, each in its header, the keys and arguments they use.
 
 Why it is safe (DESIGN.md sections 3-4), piece by piece:
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import json
 import threading
-import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from importlib import resources
@@ -43,7 +43,6 @@ from redis.commands.core import AsyncScript, Script
 
 from ..._clock import Clock
 from ..._errors import (
-    ConfigError,
     JobNotFoundError,
     NotSupportedError,
     StaleTokenError,
@@ -76,6 +75,7 @@ from ..base import (
     possible_job_ids,
 )
 from ._errors import map_redis_errors
+from ._url import parse_redis_url
 from ._values import fl as _fl
 from ._values import fmt as _f
 from ._values import job_args as _job_args
@@ -133,31 +133,6 @@ def _load_scripts() -> dict[str, str]:
 _TEXT = _load_scripts()
 
 
-def parse_redis_url(url: str) -> tuple[str, str, str]:
-    """Split ``url`` into (the URL redis-py connects to, the key prefix, a printable
-    server name without credentials); :class:`ConfigError` for a bad one."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("redis", "rediss"):
-        raise ConfigError("url", f"not a Redis URL: {url!r} (use redis://host:port/db)")
-    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    names = [v for k, v in query if k == "prefix"]
-    name = names[-1] if names else "tokenline"
-    if not name:
-        raise ConfigError(
-            "url",
-            "invalid Redis key prefix '': it is empty (prefix= with no name); give a "
-            "name, or leave prefix out for the default, tokenline",
-        )
-    if any(c in name for c in "{}\r\n\t "):
-        raise ConfigError(
-            "url", f"invalid Redis key prefix {name!r}: it may hold no braces or whitespace"
-        )
-    rest = urllib.parse.urlencode([(k, v) for k, v in query if k != "prefix"])
-    connect = urllib.parse.urlunsplit(parts._replace(query=rest))
-    where = f"{parts.hostname or '127.0.0.1'}:{parts.port or 6379}{parts.path or '/0'}"
-    return connect, "{" + name + "}:", where
-
-
 class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leases):
     """Broker and leases on one Redis server (or primary); plays no ledger."""
 
@@ -172,7 +147,11 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
         epoch_source: EpochSource | None = None,
     ) -> None:
         self.url = url
-        self._connect_url, self.prefix, self.where = parse_redis_url(url)
+        self._target = parse_redis_url(url)
+        #: ``{name}:``, the start of every key of the store.
+        self.prefix = self._target.prefix
+        #: ``host:port/db``, naming the server in messages (never the password).
+        self.where = self._target.where
         self.clock = clock
         self.timeout = timeout
         self._epoch_source = epoch_source
@@ -197,15 +176,20 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
     async def connect(self) -> None:
         """Connect and check the server answers, without taking an epoch: until one is
         taken, every script that issues or checks a token takes it first."""
-        client = aioredis.Redis.from_url(
-            self._connect_url,
-            socket_timeout=self.timeout,
-            socket_connect_timeout=self.timeout,
-            decode_responses=False,
-        )
+        client = aioredis.Redis.from_url(self._target.connect, **self._client_options())
         self._client = client
         self._scripts = {name: client.register_script(text) for name, text in _TEXT.items()}
         await self._cmd("PING")
+
+    def _client_options(self) -> dict[str, Any]:
+        """redis-py's keyword arguments for a client: the store's timeout, then the
+        options of the URL, already checked, which win."""
+        return {
+            "socket_timeout": self.timeout,
+            "socket_connect_timeout": self.timeout,
+            "decode_responses": False,
+            **self._target.options,
+        }
 
     async def close(self) -> None:
         """Release the connection pool. Safe to call twice."""
@@ -352,12 +336,7 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
             if self._client is None:
                 raise StoreError("the Redis store is not open; call open() first")
             if self._sync_enqueue is None:
-                client = redis.Redis.from_url(
-                    self._connect_url,
-                    socket_timeout=self.timeout,
-                    socket_connect_timeout=self.timeout,
-                    decode_responses=False,
-                )
+                client = redis.Redis.from_url(self._target.connect, **self._client_options())
                 self._sync_client = client
                 self._sync_enqueue = client.register_script(_TEXT["enqueue"])
             return self._sync_enqueue
