@@ -31,6 +31,7 @@ then lost from the broker; the split topology's ledger keeps the business data s
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -87,6 +88,8 @@ from .membership import RedisMembership
 from .retention import RedisRetention
 
 __all__ = ["LEDGER_DONE", "EpochSource", "RedisStore"]
+
+log = logging.getLogger("tokenline.store.redis")
 
 #: Where a store gets its fencing epoch: called with the Redis server's replication id,
 #: it returns the epoch for that server (a new, higher one for an id it has not seen).
@@ -279,7 +282,14 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
         return (self.epoch << EPOCH_SHIFT) + int(counter)
 
     def _job(self, flat: Any) -> Job:
+        """The job a hash holds; :class:`_BadHash` for a field missing or unreadable."""
         h = _pairs(flat)
+        try:
+            return self._parse_job(h)
+        except (KeyError, ValueError) as exc:
+            raise _BadHash(f"{type(exc).__name__}: {exc}") from None
+
+    def _parse_job(self, h: dict[str, str]) -> Job:
         return Job(
             id=int(h["id"]),
             queue=h["queue"],
@@ -364,9 +374,17 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
         out = await self._run(
             "claim", [self._now(), owner, limit, _f(ttl), aging, self._epoch_arg(), *queues]
         )
+        self._log_dropped(out[1])
         claimed = []
-        for flat in out[1:]:
-            job = self._job(flat)
+        for flat in out[2:]:
+            try:
+                job = self._job(flat)
+            except _BadHash as exc:
+                # claim.lua checks every field first, so this is a hash it reads
+                # differently: the job expires like any lost claim, the others run.
+                jid = _pairs(flat).get("id", "?")
+                log.warning("claimed job hash %sjob:%s is unreadable: %s", self.prefix, jid, exc)
+                continue
             lease = Lease(job.id, owner, job.lease_token, job.lease_expires_at or 0.0)
             claimed.append(ClaimedJob(job, lease))
         return claimed
@@ -410,15 +428,14 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
         with ``leader``, only while it holds the maintenance lease (checked in the
         script that moves them, else :class:`StaleTokenError`, nothing changed)."""
         scan = await self._run("rescue_scan", [self._now(), limit])
-        rows = [[_s(v) for v in scan[i : i + 7]] for i in range(1, len(scan), 7)]
-        if not rows:
-            return RescueReport()
+        self._log_dropped(scan[1])
+        rows = [[_s(v) for v in scan[i : i + 7]] for i in range(2, len(scan), 7)]
         fence = ["", "", ""] if leader is None else [leader.resource, leader.owner, leader.token]
         args: list[Any] = [self._now(), self._epoch_arg(), *fence]
         moves = []
         for jid, token, owner, attempt, max_att, expiries, max_exp in rows:
-            rescue = rescue_transition(
-                RescueCandidate(
+            try:
+                candidate = RescueCandidate(
                     int(jid),
                     int(token),
                     owner or None,
@@ -427,7 +444,11 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
                     int(expiries),
                     int(max_exp),
                 )
-            )
+            except ValueError as exc:
+                # One unreadable job must not stop the rescue of every other.
+                log.warning("rescue skips job hash %sjob:%s: %s", self.prefix, jid, exc)
+                continue
+            rescue = rescue_transition(candidate)
             moves.append((int(jid), rescue.transition.state))
             args += [
                 jid,
@@ -436,6 +457,8 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
                 rescue.transition.refund,
                 rescue.reason,
             ]
+        if not moves:
+            return RescueReport()
         try:
             done = await self._run("rescue_apply", args)
         except StoreError as exc:
@@ -497,7 +520,12 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
         flat = await self._cmd("HGETALL", f"{self.prefix}job:{job_id}")
         if not flat:
             raise JobNotFoundError(f"no job with id {job_id}")
-        return self._job(flat)
+        try:
+            return self._job(flat)
+        except _BadHash as exc:
+            raise JobNotFoundError(
+                f"job {job_id}'s hash {self.prefix}job:{job_id} is malformed ({exc})"
+            ) from None
 
     async def jobs_list(
         self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
@@ -507,7 +535,35 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
             "inspect",
             [self._now(), "list", "" if state is None else state.value, queue or "", limit],
         )
-        return [self._job(flat) for flat in out[1:]]
+        jobs = []
+        for i in range(1, len(out), 2):
+            jid, flat = _s(out[i]), out[i + 1]
+            if not flat:
+                log.warning(
+                    "listing skips job %s: its hash %sjob:%s is missing", jid, self.prefix, jid
+                )
+                continue
+            try:
+                jobs.append(self._job(flat))
+            except _BadHash as exc:
+                log.warning(
+                    "listing skips job %s: its hash %sjob:%s is malformed (%s)",
+                    jid,
+                    self.prefix,
+                    jid,
+                    exc,
+                )
+        return jobs
+
+    def _log_dropped(self, dropped: Any) -> None:
+        """Warn of each job a script took out of every index (pairs of id and key)."""
+        for i in range(0, len(dropped), 2):
+            jid, key = _s(dropped[i]), _s(dropped[i + 1])
+            if key.endswith(f"job:{jid}"):
+                why = f"its hash {key} is missing"
+            else:
+                why = f"its hash was malformed, moved to {key}"
+            log.warning("job %s dropped from every queue and index, it cannot run: %s", jid, why)
 
     async def job_attempts(self, *, job_id: int) -> list[Attempt]:
         """Attempts of the job, oldest first."""
@@ -591,6 +647,10 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
             return self.clock.now()
         sec, usec = await self._cmd("TIME")
         return int(sec) + int(usec) / 1_000_000
+
+
+class _BadHash(ValueError):
+    """A job hash with a field missing or not as the scripts write it."""
 
 
 def _epoch_slot(name: str) -> int:

@@ -32,6 +32,9 @@
 --   rl:<name>, rls      hash per named lease / set of lease names
 --   rl_stale            list: refused renewals of named leases (JSON, newest first)
 --   epoch               string: the fencing epoch this server's tokens carry
+--   dropped / dropped_n list (JSON, newest first) / counter: jobs taken out of every
+--                       index because their hash was missing or malformed (drop_job)
+--   bad:<id>            hash: a malformed job hash, moved aside by drop_job
 --
 -- Times are epoch seconds from Redis's own clock (TIME); ARGV[1] replaces it only when
 -- the store was built with an explicit clock (tests). Numbers are written with 17
@@ -138,13 +141,114 @@ local function hset_opt(key, field, value)
   if value == nil then redis.call('HDEL', key, field) else redis.call('HSET', key, field, value) end
 end
 
--- The job's fields a check needs, or nil for no such job.
+-- Redis with an eviction policy, or an operator's DEL, can remove a job's hash while
+-- the indexes still name it, or leave a field that is not what the scripts wrote. A
+-- script that wrote with such a value would fail halfway, and Redis keeps a failed
+-- script's earlier writes: so every job is read through job_head, which checks each
+-- field tokenline relies on (here and in RedisStore._job) before anything is written.
+local STATES = {scheduled = true, queued = true, running = true, succeeded = true,
+                dead = true, cancelled = true}
+
+local function is_int(v)
+  return type(v) == 'string' and string.match(v, '^%-?%d+$') ~= nil
+end
+
+-- Hexadecimal is refused: Lua reads it, Python's float() does not.
+local function is_num(v)
+  return type(v) == 'string' and tonumber(v) ~= nil and not string.find(v, '[xX]')
+end
+
+local JOB_FIELDS = {'id', 'queue', 'task', 'args', 'priority', 'run_at', 'attempt',
+                    'max_attempts', 'state', 'lease_token', 'created_at', 'updated_at',
+                    'lease_expiries', 'max_lease_expiries', 'lease_owner',
+                    'lease_expires_at', 'finished_at', 'timeout'}
+local INT_FIELDS = {'priority', 'attempt', 'max_attempts', 'lease_token', 'lease_expiries',
+                    'max_lease_expiries'}
+local NUM_FIELDS = {'run_at', 'created_at', 'updated_at'}
+local OPT_NUM_FIELDS = {'lease_expires_at', 'finished_at', 'timeout'}
+
+-- The job's fields a check needs, or nil and why (missing, or the first bad field).
 local function job_head(id)
-  local v = redis.call('HMGET', job_key(id), 'state', 'lease_token', 'lease_owner',
-                       'lease_expires_at', 'queue', 'task', 'priority')
-  if not v[1] then return nil end
-  return {state = v[1], token = tonumber(v[2]), owner = v[3] or '',
-          expires = num(v[4]), queue = v[5], task = v[6], priority = v[7]}
+  local v = redis.call('HMGET', job_key(id), unpack(JOB_FIELDS))
+  local h = {}
+  for i, name in ipairs(JOB_FIELDS) do h[name] = v[i] end
+  if not h.id and not h.state then
+    if redis.call('EXISTS', job_key(id)) == 0 then return nil, 'missing' end
+  end
+  if not is_int(h.id) or tonumber(h.id) ~= tonumber(id) then return nil, 'bad id' end
+  if not h.queue or h.queue == '' then return nil, 'bad queue' end
+  if not h.task or h.task == '' then return nil, 'bad task' end
+  if not h.args then return nil, 'bad args' end
+  if not STATES[h.state] then return nil, 'bad state' end
+  for _, name in ipairs(INT_FIELDS) do
+    if not is_int(h[name]) then return nil, 'bad ' .. name end
+  end
+  for _, name in ipairs(NUM_FIELDS) do
+    if not is_num(h[name]) then return nil, 'bad ' .. name end
+  end
+  for _, name in ipairs(OPT_NUM_FIELDS) do
+    if h[name] and h[name] ~= '' and not is_num(h[name]) then return nil, 'bad ' .. name end
+  end
+  return {state = h.state, token = tonumber(h.lease_token), owner = h.lease_owner or '',
+          expires = num(h.lease_expires_at), queue = h.queue, task = h.task,
+          priority = h.priority, run_at = tonumber(h.run_at), attempt = tonumber(h.attempt),
+          max_attempts = tonumber(h.max_attempts),
+          lease_expiries = tonumber(h.lease_expiries),
+          max_lease_expiries = tonumber(h.max_lease_expiries),
+          finished = num(h.finished_at)}
+end
+
+-- Take job ``id``, whose hash job_head refused (``why``), out of every index, so that
+-- no claim, rescue or listing meets it again: it cannot run (its payload is gone or
+-- untrustworthy). ``queue`` is the queue it was found in (nil when unknown: then the
+-- hash's own, if it has one). A malformed hash is moved aside to bad:<id> for the
+-- operator. Counters a missing hash no longer tells us how to correct (per queue and
+-- task, for a job that was running) stay as they are. Each drop is recorded in
+-- ``dropped`` and ``dropped_n`` and in the Redis server's log; returns the key named.
+local function drop_job(id, queue, why, now)
+  id = tonumber(id)
+  local key = job_key(id)
+  local v = redis.call('HMGET', key, 'queue', 'task')
+  if not queue and v[1] and v[1] ~= '' then queue = v[1] end
+  local task = v[2]
+  if queue then
+    for _, prio in ipairs(redis.call('ZRANGE', P .. 'prios:' .. queue, 0, -1)) do
+      local qp = P .. 'qp:' .. queue .. ':' .. prio
+      if redis.call('ZREM', qp, pad(id)) == 1 and redis.call('ZCARD', qp) == 0 then
+        redis.call('ZREM', P .. 'prios:' .. queue, prio)
+      end
+    end
+    local head = queue .. '\t'
+    for _, pair in ipairs(redis.call('SMEMBERS', P .. 'pairs')) do
+      if string.sub(pair, 1, #head) == head then
+        redis.call('ZREM', P .. 'wait:' .. pair, pad(id))
+      end
+    end
+  end
+  if redis.call('ZREM', P .. 'running', pad(id)) == 1 and queue and task then
+    redis.call('HINCRBY', P .. 'runn', queue .. '\t' .. task, -1)
+  end
+  for state in pairs(STATES) do
+    if redis.call('ZREM', P .. 'st:' .. state, id) == 1 and queue then
+      redis.call('HINCRBY', P .. 'counts:' .. queue, state, -1)
+    end
+  end
+  redis.call('ZREM', P .. 'ended:finished', id)
+  redis.call('ZREM', P .. 'ended:dead', id)
+  redis.call('ZREM', P .. 'all', id)
+  local named = key
+  if why ~= 'missing' then
+    named = P .. 'bad:' .. id
+    redis.call('RENAME', key, named)
+  end
+  redis.call('LPUSH', P .. 'dropped', cjson.encode({job_id = tostring(id), key = named,
+                                                    reason = why, at = f(now)}))
+  redis.call('LTRIM', P .. 'dropped', 0, 9999)
+  redis.call('INCR', P .. 'dropped_n')
+  redis.log(redis.LOG_WARNING, 'tokenline: job ' .. id .. ' taken out of every index: ' ..
+            'its hash ' .. key .. ' is ' .. (why == 'missing' and 'missing' or
+            'malformed (' .. why .. '), moved to ' .. named))
+  return named
 end
 
 -- The fencing epoch (see the ``epoch`` module of this package): ``expected`` is the
@@ -199,7 +303,8 @@ local function enqueue_job(b, now)
       if untl ~= nil and untl <= now then released = true end
       if held[3] == '1' then
         local st = redis.call('HGET', job_key(held[1]), 'state')
-        if st and ENQUEUE_FINISHED[st] then released = true end
+        -- A holder whose hash is gone (see drop_job) keeps nothing out either.
+        if not st or ENQUEUE_FINISHED[st] then released = true end
       end
       if not released then return tonumber(held[1]), false end
     end

@@ -10,7 +10,10 @@
 --   depth: returns {now, per queue and task: "<queue>\t<task>", runnable, scheduled,
 --          running}
 --   list:  ARGV[3] state ('' = any), ARGV[4] queue ('' = any), ARGV[5] limit;
---          returns {now, jobs newest first, each as its hash's flat field list}
+--          returns {now, then 2 per job, newest first: its id, its hash's flat field
+--          list}. A job the index names whose hash is missing comes with an empty
+--          list (with any queue asked for), so that the caller can name it; a
+--          malformed hash comes as it is: the caller checks every field.
 local now = now_of(ARGV[1])
 local out = {f(now)}
 local what = ARGV[2]
@@ -48,7 +51,8 @@ elseif what == 'list' then
     for _, id in ipairs(ids) do
       local h = redis.call('HGETALL', job_key(id))
       local q = redis.call('HGET', job_key(id), 'queue')
-      if found < limit and (queue == '' or q == queue) then
+      if found < limit and (queue == '' or q == queue or #h == 0) then
+        table.insert(out, id)
         table.insert(out, h)
         found = found + 1
       end

@@ -3,7 +3,8 @@
 --
 -- KEYS[1]  the store's prefix; touches ended:<kind>, job:<id>, attempts:<id>,
 --          st:<state>, counts:<queue>, all, uniq:<key>, pruned; reads rl:<leader lease>,
---          epoch, epoch_replid
+--          epoch, epoch_replid; a job whose hash is missing or malformed goes through
+--          drop_job (dropped, dropped_n, bad:<id>, its other indexes)
 -- ARGV[1]  now ('' = Redis TIME);  ARGV[2] the epoch the store holds ('' = none);
 -- ARGV[3]  the maintenance lease's name, ARGV[4] its owner, ARGV[5] its token;
 -- ARGV[6]  the kind: 'finished' (succeeded, cancelled) or 'dead';  ARGV[7] before
@@ -38,22 +39,22 @@ end
 local out = {}
 local ids = redis.call('ZRANGEBYSCORE', index, '-inf', '(' .. f(before), 'LIMIT', 0, limit)
 for _, id in ipairs(ids) do
-  local v = redis.call('HMGET', job_key(id), 'state', 'queue', 'idempotency_key',
-                       'finished_at')
-  local finished = num(v[4])
-  if v[1] and ENDED[v[1]] == kind and finished ~= nil and finished < before then
-    release_key(id, v[3])
+  local h, why = job_head(id)
+  if h == nil then
+    drop_job(id, nil, why, now)  -- gone or malformed: out of every index, recorded
+  elseif ENDED[h.state] == kind and h.finished ~= nil and h.finished < before then
+    release_key(id, redis.call('HGET', job_key(id), 'idempotency_key'))
     redis.call('DEL', job_key(id), P .. 'attempts:' .. id)
-    redis.call('HINCRBY', P .. 'counts:' .. v[2], v[1], -1)
-    redis.call('ZREM', P .. 'st:' .. v[1], id)
+    redis.call('HINCRBY', P .. 'counts:' .. h.queue, h.state, -1)
+    redis.call('ZREM', P .. 'st:' .. h.state, id)
     redis.call('ZREM', P .. 'all', id)
     redis.call('ZREM', index, id)
     if note == '1' then redis.call('ZADD', P .. 'pruned', f(now), id) end
     table.insert(out, id)
-  elseif v[1] and ENDED[v[1]] == kind and finished ~= nil then
-    redis.call('ZADD', index, f(finished), id)  -- scored apart from its hash: mended
+  elseif ENDED[h.state] == kind and h.finished ~= nil then
+    redis.call('ZADD', index, f(h.finished), id)  -- scored apart from its hash: mended
   else
-    redis.call('ZREM', index, id)  -- gone, or no longer of this kind
+    redis.call('ZREM', index, id)  -- no longer of this kind
   end
 end
 return out
