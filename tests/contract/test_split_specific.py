@@ -307,3 +307,43 @@ async def test_ledgers_opened_at_once_on_a_fresh_schema_all_open(postgres_url: s
     finally:
         for ledger in ledgers:
             await ledger.close()
+
+
+async def _forget(split: SplitStore, *only: str) -> None:
+    """Delete the store's keys in Redis (``only``: those keys alone), as a FLUSHDB, an
+    operator's mistake or an eviction would, on a server whose replication id stays."""
+    prefix = split.redis.prefix
+    client = split.redis._redis()
+    keys = [prefix + k for k in only] if only else await client.keys(prefix + "*")
+    await client.delete(*keys)
+
+
+@pytest.mark.parametrize("lost", ["every key", "the id sequence"])
+async def test_redis_keys_lost_on_the_same_server_never_reuse_ids_or_tokens(
+    split: SplitStore, clock: FakeClock, lost: str
+) -> None:
+    """Job ids and tokens issued before the store's keys were lost from a Redis server
+    that kept its replication id are never handed out again: the next epoch is a new
+    one. Before, the same epoch came back, the sequence restarted at its floor, and a
+    new job took the id of one the ledger had seen completed: it was acknowledged as
+    done without running. A resource lease's new holder got a token already used."""
+    (done,) = await split.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+    (claimed,) = await split.jobs_claim(owner="w1", queues=Q, limit=1, ttl=60)
+    await _write(split, claimed.lease, "done before the loss")
+    assert await split.ledger.jobs_done(job_ids=[done]) == {done}
+    held = await split.resource_lease_acquire(resource="acct", owner="w1", ttl=60)
+    assert held is not None
+    epoch = split.redis.epoch
+
+    await _forget(split, *(() if lost == "every key" else ("seq",)))
+
+    (new,) = await split.jobs_enqueue(jobs=[NewJob(queue="default", task="new", args="[]")])
+    assert new > done
+    assert split.redis.epoch > epoch
+    got = await split.jobs_claim(owner="w2", queues=Q, limit=10, ttl=60)
+    assert [(c.job.id, c.job.task) for c in got] == [(new, "new")]
+    if lost == "every key":
+        clock.advance(61)
+        again = await split.resource_lease_acquire(resource="acct", owner="w2", ttl=60)
+        assert again is not None
+        assert again.token > held.token

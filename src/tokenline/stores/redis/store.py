@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -120,6 +121,8 @@ LEDGER_DONE = "ledger_done"
 #: Tokens are ``epoch * 2**32 + counter``.
 EPOCH_SHIFT = 32
 _EPOCH_ERROR = "TLEPOCH"
+#: Tries at recording a new epoch while the server's keys keep vanishing.
+_EPOCH_TRIES = 3
 #: The error rescue_apply.lua raises when the caller is no longer the leader.
 _LEADER_ERROR = "TLLEADER"
 
@@ -226,14 +229,34 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
             return str(info["master_replid"])
         raise StoreError(f"Redis at {self.where} reports no replication id")
 
+    async def server_identity(self) -> str:
+        """What an epoch is issued for: the server's replication id and this prefix's
+        incarnation, a random value set here when there is none. Any loss of the
+        prefix's keys (a FLUSHDB, keys deleted, a server back without its data) takes the
+        incarnation too, so the next identity is new and gets a new, higher epoch."""
+        key = self.prefix + "incarnation"
+        await self._cmd("SET", key, secrets.token_hex(8), "NX")
+        incarnation = await self._cmd("GET", key)
+        if isinstance(incarnation, bytes):
+            incarnation = incarnation.decode("ascii", "replace")
+        return f"{await self.replication_id()}/{incarnation or ''}"
+
     async def refresh_epoch(self) -> int:
-        """Take the epoch for the server's current replication id from the epoch source
-        and record both in Redis, so the scripts know which server it was issued for."""
+        """Take the epoch for the server's identity (:meth:`server_identity`) from the
+        epoch source and record both in Redis, so the scripts know which server, and
+        which incarnation of its keys, it was issued for."""
         if self._epoch_source is None:
             return 0
-        replid = await self.replication_id()
-        epoch = await self._epoch_source(replid)
-        await self._eval("epoch", [epoch, replid])
+        for tries_left in reversed(range(_EPOCH_TRIES)):
+            identity = await self.server_identity()
+            epoch = await self._epoch_source(identity)
+            try:
+                await self._eval("epoch", [epoch, identity])
+                break
+            except StoreError as exc:
+                # The keys were lost again between the read and the record.
+                if _EPOCH_ERROR not in str(exc) or not tries_left:
+                    raise
         self.epoch = epoch
         self._epoch_taken = True
         return epoch

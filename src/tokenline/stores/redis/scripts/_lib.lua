@@ -251,11 +251,24 @@ local function drop_job(id, queue, why, now)
   return named
 end
 
+-- The identity an epoch is issued for: the server's replication id (it changes when a
+-- replica is promoted or a primary restarts) and this prefix's incarnation, a random
+-- value the store sets when it finds none. A FLUSHDB, keys deleted or a server that
+-- came back empty take the incarnation with the ids and tokens: the next epoch is
+-- then issued for a new identity, above every one before.
+local function server_identity(incarnation)
+  local info = redis.call('INFO', 'replication')
+  return string.match(info, 'master_replid:(%w+)') .. '/' .. (incarnation or '')
+end
+
 -- The fencing epoch (see the ``epoch`` module of this package): ``expected`` is the
 -- epoch the caller's store holds ('' for a store without an epoch source). Raises
--- TLEPOCH when this server is not the one that epoch was issued for — its replication
--- id changed (a promoted replica, a restarted primary) or it never got one — so the
--- caller takes a new epoch before any token is issued or checked here.
+-- TLEPOCH when this server is not the one that epoch was issued for — its identity
+-- changed (a promoted replica, a restarted primary, its keys lost) or it never got
+-- one — so the caller takes a new epoch before any token is issued or checked here.
+-- The job id sequence gone while the epoch is still recorded (the key deleted or
+-- evicted alone) is a loss too: the incarnation goes with it, so that the new epoch
+-- is a new one and raises the sequence above every id issued before.
 --
 -- Tokens handed out are ``epoch * 2^32 + counter``: the job and lease hashes keep the
 -- counter; BASE is what a script adds to compare with, or return, a caller's token.
@@ -263,10 +276,13 @@ local BASE = 0
 local function check_epoch(expected)
   if expected == '' then return end
   BASE = tonumber(expected) * 4294967296
-  local cur = redis.call('MGET', P .. 'epoch', P .. 'epoch_replid')
-  local info = redis.call('INFO', 'replication')
-  local replid = string.match(info, 'master_replid:(%w+)')
-  if cur[1] ~= expected or cur[2] ~= replid then
+  local cur = redis.call('MGET', P .. 'epoch', P .. 'epoch_replid', P .. 'incarnation',
+                         P .. 'seq')
+  if cur[1] and not cur[4] then
+    redis.call('DEL', P .. 'incarnation')
+    cur[3] = false
+  end
+  if cur[1] ~= expected or cur[2] ~= server_identity(cur[3]) then
     error(redis.error_reply('TLEPOCH this Redis server holds epoch ' .. tostring(cur[1]) ..
                             ', the store expected ' .. expected))
   end
