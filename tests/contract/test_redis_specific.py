@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tokenline._errors import ConfigError, StoreUnavailableError
-from tokenline._jobs import NewJob
+from tokenline._jobs import JobState, NewJob
 from tokenline.stores.redis import RedisStore
 
 
@@ -91,3 +91,155 @@ async def test_a_blocking_enqueue_needs_the_store_open_and_stops_with_it(
         await store.close()
     with pytest.raises(StoreError, match="not open"):
         store.jobs_enqueue_blocking(jobs=[job])
+
+
+# -- a job hash missing or malformed (eviction, an operator's DEL) ------------------------
+
+
+async def _damaged_store(
+    redis_url: str, redis_server: str, n: int = 10
+) -> tuple[Any, Any, list[int]]:
+    """An open store on a fake clock with ``n`` queued jobs, and a client to damage it."""
+    import redis
+
+    from tokenline._clock import FakeClock
+
+    store = RedisStore(redis_url, clock=FakeClock())
+    await store.open()
+    ids = await store.jobs_enqueue(
+        jobs=[NewJob(queue="q", task="t", args=f"[{i}]") for i in range(n)]
+    )
+    client: Any = redis.Redis.from_url(redis_server, decode_responses=True)
+    return store, client, ids
+
+
+async def test_a_queued_job_whose_hash_is_gone_is_dropped_and_every_other_claimed(
+    redis_url: str, redis_server: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the hash of the third queued job deleted, claims hand out the nine others,
+    each once and each as running: none is left half-claimed by a script that failed
+    partway. The gone job leaves every index, is counted and named in a warning, and
+    listings go on with the rest."""
+    store, client, ids = await _damaged_store(redis_url, redis_server)
+    p = store.prefix
+    try:
+        client.delete(f"{p}job:{ids[2]}")
+        claimed: list[int] = []
+        for _ in range(5):
+            claimed += [
+                c.job.id for c in await store.jobs_claim(owner="w", queues=["q"], limit=4, ttl=60)
+            ]
+        assert sorted(claimed) == sorted(i for i in ids if i != ids[2])
+        running = await store.jobs_list(state=JobState.RUNNING)
+        assert sorted(j.id for j in running) == sorted(claimed)
+        assert await store.jobs_list(state=JobState.QUEUED) == []
+        assert client.get(f"{p}dropped_n") == "1"
+        assert f"{p}job:{ids[2]}" in caplog.text
+        for key in (f"{p}all", f"{p}st:queued", f"{p}st:running"):
+            assert client.zscore(key, ids[2]) is None, key
+        stats = await store.queues_stats()
+        assert stats[0].counts == {"running": 9}
+    finally:
+        await store.close()
+        client.close()
+
+
+async def test_a_running_job_whose_hash_is_gone_does_not_stop_the_rescue(
+    redis_url: str, redis_server: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The hash of a running job deleted, its lease and every other's expire: the rescue
+    returns the others to the queue and drops the gone one, and listings of running
+    jobs (``tokenline leases``) go on."""
+    store, client, ids = await _damaged_store(redis_url, redis_server, n=4)
+    p = store.prefix
+    try:
+        await store.jobs_claim(owner="w", queues=["q"], limit=4, ttl=5)
+        client.delete(f"{p}job:{ids[0]}")
+        assert sorted(j.id for j in await store.jobs_list(state=JobState.RUNNING)) == ids[1:]
+        store.clock.advance(10)
+        report = await store.jobs_rescue()
+        assert sorted(report.requeued) == ids[1:]
+        assert client.zscore(f"{p}running", f"{ids[0]:015d}") is None
+        assert client.get(f"{p}dropped_n") == "1"
+        assert f"{p}job:{ids[0]}" in caplog.text
+        again = await store.jobs_claim(owner="w2", queues=["q"], limit=10, ttl=5)
+        assert sorted(c.job.id for c in again) == ids[1:]
+    finally:
+        await store.close()
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("attempt", "x"), ("lease_token", ""), ("state", "lost")]
+)
+async def test_a_job_hash_with_one_field_corrupted_is_moved_aside(
+    redis_url: str, redis_server: str, field: str, value: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One field of one queued job's hash overwritten: listings skip that job with a
+    warning naming its key, claims hand out every other job (the damaged one is moved
+    to ``bad:<id>`` for inspection, never half-claimed), and job_get says what is wrong."""
+    from tokenline._errors import JobNotFoundError
+
+    store, client, ids = await _damaged_store(redis_url, redis_server, n=5)
+    p = store.prefix
+    bad = ids[0]
+    try:
+        client.hset(f"{p}job:{bad}", field, value)
+        listed = await store.jobs_list()
+        assert sorted(j.id for j in listed) == ids[1:]
+        assert f"{p}job:{bad}" in caplog.text
+        with pytest.raises(JobNotFoundError, match="malformed"):
+            await store.job_get(job_id=bad)
+        claimed = await store.jobs_claim(owner="w", queues=["q"], limit=5, ttl=60)
+        claimed += await store.jobs_claim(owner="w", queues=["q"], limit=5, ttl=60)
+        assert sorted(c.job.id for c in claimed) == ids[1:]
+        assert client.exists(f"{p}bad:{bad}")
+        assert not client.exists(f"{p}job:{bad}")
+        assert client.hget(f"{p}bad:{bad}", field) == value
+        assert client.get(f"{p}dropped_n") == "1"
+    finally:
+        await store.close()
+        client.close()
+
+
+async def test_a_running_job_with_a_corrupted_token_does_not_stop_the_rescue(
+    redis_url: str, redis_server: str
+) -> None:
+    """A running job's token overwritten with text: the rescue of every other expired
+    job goes on (it used to raise on int('') on every pass)."""
+    store, client, ids = await _damaged_store(redis_url, redis_server, n=3)
+    p = store.prefix
+    try:
+        await store.jobs_claim(owner="w", queues=["q"], limit=3, ttl=5)
+        client.hset(f"{p}job:{ids[1]}", "lease_token", "")
+        store.clock.advance(10)
+        report = await store.jobs_rescue()
+        assert sorted(report.requeued) == [ids[0], ids[2]]
+        assert client.exists(f"{p}bad:{ids[1]}")
+        assert await store.jobs_rescue() == type(report)()
+    finally:
+        await store.close()
+        client.close()
+
+
+async def test_a_unique_key_held_by_a_job_whose_hash_is_gone_is_released(
+    redis_url: str, redis_server: str
+) -> None:
+    """An ``active`` unique key whose job hash vanished keeps no new job out."""
+    import redis
+
+    from tokenline._jobs import Unique
+
+    store = RedisStore(redis_url)
+    await store.open()
+    client: Any = redis.Redis.from_url(redis_server)
+    try:
+        job = NewJob(queue="q", task="t", args="[]", idempotency_key="k", unique=Unique.ACTIVE)
+        (first,) = await store.jobs_enqueue(jobs=[job])
+        assert await store.jobs_enqueue(jobs=[job]) == [first]
+        client.delete(f"{store.prefix}job:{first}")
+        (second,) = await store.jobs_enqueue(jobs=[job])
+        assert second != first
+    finally:
+        await store.close()
+        client.close()
