@@ -321,6 +321,49 @@ async def test_reconciler_expires_an_orphaned_lease_by_token_bump(
     assert taken.token > held.token + 1
 
 
+async def _member(store: Any, worker_id: str) -> WorkerRecord:
+    rec = WorkerRecord(worker_id, "host", 1, ("default",), 4, "ready", 0, 0.0, 0.0, 0.0)
+    return await store.worker_register(record=rec, ttl=TTL)
+
+
+@pytest.mark.ledger
+async def test_reconciler_expires_a_job_attempts_lease_whose_worker_is_gone(
+    store: Any, clock: FakeClock
+) -> None:
+    """Regression: a lease taken through ctx.lease is owned by '<worker>/job<id>/t<token>';
+    once that worker's membership is over the lease is orphaned and expired. The worker is
+    matched by its exact id: an id holding '/' or LIKE wildcards answers for no other
+    worker's leases, and a live worker's attempt keeps its lease."""
+    gone = "w/gone%_*"  # '/' and wildcards of LIKE and GLOB
+    alive_ext = f"{gone}/job9/t9"  # a live worker whose id extends the gone one's
+    alive_wild = "w/goneX!x*"  # what the gone id would match as a LIKE pattern
+    rec = await _member(store, gone)
+    for worker in (alive_ext, alive_wild):
+        await _member(store, worker)
+    owners = {
+        "res:orphan": f"{gone}/job7/t3",
+        "res:ext": f"{alive_ext}/job8/t4",
+        "res:wild": f"{alive_wild}/job2/t2",
+        "res:user": f"{gone}/someone-else",  # not a job attempt's: never judged
+    }
+    held = {}
+    for resource, owner in owners.items():
+        lease = await store.resource_lease_acquire(resource=resource, owner=owner, ttl=600)
+        assert lease is not None
+        held[resource] = lease
+    assert await store.reconcile_find(pending_deadline=DEADLINE) == []  # every worker alive
+    await store.worker_deregister(worker_id=gone, token=rec.token)
+    report = await reconcile(store, clock)
+    assert report.counts == {Drift.LEASE_ORPHANED.value: 1}
+    assert "res:orphan" in report.lines[0]
+    leases = {lease.resource: lease for lease in await store.resource_leases_list()}
+    assert leases["res:orphan"].token == held["res:orphan"].token + 1
+    assert await store.resource_lease_renew(lease=held["res:orphan"], ttl=10) is None
+    for resource in ("res:ext", "res:wild", "res:user"):
+        assert leases[resource].token == held[resource].token
+        assert await store.resource_lease_renew(lease=held[resource], ttl=600) is not None
+
+
 @pytest.mark.one_store
 async def test_reconciler_closes_an_attempt_left_open(
     store: Any, clock: FakeClock, request: pytest.FixtureRequest

@@ -438,6 +438,17 @@ def test_a_lease_ttl_below_three_renewal_intervals_is_refused(app: App) -> None:
         Ctx.resource_lease(_ctx_stub(), "r", ttl=0.3)
 
 
+@pytest.mark.parametrize("ttl", [86_400.5, 1e308, 10**400, float("inf"), float("nan")])
+def test_a_lease_ttl_beyond_the_longest_lease_ttl_is_refused(app: App, ttl: float) -> None:
+    """Regression: a resource lease must expire once its holder is dead, so its ttl is
+    bounded like lease_ttl (at most a day); 1e308 or 10**400 used to be taken."""
+    from tokenline.worker.context import JobContext as Ctx
+
+    with pytest.raises(InvalidInputError, match="at most 86400"):
+        Ctx.resource_lease(_ctx_stub(), "r", ttl=ttl)
+    Ctx.resource_lease(_ctx_stub(), "r", ttl=86_400)  # the bound itself is fine
+
+
 def _ctx_stub() -> Any:
     class Stub:
         _settings = FAST

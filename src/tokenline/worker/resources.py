@@ -18,7 +18,8 @@ fenced by owner *and* token. Its holder trusts it until ``ttl`` minus a tenth af
 last renewal was sent (by the monotonic clock): past that, or once a renewal is refused,
 ``lease.check()`` and every ``ctx`` call raise :class:`~tokenline.LeaseExpiredError` —
 the holder must stop writing. ``ttl`` must be at least three renewal intervals, so that
-two failed renewals in a row do not lose the lease.
+two failed renewals in a row do not lose the lease, and at most ``MAX_LEASE_TTL`` (the
+bound on ``lease_ttl``), so that a lease whose holder died always expires.
 
 **Release** happens on leaving the block, best effort: only the holder of ``(owner,
 token)`` can release, and a lease whose release fails expires on its own at ``ttl``.
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .. import events
+from .._config import MAX_LEASE_TTL
 from .._errors import InvalidInputError, LeaseBusyError, LeaseExpiredError, TokenlineError
 from .._records import validate_key
 
@@ -129,8 +131,15 @@ class LeaseScope:
         for name, value in (("ttl", ttl), ("wait", wait)):
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise InvalidInputError(f"{name} must be a number of seconds, got {value!r}")
-        if not (math.isfinite(ttl) and ttl > 0):
-            raise InvalidInputError(f"lease ttl must be a finite number > 0, got {ttl!r}")
+        # An int is compared as it is: math.isfinite would overflow on 10**400. The bound
+        # is the job lease TTL's: a lease whose holder died must still expire, within a
+        # bound an operator can wait out, even when nothing reconciles it.
+        finite = isinstance(ttl, int) or math.isfinite(ttl)
+        if not (finite and 0 < ttl <= MAX_LEASE_TTL):
+            raise InvalidInputError(
+                f"lease ttl must be a finite number of seconds above 0 and at most "
+                f"{MAX_LEASE_TTL:g} (the longest lease_ttl), got {ttl!r}"
+            )
         if ttl < min_ttl:
             raise InvalidInputError(
                 f"lease ttl {ttl:g}s is shorter than three renewal intervals ({min_ttl:g}s): "

@@ -7,6 +7,7 @@ leader check and the repairs it guards can never be separated.
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,17 @@ if TYPE_CHECKING:
 __all__ = ["MemoryMaintenance"]
 
 _UNACKED_STATES = (JobState.QUEUED, JobState.SCHEDULED, JobState.RUNNING)
+#: The owner of a lease a job attempt took through ctx.lease (worker/resources.py):
+#: '<worker id>/job<id>/t<token>'. The id may itself hold '/': only the last two parts
+#: are the attempt's, so the greedy group is exactly the worker's id.
+_ATTEMPT_OWNER = re.compile(r"(.*)/job[0-9]+/t[0-9]+", re.DOTALL)
+
+
+def _attempt_worker(owner: str) -> str | None:
+    """The id of the worker whose job attempt owns a lease as ``owner``, or ``None``
+    when ``owner`` is not shaped as a job attempt's."""
+    found = _ATTEMPT_OWNER.fullmatch(owner)
+    return None if found is None else found.group(1)
 
 
 class MemoryMaintenance:
@@ -112,7 +124,9 @@ class MemoryMaintenance:
         out = []
         for name in sorted(self._leases):
             lease = self._leases[name]
-            worker = self._workers.get(lease.owner)
+            worker = self._workers.get(lease.owner) or self._workers.get(
+                _attempt_worker(lease.owner) or ""
+            )
             if lease.expires_at > now and worker is not None and _gone(worker, now):
                 out.append(
                     Inconsistency(Drift.LEASE_ORPHANED, None, lease.token, name, lease.owner)

@@ -11,6 +11,7 @@ seen: Redis runs the script atomically, so nothing falls between check and write
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,11 @@ __all__ = ["RedisMaintenance", "ScanBatch"]
 SCAN_BATCH = 500
 #: The script's error when the caller no longer holds the maintenance lease.
 _LEADER_ERROR = "TLLEADER"
+#: The owner of a lease a job attempt took through ctx.lease (worker/resources.py):
+#: '<worker id>/job<id>/t<token>'. The id may itself hold '/': only the last two parts
+#: are the attempt's, so the greedy group is exactly the worker's id (as in
+#: ``reconcile_apply.lua``, which checks it again).
+_ATTEMPT_OWNER = re.compile(r"(.*)/job[0-9]+/t[0-9]+", re.DOTALL)
 _ACTIONS = {
     Drift.JOB_UNACKNOWLEDGED: "ack",
     Drift.LEASE_ORPHANED: "lease",
@@ -100,14 +106,14 @@ class RedisMaintenance:
 
     async def orphaned_leases(self, *, limit: int) -> list[Inconsistency]:
         """Named leases held, unexpired, by a worker whose membership is over (stopped,
-        or expired by Redis's clock). A holder that is not a worker (a maintenance
-        process, a user's own) is never judged. Read in two steps: the repair checks
-        both again."""
+        or expired by Redis's clock): under its own id, or by one of its job attempts
+        (``ctx.lease``). A holder that is not a worker (a maintenance process, a user's
+        own) is never judged. Read in two steps: the repair checks both again."""
         now = await self.store_time()
         workers = {w.id: w for w in await self.workers_list()}
         found = []
         for lease in await self.resource_leases_list():
-            worker = workers.get(lease.owner)
+            worker = workers.get(lease.owner) or workers.get(_attempt_worker(lease.owner) or "")
             if lease.expires_at <= now or worker is None:
                 continue
             if worker.state == "stopped" or worker.expires_at <= now:
@@ -186,3 +192,10 @@ class RedisMaintenance:
         """Every schedule's high-water mark, from the ``sched`` hash."""
         marks = _pairs(await self._cmd("HGETALL", self.prefix + "sched"))
         return {name: float(mark) for name, mark in sorted(marks.items())}
+
+
+def _attempt_worker(owner: str) -> str | None:
+    """The id of the worker whose job attempt owns a lease as ``owner``, or ``None``
+    when ``owner`` is not shaped as a job attempt's."""
+    found = _ATTEMPT_OWNER.fullmatch(owner)
+    return None if found is None else found.group(1)

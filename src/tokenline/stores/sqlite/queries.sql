@@ -488,10 +488,21 @@ ORDER BY e.key
 LIMIT :limit;
 
 -- name: reconcile_orphan_leases
--- Resource leases still held by a worker whose membership is over. A holder that is
--- not a worker (a dedicated maintenance process, a user's own) is never judged.
+-- Resource leases still held by a worker whose membership is over: under its own id,
+-- or by one of its job attempts through ctx.lease, whose owner is
+-- '<worker id>/job<id>/t<token>' (worker/resources.py). The worker's id is compared
+-- as an exact prefix, never as a pattern (an id may hold '/', '%', '_', '*'); the rest
+-- must be one 'job<digits>/t<digits>' pair, so that a worker whose id extends another's
+-- ('w' and 'w/x') never answers for the other's leases. A holder that is not a worker
+-- (a dedicated maintenance process, a user's own) is never judged.
 SELECT r.resource, r.token, r.owner FROM coord.resource_leases AS r
-JOIN coord.workers AS w ON w.id = r.owner
+JOIN coord.workers AS w
+  ON w.id = r.owner
+  OR (substr(r.owner, 1, length(w.id) + 1) = w.id || '/'
+      AND substr(r.owner, length(w.id) + 2) GLOB 'job[0-9]*/t[0-9]*'
+      AND substr(r.owner, length(w.id) + 2) NOT GLOB '*/*/*'
+      AND substr(r.owner, length(w.id) + 2) NOT GLOB 'job*[^0-9]*/*'
+      AND substr(r.owner, length(w.id) + 2) NOT GLOB '*/t*[^0-9]*')
 WHERE r.expires_at > :now AND (w.state = 'stopped' OR w.expires_at <= :now)
 ORDER BY r.resource
 LIMIT :limit;

@@ -17,7 +17,8 @@
 --            new token (so no earlier holder matches), then succeeds
 --   lease    a named lease held, unexpired, by the owner and token seen, whose owner's
 --            worker membership is over (stopped or expired): its token is bumped and
---            it expires now (never a delete: the counter must survive)
+--            it expires now (never a delete: the counter must survive). The owner is
+--            the worker's id, or a job attempt's '<worker id>/job<id>/t<token>'
 --   attempt  the job's attempt with the token seen, still without an outcome, while
 --            the job does not run under it: closed as lost
 -- Returns  per repair 1 (applied) or 0 (changed since it was seen: left alone); the
@@ -47,11 +48,22 @@ local function acknowledge(id, token, seen)
   return 1
 end
 
+-- The worker that holds a lease as `owner`: the worker of that id, else the one whose
+-- job attempt it is. A worker id may hold '/': only the last two parts are the
+-- attempt's, and the greedy capture leaves exactly the worker's id (no pattern is built
+-- from the id).
+local function holder_of(owner)
+  if redis.call('EXISTS', P .. 'w:' .. owner) == 1 then return owner end
+  return string.match(owner, '^(.*)/job%d+/t%d+$')
+end
+
 local function expire_orphan(name, token, owner)
   local key = P .. 'rl:' .. name
   local l = redis.call('HMGET', key, 'owner', 'token', 'expires_at')
   if l[1] ~= owner or tonumber(l[2]) + BASE ~= token or num(l[3]) <= now then return 0 end
-  local w = redis.call('HMGET', P .. 'w:' .. owner, 'state', 'expires_at')
+  local worker = holder_of(owner)
+  if not worker then return 0 end
+  local w = redis.call('HMGET', P .. 'w:' .. worker, 'state', 'expires_at')
   if not w[1] or (w[1] ~= 'stopped' and num(w[2]) > now) then return 0 end
   redis.call('HSET', key, 'token', tonumber(l[2]) + 1, 'expires_at', f(now))
   return 1
