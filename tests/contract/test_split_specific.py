@@ -347,3 +347,40 @@ async def test_redis_keys_lost_on_the_same_server_never_reuse_ids_or_tokens(
         again = await split.resource_lease_acquire(resource="acct", owner="w2", ttl=60)
         assert again is not None
         assert again.token > held.token
+
+
+async def test_a_job_hash_gone_from_redis_stops_only_that_job(split: SplitStore) -> None:
+    """Eviction or a DEL takes job hashes out of Redis: a queued one, and one running
+    that had begun its work in the ledger. Every other job is still claimed, listed and,
+    once its lease expires, rescued; the queued one is dropped from the queue and the
+    running one, which the ledger saw and never completed, is reported lost by the
+    reconciler (its payload cannot be run again)."""
+    import redis
+
+    from tokenline.stores.base import Drift
+
+    ids = await split.jobs_enqueue(
+        jobs=[NewJob(queue="default", task="t", args=f"[{i}]") for i in range(6)]
+    )
+    p = split.redis.prefix
+    client: Any = redis.Redis.from_url(split.redis.url.partition("?")[0])
+    try:
+        client.delete(f"{p}job:{ids[2]}")
+        claimed = await split.jobs_claim(owner="w1", queues=Q, limit=3, ttl=5)
+        claimed += await split.jobs_claim(owner="w1", queues=Q, limit=3, ttl=5)
+        assert sorted(c.job.id for c in claimed) == [i for i in ids if i != ids[2]]
+        first = next(c for c in claimed if c.job.id == ids[0])
+        assert await split.ledger.effect_begin(lease=first.lease, key="k") is not None
+        client.delete(f"{p}job:{ids[0]}")
+        running = await split.jobs_list(state=JobState.RUNNING)
+        assert sorted(j.id for j in running) == [ids[1], *ids[3:]]
+        split.redis.clock.advance(10)
+        report = await split.jobs_rescue()
+        assert sorted(report.requeued) == [ids[1], *ids[3:]]
+        assert client.get(f"{p}dropped_n") == b"2"
+        found = await split.reconcile_find(pending_deadline=3600)
+        assert [(f.kind, f.job_id) for f in found if f.kind is Drift.JOB_LOST] == [
+            (Drift.JOB_LOST, ids[0])
+        ]
+    finally:
+        client.close()
