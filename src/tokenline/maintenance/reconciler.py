@@ -6,8 +6,9 @@ applies only if the leader still holds its term *and* the thing is still as it w
 seen (the job's token and state, the effect's token, the lease's token):
 
 * ``job_unacknowledged``: the job's fenced transaction committed (an attempt
-  succeeded), or its own effect (keyed by its idempotency key) completed, yet the job is
-  still queued, scheduled, or running on an expired lease: acknowledge it (succeeded).
+  succeeded), yet the job is still queued, scheduled, or running on an expired lease:
+  acknowledge it (succeeded). A completed effect of the job's own key is not enough: it
+  proves the effect ran, not that the rest of the handler did.
 * ``effect_pending_expired``: an effect key left ``pending`` past
   ``effect_pending_deadline`` by an attempt whose lease is gone: mark it ``failed`` so
   the job's next attempt may run it, and flag it (a warning line).

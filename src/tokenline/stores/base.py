@@ -141,9 +141,9 @@ class Depth:
 class Drift(enum.StrEnum):
     """The kinds of disagreement the reconciler looks for (DESIGN.md section 7)."""
 
-    #: The job's fenced transaction committed (an attempt ``succeeded``), or its effect
-    #: (the effect keyed by its idempotency key) completed, yet the job is still queued,
-    #: scheduled, or running under an expired lease: acknowledge it.
+    #: The job's fenced transaction committed (an attempt ``succeeded``), yet the job is
+    #: still queued, scheduled, or running under an expired lease: acknowledge it. An
+    #: effect of the job's own key proves only that the effect ran, never the handler.
     JOB_UNACKNOWLEDGED = "job_unacknowledged"
     #: An effect key left ``pending`` by an attempt whose lease is gone, for longer than
     #: the deadline: mark it ``failed`` so that the job's next attempt may run it.
