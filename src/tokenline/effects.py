@@ -118,6 +118,14 @@ _CURRENT: contextvars.ContextVar[EffectCall | None] = contextvars.ContextVar(
 )
 
 
+def _finite(seconds: float) -> bool:
+    """``seconds`` is a number from 0 that a float holds (not NaN, not endless)."""
+    try:
+        return 0 <= float(seconds) < math.inf
+    except OverflowError:
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class EffectCall:
     """The effect being run: give ``key`` to an external API so it can deduplicate."""
@@ -215,8 +223,9 @@ class EffectRun:
         trusted: Callable[[], bool] | None = None,
     ) -> None:
         self.key = validate_key(key, "effect key")
-        if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
-            raise InvalidInputError(f"wait must be a number of seconds >= 0, got {wait!r}")
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not _finite(wait):
+            # An endless wait would outlive the attempt: give a number of seconds.
+            raise InvalidInputError(f"wait must be a finite number of seconds >= 0, got {wait!r}")
         if any(c.key == self.key and c.job_id == lease.job_id for c in _RUNNING.get()):
             # Its key is pending under this very attempt, which would wait for itself
             # until `wait` ran out, on every attempt: refused at once, as a bug.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -27,9 +28,11 @@ from tokenline import (
     current_effect,
     require_fenced,
 )
+from tokenline._clock import FakeClock
 from tokenline._errors import StaleTokenError, StoreUnavailableError
 from tokenline._jobs import Lease
 from tokenline._records import DuplicateKind, EffectStatus
+from tokenline.effects import EffectRun
 from tokenline.stores import MemoryStore, Store
 
 #: Deadline for anything a test waits on; a healthy run takes a small fraction of it.
@@ -462,3 +465,14 @@ def test_require_fenced_raises_on_zero_rows() -> None:
     require_fenced(1, resource="accounts 42", token=3)
     with pytest.raises(StaleTokenError, match="accounts 42"):
         require_fenced(0, resource="accounts 42", token=3)
+
+
+@pytest.mark.parametrize("wait", [math.inf, math.nan, -1, 10**400, True, "5"])
+def test_an_effect_wait_that_is_not_a_finite_number_of_seconds_is_refused(wait: Any) -> None:
+    """Regression: ``wait=math.inf`` was taken, then the claim gave up at once instead of
+    waiting; an endless wait would outlive the attempt anyway. 10**400 raised an
+    OverflowError of its own."""
+    lease = Lease(1, "w", 1, 0.0)
+    with pytest.raises(InvalidInputError, match="wait must be a finite number of seconds"):
+        EffectRun(MemoryStore(), lease, "k", clock=FakeClock(), wait=wait)
+    assert EffectRun(MemoryStore(), lease, "k", clock=FakeClock(), wait=86_400).wait == 86_400
