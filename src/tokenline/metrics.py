@@ -766,6 +766,21 @@ def _ok() -> tuple[bool, str]:
     return True, "ok"
 
 
+def _bind_error(exc: OSError, host: str, port: int) -> ConfigError:
+    """Why the metrics server could not listen on ``host:port``, blaming the setting
+    at fault: an unknown host is no reason to change the port."""
+    if isinstance(exc, socket.gaierror):
+        return ConfigError("host", f"cannot resolve metrics host {host!r}: {exc.strerror}")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return ConfigError("host", f"metrics host {host!r} is not an address of this machine")
+    if exc.errno == errno.EADDRINUSE:
+        return ConfigError("port", f"metrics port {port} is in use (host {host})")
+    if exc.errno == errno.EACCES:
+        reason = f"metrics port {port} may not be bound by this user (host {host})"
+        return ConfigError("port", f"{reason}: ports below 1024 usually need privileges")
+    return ConfigError("port", f"{exc} (host {host})")
+
+
 def serve(
     port: int,
     *,
@@ -780,15 +795,15 @@ def serve(
     ``/metrics``: the Prometheus text format. ``/healthz``: 200 ``ok`` while
     ``health()`` passes (liveness: keep it free of store calls), else 503.
     ``/readyz``: 200 while ``ready()`` passes, else 503 with its reason. Anything
-    else: 404. Without a check, it passes. A port in use is a :class:`ConfigError`
-    and nothing is started. ``routes``: more paths, each answered by a function
-    returning (status, body, content type).
+    else: 404. Without a check, it passes. A host that cannot be listened on (not
+    resolved, not this machine's) or a port that cannot be bound (in use, privileged)
+    is a :class:`ConfigError` naming which, and nothing is started. ``routes``: more
+    paths, each answered by a function returning (status, body, content type).
     """
     try:
         server = (_Server6 if ":" in host else _Server)((host, port), _Handler)
     except OSError as exc:
-        reason = f"metrics port {port} is in use" if exc.errno == errno.EADDRINUSE else str(exc)
-        raise ConfigError("port", f"{reason} (host {host})") from None
+        raise _bind_error(exc, host, port) from None
     server.registry = registry
     server.health = health or _ok
     server.ready = ready or _ok

@@ -229,9 +229,67 @@ def test_a_port_in_use_is_a_config_error_and_starts_nothing() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         before = {t.name for t in threading.enumerate()}
-        with pytest.raises(ConfigError, match=f"metrics port {port} is in use"):
+        with pytest.raises(ConfigError, match=f"metrics port {port} is in use") as refused:
             serve(port)
+        assert refused.value.setting == "port"
         assert {t.name for t in threading.enumerate()} == before
+
+
+@pytest.mark.parametrize(
+    ("host", "said"),
+    [
+        ("nosuchhost.invalid", "cannot resolve metrics host 'nosuchhost.invalid'"),
+        ("192.0.2.1", "metrics host '192.0.2.1' is not an address of this machine"),
+    ],
+)
+def test_a_host_that_cannot_be_listened_on_is_blamed_not_the_port(host: str, said: str) -> None:
+    """A host name that does not resolve, or an address not of this machine, is a
+    ConfigError naming the host; it used to be called an invalid port."""
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(ConfigError) as refused:
+        serve(0, host=host)
+    assert refused.value.setting == "host"
+    assert said in refused.value.reason
+    assert {t.name for t in threading.enumerate()} == before
+
+
+def test_a_privileged_port_is_blamed_on_the_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port the user may not bind (as below 1024 without privileges, which these
+    tests may have, hence the refusal is simulated) names the port, not the host."""
+    import errno
+
+    def refuse(*args: object) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr("tokenline.metrics._Server", refuse)
+    with pytest.raises(ConfigError, match="metrics port 80 may not be bound") as refused:
+        serve(80)
+    assert refused.value.setting == "port"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["exporter", "--host", "nosuchhost.invalid"],
+        # A worker refuses port 0; the port is never bound, the host failing first.
+        ["worker", "--app", "tokenline.demo:app", "--metrics-port", "9464", "--metrics-host",
+         "nosuchhost.invalid"],
+        ["maintenance", "--metrics-port", "0", "--metrics-host", "nosuchhost.invalid"],
+    ],
+)  # fmt: skip
+def test_each_command_serving_metrics_names_an_unknown_host(
+    db_url: str, command: list[str]
+) -> None:
+    """The exporter, a worker and the maintenance process each exit 2 (bad input) on a
+    metrics host that does not resolve, saying the host is at fault, not the port."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENLINE_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "tokenline", *command, "--url", db_url],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: invalid setting 'host': cannot resolve metrics host"), line
 
 
 def test_the_exporter_command_on_a_port_in_use_says_so(db_url: str) -> None:
