@@ -336,7 +336,7 @@ def test_every_float_option_is_a_checked_number_of_seconds() -> None:
         (["status", "--timeout", "inf"], "--timeout", "not a finite number"),
         (["scale-hint", "--interval", "nan"], "--interval", "not a finite number"),
         (["scale-hint", "--interval", "-1"], "--interval", "not in the range 0 <= x <= 3600"),
-        (["worker", "--lease-ttl", "1e-9"], "--lease-ttl", "not in the range 0.1 <= x"),
+        (["worker", "--lease-ttl", "1e-9"], "--lease-ttl", "not in the range 0.5 <= x"),
         (["worker", "--poll-interval", "-inf"], "--poll-interval", "not a finite number"),
         (["enqueue", "t", "--delay", "nan"], "--delay", "not a finite number"),
         (["enqueue", "t", "--delay", "1e12"], "--delay", "not in the range 0 <= x"),
@@ -356,6 +356,69 @@ def test_every_float_option_refuses_what_is_no_finite_number_in_range(
     assert result.exit_code == 2, result.output
     assert f"Invalid value for '{option}'" in result.output
     assert said in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+#: Durations around every bound a worker setting has (0, the lease TTL's, a day,
+#: 100 years), each side of it.
+_PROBES = [0, 1e-9, 0.001, 0.3, 0.5, 1, 86_400, 86_400.5, 100_000, 3_155_760_000, 3.2e9]
+
+
+def test_each_worker_duration_option_takes_the_range_its_setting_does() -> None:
+    """A worker's duration flag (and so its TOKENLINE_ variable) accepts a value exactly
+    when the setting does, as from a --config file. --drain-timeout refused 100000
+    (past a day) which the setting takes up to 100 years, and --lease-ttl took 0.3
+    (from 0.1) which the setting then refused (from 0.5)."""
+    from tokenline._config import MAX_INTERVAL, WorkerSettings
+    from tokenline._errors import ConfigError
+
+    # store_timeout's own check goes to 100 years, but it must also be shorter than
+    # lease_ttl, at most a day: the flag says a day, as the App's store_timeout does.
+    tighter = {"store_timeout": MAX_INTERVAL}
+
+    worker = dict(_commands(main))[("worker",)]
+    options = [p for p in worker.params if isinstance(p.type, Seconds)]
+    assert {p.name for p in options} >= {"drain_timeout", "lease_ttl", "startup_wait"}
+    disagree = []
+    for option in options:
+        assert option.name is not None
+        for value in _PROBES:
+            try:
+                option.type.convert(value, option, None)
+                flag = True
+            except click.BadParameter:
+                flag = False
+            try:
+                WorkerSettings(**{option.name: value})
+                setting = True
+            except ConfigError as exc:
+                # Only its own range counts: another setting's bound (effect_pending_deadline
+                # under a long lease_ttl, say) is no verdict on this value.
+                setting = not (exc.setting == option.name and "finite number" in exc.reason)
+            if value > tighter.get(option.name, value):
+                setting = False
+            if flag != setting:
+                disagree.append((option.name, value, flag, setting))
+    assert disagree == []
+
+
+@pytest.mark.parametrize("how", ["flag", "variable"])
+def test_a_drain_timeout_past_a_day_reaches_the_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """--drain-timeout 100000, or TOKENLINE_DRAIN_TIMEOUT=100000, is no usage error:
+    the worker goes on to its settings (where a bad --prefetch stops it before any
+    store is opened)."""
+    monkeypatch.chdir(tmp_path)
+    args = ["worker", "--app", "tokenline.demo:app", "--prefetch", "5000"]
+    if how == "flag":
+        args += ["--drain-timeout", "100000"]
+    else:
+        monkeypatch.setenv("TOKENLINE_DRAIN_TIMEOUT", "100000")
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert "invalid setting 'prefetch'" in result.output
+    assert "drain" not in result.output
     assert list(tmp_path.iterdir()) == []
 
 

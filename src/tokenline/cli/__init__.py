@@ -13,7 +13,14 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from .._config import WorkerSettings, load_settings
+from .._config import (
+    MAX_INTERVAL,
+    MAX_LEASE_TTL,
+    MAX_SECONDS,
+    MIN_LEASE_TTL,
+    WorkerSettings,
+    load_settings,
+)
 from .._errors import ConfigError, InvalidInputError
 from .._jobs import MAX_DELAY, MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
 from .._logging import configure as configure_logging
@@ -63,6 +70,13 @@ def _env(name: str) -> dict[str, Any]:
     return {"envvar": f"TOKENLINE_{name}", "show_envvar": True, "default": None}
 
 
+# The worker's duration options take the ranges WorkerSettings checks, from its own
+# constants: a flag (or its variable) and a --config file must accept the same values.
+def _above_zero(high: float) -> Seconds:
+    """Seconds above 0 and at most ``high``, as a setting checked by ``_positive``."""
+    return Seconds(0, high, low_open=True)
+
+
 @main.command()
 @app_option
 @url_option
@@ -74,68 +88,68 @@ def _env(name: str) -> dict[str, Any]:
 )
 @click.option(
     "--lease-ttl",
-    type=Seconds(0.1),
+    type=Seconds(MIN_LEASE_TTL, MAX_LEASE_TTL),
     help="Lease time-to-live, seconds [default: 30].",
     **_env("LEASE_TTL"),
 )
 @click.option(
     "--renew-interval",
-    type=Seconds(0.01),
+    type=_above_zero(MAX_INTERVAL),
     help="Lease renewal period, <= TTL/3 [default: TTL/3, at most 10].",
     **_env("RENEW_INTERVAL"),
 )
 @click.option(
     "--lease-margin",
-    type=Seconds(0.001),
+    type=_above_zero(MAX_SECONDS),
     help="Self-fencing margin under the TTL [default: TTL/10].",
     **_env("LEASE_MARGIN"),
 )
 @click.option(
     "--poll-interval",
-    type=Seconds(0.01),
+    type=_above_zero(MAX_INTERVAL),
     help="Longest wait for new jobs, seconds [default: 1].",
     **_env("POLL_INTERVAL"),
 )
 @click.option(
     "--job-timeout",
-    type=Seconds(0.001, MAX_DELAY),
+    type=_above_zero(MAX_SECONDS),
     help="Hard limit per attempt when the task sets none [default: 300].",
     **_env("JOB_TIMEOUT"),
 )
 @click.option(
     "--drain-timeout",
-    type=Seconds(0.001),
+    type=_above_zero(MAX_SECONDS),
     help="Time given to in-flight jobs on shutdown [default: 30].",
     **_env("DRAIN_TIMEOUT"),
 )
 @click.option(
     "--rescue-interval",
-    type=Seconds(0.01),
+    type=_above_zero(MAX_INTERVAL),
     help="Period of the expired-lease rescue [default: 5].",
     **_env("RESCUE_INTERVAL"),
 )
 @click.option(
     "--reconcile-interval",
-    type=Seconds(0.01),
+    type=_above_zero(MAX_INTERVAL),
     help="Period of the reconciler's pass [default: 30].",
     **_env("RECONCILE_INTERVAL"),
 )
 @click.option(
     "--effect-pending-deadline",
-    type=Seconds(0.1, MAX_DELAY),
+    type=_above_zero(MAX_SECONDS),
     help="Seconds an effect may stay pending after its lease is lost [default: 300].",
     **_env("EFFECT_PENDING_DEADLINE"),
 )
 @click.option(
     "--startup-wait",
-    type=Seconds(0),
+    type=Seconds(0, MAX_INTERVAL),
     help="Seconds to keep trying an unavailable store at start-up, each try logged "
     "[default: 0, give up at once].",
     **_env("STARTUP_WAIT"),
 )
 @click.option(
     "--store-timeout",
-    type=Seconds(0.001),
+    type=_above_zero(MAX_INTERVAL),
     help="Per-call store timeout [default: TTL/3].",
     **_env("STORE_TIMEOUT"),
 )
