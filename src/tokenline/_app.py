@@ -348,7 +348,9 @@ class App:
         ``name`` names the task and the schedule (default: the task's name). A function
         already registered with :meth:`task` keeps its options. Each instant is
         enqueued at most once, whatever happens to the leader (``scheduler.py``); a bad
-        cron, zone or mode is a :class:`ConfigError` naming it, here.
+        cron, zone or mode is a :class:`ConfigError` naming it, here, as are arguments
+        that could not make a job (setting ``args``, for ``kwargs`` too: the message
+        says which does not fit).
         """
 
         def register(func: F) -> F:
@@ -378,10 +380,12 @@ class App:
             try:
                 # The arguments must make a valid job: better now than at every instant.
                 self.build_job(task, schedule.args, schedule.kwargs, queue=queue)
-            except InvalidInputError:
+            except InvalidInputError as exc:
                 if known is None:
                     del self._tasks[task_name]
-                raise
+                # A ConfigError like the schedule's other options: the decorator's
+                # arguments are at fault, not a job's; the message says which of them.
+                raise ConfigError("args", f"periodic {schedule.name!r}: {exc}") from None
             self._periodic[schedule.name] = schedule
             return func
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tokenline import App
-from tokenline._errors import ConfigError, InvalidInputError
+from tokenline._errors import ConfigError
 
 
 def register(app: App, **options: Any) -> None:
@@ -70,11 +70,28 @@ def test_rare_or_named_crons_are_accepted(cron: str) -> None:
     assert app.periodics["job"].cron == cron
 
 
-def test_arguments_are_checked_like_an_enqueue() -> None:
-    """Arguments that could not make a job are refused at registration."""
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"args": [object()]}, "args[0] of task 'nightly' is a object, which JSON cannot"),
+        ({"args": [1]}, "1 positional arguments given, at most 0 taken"),
+        ({"kwargs": {"x": 1}}, "unexpected keyword argument 'x'"),
+    ],
+)
+def test_arguments_are_checked_like_an_enqueue(options: dict[str, Any], said: str) -> None:
+    """Arguments that could not make a job are refused at registration, as a
+    ConfigError (it was a PayloadError, which the README does not promise) naming the
+    periodic and, in the enqueue's words, what does not fit; nothing is registered."""
     app = App("memory://")
-    with pytest.raises(InvalidInputError):
-        register(app, cron="* * * * *", args=[object()])
+    with pytest.raises(ConfigError) as caught:
+
+        @app.periodic(cron="* * * * *", name="nightly", **options)
+        def tick(ctx: Any) -> None:
+            """A handler that takes no argument."""
+
+    assert caught.value.setting == "args"
+    assert caught.value.reason.startswith("periodic 'nightly': ")
+    assert said in caught.value.reason
     assert app.tasks == {}
     assert app.periodics == {}
 
