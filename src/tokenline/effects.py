@@ -326,6 +326,13 @@ class EffectRun:
             except StoreUnavailableError as exc:
                 if self.trusted is None or not self.trusted():
                     raise
+                if events.enabled():
+                    # Retried in the attempt, it never reaches the worker's own count.
+                    events.emit(
+                        events.CoordinationFailed(
+                            self.lease.owner, "ledger", f"effect {self.key!r}", str(exc)
+                        )
+                    )
                 log.warning(
                     "effect %r ran, but its record did not reach the store (%s); trying "
                     "again in %.2fs while the job's lease is trusted",

@@ -3,7 +3,8 @@
 Each fault moves the counters it predicts: a lease store that fails, renewal failures
 and coordination errors on the leases channel (and readiness lost, liveness kept); a
 zombie's commit, a stale commit refused or a renewal refused, and a stale read; a lost
-ack of an effect, a duplicate execution of its key.
+ack of an effect retried in its attempt, and a lost job ack after its effect counted
+as a duplicate execution of its key.
 """
 
 from __future__ import annotations
@@ -117,25 +118,70 @@ def test_a_zombie_commit_moves_stale_counters(cluster: Cluster) -> None:
     assert total(s, "tokenline_jobs_finished_total", outcome="succeeded") == 0
 
 
-def test_a_lost_effect_ack_moves_duplicate_executions(cluster: Cluster) -> None:
-    """The ledger applies an effect's outcome but its answer is lost: the job runs again,
-    finds the key completed, and that repeat is counted by key prefix."""
+def test_a_lost_effect_ack_is_recorded_within_the_attempt(cluster: Cluster) -> None:
+    """The ledger applies an effect's outcome but its answer is lost: while the lease is
+    trusted the worker finds the record already there, so the job succeeds on its first
+    attempt, the effect ran once and no repeat is counted; the lost answer is still a
+    ledger coordination error."""
     port, faults = free_port(), cluster.tmp / "faults.json"
     write_fault_file(
         faults,
         StoreFaults(ledger=RoleFaults(fail_after=True, methods=frozenset({"effect_finish"}))),
     )
     cluster.worker("a", "--metrics-port", str(port), FAULTAPP_FAULT_FILE=str(faults))
-    jid = enqueue(cluster, "charge:42", task="charge_once")
+    jid = enqueue(cluster, "charge:41", task="charge_once")
     cluster.wait_for("the job to succeed", lambda: cluster.job(jid)["state"] == "succeeded")
     s = until(
         cluster,
         port,
+        "a ledger coordination error",
+        lambda s: total(s, "tokenline_coordination_errors_total", channel="ledger") >= 1,
+    )
+    assert cluster.job(jid)["attempt"] == 1
+    assert total(s, "tokenline_duplicate_executions_total", key_prefix="charge") == 0
+    effects = cluster.query("SELECT key FROM effects WHERE key = 'charge:41'")
+    assert len(effects) == 1, "the effect ran twice"
+
+
+def test_a_lost_job_ack_after_its_effect_moves_duplicate_executions(cluster: Cluster) -> None:
+    """The effect is recorded, but the broker refuses the job's finish and the worker
+    dies: the job runs again on another worker, finds the key completed, and that repeat
+    is counted by key prefix while the effect itself ran once."""
+    port_a, port_b, faults = free_port(), free_port(), cluster.tmp / "faults.json"
+    write_fault_file(
+        faults,
+        StoreFaults(
+            broker=RoleFaults(
+                error=True, methods=frozenset({"jobs_finish", "jobs_finish_and_claim"})
+            )
+        ),
+    )
+    a = cluster.worker("a", "--metrics-port", str(port_a), FAULTAPP_FAULT_FILE=str(faults))
+    jid = enqueue(cluster, "charge:42", task="charge_once")
+    cluster.wait_for(
+        "the effect to run",
+        lambda: cluster.query("SELECT key FROM effects WHERE key = 'charge:42'"),
+    )
+    until(
+        cluster,
+        port_a,
+        "the finish to fail",
+        lambda s: total(s, "tokenline_coordination_errors_total", channel="broker") >= 1,
+    )
+    first = cluster.job(jid)
+    assert first["state"] == "running"
+    a.send_signal(signal.SIGKILL)
+    faults.unlink()
+    cluster.worker("b", "--metrics-port", str(port_b))
+    cluster.wait_for("the job to succeed", lambda: cluster.job(jid)["state"] == "succeeded")
+    s = until(
+        cluster,
+        port_b,
         "a duplicate execution",
         lambda s: total(s, "tokenline_duplicate_executions_total", key_prefix="charge") > 0,
     )
     assert total(s, "tokenline_duplicate_executions_total", kind="repeat") >= 1
-    assert total(s, "tokenline_coordination_errors_total", channel="ledger") >= 1
+    assert cluster.job(jid)["lease_token"] > first["lease_token"], "not run again"
     effects = cluster.query("SELECT key FROM effects WHERE key = 'charge:42'")
     assert len(effects) == 1, "the effect ran twice"
 
