@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 import pytest
@@ -47,6 +48,18 @@ async def test_enqueue_many_is_all_or_nothing_and_empty_is_noop(store: Any) -> N
     """An empty batch inserts nothing and returns no ids."""
     assert await store.jobs_enqueue(jobs=[]) == []
     assert await store.jobs_list() == []
+
+
+async def test_opening_an_open_store_again_keeps_it_and_leaks_nothing(store: Any) -> None:
+    """A worker handed an open store opens it again: the store keeps its data and its
+    connections, and one close releases them all (a second client, opened over the
+    first, was left for the garbage collector to report unclosed)."""
+    (jid,) = await store.jobs_enqueue(jobs=[new()])
+    await store.open()
+    await store.open()
+    assert (await store.job_get(job_id=jid)).state is JobState.QUEUED
+    await store.close()
+    gc.collect()
 
 
 async def test_job_get_unknown_raises(store: Any) -> None:

@@ -181,10 +181,14 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
 
     async def connect(self) -> None:
         """Connect and check the server answers, without taking an epoch: until one is
-        taken, every script that issues or checks a token takes it first."""
-        client = aioredis.Redis.from_url(self._target.connect, **self._client_options())
-        self._client = client
-        self._scripts = {name: client.register_script(text) for name, text in _TEXT.items()}
+        taken, every script that issues or checks a token takes it first.
+
+        Opening an open store keeps its client: a second one would replace the first
+        and leave its connections open, with nobody left to close them."""
+        if self._client is None:
+            client = aioredis.Redis.from_url(self._target.connect, **self._client_options())
+            self._client = client
+            self._scripts = {name: client.register_script(t) for name, t in _TEXT.items()}
         await self._cmd("PING")
 
     def _client_options(self) -> dict[str, Any]:
