@@ -99,9 +99,10 @@ class Capabilities:
     notifications: bool = False
     #: Effects, fences, fenced resource-lease renewal and duplicate accounting.
     ledger: bool = False
-    #: One writer at a time (SQLite): a ledger write from inside the job's own open
-    #: fenced transaction would wait for that transaction, forever.
-    single_writer: bool = False
+    #: Ledger writes (effects, fences) from inside the job's own open fenced
+    #: transaction wait for that transaction, forever: SQLite has one writer at a time,
+    #: and the split ledger's fence check holds the job's fence row the write needs.
+    ledger_waits_for_transaction: bool = False
     #: The parameter marker of the connection a fenced transaction hands out.
     placeholder: str = "?"
     #: ``jobs_enqueue_blocking``: an open store enqueues for a synchronous caller on the

@@ -141,11 +141,13 @@ class JobContext:
 
     def refuse_inside_transaction(self, what: str) -> None:
         """Raise if ``what`` (a ledger write) would wait for this job's own open
-        transaction: on a single-writer store it holds the only write lock."""
-        if self._slot.in_transaction and self._store.capabilities.single_writer:
+        transaction, which holds what the write needs (SQLite's only write lock, the
+        split ledger's job fence row): refused at once instead of hanging until the
+        store's timeout, attempt after attempt."""
+        if self._slot.in_transaction and self._store.capabilities.ledger_waits_for_transaction:
             raise NotSupportedError(
                 f"{what} inside ctx.transaction() on {type(self._store).__name__} would wait "
-                "for the transaction's own write lock: call it before or after the "
+                "for the transaction's own locks: call it before or after the "
                 "transaction, or use ctx.transaction(fence=...) for fences"
             )
 

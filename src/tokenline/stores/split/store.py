@@ -74,6 +74,7 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
         multi_process=True,
         transactional_completion=True,
         ledger=True,
+        ledger_waits_for_transaction=True,
         placeholder="%s",
         blocking_enqueue=True,
     )

@@ -196,7 +196,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         multi_process=True,
         transactional_completion=True,
         ledger=True,
-        single_writer=True,
+        ledger_waits_for_transaction=True,
         blocking_enqueue=True,
     )
 
