@@ -1,5 +1,5 @@
-"""A ledger write (``ctx.effect``, ``ctx.fenced``) from inside the job's own open
-``ctx.transaction()``, on every store with transactions.
+"""A ledger write (``ctx.effect``, ``ctx.fenced``) or a resource lease (``ctx.lease``)
+from inside the job's own open ``ctx.transaction()``, on every store with transactions.
 
 Where the write needs what the transaction holds (SQLite's only write lock, the split
 ledger's job fence row) it used to wait for the store's timeout, fail as a coordination
@@ -50,8 +50,10 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
             yield split_url(broker=redis, ledger=ledger)
 
 
-@pytest.mark.parametrize("call", ["effect", "fenced"])
-async def test_a_ledger_write_inside_the_jobs_transaction_ends_the_job(url: str, call: str) -> None:
+@pytest.mark.parametrize("call", ["effect", "fenced", "lease"])
+async def test_a_ledger_call_inside_the_jobs_transaction_runs_or_is_refused(
+    url: str, call: str
+) -> None:
     """Refused at once (dead after one attempt, the error naming the call) where it
     would wait for its own transaction; done where the store can (the job succeeds)."""
     app = App(url)
@@ -62,15 +64,23 @@ async def test_a_ledger_write_inside_the_jobs_transaction_ends_the_job(url: str,
         with ctx.transaction():
             if call == "effect":
                 ctx.effect("mail:1", calls.append, ctx.token)
-            else:
+            elif call == "fenced":
                 ctx.fenced("invoice:1")
+            else:
+                with ctx.lease("account:1") as held:
+                    calls.append(held.token)
 
     # A store timeout far below the deadline: a write waiting for its own transaction
     # runs into it long before the test gives up.
     store = app.open_store(timeout=2.0)
     await store.open()
-    refuses = store.capabilities.ledger_waits_for_transaction
-    assert refuses == url.startswith(("sqlite:", "split:")), "the capability moved"
+    caps = store.capabilities
+    if call == "lease":
+        refuses = caps.lease_waits_for_transaction
+        assert refuses == url.startswith("sqlite:"), "the capability moved"
+    else:
+        refuses = caps.ledger_waits_for_transaction
+        assert refuses == url.startswith(("sqlite:", "split:")), "the capability moved"
     worker = Worker(app, SETTINGS, store=store)
     run = asyncio.create_task(worker.run())
     try:
@@ -93,4 +103,4 @@ async def test_a_ledger_write_inside_the_jobs_transaction_ends_the_job(url: str,
         assert calls == []
     else:
         assert (job.state, job.attempt) == (JobState.SUCCEEDED, 1), job
-        assert calls == ([1] if call == "effect" else [])
+        assert len(calls) == (0 if call == "fenced" else 1), calls

@@ -103,6 +103,9 @@ class Capabilities:
     #: transaction wait for that transaction, forever: SQLite has one writer at a time,
     #: and the split ledger's fence check holds the job's fence row the write needs.
     ledger_waits_for_transaction: bool = False
+    #: So do resource leases (``ctx.lease``): on SQLite, whose one writer is the job's
+    #: transaction; the split topology keeps them on Redis, which waits for nothing.
+    lease_waits_for_transaction: bool = False
     #: The parameter marker of the connection a fenced transaction hands out.
     placeholder: str = "?"
     #: ``jobs_enqueue_blocking``: an open store enqueues for a synchronous caller on the

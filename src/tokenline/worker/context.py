@@ -139,12 +139,14 @@ class JobContext:
         for held in self._slot.resources:
             held.check()
 
-    def refuse_inside_transaction(self, what: str) -> None:
-        """Raise if ``what`` (a ledger write) would wait for this job's own open
-        transaction, which holds what the write needs (SQLite's only write lock, the
-        split ledger's job fence row): refused at once instead of hanging until the
-        store's timeout, attempt after attempt."""
-        if self._slot.in_transaction and self._store.capabilities.ledger_waits_for_transaction:
+    def refuse_inside_transaction(self, what: str, *, lease: bool = False) -> None:
+        """Raise if ``what`` (a ledger write, or with ``lease`` a resource lease) would
+        wait for this job's own open transaction, which holds what the write needs
+        (SQLite's only write lock, the split ledger's job fence row): refused at once
+        instead of hanging until the store's timeout, attempt after attempt."""
+        caps = self._store.capabilities
+        waits = caps.lease_waits_for_transaction if lease else caps.ledger_waits_for_transaction
+        if self._slot.in_transaction and waits:
             raise NotSupportedError(
                 f"{what} inside ctx.transaction() on {type(self._store).__name__} would wait "
                 "for the transaction's own locks: call it before or after the "

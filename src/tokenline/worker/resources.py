@@ -158,7 +158,7 @@ class LeaseScope:
     async def _acquire(self) -> HeldLease:
         ctx, clock = self._ctx, self._ctx.clock
         ctx.check()
-        ctx.refuse_inside_transaction("ctx.lease")
+        ctx.refuse_inside_transaction("ctx.lease", lease=True)
         owner = f"{ctx.job_lease.owner}/job{ctx.job_id}/t{ctx.token}"
         deadline = clock.monotonic() + self._wait
         pause = 0.01

@@ -197,6 +197,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         transactional_completion=True,
         ledger=True,
         ledger_waits_for_transaction=True,
+        lease_waits_for_transaction=True,
         blocking_enqueue=True,
     )
 
