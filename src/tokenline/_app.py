@@ -13,12 +13,13 @@ import contextlib
 import json
 import logging
 import math
+import os
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Literal, Protocol, Self, TypeVar, overload
 
 from ._clock import Clock, SystemClock
-from ._config import Settings, load_settings
+from ._config import DEFAULT_URL, Settings, load_settings
 from ._errors import ConfigError, InvalidInputError, PayloadError, UnknownTaskError
 from ._jobs import (
     MAX_INT_DIGITS,
@@ -198,6 +199,20 @@ def _register_exit_hook() -> None:
         atexit.register(_close_at_exit)
 
 
+
+def _refuse_empty_url_variable(settings: Settings) -> None:
+    """Raise if ``TOKENLINE_URL`` is set but empty and nothing else names the store.
+
+    The settings read an empty variable as unset, so the app would fall back to its
+    default store (``sqlite:///tokenline.db``): the wrong store, silently, where a
+    deployment meant to name its own (the CLI refuses the same)."""
+    if settings.broker is None and os.environ.get("TOKENLINE_URL", "unset").strip() == "":
+        raise ConfigError(
+            "TOKENLINE_URL",
+            "is set but empty: set it to a store URL, unset it to use the default "
+            f"({DEFAULT_URL}), or pass App(url=...)",
+        )
+
 class App:
     """A tokenline application: where jobs are stored and which tasks exist.
 
@@ -223,6 +238,8 @@ class App:
     ) -> None:
         base = settings or load_settings(Settings)
         roles = {"broker": broker, "leases": leases, "ledger": ledger}
+        if settings is None and url is None and all(v is None for v in roles.values()):
+            _refuse_empty_url_variable(base)
         if any(v is not None for v in roles.values()):
             if url is not None:
                 raise ConfigError(

@@ -108,6 +108,23 @@ def test_explicit_url_beats_environment(monkeypatch: pytest.MonkeyPatch) -> None
     assert App("sqlite:///other.db").url == "sqlite:///other.db"
 
 
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_url_variable_is_refused_not_read_as_the_default(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """TOKENLINE_URL set but empty is a ConfigError naming it, as in the CLI: read as
+    unset, the app would have used sqlite:///tokenline.db, the wrong store, silently.
+    A URL given to App() or a split topology from the environment still decides."""
+    monkeypatch.setenv("TOKENLINE_URL", value)
+    with pytest.raises(ConfigError, match="TOKENLINE_URL.*is set but empty") as info:
+        App()
+    assert info.value.setting == "TOKENLINE_URL"
+    assert App("memory://").url == "memory://"
+    monkeypatch.setenv("TOKENLINE_BROKER", "redis://127.0.0.1:6379/0")
+    monkeypatch.setenv("TOKENLINE_LEDGER", "postgresql://db.example/jobs")
+    assert App().url.startswith("split:")
+
+
 def test_explicit_url_keeps_other_settings() -> None:
     """App(url, settings=...) replaces only the URL of the given settings."""
     app = App("memory://", settings=Settings(max_attempts=9, url="sqlite:///x.db"))
