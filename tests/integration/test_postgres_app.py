@@ -93,3 +93,31 @@ def test_outbox_refuses_an_autocommit_connection(pg_app: App, postgres_server: s
     ):
         pg_app.enqueue("ship", 5, connection=conn)
     assert _args(pg_app) == []
+
+
+def test_outbox_on_a_schema_not_yet_created_says_to_migrate(postgres_server: str) -> None:
+    """The outbox enqueue runs in the caller's transaction, so it never creates the
+    schema: on a new one the error says so, how to migrate and that the caller's
+    transaction must be rolled back; after a migration the same call works."""
+    import psycopg
+
+    from tokenline import StoreCorruptError
+
+    schema = f"tl_new_{uuid.uuid4().hex[:8]}"
+    app = App(f"{postgres_server}?schema={schema}")
+    app.task(name="ship")(lambda ctx, order: None)
+    try:
+        with psycopg.connect(postgres_server) as conn:
+            with pytest.raises(StoreCorruptError) as info, conn.transaction():
+                app.enqueue("ship", 1, connection=conn)
+            text = str(info.value)
+            for part in (schema, "tokenline migrate", "never creates the schema", "roll it"):
+                assert part in text, text
+            app.run(lambda s: s.queues_stats())  # the app's own store migrates
+            with conn.transaction():
+                app.enqueue("ship", 2, connection=conn)
+        assert _args(app) == ['{"args":[2],"kwargs":{}}']
+    finally:
+        app.close()
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

@@ -348,3 +348,33 @@ async def test_a_sync_handler_enqueueing_inside_its_transaction_is_told_how(
         await asyncio.wait_for(run, 60)
         await asyncio.to_thread(app.close)
         await store.close()
+
+
+def test_an_outbox_enqueue_on_a_new_file_says_to_migrate(tmp_path: Path) -> None:
+    """An enqueue on the caller's connection runs in the caller's transaction and never
+    creates the schema: on a file without it the error says so and how to migrate,
+    the caller's transaction goes on, and after a migration the same call works."""
+    from tokenline import StoreCorruptError
+
+    path = tmp_path / "new.db"
+    app = App(f"sqlite:///{path}")
+    app.task(name="t")(lambda ctx: None)
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("CREATE TABLE orders (id INTEGER)")
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO orders VALUES (1)")
+        with pytest.raises(StoreCorruptError) as info:
+            app.enqueue("t", connection=conn)
+        for part in (str(path), "never creates it", "tokenline migrate"):
+            assert part in str(info.value), info.value
+        assert conn.in_transaction
+        conn.execute("ROLLBACK")
+        app.run(lambda s: s.queues_stats())  # the app's own store migrates
+        conn.execute("BEGIN")
+        jid = app.enqueue("t", connection=conn)
+        conn.execute("COMMIT")
+        assert app.run(lambda s: s.job_get(job_id=jid)).state is JobState.QUEUED
+    finally:
+        conn.close()
+        app.close()

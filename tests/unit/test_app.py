@@ -116,7 +116,7 @@ def test_an_empty_url_variable_is_refused_not_read_as_the_default(
     unset, the app would have used sqlite:///tokenline.db, the wrong store, silently.
     A URL given to App() or a split topology from the environment still decides."""
     monkeypatch.setenv("TOKENLINE_URL", value)
-    with pytest.raises(ConfigError, match="TOKENLINE_URL.*is set but empty") as info:
+    with pytest.raises(ConfigError, match=r"TOKENLINE_URL.*is set but empty") as info:
         App()
     assert info.value.setting == "TOKENLINE_URL"
     assert App("memory://").url == "memory://"

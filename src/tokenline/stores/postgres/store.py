@@ -28,7 +28,7 @@ import logging
 import re
 import threading
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -38,7 +38,7 @@ from psycopg.rows import DictRow, TupleRow, dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from ..._clock import Clock, SystemClock
-from ..._errors import JobNotFoundError, StoreError
+from ..._errors import JobNotFoundError, StoreCorruptError, StoreError
 from ..._jobs import (
     Attempt,
     ClaimedJob,
@@ -255,6 +255,22 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
 
     def _translate(self) -> contextlib.AbstractContextManager[None]:
         return map_postgres_errors(self.target, self.timeout)
+
+    @contextlib.contextmanager
+    def _translate_on_callers_connection(self) -> Iterator[None]:
+        """:meth:`_translate`, saying what a missing schema means on the caller's own
+        connection: nothing there creates it, and the caller's transaction is now
+        aborted (it must be rolled back)."""
+        try:
+            with self._translate():
+                yield
+        except StoreCorruptError as exc:
+            raise StoreCorruptError(
+                f"{exc}. An enqueue on your own connection never creates the schema (it "
+                "runs inside your transaction, which this error has aborted: roll it "
+                "back): migrate first, with `tokenline migrate`, a worker, or an "
+                "enqueue without connection="
+            ) from exc
 
     def _require_pool(self) -> AsyncConnectionPool[AsyncConnection[TupleRow]]:
         if self._pool is None:
@@ -550,7 +566,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
             # A sync caller (app.enqueue from ordinary code): blocking here is what
             # that caller asked for, on its own connection and thread.
             _require_transaction(connection)
-            with self._translate():
+            with self._translate_on_callers_connection():
                 rows = connection.cursor(row_factory=tuple_row).execute(query, params)
                 return [row[0] for row in rows.fetchall()]
         if not isinstance(connection, psycopg.AsyncConnection):
@@ -559,7 +575,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
                 f"inside an open transaction, not {type(connection).__name__}"
             )
         _require_transaction(connection)
-        with self._translate():
+        with self._translate_on_callers_connection():
             cur = connection.cursor(row_factory=tuple_row)
             await cur.execute(query, params)
             return [row[0] for row in await cur.fetchall()]

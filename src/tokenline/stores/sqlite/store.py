@@ -60,6 +60,7 @@ from ..._errors import (
     JobNotFoundError,
     NotSupportedError,
     SchemaVersionError,
+    StoreCorruptError,
     StoreError,
     StoreUnavailableError,
 )
@@ -707,7 +708,17 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                 # An unopened store (app.enqueue(connection=...)) reads the anchor only.
                 now = self.clock.now() if self._main is not None else self._peek_now()
                 pairs = zip(self._enqueue_rows(jobs, now), jobs, strict=True)
-                return [insert_job(connection, Q["enqueue"], *rj) for rj in pairs]
+                try:
+                    return [insert_job(connection, Q["enqueue"], *rj) for rj in pairs]
+                except sqlite3.OperationalError as exc:
+                    if "no such table" not in str(exc):
+                        raise
+                    raise StoreCorruptError(
+                        f"SQLite store {str(self.path)!r} has no tokenline schema ({exc}): "
+                        "an enqueue on your own connection never creates it (it runs "
+                        "inside your transaction); migrate first, with `tokenline "
+                        "migrate`, a worker, or an enqueue without connection="
+                    ) from exc
         return await self._call(
             lambda conn: self._enqueue_on(conn, jobs), here=len(jobs) <= _HERE_MAX_ROWS
         )
