@@ -187,10 +187,14 @@ _STORE_STATE = {
 _NOT_PROVIDED: dict[str, Any] = {"ok": None, "failure": None, "latency_ms": None, "error": None}
 
 
+def _failing(kind: str, error: str) -> dict[str, Any]:
+    """One channel failing in this way."""
+    return {"ok": False, "failure": kind, "latency_ms": None, "error": error}
+
+
 def _all_failing(store: Store, kind: str, error: str) -> dict[str, Any]:
     """Every channel failing as the store did."""
-    failing = {"ok": False, "failure": kind, "latency_ms": None, "error": error}
-    channels = {name: dict(failing) for name in CHANNELS}
+    channels = {name: _failing(kind, error) for name in CHANNELS}
     if not store.capabilities.ledger:
         channels["ledger"] = dict(_NOT_PROVIDED)
     return channels
@@ -210,14 +214,22 @@ async def _open(store: Store, timeout: float) -> dict[str, Any] | None:  # noqa:
             "channels": _all_failing(store, NOT_MIGRATED, error),
         }
     absent = await _missing_schema(store, timeout)
+    by_role = getattr(getattr(store, "inner", store), "open_within", None)
     if absent is not None:
         error = f"{absent}: run `tokenline migrate` (status created nothing)"
-        return {
-            "store": "schema not ready",
-            "error": error,
-            "channels": _all_failing(store, NOT_MIGRATED, error),
-        }
-    by_role = getattr(getattr(store, "inner", store), "open_within", None)
+        channels = _all_failing(store, NOT_MIGRATED, error)
+        if by_role is not None:
+            # The roles on other servers (the split topology's Redis) are probed all
+            # the same: one that is down says so, not that it needs a migration.
+            try:
+                await by_role(timeout, ledger=False)
+            finally:
+                await _close(store, timeout)
+            for name, exc in _roles_down(store).items():
+                if name != "ledger":
+                    channels[name] = _failing(failure_kind(exc), str(exc) or type(exc).__name__)
+            _name_servers(store, channels)
+        return {"store": "schema not ready", "error": error, "channels": channels}
     if by_role is not None:
         # A store whose roles live on different servers (the split topology) opens
         # each on its own: the roles that failed are said, the others probed.
@@ -306,12 +318,7 @@ async def read_status(
     report: dict[str, Any] = {"store": "ok", "error": None}
     report["channels"] = {name: p.json() for name, p in probes.items()}
     for name, exc in down.items():
-        report["channels"][name] = {
-            "ok": False,
-            "failure": failure_kind(exc),
-            "latency_ms": None,
-            "error": str(exc) or type(exc).__name__,
-        }
+        report["channels"][name] = _failing(failure_kind(exc), str(exc) or type(exc).__name__)
     _name_servers(store, report["channels"])
     if not store.capabilities.ledger:
         report["channels"]["ledger"] = dict(_NOT_PROVIDED)

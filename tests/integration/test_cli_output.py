@@ -381,6 +381,30 @@ def test_status_creates_no_postgres_schema_that_is_not_there(
     assert not schema_exists(postgres_server, absent_schema)
 
 
+@pytest.mark.parametrize("redis_up", [True, False])
+def test_split_status_without_the_ledger_schema_still_probes_redis(
+    postgres_server: str, absent_schema: str, redis_url: str, redis_up: bool
+) -> None:
+    """A new split topology: the ledger's schema is not installed (and status installs
+    none), and Redis is probed all the same, so a Redis that is down is said to be
+    unreachable rather than to need a migration."""
+    from tokenline.stores import split_url
+
+    broker = redis_url if redis_up else "redis://127.0.0.1:1/0"
+    u = split_url(broker=broker, ledger=f"{postgres_server}?schema={absent_schema}")
+    code, out = cli("status", "--url", u, "--json")
+    assert code == 1
+    report = json.loads(out)
+    assert report["store"] == "schema not ready"
+    failures = {name: c["failure"] for name, c in report["channels"].items()}
+    redis_state = "not migrated" if redis_up else "unreachable"
+    assert failures == {"broker": redis_state, "leases": redis_state, "ledger": "not migrated"}
+    if not redis_up:
+        assert "Redis" in report["channels"]["broker"]["error"]
+    assert (report["queues"], report["workers"]) == (None, None)
+    assert not schema_exists(postgres_server, absent_schema)
+
+
 def test_status_leaves_a_sqlite_file_of_other_tables_as_it_was(tmp_path: Path) -> None:
     """A database of the user's own tables: status says it holds no tokenline store and
     writes nothing into it."""

@@ -130,10 +130,12 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
                 await self.close()
             raise RolesUnavailableError(failed)
 
-    async def open_within(self, timeout: float) -> None:  # noqa: ASYNC109
+    async def open_within(self, timeout: float, *, ledger: bool = True) -> None:  # noqa: ASYNC109
         """Open each side within ``timeout`` seconds, on its own, for ``tokenline
         status``: what failed is kept in :attr:`roles_down`, nothing is raised, and no
         epoch is taken (status issues no token; a script that needs one takes it).
+        ``ledger=False`` leaves the ledger alone (its schema is missing: opening it
+        would create it) and probes Redis only.
 
         The ledger is opened as a PostgreSQL store only (its schema checked), without
         the split tables' set-up of :meth:`SplitLedger.open`: its ``ALTER TABLE … ADD
@@ -153,13 +155,13 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
                 return exc
             return None
 
-        ledger, redis = await asyncio.gather(
-            side(PostgresStore.open(self.ledger), self.server("ledger")),
-            side(self.redis.connect(), self.server("broker")),
-        )
+        opening = [side(self.redis.connect(), self.server("broker"))]
+        if ledger:
+            opening.append(side(PostgresStore.open(self.ledger), self.server("ledger")))
+        redis, *ledger_error = await asyncio.gather(*opening)
         self.roles_down = {}
-        if ledger is not None:
-            self.roles_down["ledger"] = ledger
+        if ledger_error and ledger_error[0] is not None:
+            self.roles_down["ledger"] = ledger_error[0]
         if redis is not None:
             self.roles_down["broker"] = self.roles_down["leases"] = redis
 
