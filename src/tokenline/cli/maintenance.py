@@ -105,9 +105,11 @@ def maintenance(
 ) -> None:
     """Run the maintenance services alone: stand for leadership and, while leader, run
     the rescuer, the reconciler, the pruner and the app's periodic jobs, each on its
-    interval. Stops on SIGTERM or SIGINT,
-    giving the lease back. Settings (lease_ttl, renew_interval, rescue_interval,
-    reconcile_interval, effect_pending_deadline) as for the worker."""
+    interval. Stops on SIGTERM or SIGINT, giving the lease back. Its settings come from
+    --config and TOKENLINE_* as the worker's: lease_ttl, renew_interval, lease_margin,
+    store_timeout, rescue_interval, reconcile_interval, effect_pending_deadline,
+    retention_finished, retention_dead, retention_audit, prune_interval, prune_batch
+    and periodic_interval."""
     configure_logging(log_level or "info", "text")
     with reporting_errors():
         settings = _settings(config)
