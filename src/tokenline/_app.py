@@ -199,7 +199,6 @@ def _register_exit_hook() -> None:
         atexit.register(_close_at_exit)
 
 
-
 def _refuse_empty_url_variable(settings: Settings) -> None:
     """Raise if ``TOKENLINE_URL`` is set but empty and nothing else names the store.
 
@@ -212,6 +211,7 @@ def _refuse_empty_url_variable(settings: Settings) -> None:
             "is set but empty: set it to a store URL, unset it to use the default "
             f"({DEFAULT_URL}), or pass App(url=...)",
         )
+
 
 class App:
     """A tokenline application: where jobs are stored and which tasks exist.
