@@ -146,6 +146,11 @@ class SchemaVersionError(StoreError):
 class FencedError(TokenlineError):
     """Ownership of a job or resource is lost; nothing may be committed under it."""
 
+    #: The resource lease (``ctx.lease``) this loss is about, or ``None`` when it is the
+    #: job's own lease. Losing a resource lease ends the attempt that held it; losing a
+    #: job lease fences the whole worker, whose other leases may be just as stale.
+    held_resource: str | None = None
+
 
 class StaleTokenError(FencedError):
     """The store refused a write because a newer fencing token has been issued.

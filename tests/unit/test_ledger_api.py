@@ -413,6 +413,71 @@ async def test_a_released_resource_lease_no_longer_passes_its_check(app: App, st
     ]
 
 
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_a_lost_resource_lease_ends_only_its_own_attempt(
+    app: App, store: Store, kind: str
+) -> None:
+    """An operator releases the resource lease one job holds (as `tokenline lease
+    release` does; a takeover is refused the same way): that attempt ends and its job
+    runs again, while another job on the same worker goes on undisturbed, on its first
+    attempt: the worker is not fenced. It used to be, cancelling every job it ran."""
+    holding, rerun = threading.Event(), threading.Event()
+    runs: list[int] = []
+    other_runs: list[int] = []
+    fast_retry = RetryPolicy(base=0.001, cap=0.001)
+
+    def hold_until_lost(held: Any) -> None:
+        holding.set()
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+            held.check()  # raises once the renewal is refused
+
+    if kind == "sync":
+
+        @app.task(name="t.hold", retry=fast_retry)
+        def hold(ctx: JobContext) -> None:
+            runs.append(ctx.token)
+            if len(runs) > 1:
+                rerun.set()
+                return
+            with ctx.lease("account:42") as held:
+                hold_until_lost(held)
+
+    else:
+
+        @app.task(name="t.hold", retry=fast_retry)
+        async def ahold(ctx: JobContext) -> None:
+            runs.append(ctx.token)
+            if len(runs) > 1:
+                rerun.set()
+                return
+            async with ctx.lease("account:42") as held:
+                await asyncio.to_thread(hold_until_lost, held)
+
+    @app.task(name="t.other")
+    def other(ctx: JobContext) -> None:
+        other_runs.append(ctx.token)
+        deadline = time.monotonic() + DEADLINE
+        while not rerun.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+            ctx.check()  # JobCancelled here if the worker fenced itself
+
+    hold_id = await app.enqueue_async("t.hold", store=store)
+    other_id = await app.enqueue_async("t.other", store=store)
+    worker = Worker(app, FAST)
+    async with running(worker):
+        assert await asyncio.to_thread(holding.wait, DEADLINE)
+        (lease,) = [r for r in await store.resource_leases_list() if r.resource == "account:42"]
+        assert await store.resource_lease_release(lease=lease)
+        held = await job_in(store, hold_id, JobState.SUCCEEDED)
+        done = await job_in(store, other_id, JobState.SUCCEEDED)
+    assert len(runs) == 2, runs
+    assert held.attempt == 1  # the lost lease gave its attempt back
+    assert (len(other_runs), done.attempt) == (1, 1), (other_runs, done.last_error)
+    assert worker.counters.fenced == 0
+
+
 async def test_the_control_plane_renews_a_held_resource_lease(app: App, store: Store) -> None:
     """A lease held longer than its TTL stays valid: each renewal tick extends it."""
     held_info: list[tuple[float, float]] = []

@@ -276,7 +276,10 @@ class JobContext:
         self.refuse_inside_transaction("ctx.fenced")
         fence = self._fence(key)
         if not await self._store.fence_write(lease=self.job_lease, fence=fence):
-            raise StaleTokenError(resource=f"fence {key!r}", token=fence.token, operation="fence")
+            exc = StaleTokenError(resource=f"fence {key!r}", token=fence.token, operation="fence")
+            # Under a resource lease's token: a later holder of that lease wrote.
+            exc.held_resource = fence.resource
+            raise exc
         return fence.token
 
     def fenced(self, key: str) -> Any:

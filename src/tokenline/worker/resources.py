@@ -93,20 +93,16 @@ class HeldLease:
         """Raise :class:`LeaseExpiredError` once the lease is lost, no longer trusted or
         released (its block has ended: another holder may have it now)."""
         if self.released:
-            raise LeaseExpiredError(
-                f"lease on {self.resource!r} (token {self.token}) was released when its "
-                "ctx.lease block ended"
-            )
-        if self.lost:
-            raise LeaseExpiredError(
-                f"lease on {self.resource!r} (token {self.token}) was taken over: "
-                "a renewal was refused"
-            )
-        if self.clock.monotonic() >= self.valid_until:
-            raise LeaseExpiredError(
-                f"lease on {self.resource!r} (token {self.token}) may have expired by the "
-                "worker's own clock"
-            )
+            why = "was released when its ctx.lease block ended"
+        elif self.lost:
+            why = "was taken over: a renewal was refused"
+        elif self.clock.monotonic() >= self.valid_until:
+            why = "may have expired by the worker's own clock"
+        else:
+            return
+        exc = LeaseExpiredError(f"lease on {self.resource!r} (token {self.token}) {why}")
+        exc.held_resource = self.resource
+        raise exc
 
 
 def _valid_until(sent_at: float, ttl: float) -> float:

@@ -886,9 +886,21 @@ class Worker:
             # From a ctx call of the handler: a transaction, an effect, a fence.
             events.emit(events.CoordinationFailed(self.id, "ledger", f"job {job.id}", str(exc)))
         if isinstance(exc, FencedError):
-            self._note_fenced(slot, exc)
-            await self._lease_lost(f"job {job.id}: {exc}")
-            return None
+            if exc.held_resource is None or self.clock.monotonic() >= slot.valid_until:
+                self._note_fenced(slot, exc)
+                await self._lease_lost(f"job {job.id}: {exc}")
+                return None
+            # A resource lease of this attempt was lost (taken over, released by an
+            # operator, or its block ended), while the job's own lease holds: only this
+            # attempt is over. The worker's other jobs hold leases of their own, which
+            # this loss says nothing about: cancelling them would throw their work away.
+            if isinstance(exc, StaleTokenError):
+                self._note_fenced(slot, exc)
+            log.warning(
+                "worker %s: job %s lost its lease on %r (%s); that attempt ends, the "
+                "worker's other jobs go on",
+                *(self.id, job.id, exc.held_resource, exc),
+            )
         return self._after_failure(slot, decision, task.retry)
 
     async def _await_within(self, awaitable: Awaitable[T], limit: float, late: str = "") -> T:
