@@ -627,13 +627,35 @@ def load_settings(
         if "queues" in values and isinstance(values["queues"], list):
             values["queues"] = tuple(values["queues"])
     env = os.environ if environ is None else environ
+    # The settings taken from a variable, with its text: an error about one of them
+    # names the variable, which is what the reader has to fix.
+    from_env: dict[str, str] = {}
     for name in names:
         raw = env.get(f"TOKENLINE_{name.upper()}")
         if raw is not None and raw != "":
-            values[name] = _coerce(cls, name, raw)
+            from_env[name] = raw
+            try:
+                values[name] = _coerce(cls, name, raw)
+            except ConfigError as exc:
+                _name_variable(exc, raw)
+                raise
     for key, value in (overrides or {}).items():
         if key not in names:
             raise ConfigError(key, f"unknown setting for {cls.__name__}")
         if value is not None:
             values[key] = value
-    return cls(**values)
+            from_env.pop(key, None)
+    try:
+        return cls(**values)
+    except ConfigError as exc:
+        if exc.setting in from_env:
+            _name_variable(exc, from_env[exc.setting])
+        raise
+
+
+def _name_variable(exc: ConfigError, raw: str) -> None:
+    """Make the message of ``exc`` name the ``TOKENLINE_…`` variable its setting was
+    read from, and that variable's text, as the command line does; ``setting`` and
+    ``reason`` are left as they are."""
+    variable = f"TOKENLINE_{exc.setting.upper()}"
+    exc.args = (f"{variable}={_shown(raw)} is invalid (setting {exc.setting}): {exc.reason}",)
