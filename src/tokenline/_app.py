@@ -432,8 +432,9 @@ class App:
         over the last ``window`` seconds were bad (failed, timed out, or slower than
         ``slow_call``), with at least ``min_calls`` of them; it stays open ``open_for``
         seconds, then lets ``probe_calls`` trial calls through, one worker at a time.
-        Each setting is validated here (:class:`ConfigError` naming it). Registering a
-        name again with the same settings is allowed, with others refused.
+        Each setting is validated here (:class:`ConfigError` naming it). A name can be
+        registered once, as a task's: a second registration is refused
+        (:class:`InvalidInputError`), whatever its settings.
         """
         return self.dependencies.add(
             Dependency(

@@ -220,12 +220,13 @@ class DependencyRegistry(Mapping[str, Dependency]):
         self._deps: dict[str, Dependency] = {}
 
     def add(self, dependency: Dependency) -> Dependency:
-        """Register ``dependency``; the same settings twice is fine, others are refused."""
-        known = self._deps.get(dependency.name)
-        if known is not None and known != dependency:
+        """Register ``dependency``; a name registered already is refused, whatever its
+        settings, as a task's name is: two registrations of one name would share one
+        breaker, and with equal settings (the defaults, say) nothing would show it."""
+        if dependency.name in self._deps:
             raise InvalidInputError(
-                f"a dependency named {dependency.name!r} is already registered with "
-                f"other settings: {known}"
+                f"a dependency named {dependency.name!r} is already registered; to use "
+                f"it elsewhere, take app.dependencies[{dependency.name!r}]"
             )
         self._deps[dependency.name] = dependency
         return dependency

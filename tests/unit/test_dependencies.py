@@ -274,13 +274,23 @@ def test_bad_dependency_names_are_refused(name: Any) -> None:
         App("memory://").dependency(name)
 
 
-def test_registering_a_name_again_needs_the_same_settings() -> None:
-    """The same settings twice is harmless; different ones are a mistake."""
+@pytest.mark.parametrize(
+    ("settings", "again"),
+    [({}, {}), ({"timeout": 5}, {"timeout": 5}), ({"timeout": 5}, {"timeout": 6})],
+    ids=["the defaults twice", "the same settings twice", "other settings"],
+)
+def test_a_name_is_registered_once(settings: dict[str, Any], again: dict[str, Any]) -> None:
+    """A second registration of a name is refused, as a task's is, even with the same
+    settings: two parts of an app naming different services alike would share one
+    breaker, and with equal settings (the defaults) nothing said so. The first stays."""
     app = App("memory://")
-    app.dependency(DEP, timeout=5)
-    app.dependency(DEP, timeout=5)
-    with pytest.raises(InvalidInputError, match="already registered"):
-        app.dependency(DEP, timeout=6)
+    first = app.dependency(DEP, **settings)
+    with pytest.raises(
+        InvalidInputError, match=f"a dependency named '{DEP}' is already registered"
+    ):
+        app.dependency(DEP, **again)
+    assert app.dependencies[DEP] is first
+    assert list(app.dependencies) == [DEP]
 
 
 def test_depends_on_takes_a_list_of_valid_names() -> None:
