@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import math
 import threading
 import time
+import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -541,3 +543,39 @@ def test_an_effect_wait_that_is_not_a_finite_number_of_seconds_is_refused(wait: 
     with pytest.raises(InvalidInputError, match="wait must be a finite number of seconds"):
         EffectRun(MemoryStore(), lease, "k", clock=FakeClock(), wait=wait)
     assert EffectRun(MemoryStore(), lease, "k", clock=FakeClock(), wait=86_400).wait == 86_400
+
+
+@pytest.mark.parametrize("call", ["fenced", "effect"])
+async def test_an_async_handler_that_forgets_await_is_dead_not_succeeded(
+    app: App, store: Store, call: str
+) -> None:
+    """``ctx.fenced``/``ctx.effect`` in an async handler return a coroutine: without
+    ``await`` the fence is never written and the effect never runs. The job used to
+    succeed all the same, with only a RuntimeWarning at garbage collection; it is now
+    dead at once (a bug in the handler), naming the call, and nothing warns."""
+    ran: list[int] = []
+
+    @app.task(name="t.forgot")
+    async def forgot(ctx: JobContext) -> None:
+        if call == "fenced":
+            ctx.fenced("invoice:1")
+        else:
+            ctx.effect("mail:1", ran.append, 1)
+
+    @app.task(name="t.awaited")
+    async def awaited(ctx: JobContext) -> None:
+        for n in range(100):  # past the list's pruning: awaited calls are let go
+            await ctx.fenced(f"k:{n}")
+        await ctx.effect("mail:2", ran.append, 2)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a "never awaited" RuntimeWarning fails the test
+        bad = await app.enqueue_async("t.forgot", store=store)
+        good = await app.enqueue_async("t.awaited", store=store)
+        async with running(Worker(app, FAST)):
+            dead = await job_in(store, bad, JobState.DEAD)
+            await job_in(store, good, JobState.SUCCEEDED)
+        gc.collect()
+    assert f"ctx.{call} without `await`" in (dead.last_error or ""), dead.last_error
+    assert (dead.attempt, dead.error_class) == (1, "permanent")
+    assert ran == [2]

@@ -44,6 +44,9 @@ if TYPE_CHECKING:
     from ..stores.base import FencedTransaction, Store
 
 T = TypeVar("T")
+#: Calls kept in sight before those already awaited are dropped from the list.
+_HANDED_PRUNE = 64
+_CREATED = inspect.CORO_CREATED
 
 __all__ = ["DependencyScope", "JobContext", "LeaseHandle"]
 
@@ -72,6 +75,9 @@ class JobContext:
         self._board = board
         #: The last exception a dependency's breaker counted as that dependency's failure.
         self._dependency_error: BaseException | None = None
+        #: The coroutines ``ctx.effect``/``ctx.fenced`` handed an async handler, until
+        #: it returns: one it never awaited is a fence or effect that never happened.
+        self._handed: list[tuple[str, Coroutine[Any, Any, Any]]] = []
         self._store = store
         self._clock = clock
         self._local_fencing = local_fencing
@@ -159,6 +165,27 @@ class JobContext:
         (SQLite, memory) or ``%s`` (PostgreSQL), for SQL that runs on every store."""
         return self._store.capabilities.placeholder
 
+    def _hand(self, what: str, coro: Coroutine[Any, Any, T]) -> Coroutine[Any, Any, T]:
+        """Give ``coro`` to the async handler that called ``what``, keeping sight of it
+        until the handler returns (see :meth:`never_awaited`)."""
+        handed = self._handed
+        if len(handed) >= _HANDED_PRUNE:
+            # A handler awaiting calls in a long loop: forget those already started.
+            handed[:] = [(w, c) for w, c in handed if inspect.getcoroutinestate(c) == _CREATED]
+        handed.append((what, coro))
+        return coro
+
+    def never_awaited(self) -> list[str]:
+        """The ``ctx`` calls whose coroutine the handler never awaited (closed here, so
+        nothing warns later), oldest first; forgets them all."""
+        missed = []
+        for what, coro in self._handed:
+            if inspect.getcoroutinestate(coro) == _CREATED:
+                coro.close()
+                missed.append(what)
+        self._handed.clear()
+        return missed
+
     @staticmethod
     def _on_loop() -> bool:
         """Whether the caller runs on an event loop (an async handler's task)."""
@@ -209,7 +236,7 @@ class JobContext:
         external API. See ``tokenline/effects.py`` for what is and is not guaranteed.
         """
         if self._on_loop():
-            return self.effect_async(key, fn, *args, wait=wait, **kwargs)
+            return self._hand("ctx.effect", self.effect_async(key, fn, *args, wait=wait, **kwargs))
         self.check()
         self.refuse_inside_transaction("ctx.effect")
         run = self._effect_run(key, wait)
@@ -286,7 +313,7 @@ class JobContext:
         """:meth:`fenced_async` under one name for both kinds of handler:
         ``ctx.fenced(key)`` in a sync handler, ``await ctx.fenced(key)`` in an async one."""
         if self._on_loop():
-            return self.fenced_async(key)
+            return self._hand("ctx.fenced", self.fenced_async(key))
         return self.run_sync(self.fenced_async(key), "await ctx.fenced(...)")
 
     def resource_lease(

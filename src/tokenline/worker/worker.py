@@ -856,7 +856,7 @@ class Worker:
             return self._after_failure(slot, Decision(ErrorClass.TRANSIENT, reason), task.retry)
         except BaseException as exc:
             return await self._handler_failed(slot, ctx, task, exc)
-        unrun = _never_ran(result)
+        unrun = _never_ran(result) or _not_awaited(ctx.never_awaited())
         if slot.completed_in_transaction:
             if unrun:
                 log.warning("job %s: its handler %s", job.id, unrun)
@@ -873,6 +873,7 @@ class Worker:
     ) -> Finish | None:
         """The Finish for an attempt whose handler raised ``exc`` (or None)."""
         job = slot.claimed.job
+        ctx.never_awaited()  # closed unawaited: the failure is what the attempt reports
         if slot.completed_in_transaction:
             log.warning("job %s raised after its transaction committed: %r", job.id, exc)
             return None
@@ -1502,6 +1503,17 @@ class Worker:
         self.counters.rescued += requeued + dead
         if requeued + dead and events.enabled():
             events.emit(events.JobsRescued(self.id, requeued, dead))
+
+
+def _not_awaited(calls: list[str]) -> str | None:
+    """What is wrong with an async handler that returned without awaiting ``calls``."""
+    if not calls:
+        return None
+    names = ", ".join(dict.fromkeys(calls))
+    return (
+        f"called {names} without `await` ({len(calls)} time(s)), so what it asked for "
+        "never happened: write `await ctx.effect(...)` / `await ctx.fenced(...)`"
+    )
 
 
 def _never_ran(result: object) -> str | None:
