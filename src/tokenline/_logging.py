@@ -85,7 +85,12 @@ def json_text(data: Any, **options: Any) -> str:
 
 class TextFormatter(logging.Formatter):
     """Prose lines (:data:`TEXT_FORMAT`) with control characters escaped; the line
-    breaks of a traceback stay."""
+    breaks of a traceback stay, a message's do not: a job's error holding a line break
+    would otherwise start a line of its own, one that reads as the log's."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        """The line, with the message's own line breaks written as ``\x0a``."""
+        return printable(super().formatMessage(record), newlines=False)
 
     def format(self, record: logging.LogRecord) -> str:
         """The record as text a terminal shows as written."""

@@ -93,14 +93,22 @@ def test_a_log_line_escapes_control_characters(
     restore_root: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The text log wrote a job's error as it came, control sequences and all; now
-    escaped, with the line breaks of a traceback kept."""
+    escaped, line breaks too (a message's line break started a line that read as the
+    log's own), while the line breaks of a traceback are kept."""
     _logging.configure("info", "text")
-    logging.getLogger("tokenline.test").warning("job failed: %s\nsecond line", EVIL_TEXT)
+    log = logging.getLogger("tokenline.test")
+    log.warning("job failed: %s\n2026-01-01 00:00:00,000 INFO forged: line", EVIL_TEXT)
+    try:
+        raise ValueError("inside")
+    except ValueError:
+        log.exception("with a traceback")
     err = capsys.readouterr().err
     assert "\x1b" not in err
     assert "\u202e" not in err
     assert "job failed: boom\\x1b]0;owned\\x07" in err
-    assert "\nsecond line" in err
+    assert "\\x0a2026-01-01 00:00:00,000 INFO forged: line" in err
+    assert not any(line.startswith("2026-01-01") for line in err.splitlines())
+    assert "with a traceback\nTraceback (most recent call last):\n" in err
 
 
 def test_a_json_log_line_is_valid_utf8_with_a_lone_surrogate() -> None:
