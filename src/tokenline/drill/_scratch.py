@@ -40,6 +40,7 @@ __all__ = [
     "ScratchInUseError",
     "ScratchStore",
     "check_reusable",
+    "check_sqlite_dir",
     "scratch_for",
     "through",
     "upstream_of",
@@ -224,6 +225,25 @@ def _made_by(path: Path) -> str | None:
     return str(row[0]) if row else None
 
 
+def check_sqlite_dir(db: Path) -> None:
+    """Refuse, as a bad ``url`` setting, a SQLite file ``db`` whose directory is missing
+    or cannot take new files (permissions, a read-only mount, a full disk: found by
+    creating a file there, removed at once); SQLite only says "unable to open database
+    file", once the run has started."""
+    parent = db.parent
+    if not parent.is_dir():
+        raise ConfigError(
+            "url", f"cannot create SQLite files in {str(parent)!r}: no such directory"
+        )
+    try:
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            "url", f"cannot create SQLite files in {str(parent)!r}: {exc.strerror or exc}"
+        ) from None
+
+
 def check_reusable(db: Path, prefix: str) -> None:
     """Raise :class:`ScratchInUseError` unless the SQLite file ``db`` (and the store's
     other files beside it) may be deleted: missing, empty, or marked by ``prefix``."""
@@ -253,8 +273,10 @@ class _SQLiteScratch(ScratchStore):
         self.named = db is not None
         self.prefix = prefix
         self.overwrite = overwrite
-        if db is not None and not overwrite:
-            check_reusable(db, prefix)  # before the directory: a refusal leaves nothing
+        if db is not None:  # before the directory: a refusal leaves nothing
+            check_sqlite_dir(db)
+            if not overwrite:
+                check_reusable(db, prefix)
         self.work_dir = _work_dir(prefix)
         self.db = db if db is not None else self.work_dir / f"{prefix}.db"
         self.url = f"sqlite:///{self.db}"
