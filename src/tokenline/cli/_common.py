@@ -37,7 +37,7 @@ from .._app import App
 from .._config import parse_prefetch, validate_queue_name
 from .._errors import ConfigError, QueueNameError, StoreError, TokenlineError
 from .._logging import LEVELS, json_text, printable
-from ..stores import Store, split_url
+from ..stores import Store, refuse_sqlite_url_options, split_url
 from ..stores.base import MAX_JOB_ID
 
 T = TypeVar("T")
@@ -128,10 +128,13 @@ def resolve_app(app_spec: str | None, url: str | None, *, existing: bool = False
 def check_sqlite_url(url: str) -> None:
     """Refuse a ``sqlite:`` URL that names no file (``sqlite://relative.db``,
     ``sqlite:///``) as a bad setting, exit status 2 like every other malformed URL;
-    the store itself says so only when opened, as a store error (exit status 1)."""
+    the store itself says so only when opened, as a store error (exit status 1). So is
+    one with a query string or a fragment (see :func:`refuse_sqlite_url_options`)."""
     if url.split(":", 1)[0].strip().lower() != "sqlite":
         return
     from ..stores.sqlite.store import path_from_url
+
+    refuse_sqlite_url_options(url)
 
     try:
         path_from_url(url)

@@ -623,6 +623,9 @@ def scratch_for(
     if url is None:
         return _SQLiteScratch(None, keep, prefix, overwrite)
     if url.startswith("sqlite:///"):
+        from ..stores import refuse_sqlite_url_options
+
+        refuse_sqlite_url_options(url)
         return _SQLiteScratch(Path(url[len("sqlite:///") :]), keep, prefix, overwrite)
     if url.startswith(("postgresql://", "postgres://")):
         if "schema=" in url:

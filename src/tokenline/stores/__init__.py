@@ -117,6 +117,34 @@ def _unknown_split_key(key: str) -> str:
     return f"the split URL has an unknown parameter {key!r}: {hint}it takes broker, leases, ledger"
 
 
+def refuse_sqlite_url_options(url: str) -> None:
+    """Refuse a ``sqlite:`` URL with a query string or a fragment: the SQLite store takes
+    no parameters, and the text after a ``?`` or ``#`` silently became part of the file
+    name (``q.db?foo=1``). :class:`ConfigError` naming the parameters, before anything is
+    created on disk."""
+    head, hashed, fragment = url.partition("#")
+    _, asked, query = head.partition("?")
+    if asked:
+        names = dict.fromkeys(k for k, _ in urllib.parse.parse_qsl(query, keep_blank_values=True))
+        given = (
+            f"gives {'parameter' if len(names) == 1 else 'parameters'} "
+            f"{', '.join(repr(n) for n in names)}"
+            if names
+            else f"has the query string {'?' + query!r}"
+        )
+        raise ConfigError(
+            "url",
+            f"SQLite URLs take no query parameters, but {url!r} {given}: leave out the "
+            "'?' and what follows it (a file name cannot hold a '?')",
+        )
+    if hashed:
+        raise ConfigError(
+            "url",
+            f"SQLite URLs take no #fragment, but {url!r} has {'#' + fragment!r}: leave out "
+            "the '#' and what follows it (a file name cannot hold a '#')",
+        )
+
+
 def store_from_url(
     url: str, *, clock: Clock | None = None, timeout: float = 10.0, migrate: bool = True
 ) -> Store:
@@ -129,6 +157,7 @@ def store_from_url(
     """
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme == "sqlite":
+        refuse_sqlite_url_options(url)
         from .sqlite import SQLiteStore
 
         return SQLiteStore(url, clock=clock, timeout=timeout, migrate=migrate)
