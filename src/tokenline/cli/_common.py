@@ -19,6 +19,8 @@ import importlib
 import math
 import os
 import sys
+import sysconfig
+import traceback
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -70,8 +72,12 @@ def load_app(spec: str) -> App:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except ModuleNotFoundError as exc:
+        if not exc.name or not _names_module(exc.name, module_name):
+            raise click.BadParameter(_import_failed(module_name, exc)) from None
         raise click.BadParameter(f"cannot import {module_name!r}: {exc}") from None
+    except Exception as exc:  # the user's module: any error of its own, not an exit
+        raise click.BadParameter(_import_failed(module_name, exc)) from None
     app: object = module
     done: list[str] = []
     for part in attr.split("."):
@@ -91,6 +97,50 @@ def load_app(spec: str) -> App:
     if not isinstance(app, App):
         raise click.BadParameter(f"{spec!r} is not a tokenline.App (got {type(app).__name__})")
     return app
+
+
+def _names_module(missing: str, module_name: str) -> bool:
+    """Whether ``missing`` (a :class:`ModuleNotFoundError`'s name) is ``module_name`` or
+    one of its packages: the module asked for is not there, rather than failing on an
+    import of its own."""
+    return module_name == missing or module_name.startswith(missing + ".")
+
+
+def _import_failed(module_name: str, exc: BaseException) -> str:
+    """``importing 'mod' failed: KeyError: 'MISSING' (at mod.py, line 3)``: the error
+    the user's module raised while it was imported, and where in the user's code."""
+    # A syntax error's own text already ends in "(file, line N)", said below.
+    text = exc.msg if isinstance(exc, SyntaxError) and exc.msg else str(exc)
+    what = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    where = _where_raised(exc)
+    return f"importing {module_name!r} failed: {what}" + (f" (at {where})" if where else "")
+
+
+def _library_paths() -> tuple[str, ...]:
+    """Where Python's own library and installed packages live."""
+    paths = sysconfig.get_paths()
+    found = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    return tuple(os.path.join(os.path.realpath(p), "") for p in found)
+
+
+def _where_raised(exc: BaseException) -> str | None:
+    """``file, line N`` of the user's code that raised ``exc`` while being imported: the
+    last frame past the import machinery outside Python's library and installed packages
+    (``os.environ[…]`` fails inside os.py, called from the user's line), else the first
+    one, the imported module's own line. A syntax error names its own file and line."""
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
+        return f"{exc.filename}, line {exc.lineno}"
+    frames = list(traceback.extract_tb(exc.__traceback__))
+    machinery = (__file__, importlib.__file__ or "")
+    while frames and (frames[0].filename in machinery or frames[0].filename.startswith("<frozen ")):
+        del frames[0]
+    frames = [f for f in frames if not f.filename.startswith("<frozen ")]
+    if not frames:
+        return None
+    library = _library_paths()
+    own = [f for f in frames if not os.path.realpath(f.filename).startswith(library)]
+    frame = own[-1] if own else frames[0]
+    return f"{frame.filename}, line {frame.lineno}"
 
 
 def resolve_app(app_spec: str | None, url: str | None, *, existing: bool = False) -> App:
