@@ -440,15 +440,21 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                 time.sleep(_POLL)
 
     def _too_old(self, path: Path, version: int) -> SchemaVersionError:
+        """The one case that applies: the file is missing (nothing was created), or its
+        schema is older than the one this tokenline needs; migrations are off."""
+        coord = path == self.coord_path
+        what = f"the store's coordination file {str(path)!r}" if coord else repr(str(path))
+        off = "migrations are off (TOKENLINE_MIGRATE=0 or migrate=False)"
         if not path.exists():
-            state = "does not exist"
-        elif version == 0:
-            state = "holds no tokenline schema"
-        else:
-            state = f"has schema version {version}"
+            return SchemaVersionError(
+                f"{what} does not exist and {off}, so nothing was created: run "
+                "`tokenline migrate` to create it, or allow migrations"
+            )
+        needed = COORD_VERSION if coord else SCHEMA_VERSION
+        state = "holds no tokenline schema" if version == 0 else f"has schema version {version}"
         return SchemaVersionError(
-            f"{str(path)!r} {state}, older than this tokenline's and migrations are off "
-            "(TOKENLINE_MIGRATE=0 or migrate=False): run `tokenline migrate`"
+            f"{what} {state}; this tokenline needs schema version {needed} and {off}: run "
+            "`tokenline migrate`, or allow migrations"
         )
 
     def _open_main(self) -> tuple[sqlite3.Connection, sqlite3.Connection]:
