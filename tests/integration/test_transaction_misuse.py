@@ -287,3 +287,59 @@ async def test_other_ways_to_end_a_postgres_block_are_permanent_errors(
     finally:
         with psycopg.connect(postgres_server, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "DELETE FROM tokenline_effects",
+        "UPDATE tokenline_fences SET token = 0",
+        "DELETE FROM tokenline_unique_keys",
+        "DROP TRIGGER tokenline_jobs_monotonic",
+        "CREATE TRIGGER wipe AFTER INSERT ON marks BEGIN DELETE FROM tokenline_effects; END",
+        "DELETE FROM coord.job_leases",
+        "DETACH DATABASE coord",
+        "PRAGMA journal_mode = DELETE",
+    ],
+)
+async def test_a_sqlite_block_may_not_touch_the_stores_rows_schema_or_settings(
+    tmp_path: Path, statement: str
+) -> None:
+    """The block's connection is the store's file: a handler that deleted the ledger's
+    effect records (so that an effect ran twice), dropped the store's triggers or set a
+    pragma got its way. Each is refused, the job dead at once with the reason, nothing
+    of the block written, and the store's ledger, schema and settings as they were."""
+    path = tmp_path / "guard.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE marks (job integer, token integer)")
+    url = f"sqlite:///{path}"
+    app = App(url)
+    ran: list[int] = []
+
+    @app.task(name="charge")
+    def charge(ctx: JobContext) -> None:
+        ctx.effect("charge:1", ran.append, 1)
+
+    @app.task(name="meddle", max_attempts=3)
+    def meddle(ctx: JobContext) -> None:
+        with ctx.transaction() as conn:
+            conn.execute("INSERT INTO marks (job, token) VALUES (?, ?)", (ctx.job_id, ctx.token))
+            with contextlib.suppress(sqlite3.DatabaseError):  # carrying on: the misuse
+                conn.execute(statement)
+
+    async with _working(app) as store:
+        (done,) = await _finished(store, [await app.enqueue_async("charge")])
+        assert done.state is JobState.SUCCEEDED
+        (job,) = await _finished(store, [await app.enqueue_async("meddle")])
+        assert (job.state, job.attempt, job.error_class) == (JobState.DEAD, 1, "permanent")
+        assert "inside `with ctx.transaction()` is refused" in (job.last_error or ""), job
+        assert _marks(url, store) == []
+        (again,) = await _finished(store, [await app.enqueue_async("charge")])
+        assert again.state is JobState.SUCCEEDED
+    assert ran == [1], "the effect ran again"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+    assert "tokenline_jobs_monotonic" in names
+    assert "wipe" not in names
+    assert mode == "wal"

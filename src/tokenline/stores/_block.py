@@ -8,9 +8,12 @@ every statement that would end the transaction (``COMMIT``, ``END``, ``ROLLBACK`
 ``conn.commit()``, ``conn.rollback()``, the commit that ``executescript`` begins with)
 is refused by SQLite itself: it asks the connection's authorizer before compiling any
 statement. Savepoints stay allowed: they never end the transaction. Nor may the block
-insert, change or delete tokenline's own job rows (SQLite's store keeps them in the same file):
+insert, change or delete tokenline's own rows (SQLite's store keeps them in the same file):
 the store finishes the job when the block ends, and a job row changed under it made that
-completion fail, the job go back to its queue and the same block run again, for ever.
+completion fail, the job go back to its queue and the same block run again, for ever;
+an effect record deleted let the effect run again. Nor may it change the store's schema
+(drop a trigger, add one that writes the store's rows), attach or detach databases, or
+set a pragma.
 The block's end then reports the refusal, as a permanent error, after rolling
 everything back. (Enqueueing stays allowed: ``enqueue(..., connection=conn)`` writes
 its job rows as the store, under :meth:`BlockGuard.ours`.)
@@ -59,14 +62,33 @@ class BlockGuard:
         finally:
             self._ours -= 1
 
-    def _authorize(self, action: int, arg1: str | None, *_: str | None) -> int:
+    def _authorize(
+        self, action: int, arg1: str | None, arg2: str | None, db: str | None, *_: str | None
+    ) -> int:
         if action == sqlite3.SQLITE_TRANSACTION:
             self.ended, self.transaction = arg1 or "COMMIT", True
             return sqlite3.SQLITE_DENY
-        if action in _CHANGES and arg1 in _OWN_ROWS and not self._ours:
-            self.ended, self.transaction = f"{_CHANGES[action]} of {arg1}", False
-            return sqlite3.SQLITE_DENY
-        return sqlite3.SQLITE_OK
+        if self._ours:
+            return sqlite3.SQLITE_OK
+        refused: str | None = None
+        if action in _CHANGES and (_is_own(arg1) or db == _COORD):
+            refused = f"{_CHANGES[action]} of {arg1}"
+        elif action in _SCHEMA and (_is_own(arg1) or _is_own(arg2) or db == _COORD):
+            refused = f"{_SCHEMA[action]} {arg1}"
+        elif action in _TRIGGERS:
+            # Any trigger: fired later, from a connection of the user's own, its body
+            # would run without this guard, and may change the store's rows.
+            refused = f"CREATE TRIGGER {arg1}"
+        elif action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
+            refused = f"{'ATTACH' if action == sqlite3.SQLITE_ATTACH else 'DETACH'} {arg1}"
+        elif action == sqlite3.SQLITE_PRAGMA and arg2 is not None:
+            # Setting one (journal_mode, writable_schema, foreign_keys…) changes what the
+            # store relies on; reading one stays allowed.
+            refused = f"PRAGMA {arg1} = {arg2}"
+        if refused is None:
+            return sqlite3.SQLITE_OK
+        self.ended, self.transaction = refused, False
+        return sqlite3.SQLITE_DENY
 
     def refusal(self) -> NotSupportedError:
         """The error the block's end raises when it tried what it may not."""
@@ -76,7 +98,11 @@ class BlockGuard:
                 "(an exception in it rolls them back)"
             )
         else:
-            why = "tokenline's own rows are the store's to change: it finishes the job"
+            why = (
+                "tokenline's own rows and schema are the store's to change (it finishes "
+                "the job; its ledger keeps effects once), and so are the connection's "
+                "settings"
+            )
         return NotSupportedError(
             f"{self.ended} inside `with ctx.transaction()` is refused: {why}; nothing was written"
         )
@@ -89,5 +115,26 @@ _CHANGES = {
     sqlite3.SQLITE_UPDATE: "an UPDATE",
     sqlite3.SQLITE_DELETE: "a DELETE",
 }
-#: The store's tables whose rows the block may not change.
-_OWN_ROWS = frozenset({"tokenline_jobs", "tokenline_attempts"})
+#: What the block may not do to the store's tables, indexes and triggers, by SQLite's
+#: authorizer action.
+_SCHEMA = {
+    sqlite3.SQLITE_CREATE_INDEX: "CREATE INDEX",
+    sqlite3.SQLITE_CREATE_TABLE: "CREATE TABLE",
+    sqlite3.SQLITE_CREATE_TRIGGER: "CREATE TRIGGER",
+    sqlite3.SQLITE_CREATE_VIEW: "CREATE VIEW",
+    sqlite3.SQLITE_DROP_INDEX: "DROP INDEX",
+    sqlite3.SQLITE_DROP_TABLE: "DROP TABLE",
+    sqlite3.SQLITE_DROP_TRIGGER: "DROP TRIGGER",
+    sqlite3.SQLITE_DROP_VIEW: "DROP VIEW",
+    sqlite3.SQLITE_ALTER_TABLE: "ALTER TABLE",
+}
+#: Creating a trigger, on any table.
+_TRIGGERS = frozenset({sqlite3.SQLITE_CREATE_TRIGGER, sqlite3.SQLITE_CREATE_TEMP_TRIGGER})
+#: The coordination file's schema (leases, workers, the clock): all of it the store's.
+_COORD = "coord"
+
+
+def _is_own(name: str | None) -> bool:
+    """Whether ``name`` is one of the store's tables (or its indexes and triggers):
+    jobs and attempts, the ledger's effects, fences, unique keys and audit."""
+    return name is not None and name.startswith("tokenline_")
