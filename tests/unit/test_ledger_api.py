@@ -519,6 +519,17 @@ def test_a_lease_ttl_beyond_the_longest_lease_ttl_is_refused(app: App, ttl: floa
     Ctx.resource_lease(_ctx_stub(), "r", ttl=86_400)  # the bound itself is fine
 
 
+@pytest.mark.parametrize("wait", [float("inf"), float("nan"), -1])
+def test_a_lease_wait_that_is_not_finite_is_refused(app: App, wait: float) -> None:
+    """Regression: ctx.lease(wait=inf) was taken, and would wait for ever under
+    contention (ctx.effect's wait was already refused)."""
+    from tokenline.worker.context import JobContext as Ctx
+
+    with pytest.raises(InvalidInputError, match="finite number of seconds"):
+        Ctx.resource_lease(_ctx_stub(), "r", wait=wait)
+    Ctx.resource_lease(_ctx_stub(), "r", wait=10**6)  # long, but it ends
+
+
 def _ctx_stub() -> Any:
     class Stub:
         _settings = FAST

@@ -141,8 +141,9 @@ class LeaseScope:
                 f"lease ttl {ttl:g}s is shorter than three renewal intervals ({min_ttl:g}s): "
                 "the control plane could not keep it"
             )
-        if not wait >= 0:
-            raise InvalidInputError(f"wait must be a number of seconds >= 0, got {wait!r}")
+        if not (isinstance(wait, int) or math.isfinite(wait)) or not wait >= 0:
+            # An endless wait would outlive the attempt, and its lease would hold it.
+            raise InvalidInputError(f"wait must be a finite number of seconds >= 0, got {wait!r}")
         if any(h.resource == self._resource for h in slot.resources):
             raise InvalidInputError(f"this attempt already holds the lease on {resource!r}")
         self._ctx = ctx
