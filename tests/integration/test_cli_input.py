@@ -48,12 +48,12 @@ def test_enqueue_refuses_an_integer_of_too_many_digits_naming_the_argument(
 ) -> None:
     """An integer past Python's 4300-digit limit on converting text ended in a
     ValueError traceback; now either length is refused as the App refuses it, naming
-    the argument, with nothing stored."""
+    the argument, with nothing stored: bad input, exit status 2."""
     spec, url = app_spec
     number = "-" + "9" * digits
     given = ["[1]", "--kwargs", f'{{"n": {number}}}'] if where == "kwargs" else [f"[{number}]"]
     code, out = cli("enqueue", "--app", spec, "--url", url, "t", *given)
-    assert code == 1, out
+    assert code == 2, out
     assert f"error: {where} has an integer of more than 4000 digits (MAX_INT_DIGITS)" in out
     assert stored(url) == []
 
@@ -76,10 +76,11 @@ def test_enqueue_takes_an_integer_of_the_most_digits_allowed(app_spec: tuple[str
 def test_enqueue_names_which_argument_is_not_json(
     app_spec: tuple[str, str], given: list[str], said: str
 ) -> None:
-    """A decoding error said "arguments" (and "args" for --kwargs nested too deep)."""
+    """A decoding error said "arguments" (and "args" for --kwargs nested too deep).
+    It is bad input: exit status 2."""
     spec, url = app_spec
     code, out = cli("enqueue", "--app", spec, "--url", url, "t", *given)
-    assert code == 1, out
+    assert code == 2, out
     assert said in out
 
 

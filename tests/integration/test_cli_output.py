@@ -186,7 +186,7 @@ def test_an_error_quoting_user_input_prints_it_as_written() -> None:
     """An error that quotes what the user typed shows it whole, markup-like text and
     all."""
     code, out = cli("enqueue", "--app", "any:app", "t", '{"note": "[bold]x[/]"}')
-    assert code == 1
+    assert code == 2
     assert """ARGS must be a JSON array, got '{"note": "[bold]x[/]"}'""" in out
 
 

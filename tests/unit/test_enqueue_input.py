@@ -672,10 +672,11 @@ def test_cli_enqueue_refuses_like_the_app(
     cli_app: tuple[str, str], options: list[str], field_: str
 ) -> None:
     """`tokenline enqueue` builds its job through the App: the same refusals, as a
-    one-line error and exit status 1, and nothing stored."""
+    one-line error (an option's by the option) and exit status 2 for bad input, and
+    nothing stored."""
     spec, url = cli_app
     result = cli("enqueue", "--app", spec, "--url", url, "t", "[1]", *options)
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output
     assert re.search(NAMES[field_], result.output), result.output
     with App(url) as app:
         assert _stored(app) == []
@@ -685,7 +686,7 @@ def test_cli_enqueue_refuses_arguments_that_are_not_exact_json(cli_app: tuple[st
     """Arguments given as JSON text are held to the same rules."""
     spec, url = cli_app
     result = cli("enqueue", "--app", spec, "--url", url, "t", "[NaN]")
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output
     assert "args" in result.output
     result = cli("enqueue", "--app", spec, "--url", url, "t", "[1]", "--priority", "7")
     assert result.exit_code == 0, result.output
@@ -695,7 +696,7 @@ def test_cli_enqueue_refuses_deeply_nested_args(cli_app: tuple[str, str]) -> Non
     """ARGS nested 10,000 deep is a one-line error, not a traceback."""
     spec, url = cli_app
     result = cli("enqueue", "--app", spec, "--url", url, "t", "[" * 10_000 + "]" * 10_000)
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output
     assert "args" in result.output
 
 

@@ -22,8 +22,9 @@ from .._config import (
     load_settings,
 )
 from .._errors import ConfigError, InvalidInputError
-from .._jobs import MAX_DELAY, MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
+from .._jobs import MAX_DELAY, MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH, MAX_PRIORITY, MIN_PRIORITY
 from .._logging import configure as configure_logging
+from .._records import validate_key
 from ..stores import store_from_url
 from ..worker import run_worker
 from ._common import (
@@ -32,6 +33,7 @@ from ._common import (
     Seconds,
     app_option,
     console,
+    err_console,
     log_level_option,
     queue_name,
     refuse_memory_store,
@@ -256,18 +258,42 @@ def _decode_json(text: str, name: str) -> Any:
     raise InvalidInputError(f"{name} {problem}")
 
 
+def _idempotency_key(
+    _ctx: click.Context | None, _param: click.Parameter | None, value: str | None
+) -> str | None:
+    """Callback of ``--key``: the key, checked as an enqueue checks it, or a usage error
+    saying why it is none (``None``: not given)."""
+    if value is None:
+        return None
+    try:
+        return validate_key(value, "idempotency_key")
+    except InvalidInputError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @main.command()
 @app_option
 @url_option
 @click.argument("task")
 @click.argument("args", required=False, default="[]")
 @click.option("--kwargs", "kwargs_json", default=None, help="Keyword arguments as a JSON object.")
-@click.option("--key", "idempotency_key", default=None, help="Idempotency key, e.g. invoice:42.")
-@click.option("--priority", type=int, default=None, help="Higher runs first.")
+@click.option(
+    "--key",
+    "idempotency_key",
+    default=None,
+    callback=_idempotency_key,
+    help="Idempotency key, e.g. invoice:42.",
+)
+@click.option(
+    "--priority",
+    type=click.IntRange(MIN_PRIORITY, MAX_PRIORITY),
+    default=None,
+    help="Higher runs first.",
+)
 @click.option(
     "--delay", type=Seconds(0, MAX_DELAY), default=None, help="Seconds before the job may run."
 )
-@click.option("--queue", default=None, help="Override the task's queue.")
+@click.option("--queue", default=None, callback=queue_name, help="Override the task's queue.")
 def enqueue(
     app_spec: str | None,
     url: str | None,
@@ -283,28 +309,35 @@ def enqueue(
 
     ARGS is a JSON array of positional arguments, such as '[42, "eur"]' (default: none);
     --kwargs a JSON object of keyword arguments. The task must be registered by --app.
+    Bad input (an unknown task, arguments the task does not take, an option out of
+    range) exits with status 2, nothing stored; a store that fails, with 1.
     """
     if not app_spec:
         raise click.UsageError("--app (or TOKENLINE_APP) is required to check the task name")
     with reporting_errors():
-        parsed = _decode_json(args, "args")
-        kwargs = _decode_json(kwargs_json, "kwargs") if kwargs_json else None
-        if not isinstance(parsed, list):
-            raise InvalidInputError(f"ARGS must be a JSON array, got {args!r}")
-        app = resolve_app(app_spec, url)
         try:
-            refuse_memory_store(app, "enqueue")
-            jid = app.enqueue(
-                task,
-                *parsed,
-                kwargs=kwargs,
-                idempotency_key=idempotency_key,
-                priority=priority,
-                delay=delay,
-                queue=queue,
-            )
-        finally:
-            app.close()
+            parsed = _decode_json(args, "args")
+            kwargs = _decode_json(kwargs_json, "kwargs") if kwargs_json else None
+            if not isinstance(parsed, list):
+                raise InvalidInputError(f"ARGS must be a JSON array, got {args!r}")
+            app = resolve_app(app_spec, url)
+            try:
+                refuse_memory_store(app, "enqueue")
+                jid = app.enqueue(
+                    task,
+                    *parsed,
+                    kwargs=kwargs,
+                    idempotency_key=idempotency_key,
+                    priority=priority,
+                    delay=delay,
+                    queue=queue,
+                )
+            finally:
+                app.close()
+        except InvalidInputError as exc:
+            # Bad input, like a bad option: status 2, as click gives a usage error.
+            err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+            raise SystemExit(2) from None
     console.print(jid)
 
 
