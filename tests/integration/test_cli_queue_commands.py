@@ -1,8 +1,10 @@
-"""`enqueue` as an operator meets it: bad input is a usage error (exit status 2)
-whatever the option, while a store that fails is exit status 1."""
+"""`pause`, `resume` and `enqueue` as an operator meets them: a misspelt queue is
+pointed out, and bad input to enqueue is a usage error (exit status 2) whatever
+the option, while a store that fails is exit status 1."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 
@@ -10,7 +12,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from tokenline import App
+from tokenline._jobs import WorkerRecord
 from tokenline.cli import main
+from tokenline.stores import store_from_url
 
 
 def cli(*args: str) -> Result:
@@ -35,6 +39,87 @@ def app_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]
         app.enqueue("bill")
         app.enqueue("other")
     return f"{name}:app", url
+
+
+def paused(url: str) -> set[str]:
+    with App(url) as app:
+        return {s.queue for s in app.run(lambda s: s.queues_stats()) if s.paused}
+
+
+# -- pause ------------------------------------------------------------------------------
+def test_pausing_a_queue_nothing_uses_warns_naming_the_queues(app_spec: tuple[str, str]) -> None:
+    """`pause biling` said "paused biling", exit 0, like a pause that worked, while
+    billing kept running. It is still done (a queue may be paused before its first
+    job), with a warning naming the queues that are in use."""
+    _, url = app_spec
+    result = cli("pause", "--url", url, "biling")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "paused biling\n"
+    assert result.stderr == (
+        "warning: no job or worker uses queue 'biling' (queues: billing, default); "
+        "paused all the same\n"
+    )
+    assert paused(url) == {"biling"}
+
+
+def test_pausing_a_queue_in_use_says_nothing_more(app_spec: tuple[str, str]) -> None:
+    spec, url = app_spec
+    result = cli("pause", "--url", url, "billing")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "paused billing\n", "")
+    # A queue only a task of --app names is expected: its first job is yet to come.
+    result = cli("pause", "--app", spec, "--url", url, "mail")
+    assert result.exit_code == 0, result.output
+    assert "warning" not in result.stderr
+    assert paused(url) == {"billing", "mail"}
+
+
+def test_pausing_a_queue_a_worker_consumes_says_nothing_more(app_spec: tuple[str, str]) -> None:
+    _, url = app_spec
+
+    async def register() -> None:
+        store = store_from_url(url)
+        await store.open()
+        try:
+            record = WorkerRecord("w1", "host", 1, ("reports",), 4, "ready", 0, 0.0, 0.0, 0.0)
+            await store.worker_register(record=record, ttl=30)
+        finally:
+            await store.close()
+
+    asyncio.run(register())
+    result = cli("pause", "--url", url, "reports")
+    assert (result.exit_code, result.stderr) == (0, "")
+
+
+def test_pausing_on_an_empty_store_says_no_queue_is_in_use(tmp_path: Path) -> None:
+    result = cli("pause", "--url", f"sqlite:///{tmp_path / 'new.db'}", "first")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (
+        "warning: no job or worker uses queue 'first' (queues: none); paused all the same\n"
+    )
+
+
+# -- resume -----------------------------------------------------------------------------
+def test_resuming_a_queue_that_is_not_paused_warns_naming_the_paused_ones(
+    app_spec: tuple[str, str],
+) -> None:
+    """`resume` of a queue that was not paused said "resumed", as if it had changed
+    something: a misspelt name left the paused queue paused without a word."""
+    _, url = app_spec
+    assert cli("pause", "--url", url, "billing").exit_code == 0
+    result = cli("resume", "--url", url, "biling")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "resumed biling\n"
+    assert result.stderr == (
+        "warning: queue 'biling' was not paused (paused queues: billing); nothing changed\n"
+    )
+    assert paused(url) == {"billing"}
+    result = cli("resume", "--url", url, "billing")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "resumed billing\n", "")
+    assert paused(url) == set()
+    result = cli("resume", "--url", url, "billing")
+    assert result.stderr == (
+        "warning: queue 'billing' was not paused (paused queues: none); nothing changed\n"
+    )
 
 
 # -- enqueue ----------------------------------------------------------------------------

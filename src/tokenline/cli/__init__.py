@@ -13,6 +13,7 @@ from typing import Any
 import click
 from rich.markup import escape
 
+from .._app import App
 from .._config import (
     MAX_INTERVAL,
     MAX_LEASE_TTL,
@@ -25,7 +26,7 @@ from .._errors import ConfigError, InvalidInputError
 from .._jobs import MAX_DELAY, MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH, MAX_PRIORITY, MIN_PRIORITY
 from .._logging import configure as configure_logging
 from .._records import validate_key
-from ..stores import store_from_url
+from ..stores import Store, store_from_url
 from ..worker import run_worker
 from ._common import (
     CommandGroup,
@@ -341,16 +342,47 @@ def enqueue(
     console.print(jid)
 
 
+def _warn(text: str) -> None:
+    err_console.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
+
+
+def _listed(queues: set[str]) -> str:
+    return ", ".join(sorted(queues)) or "none"
+
+
+async def _queues_in_use(store: Store, app: App) -> set[str]:
+    """The queues that hold jobs, were paused, are consumed by a worker or are those of
+    the app's tasks: the ones a pause or resume is expected to name."""
+    found = {s.queue for s in await store.queues_stats()}
+    found.update(q for w in await store.workers_list() for q in w.queues)
+    found.update(t.queue for t in app.tasks.values())
+    return found
+
+
 @main.command()
 @app_option
 @url_option
 @click.argument("queue", callback=queue_name)
 def pause(app_spec: str | None, url: str | None, queue: str) -> None:
-    """Stop workers from claiming jobs of QUEUE (jobs stay queued)."""
+    """Stop workers from claiming jobs of QUEUE (jobs stay queued).
+
+    A queue that no job, worker or task of --app uses yet may be paused (before its
+    first job), with a warning naming the queues in use: a misspelt name pauses
+    nothing that runs."""
+
+    async def run(store: Store) -> set[str]:
+        known = await _queues_in_use(store, app)
+        await store.queue_pause(queue=queue)
+        return known
+
     with reporting_errors():
         app = resolve_app(app_spec, url)
         refuse_memory_store(app, "pause")
-        with_store(app, lambda s: s.queue_pause(queue=queue))
+        known = with_store(app, run)
+    if queue not in known:
+        _warn(
+            f"no job or worker uses queue {queue!r} (queues: {_listed(known)}); paused all the same"
+        )
     console.print(f"paused {queue}", highlight=False, markup=False)
 
 
@@ -359,11 +391,20 @@ def pause(app_spec: str | None, url: str | None, queue: str) -> None:
 @url_option
 @click.argument("queue", callback=queue_name)
 def resume(app_spec: str | None, url: str | None, queue: str) -> None:
-    """Let workers claim jobs of QUEUE again."""
+    """Let workers claim jobs of QUEUE again. A queue that was not paused is left as it
+    was, with a warning naming the paused ones."""
+
+    async def run(store: Store) -> set[str]:
+        paused = {s.queue for s in await store.queues_stats() if s.paused}
+        await store.queue_resume(queue=queue)
+        return paused
+
     with reporting_errors():
         app = resolve_app(app_spec, url)
         refuse_memory_store(app, "resume")
-        with_store(app, lambda s: s.queue_resume(queue=queue))
+        paused = with_store(app, run)
+    if queue not in paused:
+        _warn(f"queue {queue!r} was not paused (paused queues: {_listed(paused)}); nothing changed")
     console.print(f"resumed {queue}", highlight=False, markup=False)
 
 
