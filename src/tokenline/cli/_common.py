@@ -18,8 +18,10 @@ import functools
 import importlib
 import math
 import os
+import signal
 import sys
 import sysconfig
+import threading
 import traceback
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -438,6 +440,32 @@ _ROLE_HELP = {
     "leases": "Split topology: the lease store's Redis URL [default: the broker's].",
     "ledger": "Split topology: the ledger's PostgreSQL URL (with --broker).",
 }
+
+
+def interrupt_on_sigterm(fn: F) -> F:
+    """Run the command with SIGTERM taken as Ctrl-C (``KeyboardInterrupt``).
+
+    For the commands that start worker processes of their own (demo, bench, drill):
+    their clean-up for an interrupt stops, wakes (a worker the demo paused) and reaps
+    every one of them and says what was left behind. SIGTERM, which a supervisor, a
+    CI timeout or ``timeout`` sends, killed the command alone, leaving its workers
+    running for ever, one of them stopped."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return fn(*args, **kwargs)
+
+        def interrupt(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, interrupt)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    return cast(F, wrapper)
 
 
 def url_option(fn: F) -> F:

@@ -36,7 +36,7 @@ from .._errors import ConfigError
 from .._jobs import JobState
 from ..drill._scratch import scratch_for
 from ..stores import Store
-from ._common import Seconds, console
+from ._common import Seconds, console, interrupt_on_sigterm
 
 QUEUE = "bench"
 #: Jobs enqueued one call at a time, on a queue of their own that no worker reads.
@@ -217,6 +217,7 @@ def _load() -> str:
     show_default=True,
     help="With --backlog: seconds of processing to count.",
 )
+@interrupt_on_sigterm
 def bench(
     url: str | None, keep: bool, overwrite: bool, jobs: int, backlog: int, workers: int,
     concurrency: int, latency_samples: int, window: float,

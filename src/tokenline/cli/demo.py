@@ -28,7 +28,7 @@ from .._app import App
 from .._errors import ConfigError
 from .._jobs import JobState
 from ..drill._scratch import ScratchStore, scratch_for
-from ._common import console
+from ._common import console, interrupt_on_sigterm
 
 LEASE_TTL = 2.0
 
@@ -274,6 +274,7 @@ def report(r: DemoResult) -> Table:
     is_flag=True,
     help="Keep the store (schema or temporary directory) and the workers' logs, and print where.",
 )
+@interrupt_on_sigterm
 def demo(jobs: int, workers: int, url: str | None, overwrite: bool, keep: bool) -> None:
     """Invoices under fire: kill -9 one worker, SIGSTOP another past its lease.
 

@@ -16,7 +16,7 @@ from ..drill.dependency import TIMEOUT
 from ..drill.runner import Drill, DrillError, ScenarioResult
 from ..drill.scenarios import DRILL_SCENARIOS
 from ..stores.base import Role
-from ._common import console, err_console, plural, print_json
+from ._common import console, err_console, interrupt_on_sigterm, plural, print_json
 
 __all__ = ["dependency_table", "drill", "periodic_table", "results_table", "status_table"]
 
@@ -226,6 +226,7 @@ def status_table(results: list[ScenarioResult]) -> Table | None:
     "did not put there (without it, such a file is refused and nothing is touched).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@interrupt_on_sigterm
 def drill(
     url: str | None,
     scenarios: tuple[str, ...],
