@@ -480,6 +480,41 @@ async def test_a_lost_resource_lease_ends_only_its_own_attempt(
     assert worker.counters.fenced == 0
 
 
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_a_resource_lease_left_held_is_released_when_its_attempt_ends(
+    app: App, store: Store, kind: str
+) -> None:
+    """A handler that takes a lease and never leaves its block: once the attempt is
+    over the worker gives the lease back, and another holder can take it long before
+    its TTL (it used to stay held all that time); the kept lease object refuses."""
+    kept: list[Any] = []
+
+    if kind == "sync":
+
+        @app.task(name="t.leak")
+        def leak(ctx: JobContext) -> None:
+            kept.append(ctx.lease("res:leak", ttl=60).__enter__())
+
+    else:
+
+        @app.task(name="t.leak")
+        async def aleak(ctx: JobContext) -> None:
+            kept.append(await ctx.lease("res:leak", ttl=60).__aenter__())
+
+    jid = await app.enqueue_async("t.leak", store=store)
+    async with running(Worker(app, FAST)):
+        await job_in(store, jid, JobState.SUCCEEDED)
+
+        async def taken() -> None:
+            # Polling: the store has no event for a release.
+            while not await store.resource_lease_acquire(resource="res:leak", owner="b", ttl=1):  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+
+        await asyncio.wait_for(taken(), DEADLINE)
+    with pytest.raises(LeaseExpiredError):
+        kept[0].check()
+
+
 async def test_the_control_plane_renews_a_held_resource_lease(app: App, store: Store) -> None:
     """A lease held longer than its TTL stays valid: each renewal tick extends it."""
     held_info: list[tuple[float, float]] = []

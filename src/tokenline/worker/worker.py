@@ -68,7 +68,7 @@ from .context import JobContext, decode_args
 from .deadlines import Deadlines
 from .guard import ABANDONED, UNTRUSTED, Guarded, LeaseCheck
 from .prefetch import AUTO_PATIENCE, RunTimes, auto_prefetch
-from .resources import renew_resource_leases
+from .resources import HeldLease, renew_resource_leases
 from .skew import ClockSkew
 from .slot import Slot
 from .state import WorkerEvent, WorkerState, next_state
@@ -221,6 +221,9 @@ class Worker:
         #: (timed out, fenced, stopped): past the pool's spare threads, each one is a
         #: job fewer the worker may run at once (see _capacity).
         self._threads_kept = 0
+        #: Resource leases whose attempt ended without giving them back: released by
+        #: the control loop (see _release_leftovers).
+        self._leftover_leases: list[HeldLease] = []
         #: This worker's wall clock against the store's, measured at each heartbeat.
         self.skew = ClockSkew(self.clock, self.id, self.settings.clock_skew_warning)
         #: Called with (old, new, reason) on every state change; for tests and metrics.
@@ -779,6 +782,14 @@ class Worker:
             slot.waiting_since = None
             with contextlib.suppress(ValueError):
                 self._waiting.remove(slot)
+        if slot.resources:
+            # A lease its handler never gave back (a `ctx.lease` block never left, a
+            # thread kept past the attempt) would keep others out until its TTL: the
+            # attempt is over, and so is what it held. Its check() refuses from now on.
+            for held in slot.resources:
+                held.released = True
+            self._leftover_leases.extend(slot.resources)
+            slot.resources.clear()
         self._handler_returned(slot)
         assert self._slot_freed is not None
         # The fetch loop waits for a free slot, a drain for every slot freed. A slot that
@@ -1348,8 +1359,29 @@ class Worker:
                 continue
             await self._renew_once()
 
+    async def _release_leftovers(self) -> None:
+        """Give back the resource leases of attempts that ended holding them; one the
+        store cannot take now is tried again next tick while it may still be held."""
+        left, self._leftover_leases = self._leftover_leases, []
+        now = self.clock.monotonic()
+        for held in left:
+            try:
+                await self.store.resource_lease_release(lease=held.current)
+            except StoreError as exc:
+                if now < held.valid_until:
+                    self._leftover_leases.append(held)
+                else:
+                    log.warning("could not release the lease on %r: %s", held.resource, exc)
+            else:
+                log.warning(
+                    "worker %s: released the lease on %r (token %d) that its attempt ended holding",
+                    *(self.id, held.resource, held.token),
+                )
+
     async def _renew_once(self) -> None:
         settings = self.settings
+        if self._leftover_leases:
+            await self._release_leftovers()
         # Finishing slots too: a commit can wait (for a store lock, say) and its job must
         # keep its lease meanwhile; only a refusal of theirs means nothing (below).
         slots = list(self._slots.values())
