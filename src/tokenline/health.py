@@ -8,7 +8,9 @@ a failing one says how it fails:
 * **unreachable**: no connection, or the store said it is unavailable;
 * **slow**: no answer within the caller's timeout (or the store's own statement timeout);
 * **refusing**: the store answered, with an error (a missing privilege, say);
-* **not migrated**: the store answers but its schema is not installed, or is older.
+* **not migrated**: the store answers but its schema is not installed, or is older;
+* **schema too new**: the store answers but its schema was written by a newer
+  tokenline (upgrade tokenline; migrating cannot help).
 
 When the store cannot even be opened, every channel fails the same way.
 """
@@ -49,9 +51,14 @@ CHANNELS = {
     "ledger": "effects and fenced writes",
 }
 
-UNREACHABLE, SLOW, REFUSING, NOT_MIGRATED = "unreachable", "slow", "refusing", "not migrated"
+UNREACHABLE, SLOW, REFUSING = "unreachable", "slow", "refusing"
+NOT_MIGRATED, TOO_NEW = "not migrated", "schema too new"
 #: The ways a channel fails, as status names them.
-FAILURES = (UNREACHABLE, SLOW, REFUSING, NOT_MIGRATED)
+FAILURES = (UNREACHABLE, SLOW, REFUSING, NOT_MIGRATED, TOO_NEW)
+
+# How the stores word a schema written by a newer tokenline (their SchemaVersionError
+# says older and newer alike): the remedy is the opposite of a migration.
+_NEWER_SCHEMA = "newer than this tokenline"
 
 #: How long a probe given up on may take to end before status goes on without it.
 _GRACE = 1.0
@@ -92,9 +99,9 @@ def _cause_kind(exc: BaseException) -> str | None:
 
 def failure_kind(exc: BaseException) -> str:
     """How a store call failed, one of :data:`FAILURES`."""
-    if isinstance(exc, SchemaVersionError):
-        return NOT_MIGRATED
     for e in _chain(exc):
+        if isinstance(e, SchemaVersionError):
+            return TOO_NEW if _NEWER_SCHEMA in str(e) else NOT_MIGRATED
         kind = _cause_kind(e)
         if kind is not None:
             return kind
@@ -180,6 +187,7 @@ _STORE_STATE = {
     SLOW: "slow",
     REFUSING: "refusing",
     NOT_MIGRATED: "schema not ready",
+    TOO_NEW: "schema not ready",
 }
 
 

@@ -6,7 +6,9 @@ a failing one says how it fails:
 * **unreachable**: no connection, or the store said it is unavailable;
 * **slow**: no answer within ``--timeout`` (or the store's own statement timeout);
 * **refusing**: the store answered, with an error (a missing privilege, say);
-* **not migrated**: the store answers but its schema is not installed, or is older.
+* **not migrated**: the store answers but its schema is not installed, or is older;
+* **schema too new**: the store answers but its schema was written by a newer
+  tokenline (upgrade tokenline; migrating cannot help).
 
 When the store cannot even be opened, every channel fails the same way. The probing
 lives in :mod:`tokenline.health`, shared with the dashboard; this module prints it.
@@ -160,14 +162,16 @@ def status(app_spec: str | None, url: str | None, timeout: float, as_json: bool)
     renewal, worker membership, the store's clock) and ledger (effects and fenced
     writes). A failing channel says how: unreachable (no connection, or the store says
     it is unavailable), slow (no answer in time), refusing (the store answered with an
-    error, such as a missing privilege) or not migrated (its schema is not installed,
-    or is older). When the store cannot be opened every channel fails that way; a
-    SQLite file that does not exist is said so. Exit status 1 when the store or a
-    channel is not ok.
+    error, such as a missing privilege), not migrated (its schema is not installed,
+    or is older: run `tokenline migrate`) or schema too new (its schema was written
+    by a newer tokenline: upgrade tokenline). When the store cannot be opened every
+    channel fails that way; a SQLite file that does not exist is said so. Exit status
+    1 when the store or a channel is not ok.
 
     --json keys: url; store ("ok", "unreachable", "slow", "refusing", "schema not
     ready" or "missing"); error; channels (broker, leases, ledger, each with ok,
-    failure (null, "unreachable", "slow", "refusing" or "not migrated"), latency_ms,
+    failure (null, "unreachable", "slow", "refusing", "not migrated" or "schema too
+    new"), latency_ms,
     error; ok is null for a channel the store does not provide); queues (as in `queues
     --json`), workers (live ones, as in `workers --json`), stale_commits (total,
     recent: job_id, token, owner, operation, at); and when the --app registers
