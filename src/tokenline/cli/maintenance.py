@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -189,30 +190,37 @@ def reconcile(
 
     Exit code: 0 nothing to repair, 1 something was (with --dry-run: would be)
     repaired, 2 it could not act (another process leads, or a newer term refused it).
+    A leader that died keeps its lease until the lease expires: the refusal says when
+    (by the store's clock), and reconcile can act from then on.
 
-    --json: {dry_run, leader (owner or null), term (or null), refused, counts: {kind:
-    n}, repairs: [line]}.
+    --json: {dry_run, leader (owner or null), term (or null), leader_expires_in
+    (seconds until the lease of the leader that refused this pass expires, by the
+    store's clock, else null), refused, counts: {kind: n}, repairs: [line]}.
     """
     with reporting_errors():
         settings = _settings(config)
         app = resolve_app(app_spec, url, existing=True)
         store = app.open_store(timeout=settings.call_timeout)
-        report, lease, busy = asyncio.run(_reconcile(store, settings, dry_run, app.clock))
+        report, lease, busy, now = asyncio.run(_reconcile(store, settings, dry_run, app.clock))
+    expires_in = None if busy is None else max(0.0, busy.expires_at - now)
     if as_json:
         print_json(
             {
                 "dry_run": dry_run,
                 "leader": lease.owner if lease else (busy.owner if busy else None),
                 "term": lease.token if lease else (busy.token if busy else None),
+                "leader_expires_in": None if expires_in is None else round(expires_in, 3),
                 "refused": report.refused,
                 "counts": dict(sorted(report.counts.items())),
                 "repairs": report.lines,
             }
         )
-    elif busy is not None:
+    elif busy is not None and expires_in is not None:
         err_console.print(
-            f"[bold red]error:[/] {escape(busy.owner)} leads maintenance (term {busy.token}): "
-            "stop it, or run `tokenline reconcile --dry-run`",
+            f"[bold red]error:[/] {escape(busy.owner)} leads maintenance (term {busy.token}); "
+            f"its lease expires in {math.ceil(expires_in):,} s by the store's clock unless "
+            "it renews it, so a leader that died frees it then: wait and run this again, "
+            "stop the leader, or run `tokenline reconcile --dry-run`",
             highlight=False,
         )
     else:
@@ -224,7 +232,9 @@ def reconcile(
 
 async def _reconcile(
     store: Store, settings: WorkerSettings, dry_run: bool, clock: Clock
-) -> tuple[ServiceReport, ResourceLease | None, ResourceLease | None]:
+) -> tuple[ServiceReport, ResourceLease | None, ResourceLease | None, float]:
+    """The pass's report, the lease it ran under, the lease of the leader that refused
+    it, and the store's time when it was refused (else 0)."""
     service = Reconciler(
         store,
         interval=settings.reconcile_interval,
@@ -233,7 +243,7 @@ async def _reconcile(
     await store.open()
     try:
         if dry_run:
-            return await service.run_once(leader=None, dry_run=True), None, None
+            return await service.run_once(leader=None, dry_run=True), None, None, 0.0
         leadership = Leadership(
             store,
             owner=_owner("reconcile"),
@@ -243,10 +253,10 @@ async def _reconcile(
         )
         lease = await leadership.elect()
         if lease is None:
-            holder, _ = await current_leader(store)
-            return ServiceReport(service.name, refused=True), None, holder
+            holder, now = await current_leader(store)
+            return ServiceReport(service.name, refused=True), None, holder, now
         try:
-            return await service.run_once(leader=lease), lease, None
+            return await service.run_once(leader=lease), lease, None, 0.0
         finally:
             await leadership.resign()
     finally:
