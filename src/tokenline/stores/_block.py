@@ -12,8 +12,8 @@ insert, change or delete tokenline's own rows (SQLite's store keeps them in the 
 the store finishes the job when the block ends, and a job row changed under it made that
 completion fail, the job go back to its queue and the same block run again, for ever;
 an effect record deleted let the effect run again. Nor may it change the store's schema
-(drop a trigger, add one that writes the store's rows), attach or detach databases, or
-set a pragma.
+(drop a trigger, create one), attach or detach databases, or set a pragma the store
+relies on (its journal, locking, durability, schema version, waits and checks).
 The block's end then reports the refusal, as a permanent error, after rolling
 everything back. (Enqueueing stays allowed: ``enqueue(..., connection=conn)`` writes
 its job rows as the store, under :meth:`BlockGuard.ours`.)
@@ -81,9 +81,9 @@ class BlockGuard:
             refused = f"CREATE TRIGGER {arg1}"
         elif action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
             refused = f"{'ATTACH' if action == sqlite3.SQLITE_ATTACH else 'DETACH'} {arg1}"
-        elif action == sqlite3.SQLITE_PRAGMA and arg2 is not None:
-            # Setting one (journal_mode, writable_schema, foreign_keys…) changes what the
-            # store relies on; reading one stays allowed.
+        elif action == sqlite3.SQLITE_PRAGMA and arg2 is not None and arg1 in _PRAGMAS:
+            # Setting one of these changes what the store relies on; reading any, or
+            # setting another, stays allowed.
             refused = f"PRAGMA {arg1} = {arg2}"
         if refused is None:
             return sqlite3.SQLITE_OK
@@ -130,6 +130,15 @@ _SCHEMA = {
 }
 #: Creating a trigger, on any table.
 _TRIGGERS = frozenset({sqlite3.SQLITE_CREATE_TRIGGER, sqlite3.SQLITE_CREATE_TEMP_TRIGGER})
+#: The pragmas the block may not set: the file's journal, locking and durability, its
+#: schema, and the connection's waits and checks that the store's statements count on.
+_PRAGMAS = frozenset(
+    {
+        "journal_mode", "locking_mode", "synchronous", "writable_schema", "schema_version",
+        "user_version", "foreign_keys", "busy_timeout", "query_only", "recursive_triggers",
+        "trusted_schema", "defer_foreign_keys", "ignore_check_constraints",
+    }
+)  # fmt: skip
 #: The coordination file's schema (leases, workers, the clock): all of it the store's.
 _COORD = "coord"
 

@@ -53,6 +53,16 @@ class Connection(sqlite3.Connection):
     #: (see ``stores/_block.py``): the store's own writes in the block go through it.
     block_guard: Any = None
 
+    def close(self) -> None:
+        """Close the connection; refused while it is lent to a ``ctx.transaction()``
+        block, which would lose the block's transaction, and the job's completion with
+        it (the block then ends in the permanent error that says so)."""
+        guard = self.block_guard
+        if guard is not None:
+            guard.ended, guard.transaction = "conn.close()", True
+            raise guard.refusal()
+        super().close()
+
 
 def busy_timeout(conn: sqlite3.Connection) -> int:
     """``conn``'s busy timeout in milliseconds (asked of SQLite for a foreign connection)."""
