@@ -48,11 +48,17 @@ from typing import Any
 from .._errors import ConfigError, TokenlineError
 from .._periodic import Periodic
 from ..maintenance import MAINTENANCE_LEASE
-from ..stores import store_from_url
+from ..stores import refuse_sqlite_url_options, store_from_url
 from ..stores.base import ResourceLease
 from . import app as drill_app
 from ._fleet import Fleet, WorkerSettings
-from ._scratch import ScratchStore, check_reusable, scratch_for, upstream_of
+from ._scratch import (
+    ScratchStore,
+    check_reusable,
+    check_sqlite_dir,
+    scratch_for,
+    upstream_of,
+)
 from .checker import FaultWindow, Report, StatusSeen, check, check_status, read_snapshot
 from .dependency import DIR_ENV, WORKER_ENV, DependencyFigures, Stub, measure
 from .proxy import ThreadedFaultProxy
@@ -259,12 +265,13 @@ class Drill:
         if self.url is None:
             return
         if self.scheme == "sqlite":
-            parent = Path(self.url[len("sqlite:///") :]).parent
-            if not parent.is_dir():
-                raise DrillError(
-                    f"cannot create SQLite files in {str(parent)!r}: no such directory"
-                )
-            _writable(parent, "SQLite files")
+            # The URL as given: each scenario's file is named after it, and an error
+            # about one of those would name a URL the user never typed.
+            try:
+                refuse_sqlite_url_options(self.url)
+                check_sqlite_dir(Path(self.url[len("sqlite:///") :]))
+            except ConfigError as exc:
+                raise DrillError(exc.reason) from None
             if not self.overwrite:
                 for scenario in scenarios:
                     try:
