@@ -1733,6 +1733,11 @@ async def test_drain_gives_prefetched_jobs_back_unrun() -> None:
     assert (await store.job_get(job_id=long_id)).state is JobState.SUCCEEDED
     assert next_id not in ran
     assert (await store.job_get(job_id=next_id)).state is JobState.QUEUED
+    # The summary adds up: the job given back unrun is not one of those started.
+    c = worker.counters
+    assert (c.started, c.succeeded, c.released, c.unrun) == (2, 2, 0, 1), c
+    assert "started 2 jobs: 2 succeeded, 0 retried, 0 dead, 0 given back" in c.summary()
+    assert "1 prefetched job given back unrun" in c.summary()
 
 
 async def test_a_prefetched_job_waits_at_most_a_renewal_interval() -> None:
@@ -1840,7 +1845,7 @@ async def test_auto_prefetch_claims_nothing_ahead_of_long_handlers(clock: FakeCl
 
     worker = await _run_all(app, store, "t.auto_long", 12)
     assert _ahead_of_finishes(store) == 0, store.sent
-    assert worker.counters.released == 0
+    assert (worker.counters.released, worker.counters.unrun) == (0, 0)
 
 
 async def test_an_auto_prefetched_job_waits_at_most_a_second(clock: FakeClock) -> None:

@@ -113,6 +113,9 @@ class WorkerCounters:
     coordination_errors: int = 0
     #: Jobs given back unrun because a dependency they need had its breaker open.
     deferred: int = 0
+    #: Prefetched jobs given back before their handler started (a drain, a fence):
+    #: not among ``started``, nor its ``released``.
+    unrun: int = 0
 
     def summary(self) -> str:
         """The counters as one line of prose, for logs and the command line."""
@@ -123,6 +126,7 @@ class WorkerCounters:
         parts = [
             f"started {n(self.started, 'job')}: {self.succeeded:,} succeeded, "
             f"{self.retried:,} retried, {self.dead:,} dead, {self.released:,} given back",
+            *([f"{n(self.unrun, 'prefetched job')} given back unrun"] if self.unrun else []),
             f"{n(self.stale_refused, 'stale write')} refused by the store",
             f"fenced {n(self.fenced, 'time')} ({self.self_fenced:,} by its own clock)",
             f"rescued {n(self.rescued, 'job')} of other workers",
@@ -741,7 +745,11 @@ class Worker:
         try:
             async with asyncio.timeout(self.settings.call_timeout):
                 results = await self.store.jobs_finish(finishes=finishes)
-            self.counters.released += sum(results)
+            for s, given in zip(slots, results, strict=True):
+                if given and s.task is None:
+                    self.counters.unrun += 1  # never started: not one of `started`
+                elif given:
+                    self.counters.released += 1
         except (StoreError, TimeoutError) as exc:
             log.warning("worker %s could not give back %d jobs: %s", self.id, len(slots), exc)
 
