@@ -301,6 +301,12 @@ async def read_status(
     probes = {name: _Probe() for name in CHANNELS}
 
     async def broker() -> tuple[Any, Any]:
+        # Reads pass while writes queue behind another session's lock: the channel is
+        # for enqueue, claim and finish, so it must be able to take their lock too.
+        probe = getattr(getattr(store, "inner", store), "broker_write_probe", None)
+        if probe is not None:
+            # Within the channel's time, leaving it room to say why it is slow.
+            await probe(timeout * 0.8)
         return await store.queues_stats(), await store.stale_commits(limit=5)
 
     async def leases() -> tuple[float, Any, Any]:

@@ -405,6 +405,43 @@ def test_split_status_without_the_ledger_schema_still_probes_redis(
     assert not schema_exists(postgres_server, absent_schema)
 
 
+def test_status_calls_a_broker_whose_writes_wait_slow_on_sqlite(url: str) -> None:
+    """Another connection holds the file's write lock: reads still answer, but every
+    enqueue, claim and finish waits. The broker channel said "ok"; it now fails as slow
+    while the lock is held, and is ok again once it is let go."""
+    path = url[len("sqlite:///") :]
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as holder:
+        holder.execute("BEGIN IMMEDIATE")
+        code, out = cli("status", "--url", url, "--timeout", "1", "--json")
+        holder.execute("ROLLBACK")
+    assert code == 1
+    broker = json.loads(out)["channels"]["broker"]
+    assert (broker["ok"], broker["failure"]) == (False, "slow"), broker
+    assert "write lock" in broker["error"]
+    code, out = cli("status", "--url", url, "--timeout", "5", "--json")
+    assert json.loads(out)["channels"]["broker"]["ok"] is True, out
+
+
+def test_status_calls_a_broker_whose_writes_wait_slow_on_postgres(
+    postgres_server: str, absent_schema: str
+) -> None:
+    """The same on PostgreSQL: a session holding the jobs table against writes (LOCK
+    TABLE … IN EXCLUSIVE MODE, which reads pass) makes the broker slow, not ok."""
+    import psycopg
+
+    u = f"{postgres_server}?schema={absent_schema}"
+    assert cli("migrate", "--url", u)[0] == 0
+    with psycopg.connect(postgres_server) as holder:
+        holder.execute(f"LOCK TABLE {absent_schema}.jobs IN EXCLUSIVE MODE")
+        code, out = cli("status", "--url", u, "--timeout", "1", "--json")
+        holder.rollback()
+    assert code == 1
+    broker = json.loads(out)["channels"]["broker"]
+    assert (broker["ok"], broker["failure"]) == (False, "slow"), broker
+    code, out = cli("status", "--url", u, "--timeout", "5", "--json")
+    assert json.loads(out)["channels"]["broker"]["ok"] is True, out
+
+
 def test_status_leaves_a_sqlite_file_of_other_tables_as_it_was(tmp_path: Path) -> None:
     """A database of the user's own tables: status says it holds no tokenline store and
     writes nothing into it."""

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import AsyncConnection, AsyncRawCursor
+from psycopg import AsyncConnection, AsyncRawCursor, sql
 from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, TupleRow, dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -252,6 +252,31 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
 
     def _now(self) -> float | None:
         return self.clock.now() if self._clock_given else None
+
+    async def broker_write_probe(self, timeout: float) -> None:  # noqa: ASYNC109
+        """Take, and give straight back, the lock every enqueue, claim and finish takes
+        on the jobs table, waiting at most ``timeout`` seconds; raise TimeoutError when
+        it is not free by then. For ``tokenline status``, whose reads pass while every
+        write queues behind another session's lock on the table. Writes nothing."""
+        ms = max(1, int(timeout * 1000))
+        table = sql.SQL("{}.jobs").format(sql.Identifier(self.target.schema))
+
+        async def run(conn: AsyncConnection[Any]) -> None:
+            async with conn.transaction():
+                await conn.execute(
+                    sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{ms}ms"))
+                )
+                await conn.execute(sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE").format(table))
+
+        try:
+            await self._call(run)
+        except StoreError as exc:
+            if isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
+                raise TimeoutError(
+                    f"the jobs table of {self.target.where} stayed locked against writes "
+                    f"for {timeout:g}s: enqueues, claims and finishes wait"
+                ) from exc
+            raise
 
     def _translate(self) -> contextlib.AbstractContextManager[None]:
         return map_postgres_errors(self.target, self.timeout)

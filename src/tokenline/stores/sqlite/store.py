@@ -729,6 +729,29 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
             lambda conn: self._enqueue_on(conn, jobs), here=len(jobs) <= _HERE_MAX_ROWS
         )
 
+    async def broker_write_probe(self, timeout: float) -> None:  # noqa: ASYNC109
+        """Take, and give straight back, the file's write lock that every enqueue,
+        claim and finish needs, waiting at most ``timeout`` seconds; raise TimeoutError
+        when it is not free by then. For ``tokenline status``, whose reads pass while
+        every write waits behind another connection's transaction. Writes nothing."""
+
+        def probe() -> None:
+            conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("ROLLBACK")
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise StoreUnavailableError(f"SQLite store {str(self.path)!r}: {exc}") from exc
+                raise TimeoutError(
+                    f"SQLite store {str(self.path)!r}: its write lock stayed taken for "
+                    f"{timeout:g}s: enqueues, claims and finishes wait"
+                ) from exc
+            finally:
+                conn.close()
+
+        await asyncio.to_thread(probe)
+
     def _require_own_file(self, connection: sqlite3.Connection) -> None:
         """Refuse a caller's connection whose main database is not this store's file:
         the job would be written into whatever store (or database) it has open, where
