@@ -106,6 +106,8 @@ class _Portal:
         self._lock = threading.Lock()
         #: The facade's open store; only touched on the loop, or once the loop is gone.
         self.store: Store | None = None
+        #: Held on the loop while the store opens (see :meth:`opened`); one per loop.
+        self._opening = asyncio.Lock()
 
     @staticmethod
     def _serve(loop: asyncio.AbstractEventLoop) -> None:
@@ -124,6 +126,7 @@ class _Portal:
                 self.store = None
             if self._loop is None:
                 loop = asyncio.new_event_loop()
+                self._opening = asyncio.Lock()
                 self._thread = threading.Thread(
                     target=self._serve, args=(loop,), name="tokenline-portal", daemon=True
                 )
@@ -131,6 +134,32 @@ class _Portal:
                 self._loop = loop
             loop = self._loop
         return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    async def opened(self, new_store: Callable[[], Store]) -> Store:
+        """The facade's store, opened from ``new_store()`` by the first caller; on the loop.
+
+        Callers that arrive while it opens (sync enqueues from several threads at once)
+        wait for that store rather than each opening one: the portal keeps, and closes,
+        only one, and any other would be left open, its pool's tasks destroyed at exit."""
+        store = self.store
+        if store is not None:
+            return store
+        async with self._opening:
+            store = self.store
+            if store is not None:
+                return store
+            store = new_store()
+            try:
+                await store.open()
+            except BaseException:
+                # A store that opened in part (one side of a split store, a pool) is
+                # closed, or its connections and threads outlive the failed call.
+                with contextlib.suppress(Exception):
+                    await store.close()
+                raise
+            self.store = store
+            _opened(self)
+            return store
 
     def open_store(self) -> Store | None:
         """The facade's store, if it is open and its loop alive; ``None``: go through
@@ -602,20 +631,7 @@ class App:
         )
 
     async def _store(self) -> Store:
-        store = self._portal.store
-        if store is None:
-            store = self.open_store()
-            try:
-                await store.open()
-            except BaseException:
-                # A store that opened in part (one side of a split store, a pool) is
-                # closed, or its connections and threads outlive the failed call.
-                with contextlib.suppress(Exception):
-                    await store.close()
-                raise
-            self._portal.store = store
-            _opened(self._portal)
-        return store
+        return await self._portal.opened(self.open_store)
 
     def run(self, coro_fn: Callable[[Store], Coroutine[Any, Any, T]]) -> T:
         """Run ``coro_fn(store)`` on the facade's loop and store; for sync callers."""
