@@ -301,7 +301,7 @@ async def read_status(
     probes = {name: _Probe() for name in CHANNELS}
 
     async def broker() -> tuple[Any, Any]:
-        # Reads pass while writes queue behind another session's lock: the channel is
+        # Reads pass while writes queue behind another connection's lock: the channel is
         # for enqueue, claim and finish, so it must be able to take their lock too.
         probe = getattr(getattr(store, "inner", store), "broker_write_probe", None)
         if probe is not None:

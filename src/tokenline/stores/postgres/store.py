@@ -257,7 +257,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         """Take, and give straight back, the lock every enqueue, claim and finish takes
         on the jobs table, waiting at most ``timeout`` seconds; raise TimeoutError when
         it is not free by then. For ``tokenline status``, whose reads pass while every
-        write queues behind another session's lock on the table. Writes nothing."""
+        write queues behind another connection's lock on the table. Writes nothing."""
         ms = max(1, int(timeout * 1000))
         table = sql.SQL("{}.jobs").format(sql.Identifier(self.target.schema))
 
