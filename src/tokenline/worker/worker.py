@@ -1374,13 +1374,14 @@ class Worker:
         now = self.clock.monotonic()
         for held in left:
             try:
-                await self.store.resource_lease_release(lease=held.current)
+                released = await self.store.resource_lease_release(lease=held.current)
             except StoreError as exc:
                 if now < held.valid_until:
                     self._leftover_leases.append(held)
                 else:
                     log.warning("could not release the lease on %r: %s", held.resource, exc)
-            else:
+                continue
+            if released:  # else its handler's own late exit gave it back first
                 log.warning(
                     "worker %s: released the lease on %r (token %d) that its attempt ended holding",
                     *(self.id, held.resource, held.token),
