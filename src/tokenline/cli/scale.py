@@ -6,7 +6,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import click
@@ -70,10 +70,14 @@ def _open_breakers(leases: list[ResourceLease], now: float) -> list[str]:
     )
 
 
-async def _read(call: Awaitable[T], timeout: float) -> T | Exception:  # noqa: ASYNC109
-    """``call``'s answer within ``timeout``, or the exception it failed with."""
+async def _read(call: Callable[[], Awaitable[T]], timeout: float) -> T | Exception:  # noqa: ASYNC109
+    """``call()``'s answer within ``timeout``, or the exception it failed with.
+
+    ``call`` is made here, not by the caller: a read cancelled before it starts (a
+    Ctrl-C while gather sets its tasks up) must leave no coroutine behind that was never
+    awaited, which Python reports on stderr at exit."""
     try:
-        return await asyncio.wait_for(call, timeout)
+        return await asyncio.wait_for(call(), timeout)
     except Exception as exc:
         return exc
 
@@ -84,12 +88,12 @@ async def _depth_and_leases(
 ) -> tuple[list[Depth] | Exception, list[ResourceLease] | Exception]:
     """The store's job depth (a broker read) and its resource leases (a leases read),
     each within ``timeout``; a read that failed gives its exception instead."""
-    opened = await _read(store.open(), timeout)
+    opened = await _read(store.open, timeout)
     if isinstance(opened, Exception):
         return opened, opened
     try:
         return await asyncio.gather(
-            _read(store.jobs_depth(), timeout), _read(store.resource_leases_list(), timeout)
+            _read(store.jobs_depth, timeout), _read(store.resource_leases_list, timeout)
         )
     finally:
         await store.close()
