@@ -112,12 +112,26 @@ async def _bounded(coro: Coroutine[Any, Any, T], timeout: float) -> T:  # noqa: 
     """``coro``'s result, or :class:`TimeoutError` after ``timeout`` seconds; a call
     given up on gets a moment to end, never as long as it likes."""
     task = asyncio.ensure_future(coro)
-    done, _ = await asyncio.wait({task}, timeout=timeout)
+    # Whoever gives up on the call (the timeout below, a Ctrl-C cancelling this
+    # coroutine) leaves the task to end alone: its error is read here, or Python
+    # reports it as never retrieved when the task is collected.
+    task.add_done_callback(_read_outcome)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        task.cancel()  # asyncio.wait does not cancel what it waits for
+        raise
     if not done:
         task.cancel()
         await asyncio.wait({task}, timeout=_GRACE)
         raise TimeoutError(f"no answer within {timeout:g}s")
     return task.result()
+
+
+def _read_outcome(task: asyncio.Future[Any]) -> None:
+    """Mark a finished task's error as seen (see :func:`_bounded`)."""
+    if not task.cancelled():
+        task.exception()
 
 
 class _Probe:

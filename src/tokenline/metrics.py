@@ -547,7 +547,8 @@ class StoreCollector:
             timeout = self.timeout
 
             async def read(store: Store) -> _Reading:
-                return await asyncio.wait_for(_read(store, since), timeout)
+                async with asyncio.timeout(timeout):
+                    return await _read(store, since)
 
             try:
                 self._require_store()

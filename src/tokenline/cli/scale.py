@@ -77,8 +77,17 @@ async def _read(call: Callable[[], Awaitable[T]], timeout: float) -> T | Excepti
     Ctrl-C while gather sets its tasks up) must leave no coroutine behind that was never
     awaited, which Python reports on stderr at exit."""
     try:
-        return await asyncio.wait_for(call(), timeout)
+        # asyncio.timeout, not wait_for: wait_for runs the call in a task of its own,
+        # and a call that fails while a Ctrl-C cancels it leaves that task's error
+        # unretrieved ("Task exception was never retrieved" at exit).
+        async with asyncio.timeout(timeout):
+            return await call()
     except Exception as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            # Cancelled (a Ctrl-C), and the call ended with an error of its own rather
+            # than CancelledError: the cancellation must go on, not become an answer.
+            raise asyncio.CancelledError from exc
         return exc
 
 

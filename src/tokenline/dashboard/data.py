@@ -237,7 +237,8 @@ async def read_overview(app: App, timeout: float) -> Overview:  # noqa: ASYNC109
     # Every membership, not only the live ones status lists: a fenced or stopped worker
     # is what an operator looks for during an incident.
     try:
-        records, o.recent_duplicates = await asyncio.wait_for(_memberships(app, now), timeout)
+        async with asyncio.timeout(timeout):
+            records, o.recent_duplicates = await _memberships(app, now)
     except (StoreError, TimeoutError):  # the channels above already say what fails
         records = report["workers"]
     o.workers = [WorkerRow(w, alive(w, now), now - w.heartbeat_at) for w in records]

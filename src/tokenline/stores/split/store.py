@@ -147,7 +147,8 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
 
         async def side(opening: Any, server: str) -> Exception | None:
             try:
-                await asyncio.wait_for(opening, timeout)
+                async with asyncio.timeout(timeout):
+                    await opening
             except TimeoutError:
                 # A timeout, so that status calls the side slow rather than unreachable.
                 return TimeoutError(f"{server} did not answer within {timeout:g}s")
