@@ -284,13 +284,15 @@ async def test_busy_pool_raises_instead_of_hanging(postgres_url: str) -> None:
     store = PostgresStore(postgres_url, timeout=1, max_connections=1)
     await store.open()
     try:
-        await store.jobs_enqueue(jobs=[new()])
-        (claimed,) = await store.jobs_claim(owner="w", queues=["default"], limit=1, ttl=30)
-        async with store.fenced_transaction(lease=claimed.lease):
+        pool = store._require_pool()
+        held = await pool.getconn()  # the pool's one connection, as a long call holds it
+        try:
             started = time.monotonic()
             with pytest.raises(StoreUnavailableError, match="within 1s"):
                 await store.jobs_list()
             assert time.monotonic() - started < 5
+        finally:
+            await pool.putconn(held)
     finally:
         await store.close()
 

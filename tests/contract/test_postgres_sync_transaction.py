@@ -261,7 +261,7 @@ async def test_the_sync_form_on_an_event_loop_is_refused_at_once(
         pg.fenced_transaction(lease=c.lease),
     ):
         pytest.fail("the block must not run")
-    assert pg._sync_pool is None
+    assert pg._lent_sync_pool is None
     async with pg.fenced_transaction(lease=c.lease):
         pass
     assert await state_of(pg, c.job.id) is JobState.SUCCEEDED
@@ -278,7 +278,7 @@ async def test_the_sync_pool_opens_on_first_use_and_close_closes_it(
         c = await claim(store)
         async with store.fenced_transaction(lease=c.lease):
             pass
-        assert store._sync_pool is None
+        assert store._lent_sync_pool is None
 
         d = await claim(store)
 
@@ -289,12 +289,12 @@ async def test_the_sync_pool_opens_on_first_use_and_close_closes_it(
                 return int(row[0])
 
         pid = await asyncio.to_thread(backend_pid)
-        pool = store._sync_pool
+        pool = store._lent_sync_pool
         assert pool is not None
         assert not pool.closed
     finally:
         await store.close()
-    assert store._sync_pool is None
+    assert store._lent_sync_pool is None
     assert pool.closed
     for _ in range(100):
         cur = await admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))

@@ -347,3 +347,93 @@ async def test_a_sqlite_block_may_not_touch_the_stores_rows_schema_or_settings(
     assert "tokenline_jobs_monotonic" in names
     assert "wipe" not in names
     assert mode == "wal"
+
+
+def keeper_app(url: str) -> tuple[App, dict[str, list[str]]]:
+    """Handlers that keep the block's connection and a cursor, and write through both
+    after the block ended: each write's fate is reported by its job id."""
+    app = App(url)
+    postgres = url.startswith("postgresql")
+    p = "%s" if postgres else "?"
+    insert = f"INSERT INTO marks (job, token) VALUES ({p}, {p})"
+    fates: dict[str, list[str]] = {}
+
+    def fate(write: Any) -> str:
+        try:
+            write()
+        except Exception as exc:  # the kept reference must not write: say how it failed
+            return type(exc).__name__
+        return "written"
+
+    @app.task(name="sync_keeper")
+    def sync_keeper(ctx: JobContext, unset: bool) -> None:
+        with ctx.transaction() as conn:
+            cur = conn.cursor()
+            conn.execute(insert, (ctx.job_id, 1))
+            if unset:  # the block turns the pool's setting off for the connection
+                conn.execute("SET default_transaction_read_only = off")
+
+        def in_a_transaction() -> None:
+            with conn.transaction():
+                conn.execute(insert, (ctx.job_id, 4))
+
+        fates[f"sync{ctx.job_id}"] = [
+            fate(lambda: conn.execute(insert, (ctx.job_id, 2))),
+            fate(lambda: cur.execute(insert, (ctx.job_id, 3))),
+            fate(in_a_transaction if postgres else lambda: conn.commit()),
+        ]
+
+    @app.task(name="async_keeper")
+    async def async_keeper(ctx: JobContext, unset: bool) -> None:
+        async with ctx.transaction() as conn:
+            if isinstance(conn, sqlite3.Connection):
+                conn.execute(insert, (ctx.job_id, 1))
+            else:
+                await conn.execute(insert, (ctx.job_id, 1))
+                if unset:
+                    await conn.execute("SET default_transaction_read_only = off")
+        if isinstance(conn, sqlite3.Connection):
+            fates[f"async{ctx.job_id}"] = [fate(lambda: conn.execute(insert, (ctx.job_id, 2)))]
+            return
+        outcome = []
+        for token in (2, 3):
+            try:
+                if token == 2:
+                    await conn.execute(insert, (ctx.job_id, token))
+                else:
+                    async with conn.transaction():
+                        await conn.execute(insert, (ctx.job_id, token))
+                outcome.append("written")
+            except Exception as exc:  # as fate() above
+                outcome.append(type(exc).__name__)
+        fates[f"async{ctx.job_id}"] = outcome
+
+    return app, fates
+
+
+@pytest.mark.parametrize(
+    ("url", "unset"),
+    [("sqlite", False), ("postgres", False), ("postgres", True)],
+    ids=["sqlite", "postgres", "postgres-setting-turned-off"],
+    indirect=["url"],
+)
+async def test_a_connection_kept_past_its_block_cannot_write(url: str, unset: bool) -> None:
+    """A handler that keeps ``conn`` (or a cursor of it) and writes after its
+    ``ctx.transaction()`` block: those writes are refused. On PostgreSQL the connection
+    goes back to a pool whose transactions are read-only unless tokenline begins them
+    (before, a kept reference wrote, unfenced, through a pooled connection); SQLite
+    closes the block's connection. Only the block's own row is there, once per job."""
+    app, fates = keeper_app(url)
+    async with _working(app) as store:
+        ids = [
+            await app.enqueue_async("sync_keeper", unset),
+            await app.enqueue_async("async_keeper", unset),
+        ]
+        for job in await _finished(store, ids):
+            assert job.state == JobState.SUCCEEDED, job
+        assert sorted(_marks(url, store)) == [(ids[0], 1), (ids[1], 1)]
+    refused = "ReadOnlySqlTransaction" if url.startswith("postgresql") else "ProgrammingError"
+    assert fates == {
+        f"sync{ids[0]}": [refused] * 3,
+        f"async{ids[1]}": [refused] * (2 if url.startswith("postgresql") else 1),
+    }

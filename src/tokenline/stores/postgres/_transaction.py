@@ -41,7 +41,9 @@ time when the worker gives one, else the store timeout.
 
 The sync form blocks its thread; on a thread running an event loop (an async handler
 that wrote ``with``) it would stall every job of the worker, so it is refused there.
-The connection comes from the store's pool of its form and is returned afterwards.
+The connection comes from a pool of its form kept for blocks, whose connections run
+read-only outside tokenline's transactions (``_lent.py``): a reference the block kept
+cannot write through it once the block has ended.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from ..._errors import NotSupportedError, StaleTokenError, StoreError
 from ..._jobs import Finish, Lease, Outcome
 from ..._records import DuplicateKind, Fence, by_attempt
 from ..base import FencedTransaction
+from ._lent import take_back, take_back_async
 from ._steps import AsyncDriver, Begin, End, Status, Steps, SyncDriver, fetch_one
 
 if TYPE_CHECKING:
@@ -104,10 +107,11 @@ class PostgresFencedTransaction(FencedTransaction):
         _refuse_on_event_loop()
         self._enter_once()
         store = self._store
-        pool, conn = store._checkout_sync()
+        pool, conn = store._checkout_sync(lent=True)
         driver = SyncDriver(conn)
         try:
             with store._translate():
+                conn.read_only = False  # see _lent.py
                 conn.autocommit = False  # see _closing's _block_open
                 driver.run(self._opening())
         except BaseException:
@@ -133,6 +137,7 @@ class PostgresFencedTransaction(FencedTransaction):
         driver = AsyncDriver(conn)
         try:
             with store._translate():
+                await conn.set_read_only(False)  # see _lent.py
                 await conn.set_autocommit(False)  # see _closing's _block_open
                 await driver.run(self._opening())
         except BaseException:
@@ -285,12 +290,10 @@ def _on_its_own(steps: Steps[None]) -> Steps[None]:
 
 
 def _give_back_sync(pool: ConnectionPool[Any], conn: psycopg.Connection[Any]) -> None:
-    """Return ``conn`` to its pool autocommitting again, as every other user expects it;
+    """Return ``conn`` to its pool at rest again (autocommit, read-only: ``_lent.py``);
     one that cannot be put back so is closed, and the pool discards it."""
     try:
-        if conn.info.transaction_status != TransactionStatus.IDLE:
-            conn.rollback()
-        conn.autocommit = True
+        take_back(conn)
     except psycopg.Error:
         conn.close()
     finally:
@@ -300,9 +303,7 @@ def _give_back_sync(pool: ConnectionPool[Any], conn: psycopg.Connection[Any]) ->
 async def _give_back(store: PostgresStore, conn: AsyncConnection[Any]) -> None:
     """:func:`_give_back_sync` for the async pool."""
     try:
-        if conn.info.transaction_status != TransactionStatus.IDLE:
-            await conn.rollback()
-        await conn.set_autocommit(True)
+        await take_back_async(conn)
     except psycopg.Error:
         await conn.close()
     finally:

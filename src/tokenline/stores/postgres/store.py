@@ -71,6 +71,7 @@ from ..base import (
 from ._arrays import ADAPTERS, BinaryArray
 from ._deadline import run_bounded
 from ._errors import map_postgres_errors
+from ._lent import read_only_by_default, read_only_by_default_async
 from ._listener import Listener
 from ._migrations import (
     SCHEMA_VERSION,
@@ -194,8 +195,9 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
     ``timeout`` bounds connecting, waiting for a pooled connection and each statement
     (``statement_timeout``); an operation never hangs past it. ``migrate=False`` makes
     :meth:`open` refuse a schema that needs migrating instead of migrating it (run
-    ``tokenline migrate`` then). ``max_connections`` caps the pool, and the sync pool
-    that sync handlers' fenced transactions use (empty until the first one).
+    ``tokenline migrate`` then). ``max_connections`` caps the pool, the sync pool of
+    blocking enqueues, and the two pools lent to fenced transactions (one per form,
+    read-only at rest, see ``_lent.py``); those three stay empty until first used.
     """
 
     capabilities = Capabilities(
@@ -240,6 +242,11 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         # connections from a pool of their own, opened on first use (see _checkout_sync).
         self._sync_pool: ConnectionPool[psycopg.Connection[TupleRow]] | None = None
         self._sync_pool_lock = threading.Lock()
+        # Connections lent to ctx.transaction() blocks come from pools of their own whose
+        # transactions are read-only unless tokenline begins them (see _lent.py): a
+        # reference the block kept cannot write through one later.
+        self._lent_pool: AsyncConnectionPool[AsyncConnection[TupleRow]] | None = None
+        self._lent_sync_pool: ConnectionPool[psycopg.Connection[TupleRow]] | None = None
         self._listener: Listener | None = None
         # Last resort against a peer that stops answering (see _deadline.py): waiting
         # for a pooled connection and the statements each get ``timeout``, plus slack.
@@ -320,44 +327,58 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
             return await run_bounded(run(), self._deadline)
 
     async def _checkout(self) -> AsyncConnection[Any]:
-        """A pooled connection for a fenced transaction; give it back with ``_checkin``."""
-        pool = self._require_pool()
+        """A connection to lend to an ``async with`` fenced transaction, read-only until
+        tokenline begins a transaction on it (see ``_lent.py``); give it back with
+        ``_checkin``."""
+        pool = self._lent_pool
+        if pool is None or self._pool is None:
+            raise StoreError("the PostgreSQL store is not open; call open() first")
         with self._translate():
             return await run_bounded(
                 pool.getconn(timeout=self.timeout), self._deadline, discard=pool.putconn
             )
 
     async def _checkin(self, conn: AsyncConnection[Any]) -> None:
-        await self._require_pool().putconn(conn)
+        pool = self._lent_pool
+        if pool is None:  # the store was closed meanwhile: the connection goes with it
+            await conn.close()
+            return
+        await pool.putconn(conn)
 
     def _checkout_sync(
-        self,
+        self, *, lent: bool = False
     ) -> tuple[ConnectionPool[psycopg.Connection[TupleRow]], psycopg.Connection[Any]]:
-        """A blocking connection for a sync fenced transaction, from any thread, and the
-        pool to give it back to (``pool.putconn``: the pool rolls back, or discards, a
-        connection left in a transaction or broken). Waits up to the store timeout."""
+        """A blocking connection, from any thread, and the pool to give it back to
+        (``pool.putconn``: the pool rolls back, or discards, a connection left in a
+        transaction or broken). Waits up to the store timeout. ``lent``: for a sync
+        fenced transaction, read-only until tokenline begins a transaction on it."""
         with self._translate():
-            pool = self._require_sync_pool()
+            pool = self._require_sync_pool(lent=lent)
             return pool, pool.getconn(timeout=self.timeout)
 
-    def _require_sync_pool(self) -> ConnectionPool[psycopg.Connection[TupleRow]]:
+    def _require_sync_pool(self, *, lent: bool) -> ConnectionPool[psycopg.Connection[TupleRow]]:
         with self._sync_pool_lock:
             self._require_pool()  # open, and not closed
-            if self._sync_pool is None:
-                pool: ConnectionPool[psycopg.Connection[TupleRow]] = ConnectionPool(
+            pool = self._lent_sync_pool if lent else self._sync_pool
+            if pool is None:
+                pool = ConnectionPool(
                     self.target.conninfo,
                     kwargs={"autocommit": True, "context": ADAPTERS},
-                    # No connection until a sync handler opens a transaction; then at
-                    # most as many as the async pool, each held for one transaction.
+                    configure=read_only_by_default if lent else None,
+                    # No connection until one is asked for; then at most as many as the
+                    # async pool, each held for one call or transaction.
                     min_size=0,
                     max_size=self.max_connections,
                     open=False,
                     timeout=self.timeout,
-                    name=f"tokenline-{self.schema}-sync",
+                    name=f"tokenline-{self.schema}-{'lent-sync' if lent else 'sync'}",
                 )
                 pool.open(wait=False)  # min_size=0: nothing to wait for
-                self._sync_pool = pool
-            return self._sync_pool
+                if lent:
+                    self._lent_sync_pool = pool
+                else:
+                    self._sync_pool = pool
+            return pool
 
     async def _rows(self, query: str, params: dict[str, Any]) -> list[DictRow]:
         if needs_raw(query):
@@ -436,12 +457,26 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
                 # the broken connection when it is returned.
                 name=f"tokenline-{self.schema}",
             )
+            lent: AsyncConnectionPool[AsyncConnection[TupleRow]] = AsyncConnectionPool(
+                self.target.conninfo,
+                kwargs={"autocommit": True, "context": ADAPTERS},
+                configure=read_only_by_default_async,
+                # No connection until an async handler opens a transaction.
+                min_size=0,
+                max_size=self.max_connections,
+                open=False,
+                timeout=self.timeout,
+                name=f"tokenline-{self.schema}-lent",
+            )
             try:
                 await pool.open(wait=True, timeout=self.timeout)
+                await lent.open(wait=False)  # min_size=0: nothing to wait for
             except BaseException:
                 await pool.close()
+                await lent.close()
                 raise
         self._pool = pool
+        self._lent_pool = lent
         self._listener = Listener(self.target.conninfo, self.target.channel, timeout=self.timeout)
 
     async def missing(self) -> str | None:
@@ -479,13 +514,16 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
     async def close(self) -> None:
         """Stop listening and close the pools. Safe to call twice."""
         with self._sync_pool_lock:
-            listener, pool, sync_pool = self._listener, self._pool, self._sync_pool
-            self._listener, self._pool, self._sync_pool = None, None, None
+            listener, pool, lent = self._listener, self._pool, self._lent_pool
+            sync_pools = [p for p in (self._sync_pool, self._lent_sync_pool) if p is not None]
+            self._listener, self._pool, self._lent_pool = None, None, None
+            self._sync_pool = self._lent_sync_pool = None
         if listener is not None:
             await listener.close()
-        if pool is not None:
-            await pool.close()
-        if sync_pool is not None:
+        for async_pool in (pool, lent):
+            if async_pool is not None:
+                await async_pool.close()
+        for sync_pool in sync_pools:
             # Joins the pool's threads: off the event loop. A connection still out (a
             # sync transaction open in another thread) is closed when it comes back.
             await asyncio.to_thread(sync_pool.close)

@@ -1,0 +1,73 @@
+"""Connections lent to ``ctx.transaction()`` blocks: read-only outside tokenline's
+transactions.
+
+A block is handed a real psycopg connection, which goes back to a pool when the block
+ends. A reference the block kept (a cursor, a thread it started, a global) would
+otherwise still write through it afterwards: unfenced, outside the job, after its
+lease may have passed to another worker. So the connections lent to blocks come from
+pools of their own whose sessions run with ``default_transaction_read_only = on``: the
+fenced transaction begins ``READ WRITE`` (psycopg's ``read_only = False``), and any
+statement sent through a kept reference later runs read-only, its writes refused by the
+server (``ReadOnlySqlTransaction``), cursors included. Giving a connection back puts the
+setting back if the block changed it.
+
+Beyond reach, as with any connection the handler opens itself: a kept reference used
+while the same connection is lent to another block joins that block's transaction, and
+one that turns the setting off again by hand writes what it likes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
+
+__all__ = [
+    "READ_ONLY",
+    "read_only_by_default",
+    "read_only_by_default_async",
+    "take_back",
+    "take_back_async",
+]
+
+#: The session setting of a connection at rest in a lent pool.
+READ_ONLY = "SET default_transaction_read_only = on"
+_SETTING = "default_transaction_read_only"
+
+
+def read_only_by_default(conn: psycopg.Connection[Any]) -> None:
+    """The lent sync pool's ``configure``: a new connection starts read-only."""
+    conn.execute(READ_ONLY)
+
+
+async def read_only_by_default_async(conn: AsyncConnection[Any]) -> None:
+    """The lent async pool's ``configure``: a new connection starts read-only."""
+    await conn.execute(READ_ONLY)
+
+
+def _needs_setting(conn: psycopg.Connection[Any] | AsyncConnection[Any]) -> bool:
+    # Servers report the setting since PostgreSQL 14 (no round trip to read it); an
+    # older one reports nothing, and the setting is then put back every time.
+    return conn.info.parameter_status(_SETTING) != "on"
+
+
+def take_back(conn: psycopg.Connection[Any]) -> None:
+    """Put ``conn`` back at rest: no transaction, autocommit, read-only by default."""
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        conn.rollback()
+    conn.autocommit = True
+    conn.read_only = None
+    if _needs_setting(conn):
+        conn.execute(READ_ONLY)
+
+
+async def take_back_async(conn: AsyncConnection[Any]) -> None:
+    """:func:`take_back` for an async connection."""
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        await conn.rollback()
+    await conn.set_autocommit(True)
+    await conn.set_read_only(None)
+    if _needs_setting(conn):
+        await conn.execute(READ_ONLY)
