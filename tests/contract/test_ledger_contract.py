@@ -106,6 +106,70 @@ async def test_concurrent_unique_enqueues_yield_one_job(store_pair: tuple[Any, A
     assert [j.id for j in await a.jobs_list()] == list(ids)
 
 
+#: Batch sizes under and over the size from which PostgreSQL copies a batch in, its
+#: unique keys taken by a statement of their own (COPY_THRESHOLD), which must answer
+#: exactly as the single statement does.
+BATCH_SIZES = [6, 100]
+
+
+@pytest.mark.parametrize("size", BATCH_SIZES)
+async def test_a_unique_batch_keeps_every_rule_of_the_key(
+    store: Any, clock: FakeClock, size: int
+) -> None:
+    """In one batch, small or large: a key held by a stored job gives its id; a key
+    whose hold ended (unique_for passed, or an ACTIVE holder finished) is taken anew;
+    a key repeated in the batch gives the first job's id; a key without unique is no
+    key at all. The answers come in the batch's order, and only new jobs are stored."""
+    (held,) = await store.jobs_enqueue(jobs=[new("held", Unique.ALWAYS)])
+    (timed,) = await store.jobs_enqueue(jobs=[new("timed", Unique.ALWAYS, unique_for=5)])
+    (done,) = await store.jobs_enqueue(jobs=[new("done", Unique.ACTIVE, priority=9)])
+    c = await claim_one(store)
+    assert c.job.id == done
+    await store.job_complete(lease=c.lease)
+    clock.advance(5)
+    batch = [
+        new("held", Unique.ALWAYS),
+        new("timed", Unique.ALWAYS),
+        new("fresh", Unique.ALWAYS),
+        new("done", Unique.ACTIVE),
+        new("fresh", Unique.ACTIVE),
+        new("held"),
+    ]
+    batch += [new(f"pad-{i}", Unique.ALWAYS if i % 2 else None) for i in range(size - 6)]
+    ids = await store.jobs_enqueue(jobs=batch)
+    assert len(ids) == size
+    assert ids[0] == held
+    assert ids[2] == ids[4]
+    new_ids = [ids[1], ids[2], ids[3], ids[5], *ids[6:]]
+    assert len(set(new_ids)) == len(new_ids) == size - 2
+    assert not set(new_ids) & {held, timed, done}
+    assert sorted(new_ids) == new_ids  # in the batch's order
+    stored = {j.id for j in await store.jobs_list(limit=1000)}
+    assert stored == {held, timed, done, *new_ids}
+    # Each key taken in the batch is held by its new job from now on.
+    again = [new(k, Unique.ALWAYS) for k in ("timed", "fresh", "done")]
+    assert await store.jobs_enqueue(jobs=again) == [ids[1], ids[2], ids[3]]
+    if size > 7:
+        assert await store.jobs_enqueue(jobs=[new("pad-1", Unique.ALWAYS)]) == [ids[7]]
+
+
+async def test_large_unique_batches_naming_the_same_keys_at_once_make_one_job_each(
+    store_pair: tuple[Any, Any],
+) -> None:
+    """Two large batches over two connections, the same keys in opposite orders: both
+    complete (no deadlock between their key locks), every key makes one job, and both
+    batches answer the same id for it."""
+    a, b = store_pair
+    keys = [f"order:{i}" for i in range(1000)]
+    first, second = await asyncio.gather(
+        a.jobs_enqueue(jobs=[new(k, Unique.ALWAYS) for k in keys]),
+        b.jobs_enqueue(jobs=[new(k, Unique.ALWAYS) for k in reversed(keys)]),
+    )
+    assert first == list(reversed(second))
+    assert len(set(first)) == len(keys)
+    assert sorted(j.id for j in await a.jobs_list(limit=2000)) == sorted(first)
+
+
 # -- effects ----------------------------------------------------------------------------
 @pytest.mark.ledger
 async def test_effect_runs_once_and_a_repeat_returns_the_stored_result(store: Any) -> None:

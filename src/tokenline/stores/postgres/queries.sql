@@ -77,20 +77,7 @@ keys AS (
     FROM input AS i, drawn AS d, clock AS c
     WHERE i.uniq IS NOT NULL
     ORDER BY i.idempotency_key, i.ord
-    ON CONFLICT (key) DO UPDATE
-    SET job_id = CASE WHEN {schema}.unique_key_released(
-                          k.held_until, k.while_active, k.job_id, excluded.created_at)
-                      THEN excluded.job_id ELSE k.job_id END,
-        held_until = CASE WHEN {schema}.unique_key_released(
-                              k.held_until, k.while_active, k.job_id, excluded.created_at)
-                          THEN excluded.held_until ELSE k.held_until END,
-        while_active = CASE WHEN {schema}.unique_key_released(
-                                k.held_until, k.while_active, k.job_id, excluded.created_at)
-                            THEN excluded.while_active ELSE k.while_active END,
-        created_at = CASE WHEN {schema}.unique_key_released(
-                              k.held_until, k.while_active, k.job_id, excluded.created_at)
-                          THEN excluded.created_at ELSE k.created_at END
-    RETURNING k.key, k.job_id
+    {unique_key_take}
 ),
 inserted AS (
     INSERT INTO {schema}.jobs (id, queue, task, args, idempotency_key, priority, run_at,
@@ -142,7 +129,7 @@ SELECT id, CASE WHEN state = 'queued' THEN pg_notify(%(channel)s, queue) END
 FROM inserted;
 
 -- name: enqueue_ids
--- A large batch without unique keys is copied in (enqueue_copy): its ids are drawn first,
+-- A large batch is copied in (enqueue_copy): its ids are drawn first,
 -- one per job, with the store's now for its run_at and state.
 SELECT ARRAY(SELECT nextval({job_ids}) FROM generate_series(1, %(n)s)) AS ids,
        {schema}.now_epoch(%(now)s) AS now;
@@ -152,6 +139,38 @@ COPY {schema}.jobs (id, queue, task, args, idempotency_key, priority, run_at,
                     max_attempts, state, created_at, updated_at, timeout,
                     max_lease_expiries)
 FROM STDIN;
+
+-- name: unique_key_take
+-- Not a statement: the end of the INSERT into unique_keys of enqueue and enqueue_keys,
+-- put in place of {unique_key_take} when the queries are loaded.
+ON CONFLICT (key) DO UPDATE
+SET job_id = CASE WHEN {schema}.unique_key_released(
+                      k.held_until, k.while_active, k.job_id, excluded.created_at)
+                  THEN excluded.job_id ELSE k.job_id END,
+    held_until = CASE WHEN {schema}.unique_key_released(
+                          k.held_until, k.while_active, k.job_id, excluded.created_at)
+                      THEN excluded.held_until ELSE k.held_until END,
+    while_active = CASE WHEN {schema}.unique_key_released(
+                            k.held_until, k.while_active, k.job_id, excluded.created_at)
+                        THEN excluded.while_active ELSE k.while_active END,
+    created_at = CASE WHEN {schema}.unique_key_released(
+                          k.held_until, k.while_active, k.job_id, excluded.created_at)
+                      THEN excluded.created_at ELSE k.created_at END
+RETURNING k.key, k.job_id
+
+-- name: enqueue_keys
+-- The unique keys of a batch copied in (enqueue_copy), before its rows: each key taken,
+-- under the rules of enqueue's keys, for the first job of the batch that names it (the
+-- caller sends each key once, with that job). Answers each key's holder: only the jobs
+-- holding their key are then copied in. Keys are taken in enqueue's order (by key), so
+-- that two batches naming the same keys never wait for each other in a cycle.
+INSERT INTO {schema}.unique_keys AS k (key, job_id, held_until, while_active, created_at)
+SELECT i.key, i.job_id, %(now)s::double precision + i.unique_for, i.uniq = 'active',
+       %(now)s::double precision
+FROM unnest(%(key)s::text[], %(job_id)s::bigint[], %(uniq)s::text[],
+            %(unique_for)s::double precision[]) AS i (key, job_id, uniq, unique_for)
+ORDER BY i.key
+{unique_key_take};
 
 -- name: enqueue_notify
 -- NOTIFY is transactional: listeners hear of the jobs only once they are committed.

@@ -103,15 +103,24 @@ __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
 log = logging.getLogger("tokenline.store.postgres")
 
-#: Batches of at least this many jobs without unique keys are copied in.
+#: Batches of at least this many jobs are copied in (their unique keys taken first).
 COPY_THRESHOLD = 64
 
 T = TypeVar("T")
 
-_Q = {
-    **load_queries(__name__.rpartition(".")[0]),
-    **load_queries(__name__.rpartition(".")[0], "ledger.sql"),
-}
+
+def _with_fragments(queries: dict[str, str]) -> dict[str, str]:
+    """``queries`` with the shared end of the unique-key insert put in its place."""
+    take = queries.pop("unique_key_take")
+    return {name: text.replace("{unique_key_take}", take) for name, text in queries.items()}
+
+
+_Q = _with_fragments(
+    {
+        **load_queries(__name__.rpartition(".")[0]),
+        **load_queries(__name__.rpartition(".")[0], "ledger.sql"),
+    }
+)
 
 
 def fuse_finish_claim(finish: str, claim: str) -> str:
@@ -531,9 +540,9 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
     # -- broker ---------------------------------------------------------------------------
     @staticmethod
     def _copies(jobs: Sequence[NewJob]) -> bool:
-        """Whether ``jobs`` go in by COPY: a large batch without unique keys (a key
-        needs the statement's ON CONFLICT on the key table)."""
-        return len(jobs) >= COPY_THRESHOLD and all(j.unique is None for j in jobs)
+        """Whether ``jobs`` go in by COPY: a large batch (its unique keys are taken by a
+        statement of their own first, see :meth:`_enqueue_copy_steps`)."""
+        return len(jobs) >= COPY_THRESHOLD
 
     def _enqueue_statement(self, jobs: Sequence[NewJob]) -> tuple[str, dict[str, Any]]:
         """The enqueue statement for ``jobs`` and its parameters: a lone job without a
@@ -575,20 +584,27 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         }
 
     def _enqueue_copy_steps(self, jobs: Sequence[NewJob]) -> Steps[list[int]]:
-        """A large batch without unique keys, in one transaction: ids drawn, rows
-        copied in (far cheaper per row than a statement's arrays), one NOTIFY per
-        queue with a job ready now."""
+        """A large batch, in one transaction: ids drawn, unique keys taken, rows copied
+        in (far cheaper per row than a statement's arrays), one NOTIFY per queue with a
+        job ready now. A unique job whose key another job holds (an earlier one of the
+        batch, or one already stored) is not copied: its id is the holder's, as with
+        the ``enqueue`` statement."""
         yield Begin()
         try:
             drawn = yield from fetch_one(
                 self._q("enqueue_ids"), {"n": len(jobs), "now": self._now()}
             )
             assert drawn is not None  # one row, always
-            ids = sorted(drawn[0])
+            own = sorted(drawn[0])
             now = float(drawn[1])
+            ids = own
+            if any(j.unique is not None for j in jobs):
+                ids = yield from self._take_keys(jobs, own, now)
             rows = []
             ready: set[str] = set()
-            for jid, j in zip(ids, jobs, strict=True):
+            for jid, mine, j in zip(ids, own, jobs, strict=True):
+                if jid != mine:
+                    continue  # its key's holder is another job: that job is the answer
                 run_at = j.run_at if j.run_at is not None else now + (j.delay or 0.0)
                 state = "scheduled" if run_at > now else "queued"
                 if state == "queued":
@@ -608,6 +624,27 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
             raise
         yield End()
         return ids
+
+    def _take_keys(self, jobs: Sequence[NewJob], own: list[int], now: float) -> Steps[list[int]]:
+        """Take the unique keys of ``jobs`` (whose drawn ids are ``own``) in the
+        transaction that copies them in; each job's id: its own, or its key's holder's
+        (an earlier job of the batch with the same key, or one already stored)."""
+        first: dict[str, tuple[NewJob, int]] = {}
+        for j, jid in zip(jobs, own, strict=True):
+            if j.unique is not None and j.idempotency_key is not None:
+                first.setdefault(j.idempotency_key, (j, jid))
+        params = {
+            "key": BinaryArray(list(first)),
+            "job_id": BinaryArray([jid for _, jid in first.values()]),
+            "uniq": BinaryArray([j.unique.value for j, _ in first.values() if j.unique]),
+            "unique_for": BinaryArray([j.unique_for for j, _ in first.values()]),
+            "now": now,
+        }
+        holders: dict[str, int] = dict((yield from fetch_all(self._q("enqueue_keys"), params)))
+        return [
+            holders[j.idempotency_key] if j.unique is not None and j.idempotency_key else jid
+            for j, jid in zip(jobs, own, strict=True)
+        ]
 
     async def jobs_enqueue(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[int]:
         """Insert all jobs with one statement and return their ids, in order.
