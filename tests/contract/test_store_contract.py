@@ -50,6 +50,23 @@ async def test_enqueue_many_is_all_or_nothing_and_empty_is_noop(store: Any) -> N
     assert await store.jobs_list() == []
 
 
+@pytest.mark.parametrize("size", [2, 100])
+async def test_whole_and_fractional_seconds_mix_in_one_batch(store: Any, size: int) -> None:
+    """Seconds given as ``int`` beside ``float`` in one batch (a task's ``timeout=30``
+    beside another's 0.5, a retry delay of 5 beside 0.5): the batch goes in, and so do
+    finishes batched the same way. PostgreSQL's binary arrays refused such a batch
+    whole, a worker's batch of finishes with it."""
+    jobs = [new(timeout=30 if i % 2 else 0.5, delay=0 if i % 2 else 0.0) for i in range(size)]
+    ids = await store.jobs_enqueue(jobs=jobs)
+    assert [(await store.job_get(job_id=i)).timeout for i in ids[:2]] == [0.5, 30.0]
+    a, b = await store.jobs_claim(owner="w1", queues=Q, limit=2, ttl=10)
+    finishes = [
+        Finish(a.lease, Outcome.RETRY, 0.5, "x", "transient"),
+        Finish(b.lease, Outcome.RETRY, 5, "y", "transient"),
+    ]
+    assert await store.jobs_finish(finishes=finishes) == [True, True]
+
+
 async def test_opening_an_open_store_again_keeps_it_and_leaks_nothing(store: Any) -> None:
     """A worker handed an open store opens it again: the store keeps its data and its
     connections, and one close releases them all (a second client, opened over the

@@ -18,13 +18,14 @@ there.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import psycopg
 from psycopg.adapt import AdaptersMap
 from psycopg.types.array import ListBinaryDumper
 
-__all__ = ["ADAPTERS", "BinaryArray"]
+__all__ = ["ADAPTERS", "BinaryArray", "float_array"]
 
 
 class BinaryArray(list[Any]):
@@ -32,6 +33,13 @@ class BinaryArray(list[Any]):
     binary form."""
 
     __slots__ = ()
+
+
+def float_array(values: Iterable[float | None]) -> BinaryArray:
+    """A :class:`BinaryArray` of seconds or times, each a float: psycopg refuses to dump
+    a list that mixes ``int`` and ``float`` (a job's ``timeout=30`` beside another's
+    ``0.5``, a retry delay of ``5`` beside ``0.0``), which failed the whole batch."""
+    return BinaryArray([None if v is None else float(v) for v in values])
 
 
 #: psycopg's adapters with :class:`BinaryArray` dumped in binary: the context of the

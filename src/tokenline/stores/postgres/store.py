@@ -68,7 +68,7 @@ from ..base import (
     possible_job_id,
     possible_job_ids,
 )
-from ._arrays import ADAPTERS, BinaryArray
+from ._arrays import ADAPTERS, BinaryArray, float_array
 from ._deadline import run_bounded
 from ._errors import map_postgres_errors
 from ._lent import read_only_by_default, read_only_by_default_async
@@ -572,13 +572,13 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
             "args": BinaryArray([j.args for j in jobs]),
             "idempotency_key": BinaryArray([j.idempotency_key for j in jobs]),
             "priority": BinaryArray([j.priority for j in jobs]),
-            "run_at": BinaryArray([j.run_at for j in jobs]),
-            "delay": BinaryArray([j.delay for j in jobs]),
+            "run_at": float_array([j.run_at for j in jobs]),
+            "delay": float_array([j.delay for j in jobs]),
             "max_attempts": BinaryArray([j.max_attempts for j in jobs]),
             "max_lease_expiries": BinaryArray([j.max_lease_expiries for j in jobs]),
-            "timeout": BinaryArray([j.timeout for j in jobs]),
+            "timeout": float_array([j.timeout for j in jobs]),
             "unique": BinaryArray([None if j.unique is None else j.unique.value for j in jobs]),
-            "unique_for": BinaryArray([j.unique_for for j in jobs]),
+            "unique_for": float_array([j.unique_for for j in jobs]),
             "now": self._now(),
             "channel": self.target.channel,
         }
@@ -637,7 +637,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
             "key": BinaryArray(list(first)),
             "job_id": BinaryArray([jid for _, jid in first.values()]),
             "uniq": BinaryArray([j.unique.value for j, _ in first.values() if j.unique]),
-            "unique_for": BinaryArray([j.unique_for for j, _ in first.values()]),
+            "unique_for": float_array([j.unique_for for j, _ in first.values()]),
             "now": now,
         }
         holders: dict[str, int] = dict((yield from fetch_all(self._q("enqueue_keys"), params)))
@@ -854,7 +854,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
             "lease_owner": BinaryArray([f.lease.owner for f in finishes]),
             "outcome": BinaryArray([f.outcome.value for f in finishes]),
             "state": BinaryArray([m.state.value for m in moves]),
-            "delay": BinaryArray([m.delay for m in moves]),
+            "delay": float_array([m.delay for m in moves]),
             "refund": BinaryArray([m.refund for m in moves]),
             "final": BinaryArray([m.finished for m in moves]),
             "error": BinaryArray([f.error for f in finishes]),
@@ -975,7 +975,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
                     "state": BinaryArray([m.state.value for m in moves]),
                     "refund": BinaryArray([m.refund for m in moves]),
                     "final": BinaryArray([m.finished for m in moves]),
-                    "delay": BinaryArray([m.delay for m in moves]),
+                    "delay": float_array([m.delay for m in moves]),
                     "error": BinaryArray([r.reason for r in rescues]),
                     "now": self._now(),
                     "channel": self.target.channel,
