@@ -55,10 +55,13 @@ class Query:
 
 @dataclass(frozen=True, slots=True)
 class Copy:
-    """``COPY … FROM STDIN`` with ``rows`` (tuples in the statement's column order)."""
+    """``COPY … FROM STDIN`` with ``rows`` (tuples in the statement's column order);
+    with ``types`` (the columns' type names), in binary form: the statement must say
+    ``(FORMAT BINARY)``."""
 
     sql: str
     rows: Sequence[tuple[Any, ...]]
+    types: Sequence[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +169,8 @@ class SyncDriver:
             return cur.fetchall() if step.fetch == "all" else None
         if isinstance(step, Copy):
             with self.conn.cursor().copy(step.sql) as copy:
+                if step.types is not None:
+                    copy.set_types(step.types)
                 for row in step.rows:
                     copy.write_row(row)
             return None
@@ -216,6 +221,8 @@ class AsyncDriver:
             return await cur.fetchall() if step.fetch == "all" else None
         if isinstance(step, Copy):
             async with self.conn.cursor().copy(step.sql) as copy:
+                if step.types is not None:
+                    copy.set_types(step.types)
                 for row in step.rows:
                     await copy.write_row(row)
             return None

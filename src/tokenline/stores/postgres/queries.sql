@@ -135,10 +135,12 @@ SELECT ARRAY(SELECT nextval({job_ids}) FROM generate_series(1, %(n)s)) AS ids,
        {schema}.now_epoch(%(now)s) AS now;
 
 -- name: enqueue_copy
+-- In binary form: no float or integer is printed and parsed again (the column types
+-- are ENQUEUE_COPY_TYPES in store.py, in this order).
 COPY {schema}.jobs (id, queue, task, args, idempotency_key, priority, run_at,
                     max_attempts, state, created_at, updated_at, timeout,
                     max_lease_expiries)
-FROM STDIN;
+FROM STDIN (FORMAT BINARY);
 
 -- name: unique_key_take
 -- Not a statement: the end of the INSERT into unique_keys of enqueue and enqueue_keys,

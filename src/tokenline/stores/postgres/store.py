@@ -106,6 +106,12 @@ log = logging.getLogger("tokenline.store.postgres")
 #: Batches of at least this many jobs are copied in (their unique keys taken first).
 COPY_THRESHOLD = 64
 
+#: The types of enqueue_copy's columns, in its order (queries.sql).
+ENQUEUE_COPY_TYPES = (
+    *("bigint", "text", "text", "text", "text", "integer", "double precision", "integer"),
+    *("text", "double precision", "double precision", "double precision", "integer"),
+)
+
 T = TypeVar("T")
 
 
@@ -615,7 +621,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
                         j.max_attempts, state, now, now, j.timeout, j.max_lease_expiries,
                     )
                 )  # fmt: skip
-            yield Copy(self._q("enqueue_copy"), rows)
+            yield Copy(self._q("enqueue_copy"), rows, ENQUEUE_COPY_TYPES)
             if ready:
                 params = {"channel": self.target.channel, "queues": sorted(ready)}
                 yield from execute(self._q("enqueue_notify"), params)
