@@ -34,10 +34,10 @@ from tokenline._errors import (
 from tokenline._jobs import ALLOWED_TRANSITIONS, Finish, JobState, Lease, NewJob, Outcome
 from tokenline.stores import store_from_url
 from tokenline.stores.postgres import SCHEMA_VERSION, PostgresStore
-from tokenline.stores.postgres.store import COPY_THRESHOLD
 from tokenline.stores.postgres._arrays import BinaryArray
 from tokenline.stores.postgres._deadline import CANCEL_GRACE, run_bounded
 from tokenline.stores.postgres.store import (
+    COPY_THRESHOLD,
     LITERAL_CLAIM_LIMIT,
     for_one_row,
     with_claim_limit,
