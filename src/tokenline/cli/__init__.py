@@ -378,7 +378,7 @@ def pause(app_spec: str | None, url: str | None, queue: str) -> None:
     with reporting_errors():
         app = resolve_app(app_spec, url)
         refuse_memory_store(app, "pause")
-        known = with_store(app, run)
+        known = with_store(app, run, ledger=False)
     if queue not in known:
         _warn(
             f"no job or worker uses queue {queue!r} (queues: {_listed(known)}); paused all the same"
@@ -402,7 +402,7 @@ def resume(app_spec: str | None, url: str | None, queue: str) -> None:
     with reporting_errors():
         app = resolve_app(app_spec, url)
         refuse_memory_store(app, "resume")
-        paused = with_store(app, run)
+        paused = with_store(app, run, ledger=False)
     if queue not in paused:
         _warn(f"queue {queue!r} was not paused (paused queues: {_listed(paused)}); nothing changed")
     console.print(f"resumed {queue}", highlight=False, markup=False)

@@ -224,14 +224,25 @@ def refuse_memory_store(app: App, command: str) -> None:
         )
 
 
-def with_store(app: App, fn: Callable[[Store], Coroutine[Any, Any, T]]) -> T:
+def with_store(
+    app: App, fn: Callable[[Store], Coroutine[Any, Any, T]], *, ledger: bool = True
+) -> T:
     """Open a store for ``app``, run ``fn`` on it and close it; closed also when opening
-    it failed part way (a pool opened before the failure is not left to the loop's end)."""
+    it failed part way (a pool opened before the failure is not left to the loop's end).
+
+    ``ledger=False``: ``fn`` uses only the broker and lease roles (queues, jobs,
+    workers, leases), so on the split topology only Redis is opened, and the command
+    works while the ledger's PostgreSQL is down."""
 
     async def run() -> T:
         store = app.open_store()
         try:
-            await store.open()
+            # Only the split topology has a ledger apart (SplitStore.open_broker).
+            open_broker = None if ledger else getattr(store, "open_broker", None)
+            if open_broker is not None:
+                await open_broker()
+            else:
+                await store.open()
             return await fn(store)
         finally:
             with contextlib.suppress(TokenlineError):

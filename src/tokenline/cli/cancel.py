@@ -73,7 +73,9 @@ def cancel(app_spec: str | None, url: str | None, job_ids: tuple[int, ...], reas
     reason = error_text(reason)  # NULs and lone surrogates escaped, as the store keeps them
     with reporting_errors():
         done, refused = with_store(
-            resolve_app(app_spec, url, existing=True), lambda s: _cancel(s, job_ids, reason)
+            resolve_app(app_spec, url, existing=True),
+            lambda s: _cancel(s, job_ids, reason),
+            ledger=False,
         )
     ids = f": {', '.join(map(str, done))}" if done else ""
     console.print(f"cancelled {plural(len(done), 'job')}{ids}", highlight=False)

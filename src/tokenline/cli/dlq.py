@@ -57,6 +57,7 @@ def dlq_list(
         items = with_store(
             resolve_app(app_spec, url, existing=True),
             lambda s: s.jobs_list(state=JobState.DEAD, queue=queue, limit=limit),
+            ledger=False,
         )
     if as_json:
         print_json([job_json(j) for j in items])
@@ -109,7 +110,7 @@ def _act_on_dead(
         return done, dead, refused
 
     with reporting_errors():
-        return with_store(resolve_app(app_spec, url, existing=True), run)
+        return with_store(resolve_app(app_spec, url, existing=True), run, ledger=False)
 
 
 def _report_dead(verb: str, done: int, dead: list[int], refused: list[tuple[int, str]]) -> None:

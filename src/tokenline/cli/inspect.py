@@ -280,7 +280,9 @@ def queues(app_spec: str | None, url: str | None, as_json: bool) -> None:
     (seconds, or null), paused}.
     """
     with reporting_errors():
-        stats = with_store(resolve_app(app_spec, url, existing=True), lambda s: s.queues_stats())
+        stats = with_store(
+            resolve_app(app_spec, url, existing=True), lambda s: s.queues_stats(), ledger=False
+        )
     if as_json:
         print_json([queue_json(s) for s in stats])
     else:
@@ -316,7 +318,9 @@ def workers(app_spec: str | None, url: str | None, show_all: bool, as_json: bool
         return await store.workers_list(), leader, now
 
     with reporting_errors():
-        records, leader, now = with_store(resolve_app(app_spec, url, existing=True), gather)
+        records, leader, now = with_store(
+            resolve_app(app_spec, url, existing=True), gather, ledger=False
+        )
     shown = records if show_all else live(records, now)
     if as_json:
         print_json([_with_term(worker_json(w, now), w, leader) for w in shown])
@@ -377,6 +381,7 @@ def jobs(
             lambda s: s.jobs_list(
                 state=JobState(state) if state else None, queue=queue, limit=limit
             ),
+            ledger=False,
         )
     if as_json:
         print_json([job_json(j) for j in items])

@@ -174,7 +174,9 @@ def leases(
         return now, await _job_leases(store, limit), await store.resource_leases_list()
 
     with reporting_errors():
-        now, jobs, named = with_store(resolve_app(app_spec, url, existing=True), gather)
+        now, jobs, named = with_store(
+            resolve_app(app_spec, url, existing=True), gather, ledger=False
+        )
     if not show_all:
         named = [r for r in named if r.expires_at > now]
     if as_json:
@@ -240,7 +242,9 @@ def lease_release(app_spec: str | None, url: str | None, key: str, owner: str, t
     """
     with reporting_errors():
         released, expired_for = with_store(
-            resolve_app(app_spec, url, existing=True), lambda s: _release(s, key, owner, token)
+            resolve_app(app_spec, url, existing=True),
+            lambda s: _release(s, key, owner, token),
+            ledger=False,
         )
     if released:
         text = f"released lease {key!r} (owner {owner!r}, token {token})"
@@ -284,7 +288,9 @@ def drain(app_spec: str | None, url: str | None, worker_id: str) -> None:
     Exit status 1, with nothing changed, for an unknown worker or one no longer live.
     """
     with reporting_errors():
-        with_store(resolve_app(app_spec, url, existing=True), lambda s: _drain(s, worker_id))
+        with_store(
+            resolve_app(app_spec, url, existing=True), lambda s: _drain(s, worker_id), ledger=False
+        )
     console.print(
         f"asked worker {worker_id!r} to drain: it stops claiming at its next heartbeat, "
         "finishes its jobs within its drain timeout, then stops",

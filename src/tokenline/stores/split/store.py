@@ -130,6 +130,20 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
                 await self.close()
             raise RolesUnavailableError(failed)
 
+    async def open_broker(self) -> None:
+        """Open Redis alone, for an operator's command that reads or changes only what
+        Redis keeps (queues and their pauses, jobs, workers, leases): it works while the
+        ledger is down, which is when an operator most needs to pause a queue or drain
+        a worker. No epoch is taken, so no token can be issued: a store opened this way
+        cannot be used for work. :class:`RolesUnavailableError` if Redis cannot be
+        reached."""
+        try:
+            await self.redis.connect()
+        except StoreError as exc:
+            self.roles_down = {"broker": exc, "leases": exc}
+            raise RolesUnavailableError({"broker": exc, "leases": exc}) from exc
+        self.roles_down = {}
+
     async def open_within(self, timeout: float, *, ledger: bool = True) -> None:  # noqa: ASYNC109
         """Open each side within ``timeout`` seconds, on its own, for ``tokenline
         status``: what failed is kept in :attr:`roles_down`, nothing is raised, and no

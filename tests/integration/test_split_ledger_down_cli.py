@@ -1,0 +1,100 @@
+"""Operator commands on the split topology while the ledger's PostgreSQL is down.
+
+The broker (Redis) keeps queues, jobs, workers and leases: pausing a queue, draining a
+worker, cancelling a job or listing jobs needs nothing of the ledger. They used to open
+the whole store and fail with the ledger, which is when an operator needs them most.
+A command that reads the ledger (``job``, with its effects) still says that it is down.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+
+from tokenline import App
+from tokenline.cli import main
+from tokenline.stores import split_url
+
+#: A PostgreSQL address nothing listens on: the ledger is down.
+LEDGER_DOWN = "postgresql://postgres@127.0.0.1:1/test"
+
+
+@pytest.fixture
+def urls(postgres_server: str, redis_url: str) -> Iterator[tuple[str, str]]:
+    """The split topology with its ledger up, and the same broker with the ledger down."""
+    schema = f"tl_split_down_{secrets.token_hex(4)}"
+    up = split_url(broker=redis_url, ledger=f"{postgres_server}?schema={schema}")
+    yield up, split_url(broker=redis_url, ledger=LEDGER_DOWN)
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+def test_broker_commands_work_while_the_ledger_is_down(urls: tuple[str, str]) -> None:
+    up, down = urls
+    app = App(up)
+
+    @app.task(name="t")
+    def t(ctx: Any) -> None:
+        """Never runs here."""
+
+    ids = [app.enqueue("t") for _ in range(3)]
+    app.close()
+
+    code, out = run("pause", "--url", down, "default")
+    assert (code, out.strip()) == (0, "paused default"), out
+    code, out = run("queues", "--url", down, "--json")
+    assert code == 0, out
+    (row,) = [q for q in json.loads(out) if q["queue"] == "default"]
+    assert row["paused"] is True
+    code, out = run("jobs", "--url", down, "--json")
+    assert code == 0, out
+    assert sorted(j["id"] for j in json.loads(out)) == sorted(ids)
+    code, out = run("cancel", "--url", down, str(ids[0]))
+    assert code == 0, out
+    assert f"cancelled 1 job: {ids[0]}" in out
+    for command in (["workers"], ["leases"], ["dlq", "list"], ["dlq", "retry", "--all"]):
+        code, out = run(*command, "--url", down)
+        assert code == 0, (command, out)
+    # Redis answers for these two: a worker it does not know, a lease nobody holds.
+    code, out = run("drain", "--url", down, "no-such-worker")
+    assert "no worker with id 'no-such-worker'" in out, out
+    code, out = run("lease", "release", "--url", down, "k", "--owner", "o", "--token", "1")
+    assert code == 1, out
+    assert "PostgreSQL" not in out
+    code, out = run("resume", "--url", down, "default")
+    assert (code, out.strip()) == (0, "resumed default"), out
+
+    # What the broker holds changed, as it would have with the ledger up.
+    app = App(up)
+    states = {j.id: j.state.value for j in app.run(lambda s: s.jobs_list())}
+    paused = [q.paused for q in app.run(lambda s: s.queues_stats()) if q.queue == "default"]
+    app.close()
+    assert states == {ids[0]: "cancelled", ids[1]: "queued", ids[2]: "queued"}
+    assert paused == [False]
+
+
+def test_a_command_that_reads_the_ledger_says_it_is_down(urls: tuple[str, str]) -> None:
+    up, down = urls
+    app = App(up)
+
+    @app.task(name="t")
+    def t(ctx: Any) -> None:
+        """Never runs here."""
+
+    job_id = app.enqueue("t")
+    app.close()
+    code, out = run("job", "--url", down, str(job_id))
+    assert code == 1
+    assert "cannot reach PostgreSQL at 127.0.0.1:1" in out, out
+    assert "Traceback" not in out
