@@ -389,3 +389,101 @@ async def test_the_split_completion_sabotage_reaches_both_forms(
     assert [(t.wrote, t.committed) for t in (sync_tx, async_tx)] == [(True, False)] * 2
     assert await marks() == [1, 2]
     assert [await state_of(pg, j.job.id) for j in (sync_job, async_job)] == [JobState.RUNNING] * 2
+
+
+_SESSION_QUERIES = (
+    "SELECT current_setting('search_path')",
+    "SELECT current_user",
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+    "SELECT count(*) FROM pg_class WHERE relname = 'left_behind' AND relpersistence = 't'",
+    "SELECT count(*) FROM pg_listening_channels()",
+    "SELECT current_setting('statement_timeout')",
+    "SELECT pg_backend_pid()",
+)
+
+#: What a block may leave on its connection's session (each undone when it is given
+#: back), and how the next block on that connection sees it.
+LEFT_BEHIND = [
+    "SET search_path TO pg_catalog",
+    "SET ROLE tl_block_role",
+    "SELECT pg_advisory_lock(424242)",
+    "CREATE TEMP TABLE left_behind (n integer)",
+    "LISTEN left_behind",
+    "SET statement_timeout = '123s'",
+]
+
+
+def _session(conn: Any) -> tuple[Any, ...]:
+    """What the next block sees of the session (sync form)."""
+    return tuple(conn.execute(q).fetchone()[0] for q in _SESSION_QUERIES)
+
+
+@pytest.fixture
+async def block_role(
+    admin: psycopg.AsyncConnection[Any], postgres_server: str
+) -> AsyncIterator[str]:
+    """A role the test's user may SET ROLE to, one the store's statements work under."""
+    await admin.execute("DROP ROLE IF EXISTS tl_block_role")
+    await admin.execute("CREATE ROLE tl_block_role SUPERUSER")  # may finish the job too
+    user = psycopg.conninfo.conninfo_to_dict(postgres_server).get("user", "postgres")
+    await admin.execute(sql.SQL("GRANT tl_block_role TO {}").format(sql.Identifier(str(user))))
+    try:
+        yield "tl_block_role"
+    finally:
+        await admin.execute("DROP ROLE IF EXISTS tl_block_role")
+
+
+@pytest.mark.parametrize("form", ["sync", "async"])
+async def test_a_block_leaves_nothing_on_its_session_for_the_next_job(
+    postgres_url: str, marks: Any, block_role: str, form: str
+) -> None:
+    """One job's block changes its session (search path, role, an advisory lock, a temp
+    table, LISTEN, a timeout) and commits; the next job's block, on the same pooled
+    connection, finds the session as a fresh one: a tenant's search path or a role
+    leaking into it would have its writes land elsewhere, and a session advisory lock
+    would stay held by an idle pooled connection for ever."""
+    store = PostgresStore(postgres_url, timeout=5, max_connections=1)
+    await store.open()
+    try:
+        first, second, third = await claim(store), await claim(store), await claim(store)
+
+        def fresh_sync(lease: Lease) -> tuple[Any, ...]:
+            with store.fenced_transaction(lease=lease) as conn:
+                return _session(conn)
+
+        async def fresh(lease: Lease) -> tuple[Any, ...]:
+            if form == "sync":
+                return await asyncio.to_thread(fresh_sync, lease)
+            async with store.fenced_transaction(lease=lease) as conn:
+                seen = []
+                for q in _SESSION_QUERIES:
+                    cur = await conn.execute(q)
+                    row = await cur.fetchone()
+                    assert row is not None
+                    seen.append(row[0])
+                return tuple(seen)
+
+        def meddle_sync(lease: Lease) -> None:
+            with store.fenced_transaction(lease=lease) as conn:
+                conn.execute(INSERT, (1,))
+                for statement in LEFT_BEHIND:
+                    conn.execute(statement)
+
+        async def meddle(lease: Lease) -> None:
+            if form == "sync":
+                await asyncio.to_thread(meddle_sync, lease)
+                return
+            async with store.fenced_transaction(lease=lease) as conn:
+                await conn.execute(INSERT, (1,))
+                for statement in LEFT_BEHIND:
+                    await conn.execute(statement)
+
+        before = await fresh(first.lease)
+        await meddle(second.lease)
+        after = await fresh(third.lease)
+        assert after[-1] == before[-1]  # the same pooled connection
+        assert after == before
+        assert before[1:5] == (before[1], 0, 0, 0)
+        assert await marks() == [1]
+    finally:
+        await store.close()

@@ -8,8 +8,15 @@ lease may have passed to another worker. So the connections lent to blocks come 
 pools of their own whose sessions run with ``default_transaction_read_only = on``: the
 fenced transaction begins ``READ WRITE`` (psycopg's ``read_only = False``), and any
 statement sent through a kept reference later runs read-only, its writes refused by the
-server (``ReadOnlySqlTransaction``), cursors included. Giving a connection back puts the
-setting back if the block changed it.
+server (``ReadOnlySqlTransaction``), cursors included.
+
+Giving a connection back also undoes what a block may have left on its session for the
+next job's block to inherit (:data:`RESET`): a ``SET ROLE`` or ``SET search_path``
+(the next job would write as another role, or into another tenant's schema), a session
+advisory lock (held by an idle pooled connection for ever: ownership that never
+expires), temporary tables, held cursors and ``LISTEN``; then the read-only default is
+set again. One round trip per block. Statements the block prepares itself are
+left: deallocating everything would drop the store's own prepared statements too.
 
 Beyond reach, as with any connection the handler opens itself: a kept reference used
 while the same connection is lent to another block joins that block's transaction, and
@@ -26,6 +33,7 @@ from psycopg.pq import TransactionStatus
 
 __all__ = [
     "READ_ONLY",
+    "RESET",
     "read_only_by_default",
     "read_only_by_default_async",
     "take_back",
@@ -34,7 +42,14 @@ __all__ = [
 
 #: The session setting of a connection at rest in a lent pool.
 READ_ONLY = "SET default_transaction_read_only = on"
-_SETTING = "default_transaction_read_only"
+
+#: What giving a connection back runs (one round trip, in the simple protocol): every
+#: session setting back to the connection's own (its URL's ``options`` included), the
+#: read-only default on again.
+RESET = (
+    "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; "
+    "SELECT pg_advisory_unlock_all(); DISCARD TEMP; " + READ_ONLY
+)
 
 
 def read_only_by_default(conn: psycopg.Connection[Any]) -> None:
@@ -47,20 +62,14 @@ async def read_only_by_default_async(conn: AsyncConnection[Any]) -> None:
     await conn.execute(READ_ONLY)
 
 
-def _needs_setting(conn: psycopg.Connection[Any] | AsyncConnection[Any]) -> bool:
-    # Servers report the setting since PostgreSQL 14 (no round trip to read it); an
-    # older one reports nothing, and the setting is then put back every time.
-    return conn.info.parameter_status(_SETTING) != "on"
-
-
 def take_back(conn: psycopg.Connection[Any]) -> None:
-    """Put ``conn`` back at rest: no transaction, autocommit, read-only by default."""
+    """Put ``conn`` back at rest: no transaction, autocommit, its session reset and
+    read-only by default."""
     if conn.info.transaction_status != TransactionStatus.IDLE:
         conn.rollback()
     conn.autocommit = True
     conn.read_only = None
-    if _needs_setting(conn):
-        conn.execute(READ_ONLY)
+    conn.execute(RESET)
 
 
 async def take_back_async(conn: AsyncConnection[Any]) -> None:
@@ -69,5 +78,4 @@ async def take_back_async(conn: AsyncConnection[Any]) -> None:
         await conn.rollback()
     await conn.set_autocommit(True)
     await conn.set_read_only(None)
-    if _needs_setting(conn):
-        await conn.execute(READ_ONLY)
+    await conn.execute(RESET)
