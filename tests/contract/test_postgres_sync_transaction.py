@@ -409,7 +409,7 @@ LEFT_BEHIND = [
     "SELECT pg_advisory_lock(424242)",
     "CREATE TEMP TABLE left_behind (n integer)",
     "LISTEN left_behind",
-    "SET statement_timeout = '123s'",
+    "SET statement_timeout = 1",  # last: 1 ms would cancel the statements after it
 ]
 
 
@@ -422,9 +422,10 @@ def _session(conn: Any) -> tuple[Any, ...]:
 async def block_role(
     admin: psycopg.AsyncConnection[Any], postgres_server: str
 ) -> AsyncIterator[str]:
-    """A role the test's user may SET ROLE to, one the store's statements work under."""
+    """A role the test's user may SET ROLE to."""
     await admin.execute("DROP ROLE IF EXISTS tl_block_role")
-    await admin.execute("CREATE ROLE tl_block_role SUPERUSER")  # may finish the job too
+    # No privilege on tokenline's schema: the completion must not run under it.
+    await admin.execute("CREATE ROLE tl_block_role")
     user = psycopg.conninfo.conninfo_to_dict(postgres_server).get("user", "postgres")
     await admin.execute(sql.SQL("GRANT tl_block_role TO {}").format(sql.Identifier(str(user))))
     try:
@@ -437,11 +438,14 @@ async def block_role(
 async def test_a_block_leaves_nothing_on_its_session_for_the_next_job(
     postgres_url: str, marks: Any, block_role: str, form: str
 ) -> None:
-    """One job's block changes its session (search path, role, an advisory lock, a temp
-    table, LISTEN, a timeout) and commits; the next job's block, on the same pooled
-    connection, finds the session as a fresh one: a tenant's search path or a role
-    leaking into it would have its writes land elsewhere, and a session advisory lock
-    would stay held by an idle pooled connection for ever."""
+    """One job's block changes its session (search path, a role with no privilege on
+    tokenline's schema, an advisory lock, a temp table, LISTEN, a 1 ms timeout) and
+    commits: its completion still runs (under the block's role or timeout it was
+    refused as the store being unreachable, and the job given back for ever), and the
+    next job's block, on the same pooled connection, finds the session as a fresh one:
+    a tenant's search path or a role leaking into it would have its writes land
+    elsewhere, and a session advisory lock would stay held by an idle pooled connection
+    for ever."""
     store = PostgresStore(postgres_url, timeout=5, max_connections=1)
     await store.open()
     try:
@@ -485,5 +489,54 @@ async def test_a_block_leaves_nothing_on_its_session_for_the_next_job(
         assert after == before
         assert before[1:5] == (before[1], 0, 0, 0)
         assert await marks() == [1]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("form", ["sync", "async"])
+async def test_what_a_kept_reference_or_a_block_leaves_on_the_connection_costs_no_job(
+    postgres_url: str, marks: Any, form: str
+) -> None:
+    """A reference kept past its block opens a transaction on the pooled connection
+    (autocommit off, one read), and the block had set a dict row factory: the next
+    job's block on that connection still runs, with plain tuples. Before, its checkout
+    failed ("can't change 'read_only' now") and the job lost an attempt to someone
+    else's leftovers, and rows came back as dicts."""
+    store = PostgresStore(postgres_url, timeout=5, max_connections=1)
+    await store.open()
+    try:
+        first, second = await claim(store), await claim(store)
+        kept: list[Any] = []
+
+        def block_sync(lease: Lease, n: int) -> Any:
+            with store.fenced_transaction(lease=lease) as conn:
+                row = conn.execute("SELECT 42").fetchone()
+                conn.execute(INSERT, (n,))
+                conn.row_factory = psycopg.rows.dict_row
+                kept.append(conn)
+                return row[0]
+
+        async def block(lease: Lease, n: int) -> Any:
+            if form == "sync":
+                return await asyncio.to_thread(block_sync, lease, n)
+            async with store.fenced_transaction(lease=lease) as conn:
+                row = await (await conn.execute("SELECT 42")).fetchone()
+                await conn.execute(INSERT, (n,))
+                conn.row_factory = psycopg.rows.dict_row
+                kept.append(conn)
+                return row[0]
+
+        assert await block(first.lease, 1) == 42
+        (conn,) = kept
+        if form == "sync":
+            conn.autocommit = False
+            conn.execute("SELECT 1")
+        else:
+            await conn.set_autocommit(False)
+            await conn.execute("SELECT 1")
+        assert conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+        assert await block(second.lease, 2) == 42
+        assert kept[1] is conn  # the same pooled connection
+        assert await marks() == [1, 2]
     finally:
         await store.close()

@@ -15,8 +15,13 @@ next job's block to inherit (:data:`RESET`): a ``SET ROLE`` or ``SET search_path
 (the next job would write as another role, or into another tenant's schema), a session
 advisory lock (held by an idle pooled connection for ever: ownership that never
 expires), temporary tables, held cursors and ``LISTEN``; then the read-only default is
-set again. One round trip per block. Statements the block prepares itself are
-left: deallocating everything would drop the store's own prepared statements too.
+set again. A block that commits runs this inside its transaction, before tokenline's
+completion (which a ``SET ROLE`` or a tiny ``statement_timeout`` left by the block would
+otherwise fail, for ever); other blocks when their connection is given back: one round
+trip either way. The connection's Python-side ``row_factory`` is put back too.
+Statements the block prepares itself are left (deallocating everything would drop the
+store's own prepared statements too), and so are adapters or notice handlers it
+registers on the connection: register those on a cursor.
 
 Beyond reach, as with any connection the handler opens itself: a kept reference used
 while the same connection is lent to another block joins that block's transaction, and
@@ -30,6 +35,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
+from psycopg.rows import tuple_row
 
 __all__ = [
     "READ_ONLY",
@@ -62,20 +68,24 @@ async def read_only_by_default_async(conn: AsyncConnection[Any]) -> None:
     await conn.execute(READ_ONLY)
 
 
-def take_back(conn: psycopg.Connection[Any]) -> None:
-    """Put ``conn`` back at rest: no transaction, autocommit, its session reset and
-    read-only by default."""
+def take_back(conn: psycopg.Connection[Any], *, reset: bool = True) -> None:
+    """Put ``conn`` back at rest: no transaction, autocommit, read-only by default, its
+    session reset (``reset=False``: the committed transaction already did)."""
     if conn.info.transaction_status != TransactionStatus.IDLE:
         conn.rollback()
     conn.autocommit = True
     conn.read_only = None
-    conn.execute(RESET)
+    conn.row_factory = tuple_row  # what the pool's connections are made with
+    if reset:
+        conn.execute(RESET)
 
 
-async def take_back_async(conn: AsyncConnection[Any]) -> None:
+async def take_back_async(conn: AsyncConnection[Any], *, reset: bool = True) -> None:
     """:func:`take_back` for an async connection."""
     if conn.info.transaction_status != TransactionStatus.IDLE:
         await conn.rollback()
     await conn.set_autocommit(True)
     await conn.set_read_only(None)
-    await conn.execute(RESET)
+    conn.row_factory = tuple_row
+    if reset:
+        await conn.execute(RESET)

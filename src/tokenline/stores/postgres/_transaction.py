@@ -61,8 +61,8 @@ from ..._errors import NotSupportedError, StaleTokenError, StoreError
 from ..._jobs import Finish, Lease, Outcome
 from ..._records import DuplicateKind, Fence, by_attempt
 from ..base import FencedTransaction
-from ._lent import take_back, take_back_async
-from ._steps import AsyncDriver, Begin, End, Status, Steps, SyncDriver, fetch_one
+from ._lent import RESET, take_back, take_back_async
+from ._steps import AsyncDriver, Begin, End, Status, Steps, SyncDriver, execute, fetch_one
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
@@ -100,6 +100,8 @@ class PostgresFencedTransaction(FencedTransaction):
         self._timeout = timeout
         self._entered = False
         self._sync: tuple[ConnectionPool[Any], psycopg.Connection[Any], SyncDriver] | None = None
+        # The session was reset inside the committed transaction (see _closing).
+        self._session_reset = False
         self._async: tuple[AsyncConnection[Any], AsyncDriver] | None = None
 
     # -- the two forms: each runs the same steps with its own driver ---------------------
@@ -111,6 +113,8 @@ class PostgresFencedTransaction(FencedTransaction):
         driver = SyncDriver(conn)
         try:
             with store._translate():
+                if conn.info.transaction_status != TransactionStatus.IDLE:
+                    conn.rollback()  # left in a transaction by a reference kept past a block
                 conn.read_only = False  # see _lent.py
                 conn.autocommit = False  # see _closing's _block_open
                 driver.run(self._opening())
@@ -128,7 +132,7 @@ class PostgresFencedTransaction(FencedTransaction):
             with self._store._translate():
                 driver.run(self._closing(_error(exc_type, exc)))
         finally:
-            _give_back_sync(pool, conn)
+            _give_back_sync(pool, conn, reset=not self._session_reset)
 
     async def __aenter__(self) -> AsyncConnection[Any]:
         self._enter_once()
@@ -137,6 +141,8 @@ class PostgresFencedTransaction(FencedTransaction):
         driver = AsyncDriver(conn)
         try:
             with store._translate():
+                if conn.info.transaction_status != TransactionStatus.IDLE:
+                    await conn.rollback()  # as in __enter__
                 await conn.set_read_only(False)  # see _lent.py
                 await conn.set_autocommit(False)  # see _closing's _block_open
                 await driver.run(self._opening())
@@ -154,7 +160,7 @@ class PostgresFencedTransaction(FencedTransaction):
             with self._store._translate():
                 await driver.run(self._closing(_error(exc_type, exc)))
         finally:
-            await _give_back(self._store, conn)
+            await _give_back(self._store, conn, reset=not self._session_reset)
 
     def _enter_once(self) -> None:
         if self._entered:
@@ -216,6 +222,11 @@ class PostgresFencedTransaction(FencedTransaction):
                     "a statement of the fenced transaction's block failed and the block "
                     "went on: the transaction can only roll back"
                 )
+            # The session as a fresh connection's before tokenline's own statements: a
+            # SET ROLE or a tiny statement_timeout the block left would otherwise apply
+            # to the completion (refused as the store being unreachable, for ever). Done
+            # in the transaction, so it also stands for the reset of giving it back.
+            yield from execute(RESET)
             completed = yield from self._complete()
         except GeneratorExit:
             raise
@@ -225,6 +236,7 @@ class PostgresFencedTransaction(FencedTransaction):
                 yield from _on_its_own(self._store._record_stale_steps(self._lease, "transaction"))
             raise
         yield End()  # COMMIT: the writes and the completion
+        self._session_reset = True
         self.wrote = True
         self.committed = completed
 
@@ -289,21 +301,26 @@ def _on_its_own(steps: Steps[None]) -> Steps[None]:
     yield End()
 
 
-def _give_back_sync(pool: ConnectionPool[Any], conn: psycopg.Connection[Any]) -> None:
-    """Return ``conn`` to its pool at rest again (autocommit, read-only: ``_lent.py``);
-    one that cannot be put back so is closed, and the pool discards it."""
+def _give_back_sync(
+    pool: ConnectionPool[Any], conn: psycopg.Connection[Any], *, reset: bool = True
+) -> None:
+    """Return ``conn`` to its pool at rest again (autocommit, read-only, its session
+    reset unless the committed transaction did: ``_lent.py``); one that cannot be put
+    back so is closed, and the pool discards it."""
     try:
-        take_back(conn)
+        take_back(conn, reset=reset)
     except psycopg.Error:
         conn.close()
     finally:
         pool.putconn(conn)
 
 
-async def _give_back(store: PostgresStore, conn: AsyncConnection[Any]) -> None:
+async def _give_back(
+    store: PostgresStore, conn: AsyncConnection[Any], *, reset: bool = True
+) -> None:
     """:func:`_give_back_sync` for the async pool."""
     try:
-        await take_back_async(conn)
+        await take_back_async(conn, reset=reset)
     except psycopg.Error:
         await conn.close()
     finally:
