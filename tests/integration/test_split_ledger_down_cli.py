@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import socket
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -69,9 +71,10 @@ def test_broker_commands_work_while_the_ledger_is_down(urls: tuple[str, str]) ->
     # Redis answers for these two: a worker it does not know, a lease nobody holds.
     code, out = run("drain", "--url", down, "no-such-worker")
     assert "no worker with id 'no-such-worker'" in out, out
+    # A release checks the token's epoch, which the ledger issues: it says the ledger is down.
     code, out = run("lease", "release", "--url", down, "k", "--owner", "o", "--token", "1")
     assert code == 1, out
-    assert "PostgreSQL" not in out
+    assert "cannot reach PostgreSQL at 127.0.0.1:1" in out, out
     code, out = run("resume", "--url", down, "default")
     assert (code, out.strip()) == (0, "resumed default"), out
 
@@ -82,6 +85,18 @@ def test_broker_commands_work_while_the_ledger_is_down(urls: tuple[str, str]) ->
     app.close()
     assert states == {ids[0]: "cancelled", ids[1]: "queued", ids[2]: "queued"}
     assert paused == [False]
+
+
+def test_scale_hint_blames_only_the_ledger(urls: tuple[str, str]) -> None:
+    """With the ledger down, scale-hint names the ledger alone as failing: the broker's
+    depth and the leases are read from Redis, which answers (it used to call broker and
+    leases failing too, with an exception's class name)."""
+    _, down = urls
+    code, out = run("scale-hint", "--url", down, "--interval", "0", "--json")
+    assert code == 0, out
+    hint = json.loads(out)
+    assert hint["advice"] == "hold"
+    assert set(hint["failing_channels"]) == {"ledger"}, hint
 
 
 def test_a_command_that_reads_the_ledger_says_it_is_down(urls: tuple[str, str]) -> None:
@@ -98,3 +113,38 @@ def test_a_command_that_reads_the_ledger_says_it_is_down(urls: tuple[str, str]) 
     assert code == 1
     assert "cannot reach PostgreSQL at 127.0.0.1:1" in out, out
     assert "Traceback" not in out
+
+
+def test_broker_commands_never_connect_to_a_ledger_that_does_not_answer(
+    postgres_server: str, redis_url: str
+) -> None:
+    """A ledger host that accepts connections and never answers: the commands that need
+    only Redis make no connection to it at all (they used to look for its schema
+    first, and waited out the connection timeout, about 10 s each)."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = silent.accept()
+            except OSError:  # closed: the test is over
+                return
+            accepted.append(conn)
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = silent.getsockname()[1]
+    down = split_url(broker=redis_url, ledger=f"postgresql://postgres@127.0.0.1:{port}/test")
+    try:
+        for command in (["queues"], ["jobs"], ["workers"], ["leases"], ["dlq", "list"]):
+            code, out = run(*command, "--url", down)
+            assert code == 0, (command, out)
+        assert run("pause", "--url", down, "default")[0] == 0
+        assert run("resume", "--url", down, "default")[0] == 0
+        assert accepted == []
+    finally:
+        silent.close()
+        for conn in accepted:
+            conn.close()

@@ -145,13 +145,18 @@ def _where_raised(exc: BaseException) -> str | None:
     return f"{frame.filename}, line {frame.lineno}"
 
 
-def resolve_app(app_spec: str | None, url: str | None, *, existing: bool = False) -> App:
+def resolve_app(
+    app_spec: str | None, url: str | None, *, existing: bool = False, ledger: bool = True
+) -> App:
     """The app named by ``--app``, else a bare app on ``--url`` / ``TOKENLINE_URL``.
 
     ``existing``: the command only reads the store, or acts on what is in it, so a
     SQLite file or a PostgreSQL schema that is not there is refused (see
     :func:`require_store`) rather than created empty where a path or a name was
-    mistyped.
+    mistyped. ``ledger=False``: the command uses only the broker and lease roles (see
+    :func:`with_store`), so on the split topology the ledger's schema is not looked
+    for either: Redis has none, and a ledger that does not answer would hold the
+    command up for its connection timeout.
 
     With both, and a URL other than the one the app was built with, the result is the
     app's tasks and settings on the given store: a worker started that way must run the
@@ -172,7 +177,7 @@ def resolve_app(app_spec: str | None, url: str | None, *, existing: bool = False
             )
             app = moved
     check_sqlite_url(app.url)
-    if existing:
+    if existing and (ledger or getattr(app.open_store(), "open_broker", None) is None):
         require_store(app)
     return app
 

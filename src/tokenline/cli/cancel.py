@@ -73,7 +73,7 @@ def cancel(app_spec: str | None, url: str | None, job_ids: tuple[int, ...], reas
     reason = error_text(reason)  # NULs and lone surrogates escaped, as the store keeps them
     with reporting_errors():
         done, refused = with_store(
-            resolve_app(app_spec, url, existing=True),
+            resolve_app(app_spec, url, existing=True, ledger=False),
             lambda s: _cancel(s, job_ids, reason),
             ledger=False,
         )

@@ -55,7 +55,7 @@ def dlq_list(
     """
     with reporting_errors():
         items = with_store(
-            resolve_app(app_spec, url, existing=True),
+            resolve_app(app_spec, url, existing=True, ledger=False),
             lambda s: s.jobs_list(state=JobState.DEAD, queue=queue, limit=limit),
             ledger=False,
         )
@@ -110,7 +110,9 @@ def _act_on_dead(
         return done, dead, refused
 
     with reporting_errors():
-        return with_store(resolve_app(app_spec, url, existing=True), run, ledger=False)
+        return with_store(
+            resolve_app(app_spec, url, existing=True, ledger=False), run, ledger=False
+        )
 
 
 def _report_dead(verb: str, done: int, dead: list[int], refused: list[tuple[int, str]]) -> None:

@@ -281,7 +281,9 @@ def queues(app_spec: str | None, url: str | None, as_json: bool) -> None:
     """
     with reporting_errors():
         stats = with_store(
-            resolve_app(app_spec, url, existing=True), lambda s: s.queues_stats(), ledger=False
+            resolve_app(app_spec, url, existing=True, ledger=False),
+            lambda s: s.queues_stats(),
+            ledger=False,
         )
     if as_json:
         print_json([queue_json(s) for s in stats])
@@ -319,7 +321,7 @@ def workers(app_spec: str | None, url: str | None, show_all: bool, as_json: bool
 
     with reporting_errors():
         records, leader, now = with_store(
-            resolve_app(app_spec, url, existing=True), gather, ledger=False
+            resolve_app(app_spec, url, existing=True, ledger=False), gather, ledger=False
         )
     shown = records if show_all else live(records, now)
     if as_json:
@@ -377,7 +379,7 @@ def jobs(
     """
     with reporting_errors():
         items = with_store(
-            resolve_app(app_spec, url, existing=True),
+            resolve_app(app_spec, url, existing=True, ledger=False),
             lambda s: s.jobs_list(
                 state=JobState(state) if state else None, queue=queue, limit=limit
             ),

@@ -175,7 +175,7 @@ def leases(
 
     with reporting_errors():
         now, jobs, named = with_store(
-            resolve_app(app_spec, url, existing=True), gather, ledger=False
+            resolve_app(app_spec, url, existing=True, ledger=False), gather, ledger=False
         )
     if not show_all:
         named = [r for r in named if r.expires_at > now]
@@ -242,9 +242,10 @@ def lease_release(app_spec: str | None, url: str | None, key: str, owner: str, t
     """
     with reporting_errors():
         released, expired_for = with_store(
+            # Not Redis alone: the release script checks the token's epoch, which the
+            # ledger issues.
             resolve_app(app_spec, url, existing=True),
             lambda s: _release(s, key, owner, token),
-            ledger=False,
         )
     if released:
         text = f"released lease {key!r} (owner {owner!r}, token {token})"
@@ -289,7 +290,9 @@ def drain(app_spec: str | None, url: str | None, worker_id: str) -> None:
     """
     with reporting_errors():
         with_store(
-            resolve_app(app_spec, url, existing=True), lambda s: _drain(s, worker_id), ledger=False
+            resolve_app(app_spec, url, existing=True, ledger=False),
+            lambda s: _drain(s, worker_id),
+            ledger=False,
         )
     console.print(
         f"asked worker {worker_id!r} to drain: it stops claiming at its next heartbeat, "

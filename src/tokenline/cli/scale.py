@@ -97,7 +97,9 @@ async def _depth_and_leases(
 ) -> tuple[list[Depth] | Exception, list[ResourceLease] | Exception]:
     """The store's job depth (a broker read) and its resource leases (a leases read),
     each within ``timeout``; a read that failed gives its exception instead."""
-    opened = await _read(store.open, timeout)
+    # Both reads are the broker's and the leases' (Redis alone on the split topology,
+    # which a ledger that is down must not make look failing too).
+    opened = await _read(getattr(store, "open_broker", None) or store.open, timeout)
     if isinstance(opened, Exception):
         return opened, opened
     try:
