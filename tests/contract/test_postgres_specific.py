@@ -25,6 +25,7 @@ from pg_plans import generic_plan
 from tokenline._clock import FakeClock
 from tokenline._errors import (
     ConfigError,
+    InvalidInputError,
     JobNotFoundError,
     SchemaVersionError,
     StaleTokenError,
@@ -151,6 +152,36 @@ async def test_a_copied_batch_stores_every_field_as_the_statement_does(pg: Postg
     expected = [fields(await pg.job_get(job_id=i)) for i in small]
     for n, job_id in enumerate(large):
         assert fields(await pg.job_get(job_id=job_id)) == expected[n % len(kinds)], n
+
+
+@pytest.mark.parametrize("size", [COPY_THRESHOLD - 1, COPY_THRESHOLD])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("priority", 2**31),
+        ("priority", -(2**31) - 1),
+        ("priority", True),
+        ("priority", 1.5),
+        ("max_attempts", 2**31),
+        ("max_lease_expiries", -(2**31) - 1),
+        ("timeout", "30"),
+    ],
+)
+async def test_a_value_no_column_can_hold_is_refused_on_both_paths(
+    pg: PostgresStore, size: int, field: str, value: Any
+) -> None:
+    """A job built by hand (the App refuses these before any store sees them) with a
+    value out of its column's range or of the wrong type: refused as bad input naming
+    the job and the field, nothing stored, whether the batch goes by statement or by
+    COPY. The binary COPY wrote such integers wrapped around (2**31 became -2**31), or a
+    bool as 1."""
+    bad = NewJob(queue="q", task="t", args="[]", **{field: value})
+    jobs = [new("q")] * (size - 1) + [bad]
+    with pytest.raises(InvalidInputError, match=rf"job {size - 1} of the batch: {field} "):
+        await pg.jobs_enqueue(jobs=jobs)
+    with pytest.raises(InvalidInputError, match=rf"job {size - 1} of the batch: {field} "):
+        await asyncio.to_thread(pg.jobs_enqueue_blocking, jobs=jobs)
+    assert await pg.jobs_list(limit=10) == []
 
 
 async def test_lost_listener_falls_back_to_polling_and_comes_back(

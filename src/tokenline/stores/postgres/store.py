@@ -38,7 +38,7 @@ from psycopg.rows import DictRow, TupleRow, dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from ..._clock import Clock, SystemClock
-from ..._errors import JobNotFoundError, StoreCorruptError, StoreError
+from ..._errors import InvalidInputError, JobNotFoundError, StoreCorruptError, StoreError
 from ..._jobs import (
     Attempt,
     ClaimedJob,
@@ -105,6 +105,32 @@ log = logging.getLogger("tokenline.store.postgres")
 
 #: Batches of at least this many jobs are copied in (their unique keys taken first).
 COPY_THRESHOLD = 64
+
+#: The range of PostgreSQL's ``integer`` columns.
+_INT4 = (-(2**31), 2**31 - 1)
+
+
+def _check_values(jobs: Sequence[NewJob]) -> None:
+    """Refuse, with :class:`InvalidInputError`, what the columns cannot hold, the same
+    way on both paths: a binary COPY writes an integer out of its column's range
+    wrapped around, where the statement is refused by the server; a ``bool`` goes in as
+    0 or 1; a value of another type fails inside psycopg. The App validates these
+    already: a store called directly may not have."""
+    low, high = _INT4
+    for n, j in enumerate(jobs):
+        for field, value in (
+            ("priority", j.priority),
+            ("max_attempts", j.max_attempts),
+            ("max_lease_expiries", j.max_lease_expiries),
+        ):
+            if type(value) is not int or not low <= value <= high:
+                why = f"{field} {value!r} is not an integer from {low} to {high}"
+                raise InvalidInputError(f"job {n} of the batch: {why}; nothing was enqueued")
+        for field, seconds in (("timeout", j.timeout), ("run_at", j.run_at), ("delay", j.delay)):
+            if seconds is not None and type(seconds) not in (int, float):
+                why = f"{field} {seconds!r} is not a number of seconds"
+                raise InvalidInputError(f"job {n} of the batch: {why}; nothing was enqueued")
+
 
 #: The types of enqueue_copy's columns, in its order (queries.sql).
 ENQUEUE_COPY_TYPES = (
@@ -661,6 +687,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         """
         if not jobs:
             return []
+        _check_values(jobs)
         if connection is None and self._copies(jobs):
             return await self._call(
                 lambda conn: AsyncDriver(conn).run(self._enqueue_copy_steps(jobs))
@@ -692,6 +719,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         timeout; a server gone silent is noticed by the connection's keepalives."""
         if not jobs:
             return []
+        _check_values(jobs)
         pool, conn = self._checkout_sync()
         try:
             with self._translate():
