@@ -384,3 +384,35 @@ async def test_a_job_hash_gone_from_redis_stops_only_that_job(split: SplitStore)
         ]
     finally:
         client.close()
+
+
+async def test_a_ledger_block_leaves_nothing_on_its_session_for_the_next_job(
+    redis_url: str, postgres_url: str
+) -> None:
+    """The split topology's fenced transactions run on the ledger's lent connections:
+    a block that changes its session (search path, an advisory lock, a 1 ms timeout)
+    still completes, and the next job's block on the same connection finds the session
+    as a fresh one (see the PostgreSQL store's test of the same)."""
+    store = SplitStore(broker=redis_url, ledger=postgres_url)
+    store.ledger.max_connections = 1  # every block on the one lent connection
+    await store.open()
+    probe = (
+        "SELECT current_setting('search_path'), pg_backend_pid(), "
+        "(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+        "AND pid = pg_backend_pid())"
+    )
+    try:
+        await store.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")] * 3)
+        seen = []
+        for n in range(3):
+            (claimed,) = await store.jobs_claim(owner="w", queues=Q, limit=1, ttl=30)
+            async with store.fenced_transaction(lease=claimed.lease) as conn:
+                seen.append(await (await conn.execute(probe)).fetchone())
+                if n == 1:
+                    await conn.execute("SET search_path TO pg_catalog")
+                    await conn.execute("SELECT pg_advisory_lock(5)")
+                    await conn.execute("SET statement_timeout = 1")
+        assert seen[0] == seen[1] == seen[2]
+        assert seen[0][2] == 0
+    finally:
+        await store.close()
