@@ -64,6 +64,7 @@ class SQLiteFencedTransaction(FencedTransaction):
         self._async = False
         self._marked: str | None = None
         self._guard = BlockGuard()
+        self._gate: asyncio.Lock | None = None
 
     def __enter__(self) -> sqlite3.Connection:
         store, lease = self._store, self._lease
@@ -167,8 +168,25 @@ class SQLiteFencedTransaction(FencedTransaction):
 
     async def __aenter__(self) -> sqlite3.Connection:
         self._async = True
-        conn: sqlite3.Connection = await self._enter_on_a_thread()
+        # One async block of this store at a time waits for the write lock, on the event
+        # loop: each waiting begin holds a thread of the loop's default pool, and the
+        # block holding the lock needs one of those threads to commit. With more async
+        # blocks than threads, all waited for a commit that could not run (until their
+        # lock waits ran out). SQLite lets one of them write at a time anyway.
+        gate = self._store.async_transaction_gate()
+        await gate.acquire()
+        try:
+            conn: sqlite3.Connection = await self._enter_on_a_thread()
+        except BaseException:
+            gate.release()
+            raise
+        self._gate = gate
         return conn
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        await asyncio.to_thread(self.__exit__, exc_type, exc, tb)
+        gate, self._gate = self._gate, None
+        try:
+            await asyncio.to_thread(self.__exit__, exc_type, exc, tb)
+        finally:
+            if gate is not None:
+                gate.release()

@@ -51,6 +51,7 @@ import logging
 import os
 import sqlite3
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -229,6 +230,9 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         self._file = ""  # the resolved path, once open
         self._uptime: Uptime | None = None
         self._writers = Writers()
+        self._async_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
         self._pending: set[asyncio.Task[None]] = set()
         #: Connections for calls on the event loop's thread (see _on_main).
         self._here: Here | None = None
@@ -1120,6 +1124,15 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         from ._transaction import SQLiteFencedTransaction  # it builds on this module
 
         return SQLiteFencedTransaction(self, lease, fences, timeout)
+
+    def async_transaction_gate(self) -> asyncio.Lock:
+        """The lock an ``async with`` fenced transaction of this store holds from before
+        its begin to after its end (see ``_transaction.py``), one per event loop."""
+        loop = asyncio.get_running_loop()
+        gate = self._async_gates.get(loop)
+        if gate is None:
+            gate = self._async_gates[loop] = asyncio.Lock()
+        return gate
 
     def transaction_connection(self, wait: float | None = None) -> sqlite3.Connection:
         """A new connection for a fenced transaction (main file, leases read-only),
