@@ -1,13 +1,15 @@
-"""The cost of ``ctx.effect``: no-op jobs per second with and without it.
+"""The cost of ``ctx.effect`` and ``ctx.transaction``: no-op jobs per second with and
+without them.
 
 One in-process worker (concurrency 50 by default) runs ``--jobs`` jobs (default 5,000)
 of a no-op async handler, then as many of a handler that wraps a no-op in
 ``await ctx.effect_async(key, ...)`` (a key per job: one claim transaction and one
-outcome statement each), ``--rounds`` times (default 3), interleaved; the medians are
-printed. Each measurement runs on a scratch store of its own: a SQLite file in a fresh
-temporary directory, or a fresh schema on the PostgreSQL server ``--url`` names, removed
-right after it. Figures, not assertions; the machine's core count and load average are
-printed with them.
+outcome statement each), then as many whose handler runs ``SELECT 1`` in
+``async with ctx.transaction()`` (the job completed by the transaction's commit),
+``--rounds`` times (default 3), interleaved; the medians are printed. Each measurement
+runs on a scratch store of its own: a SQLite file in a fresh temporary directory, or a
+fresh schema on the PostgreSQL server ``--url`` names, removed right after it. Figures,
+not assertions; the machine's core count and load average are printed with them.
 
     python benchmarks/ledger_bench.py                       # SQLite in a temp directory
     python benchmarks/ledger_bench.py --url postgresql://postgres@127.0.0.1/test
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import os
 import time
 
@@ -36,6 +39,14 @@ def bench_app(url: str) -> App:
     async def effect(ctx: JobContext, i: int) -> None:
         """Do nothing, once per key, through the ledger."""
         await ctx.effect_async(f"bench:{i}", lambda: i)
+
+    @app.task(name="bench.transaction", queue="bench")
+    async def transaction(ctx: JobContext, i: int) -> None:
+        """One statement in a fenced transaction, which completes the job."""
+        async with ctx.transaction() as conn:
+            result = conn.execute("SELECT 1")  # sqlite3's is sync, psycopg's async
+            if inspect.isawaitable(result):
+                await result
 
     return app
 
@@ -96,7 +107,11 @@ async def main() -> None:
     )
     args = parser.parse_args()
     load_before = " ".join(f"{n:.2f}" for n in os.getloadavg())
-    results: dict[str, list[float]] = {"bench.plain": [], "bench.effect": []}
+    results: dict[str, list[float]] = {
+        "bench.plain": [],
+        "bench.effect": [],
+        "bench.transaction": [],
+    }
     for _ in range(args.rounds):
         for task, rates in results.items():
             scratch = scratch_for(args.url, prefix="tokenline_ledger_bench")
@@ -106,8 +121,10 @@ async def main() -> None:
             finally:
                 scratch.cleanup()
     store = "SQLite" if args.url is None else "PostgreSQL"
-    plain = sorted(results["bench.plain"])[len(results["bench.plain"]) // 2]
-    effect = sorted(results["bench.effect"])[len(results["bench.effect"]) // 2]
+    plain, effect, transaction = (
+        sorted(rates)[len(rates) // 2]
+        for rates in (results["bench.plain"], results["bench.effect"], results["bench.transaction"])
+    )
     print(
         f"{store}, {args.jobs} jobs x {args.rounds} rounds, 1 worker x {args.concurrency}, "
         f"{os.cpu_count()} cores, load average (1/5/15 min) {load_before} before the run "
@@ -116,6 +133,11 @@ async def main() -> None:
     print(f"  without ctx.effect: {plain:8,.0f} jobs/s")
     print(f"  with ctx.effect:    {effect:8,.0f} jobs/s  ({effect / plain:.0%} of the plain rate)")
     print(f"  cost per effect:    {1000 / effect - 1000 / plain:8.3f} ms of one worker's time")
+    print(
+        f"  with ctx.transaction: {transaction:6,.0f} jobs/s  "
+        f"({transaction / plain:.0%} of the plain rate; "
+        f"{1000 / transaction - 1000 / plain:.3f} ms per transaction)"
+    )
 
 
 if __name__ == "__main__":
