@@ -170,12 +170,16 @@ async def test_a_dependency_that_times_out_then_heals(url: str) -> None:
     assert deferred > 0
     for job in jobs:
         assert job.attempt == 1 + timed_out[job.id], job
-    # Each worker's breaker went through open and half-open and ended closed.
+    # Each worker's breaker left closed and ended closed; at least one went through
+    # open. A worker that reads the shared breaker only once its open time is over
+    # (its view is refreshed every few seconds, later under load) takes it up
+    # half-open, as it is then: closed, half-open, closed is its whole path.
     changes = [e for _, e in heard if isinstance(e, events.BreakerChanged)]
-    for worker_id in ("w0", "w1"):
-        path = [e.new for e in changes if e.worker_id == worker_id]
-        assert "open" in path
-        assert path[-1] == "closed"
+    paths = {w: [e.new for e in changes if e.worker_id == w] for w in ("w0", "w1")}
+    for path in paths.values():
+        assert {"open", "half_open"} & set(path), paths
+        assert path[-1] == "closed", paths
+    assert any("open" in path for path in paths.values()), paths
     outcomes = collections.Counter(
         e.outcome for _, e in heard if isinstance(e, events.DependencyCall)
     )
