@@ -177,7 +177,7 @@ def resolve_app(
             )
             app = moved
     check_sqlite_url(app.url)
-    if existing and (ledger or getattr(app.open_store(), "open_broker", None) is None):
+    if existing and (ledger or broker_opener(app.open_store()) is None):
         require_store(app)
     return app
 
@@ -229,6 +229,14 @@ def refuse_memory_store(app: App, command: str) -> None:
         )
 
 
+def broker_opener(store: Store) -> Callable[[], Coroutine[Any, Any, None]] | None:
+    """How to open ``store``'s broker and leases alone, for a command that needs nothing
+    else; ``None`` when they are not apart from the rest (only the split topology has
+    its ledger elsewhere: :meth:`SplitStore.open_broker`)."""
+    opener: Callable[[], Coroutine[Any, Any, None]] | None = getattr(store, "open_broker", None)
+    return opener
+
+
 def with_store(
     app: App, fn: Callable[[Store], Coroutine[Any, Any, T]], *, ledger: bool = True
 ) -> T:
@@ -242,8 +250,7 @@ def with_store(
     async def run() -> T:
         store = app.open_store()
         try:
-            # Only the split topology has a ledger apart (SplitStore.open_broker).
-            open_broker = None if ledger else getattr(store, "open_broker", None)
+            open_broker = None if ledger else broker_opener(store)
             if open_broker is not None:
                 await open_broker()
             else:

@@ -19,6 +19,7 @@ from ..stores.base import Depth, ResourceLease
 from ._common import (
     Seconds,
     app_option,
+    broker_opener,
     console,
     print_json,
     reporting_errors,
@@ -99,7 +100,7 @@ async def _depth_and_leases(
     each within ``timeout``; a read that failed gives its exception instead."""
     # Both reads are the broker's and the leases' (Redis alone on the split topology,
     # which a ledger that is down must not make look failing too).
-    opened = await _read(getattr(store, "open_broker", None) or store.open, timeout)
+    opened = await _read(broker_opener(store) or store.open, timeout)
     if isinstance(opened, Exception):
         return opened, opened
     try:
