@@ -163,16 +163,26 @@ RETURNING k.key, k.job_id
 -- name: enqueue_keys
 -- The unique keys of a batch copied in (enqueue_copy), before its rows: each key taken,
 -- under the rules of enqueue's keys, for the first job of the batch that names it (the
--- caller sends each key once, with that job). Answers each key's holder: only the jobs
--- holding their key are then copied in. Keys are taken in enqueue's order (by key), so
--- that two batches naming the same keys never wait for each other in a cycle.
-INSERT INTO {schema}.unique_keys AS k (key, job_id, held_until, while_active, created_at)
-SELECT i.key, i.job_id, %(now)s::double precision + i.unique_for, i.uniq = 'active',
-       %(now)s::double precision
-FROM unnest(%(key)s::text[], %(job_id)s::bigint[], %(uniq)s::text[],
-            %(unique_for)s::double precision[]) AS i (key, job_id, uniq, unique_for)
-ORDER BY i.key
-{unique_key_take};
+-- caller sends each key once, with that job). Answers only the keys another job holds,
+-- with that holder (usually none: a row per key would cost more to send and read than
+-- taking the key); the caller copies in only the jobs holding their key. Keys are taken
+-- in enqueue's order (by key), so that two batches naming the same keys never wait for
+-- each other in a cycle.
+WITH i AS (
+    SELECT *
+    FROM unnest(%(key)s::text[], %(job_id)s::bigint[], %(uniq)s::text[],
+                %(unique_for)s::double precision[]) AS i (key, job_id, uniq, unique_for)
+),
+taken AS (
+    INSERT INTO {schema}.unique_keys AS k (key, job_id, held_until, while_active,
+                                           created_at)
+    SELECT i.key, i.job_id, %(now)s::double precision + i.unique_for, i.uniq = 'active',
+           %(now)s::double precision
+    FROM i
+    ORDER BY i.key
+    {unique_key_take}
+)
+SELECT t.key, t.job_id FROM taken AS t JOIN i ON i.key = t.key WHERE t.job_id <> i.job_id;
 
 -- name: enqueue_notify
 -- NOTIFY is transactional: listeners hear of the jobs only once they are committed.

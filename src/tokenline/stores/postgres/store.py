@@ -672,9 +672,12 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
             "unique_for": float_array([j.unique_for for j, _ in first.values()]),
             "now": now,
         }
-        holders: dict[str, int] = dict((yield from fetch_all(self._q("enqueue_keys"), params)))
+        # Only the keys held by a job other than the one this batch sent them with.
+        held: dict[str, int] = dict((yield from fetch_all(self._q("enqueue_keys"), params)))
+        for key, (_, jid) in first.items():
+            held.setdefault(key, jid)
         return [
-            holders[j.idempotency_key] if j.unique is not None and j.idempotency_key else jid
+            held[j.idempotency_key] if j.unique is not None and j.idempotency_key else jid
             for j, jid in zip(jobs, own, strict=True)
         ]
 
