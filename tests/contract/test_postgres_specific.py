@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -152,6 +152,87 @@ async def test_a_copied_batch_stores_every_field_as_the_statement_does(pg: Postg
     expected = [fields(await pg.job_get(job_id=i)) for i in small]
     for n, job_id in enumerate(large):
         assert fields(await pg.job_get(job_id=job_id)) == expected[n % len(kinds)], n
+
+
+@contextlib.contextmanager
+def sent_after_commit(pg: PostgresStore) -> Iterator[list[list[str]]]:
+    """While another enqueue is under way (held open here), the notifications
+    ``pg``'s enqueues hand to its notifier, sent after their commit: one list of
+    queues per notifying transaction."""
+    sent: list[list[str]] = []
+    notifier = pg._notifier
+    assert notifier is not None
+    send = notifier._send
+
+    def recording(queues: list[str]) -> None:
+        send(queues)
+        sent.append(queues)
+
+    notifier._send = recording
+    try:
+        with notifier.enqueue() as alone:
+            assert alone is None
+            yield sent
+    finally:
+        notifier._send = send
+
+
+@pytest.mark.parametrize("size", [1, 3, COPY_THRESHOLD])
+@pytest.mark.parametrize("blocking", [False, True])
+async def test_an_enqueue_beside_another_notifies_after_its_commit(
+    pg: PostgresStore,
+    admin: psycopg.AsyncConnection[Any],
+    postgres_schema: str,
+    size: int,
+    blocking: bool,
+) -> None:
+    """Enqueues that overlap commit without a NOTIFY (which would make their commits
+    wait for each other's disk flushes) and notify right after, in a transaction of
+    their own: a waiting worker still wakes, for the queues with a job ready now
+    only. Every statement and path: one row, a batch, a copied batch."""
+    waiter = asyncio.create_task(pg.wait_for_jobs(queues=["a"], timeout=30))
+    await listener_pid(admin, postgres_schema)
+
+    async def enqueue(jobs: list[NewJob]) -> list[int]:
+        if blocking:
+            return await asyncio.to_thread(pg.jobs_enqueue_blocking, jobs=jobs)
+        return await pg.jobs_enqueue(jobs=jobs)
+
+    with sent_after_commit(pg) as sent:
+        later = NewJob(queue="s", task="t", args="[]", delay=600)
+        await enqueue([later] * size)  # scheduled: nothing to wake anyone for
+        await enqueue([new("b")] * size)
+        await asyncio.sleep(0.3)
+        assert not waiter.done()
+        ids = await enqueue([new("a")] * size)
+        await asyncio.wait_for(waiter, timeout=5)
+        await enqueue([new("d")] + [new("c")] * (size - 1))
+        expected = {"a", "b", "d"} | ({"c"} if size > 1 else set())
+        for _ in range(100):  # sent from the notifier's thread
+            if {q for queues in sent for q in queues} >= expected:
+                break
+            await asyncio.sleep(0.05)
+    assert {q for queues in sent for q in queues} == expected
+    assert all(queues == sorted(set(queues)) for queues in sent)
+    assert len(set(ids)) == size
+    assert len(await pg.jobs_list(limit=5 * size)) == 4 * size
+
+
+async def test_a_lone_enqueue_notifies_in_its_own_transaction(
+    pg: PostgresStore, admin: psycopg.AsyncConnection[Any], postgres_schema: str
+) -> None:
+    """Nothing overlaps it: the NOTIFY rides in the enqueue's transaction, with no
+    transaction of its own after."""
+    notifier = pg._notifier
+    assert notifier is not None
+    sent: list[list[str]] = []
+    notifier._send = sent.append
+    waiter = asyncio.create_task(pg.wait_for_jobs(queues=["a"], timeout=30))
+    await listener_pid(admin, postgres_schema)
+    await pg.jobs_enqueue(jobs=[new("a")])
+    await asyncio.wait_for(waiter, timeout=5)
+    await asyncio.to_thread(pg.jobs_enqueue_blocking, jobs=[new("a")] * COPY_THRESHOLD)
+    assert sent == []
 
 
 @pytest.mark.parametrize("size", [COPY_THRESHOLD - 1, COPY_THRESHOLD])

@@ -92,13 +92,19 @@ inserted AS (
     RETURNING id, queue, state
 ),
 -- NOTIFY is transactional: listeners hear of the jobs only once they are committed.
+-- Only with %(notify)s: tokenline's own enqueues notify after their commit (_notifier.py).
 notified AS (
     SELECT count(pg_notify(%(channel)s, q.queue)) AS n
     FROM (SELECT DISTINCT queue FROM inserted WHERE state = 'queued') AS q
+    WHERE %(notify)s::boolean
 )
-SELECT COALESCE(k.job_id, d.ids[i.ord::integer]) AS id
-FROM input AS i
+-- Each job's id (its key's holder's, if another job holds it) and whether it went in
+-- ready now (for the notification sent after the commit).
+SELECT COALESCE(k.job_id, d.ids[i.ord::integer]) AS id,
+       COALESCE(k.job_id = d.ids[i.ord::integer], true) AND i.run_at <= c.now AS ready
+FROM timed AS i
      CROSS JOIN drawn AS d
+     CROSS JOIN clock AS c
      CROSS JOIN notified
      LEFT JOIN keys AS k ON i.uniq IS NOT NULL AND k.key = i.idempotency_key
 ORDER BY i.ord;
@@ -124,8 +130,11 @@ inserted AS (
     FROM timed AS t
     RETURNING id, queue, state
 )
--- NOTIFY is transactional: listeners hear of the job only once it is committed.
-SELECT id, CASE WHEN state = 'queued' THEN pg_notify(%(channel)s, queue) END
+-- NOTIFY is transactional: listeners hear of the job only once it is committed. Only
+-- with %(notify)s: tokenline's own enqueues notify after their commit (_notifier.py).
+SELECT id, state = 'queued' AS ready,
+       CASE WHEN state = 'queued' AND %(notify)s::boolean
+            THEN pg_notify(%(channel)s, queue) END
 FROM inserted;
 
 -- name: enqueue_ids
@@ -186,6 +195,7 @@ SELECT t.key, t.job_id FROM taken AS t JOIN i ON i.key = t.key WHERE t.job_id <>
 
 -- name: enqueue_notify
 -- NOTIFY is transactional: listeners hear of the jobs only once they are committed.
+-- Also sent on its own, after the commit of the enqueue it announces (_notifier.py).
 SELECT count(pg_notify(%(channel)s, q.queue)) FROM unnest(%(queues)s::text[]) AS q (queue);
 
 -- name: claim

@@ -41,7 +41,7 @@ class PostgresRetention:
 
         async def _call(self, fn: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T: ...
 
-        def _enqueue_params(self, jobs: Sequence[NewJob]) -> dict[str, Any]: ...
+        def _enqueue_params(self, jobs: Sequence[NewJob], *, notify: bool) -> dict[str, Any]: ...
 
     async def _leader_check(
         self, conn: AsyncConnection[Any], leader: ResourceLease, operation: str
@@ -99,7 +99,7 @@ class PostgresRetention:
                 if await cur.fetchone() is None:
                     return False
                 if job is not None:
-                    await cur.execute(self._q("enqueue"), self._enqueue_params([job]))
+                    await cur.execute(self._q("enqueue"), self._enqueue_params([job], notify=True))
                 return True
 
         return await self._call(run)

@@ -81,6 +81,7 @@ from ._migrations import (
     too_new,
     too_old,
 )
+from ._notifier import Notifier
 from ._raw import RawStatement, needs_raw
 from ._steps import (
     AsyncDriver,
@@ -108,6 +109,12 @@ COPY_THRESHOLD = 64
 
 #: The range of PostgreSQL's ``integer`` columns.
 _INT4 = (-(2**31), 2**31 - 1)
+
+
+def _ready_queues(jobs: Sequence[NewJob], rows: Sequence[TupleRow]) -> set[str]:
+    """The queues of ``jobs`` that the enqueue statements' ``rows`` (id, whether
+    inserted ready now, …) say went in ready now: those to notify."""
+    return {j.queue for j, row in zip(jobs, rows, strict=True) if row[1]}
 
 
 def _check_values(jobs: Sequence[NewJob]) -> None:
@@ -289,6 +296,8 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         self._lent_pool: AsyncConnectionPool[AsyncConnection[TupleRow]] | None = None
         self._lent_sync_pool: ConnectionPool[psycopg.Connection[TupleRow]] | None = None
         self._listener: Listener | None = None
+        # Sends the wake-ups of this store's own enqueues after their commit.
+        self._notifier: Notifier | None = None
         # Last resort against a peer that stops answering (see _deadline.py): waiting
         # for a pooled connection and the statements each get ``timeout``, plus slack.
         self._deadline = 2 * timeout + 1
@@ -519,6 +528,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         self._pool = pool
         self._lent_pool = lent
         self._listener = Listener(self.target.conninfo, self.target.channel, timeout=self.timeout)
+        self._notifier = Notifier(self._notify, name=f"tokenline-{self.schema}-notify")
 
     async def missing(self) -> str | None:
         """What is missing for this store to exist, without creating anything: its
@@ -554,6 +564,10 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
 
     async def close(self) -> None:
         """Stop listening and close the pools. Safe to call twice."""
+        notifier, self._notifier = self._notifier, None
+        if notifier is not None:
+            # The wake-ups of the last enqueues, while the pools are still open.
+            await asyncio.to_thread(notifier.close, self._deadline)
         with self._sync_pool_lock:
             listener, pool, lent = self._listener, self._pool, self._lent_pool
             sync_pools = [p for p in (self._sync_pool, self._lent_sync_pool) if p is not None]
@@ -570,15 +584,35 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
             await asyncio.to_thread(sync_pool.close)
 
     # -- broker ---------------------------------------------------------------------------
+    def _enqueue_slot(self) -> contextlib.AbstractContextManager[Notifier | None]:
+        """Around an enqueue committed by tokenline: the notifier to hand its queues
+        to after the commit, or ``None`` to notify in its transaction."""
+        notifier = self._notifier
+        return contextlib.nullcontext() if notifier is None else notifier.enqueue()
+
+    def _notify(self, queues: list[str]) -> None:
+        """Wake the workers waiting on ``queues``: a transaction of its own, after the
+        commit of the jobs it announces, on the notifier's thread (see ``_notifier.py``)."""
+        params = {"channel": self.target.channel, "queues": queues}
+        pool, conn = self._checkout_sync()
+        try:
+            with self._translate():
+                conn.execute(self._q("enqueue_notify"), params)
+        finally:
+            pool.putconn(conn)
+
     @staticmethod
     def _copies(jobs: Sequence[NewJob]) -> bool:
         """Whether ``jobs`` go in by COPY: a large batch (its unique keys are taken by a
         statement of their own first, see :meth:`_enqueue_copy_steps`)."""
         return len(jobs) >= COPY_THRESHOLD
 
-    def _enqueue_statement(self, jobs: Sequence[NewJob]) -> tuple[str, dict[str, Any]]:
+    def _enqueue_statement(
+        self, jobs: Sequence[NewJob], *, notify: bool
+    ) -> tuple[str, dict[str, Any]]:
         """The enqueue statement for ``jobs`` and its parameters: a lone job without a
-        unique key takes the single-row statement."""
+        unique key takes the single-row statement. ``notify``: in the statement's
+        transaction (see ``_notifier.py``)."""
         if len(jobs) == 1 and jobs[0].unique is None:
             j = jobs[0]
             return self._q("enqueue_one"), {
@@ -594,10 +628,12 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
                 "timeout": j.timeout,
                 "now": self._now(),
                 "channel": self.target.channel,
+                "notify": notify,
             }
-        return self._q("enqueue"), self._enqueue_params(jobs)
+        return self._q("enqueue"), self._enqueue_params(jobs, notify=notify)
 
-    def _enqueue_params(self, jobs: Sequence[NewJob]) -> dict[str, Any]:
+    def _enqueue_params(self, jobs: Sequence[NewJob], *, notify: bool) -> dict[str, Any]:
+        """The ``enqueue`` statement's parameters; ``notify``: in its transaction."""
         return {
             "queue": BinaryArray([j.queue for j in jobs]),
             "task": BinaryArray([j.task for j in jobs]),
@@ -613,14 +649,18 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
             "unique_for": float_array([j.unique_for for j in jobs]),
             "now": self._now(),
             "channel": self.target.channel,
+            "notify": notify,
         }
 
-    def _enqueue_copy_steps(self, jobs: Sequence[NewJob]) -> Steps[list[int]]:
+    def _enqueue_copy_steps(
+        self, jobs: Sequence[NewJob], *, notify: bool
+    ) -> Steps[tuple[list[int], set[str]]]:
         """A large batch, in one transaction: ids drawn, unique keys taken, rows copied
-        in (far cheaper per row than a statement's arrays), one NOTIFY per queue with a
-        job ready now. A unique job whose key another job holds (an earlier one of the
-        batch, or one already stored) is not copied: its id is the holder's, as with
-        the ``enqueue`` statement."""
+        in (far cheaper per row than a statement's arrays), and with ``notify`` one
+        NOTIFY per queue with a job ready now. A unique job whose key another job holds
+        (an earlier one of the batch, or one already stored) is not copied: its id is
+        the holder's, as with the ``enqueue`` statement. Answers the ids and the queues
+        with a job ready now."""
         yield Begin()
         try:
             drawn = yield from fetch_one(
@@ -648,14 +688,14 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
                     )
                 )  # fmt: skip
             yield Copy(self._q("enqueue_copy"), rows, ENQUEUE_COPY_TYPES)
-            if ready:
+            if ready and notify:
                 params = {"channel": self.target.channel, "queues": sorted(ready)}
                 yield from execute(self._q("enqueue_notify"), params)
         except BaseException as exc:
             yield End(exc)
             raise
         yield End()
-        return ids
+        return ids, ready
 
     def _take_keys(self, jobs: Sequence[NewJob], own: list[int], now: float) -> Steps[list[int]]:
         """Take the unique keys of ``jobs`` (whose drawn ids are ``own``) in the
@@ -691,20 +731,26 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         if not jobs:
             return []
         _check_values(jobs)
-        if connection is None and self._copies(jobs):
-            return await self._call(
-                lambda conn: AsyncDriver(conn).run(self._enqueue_copy_steps(jobs))
-            )
-        query, params = self._enqueue_statement(jobs)
         if connection is None:
-            return [row[0] for row in await self._tuples(query, params)]
+            with self._enqueue_slot() as later:  # see _notifier.py
+                if self._copies(jobs):
+                    steps = self._enqueue_copy_steps(jobs, notify=later is None)
+                    ids, ready = await self._call(lambda conn: AsyncDriver(conn).run(steps))
+                else:
+                    query, params = self._enqueue_statement(jobs, notify=later is None)
+                    rows = await self._tuples(query, params)
+                    ids, ready = [row[0] for row in rows], _ready_queues(jobs, rows)
+            if later is not None:
+                later.add(ready)
+            return ids
+        query, params = self._enqueue_statement(jobs, notify=True)
         if isinstance(connection, psycopg.Connection):
             # A sync caller (app.enqueue from ordinary code): blocking here is what
             # that caller asked for, on its own connection and thread.
             _require_transaction(connection)
             with self._translate_on_callers_connection():
-                rows = connection.cursor(row_factory=tuple_row).execute(query, params)
-                return [row[0] for row in rows.fetchall()]
+                cursor = connection.cursor(row_factory=tuple_row).execute(query, params)
+                return [row[0] for row in cursor.fetchall()]
         if not isinstance(connection, psycopg.AsyncConnection):
             raise StoreError(
                 "connection= must be a psycopg connection to the store's database "
@@ -725,15 +771,19 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         _check_values(jobs)
         pool, conn = self._checkout_sync()
         try:
-            with self._translate():
+            with self._translate(), self._enqueue_slot() as later:  # see _notifier.py
                 if self._copies(jobs):
-                    return SyncDriver(conn).run(self._enqueue_copy_steps(jobs))
-                query, params = self._enqueue_statement(jobs)
-                cur = conn.cursor(row_factory=tuple_row)
-                cur.execute(query, params)
-                return [row[0] for row in cur.fetchall()]
+                    steps = self._enqueue_copy_steps(jobs, notify=later is None)
+                    ids, ready = SyncDriver(conn).run(steps)
+                else:
+                    query, params = self._enqueue_statement(jobs, notify=later is None)
+                    rows = conn.cursor(row_factory=tuple_row).execute(query, params).fetchall()
+                    ids, ready = [row[0] for row in rows], _ready_queues(jobs, rows)
         finally:
             pool.putconn(conn)
+        if later is not None:
+            later.add(ready)
+        return ids
 
     async def wait_for_jobs(
         self,
