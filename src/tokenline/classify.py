@@ -7,7 +7,9 @@ transient      timeouts, connection resets, unknown errors  retry with backoff, 
 permanent      ``Permanent``, bad arguments (``TypeError``), dead at once, with the reason
                invalid input (``InvalidInputError``), an
                API used wrongly (``NotSupportedError``,
-               ``ConfigError``)
+               ``ConfigError``), a database error the
+               same statement meets every time (SQL
+               errors, see :func:`sql_fault`)
 coordination   lease lost, store unreachable, cancelled,    no ack, no attempt burned
                a dependency's breaker open                  (a breaker: after its delay)
                (``DependencyOpenError``)
@@ -19,6 +21,7 @@ A user classifier runs first; returning ``None`` falls through to the defaults.
 from __future__ import annotations
 
 import enum
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,7 +37,7 @@ from ._errors import (
 )
 from ._jobs import describe, exception_text, seconds_problem
 
-__all__ = ["Classifier", "Decision", "ErrorClass", "classify", "delay_problem"]
+__all__ = ["Classifier", "Decision", "ErrorClass", "classify", "delay_problem", "sql_fault"]
 
 
 class ErrorClass(enum.StrEnum):
@@ -75,6 +78,33 @@ def delay_problem(delay: object) -> str | None:
 #: A user classifier: return an :class:`ErrorClass` (or a :class:`Decision`) to decide,
 #: or ``None`` to fall back on the defaults.
 Classifier = Callable[[BaseException], "ErrorClass | Decision | None"]
+
+
+#: SQLSTATE classes of the errors a statement meets every time it runs, whatever the
+#: load: 0A feature not supported, 21 cardinality violation, 22 data exception (bad
+#: input syntax, division by zero, out of range), 23 integrity constraint violation,
+#: 42 syntax error or access rule violation (undefined table or column, no privilege),
+#: 44 with check option violation. Left transient: connection errors (08), rollbacks
+#: for serialization or deadlock (40), lock and statement timeouts, resources, shutdown.
+PERMANENT_SQLSTATE_CLASSES = frozenset({"0A", "21", "22", "23", "42", "44"})
+
+#: SQLite's result codes for an SQL error (syntax, no such table or column) and a
+#: constraint violated: the same every time. Busy, locked, I/O and full stay transient.
+_PERMANENT_SQLITE_CODES = ("SQLITE_ERROR", "SQLITE_CONSTRAINT", "SQLITE_MISMATCH")
+
+
+def sql_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` is a database error the same statement meets every time: a
+    PostgreSQL error (any driver giving ``sqlstate``) of a class in
+    :data:`PERMANENT_SQLSTATE_CLASSES`, or an SQLite error in the statement or a
+    constraint. Retrying those only burns attempts (and the queue's retry budget)."""
+    state = getattr(exc, "sqlstate", None)
+    if isinstance(state, str) and len(state) == 5:
+        return state[:2] in PERMANENT_SQLSTATE_CLASSES
+    if isinstance(exc, sqlite3.Error):
+        name = getattr(exc, "sqlite_errorname", None)
+        return isinstance(name, str) and name.startswith(_PERMANENT_SQLITE_CODES)
+    return False
 
 
 def _describe(exc: BaseException) -> str:
@@ -125,6 +155,6 @@ def classify(exc: BaseException, user: Classifier | None = None) -> Decision:
     if isinstance(
         exc,
         TypeError | NotImplementedError | InvalidInputError | NotSupportedError | ConfigError,
-    ):
+    ) or sql_fault(exc):
         return Decision(ErrorClass.PERMANENT, _describe(exc))
     return Decision(ErrorClass.TRANSIENT, _describe(exc))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sqlite3
 from typing import Any
 
 import pytest
@@ -225,3 +226,77 @@ def test_classifier_returning_junk_raises_type_error(junk: object) -> None:
     """A classifier returning anything but ErrorClass, Decision or None is a TypeError."""
     with pytest.raises(TypeError, match="classifier returned"):
         classify(ValueError("x"), lambda exc: junk)  # type: ignore[arg-type,return-value]
+
+
+class _DriverError(Exception):
+    """A database driver's error carrying its SQLSTATE, as psycopg's do."""
+
+    def __init__(self, sqlstate: str | None) -> None:
+        super().__init__(f"server said {sqlstate}")
+        self.sqlstate = sqlstate
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "expected"),
+    [
+        ("42P01", ErrorClass.PERMANENT),  # undefined table
+        ("42703", ErrorClass.PERMANENT),  # undefined column
+        ("42601", ErrorClass.PERMANENT),  # syntax error
+        ("42501", ErrorClass.PERMANENT),  # insufficient privilege
+        ("22012", ErrorClass.PERMANENT),  # division by zero
+        ("22P02", ErrorClass.PERMANENT),  # invalid text representation
+        ("23505", ErrorClass.PERMANENT),  # unique violation
+        ("0A000", ErrorClass.PERMANENT),  # feature not supported
+        ("40001", ErrorClass.TRANSIENT),  # serialization failure
+        ("40P01", ErrorClass.TRANSIENT),  # deadlock detected
+        ("55P03", ErrorClass.TRANSIENT),  # lock not available
+        ("57014", ErrorClass.TRANSIENT),  # statement timeout
+        ("08006", ErrorClass.TRANSIENT),  # connection failure
+        ("53300", ErrorClass.TRANSIENT),  # too many connections
+        (None, ErrorClass.TRANSIENT),
+        ("42", ErrorClass.TRANSIENT),  # not an SQLSTATE
+    ],
+)
+def test_a_database_error_met_every_time_is_permanent(
+    sqlstate: str | None, expected: ErrorClass
+) -> None:
+    """A handler's statement on a table that is not there was retried as transient
+    until its attempts ran out, spending the queue's retry budget on the way. An error
+    the same statement meets every time (its SQLSTATE class) is now permanent; one a
+    retry can get past (a conflict, a timeout, a lost connection) stays transient."""
+    decision = classify(_DriverError(sqlstate))
+    assert decision.error_class is expected
+    assert decision.reason == f"_DriverError: server said {sqlstate}"
+
+
+@pytest.mark.parametrize(
+    ("statement", "expected"),
+    [
+        ("SELECT * FROM nowhere", ErrorClass.PERMANENT),
+        ("SELEC 1", ErrorClass.PERMANENT),
+        ("INSERT INTO t VALUES (1)", ErrorClass.PERMANENT),  # primary key taken
+    ],
+)
+def test_an_sqlite_error_in_the_statement_is_permanent(
+    statement: str, expected: ErrorClass
+) -> None:
+    """The same on SQLite, by its result code."""
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t (a INTEGER PRIMARY KEY)")
+    conn.execute("INSERT INTO t VALUES (1)")
+    with pytest.raises(sqlite3.Error) as caught:
+        conn.execute(statement)
+    assert classify(caught.value).error_class is expected
+
+
+def test_a_busy_sqlite_database_stays_transient(tmp_path: Any) -> None:
+    """A database locked by another connection is worth another try."""
+    path = tmp_path / "busy.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("CREATE TABLE t (a)")
+    holder.execute("BEGIN EXCLUSIVE")
+    other = sqlite3.connect(path, timeout=0)
+    with pytest.raises(sqlite3.OperationalError) as caught:
+        other.execute("SELECT * FROM t")
+    assert caught.value.sqlite_errorname == "SQLITE_BUSY"
+    assert classify(caught.value).error_class is ErrorClass.TRANSIENT
