@@ -93,6 +93,34 @@ async def test_a_blocking_enqueue_needs_the_store_open_and_stops_with_it(
         store.jobs_enqueue_blocking(jobs=[job])
 
 
+async def test_a_batch_over_the_limit_is_refused_before_it_holds_up_the_server(
+    redis_url: str,
+) -> None:
+    """A batch of 200,000 jobs ran as one script for over 5 seconds, and every other
+    client of the server, workers renewing their leases included, got ``BUSY`` until
+    it ended. A batch over MAX_BATCH is now refused as bad input, with the limit and
+    what to do, and nothing is written; one at the limit goes in whole."""
+    import asyncio
+
+    from tokenline._errors import InvalidInputError
+    from tokenline.stores.redis.store import MAX_BATCH
+
+    store = RedisStore(redis_url)
+    await store.open()
+    try:
+        over = [NewJob(queue="q", task="t", args="[]")] * (MAX_BATCH + 1)
+        said = rf"a batch of {MAX_BATCH + 1:,} jobs is over the Redis store's limit"
+        with pytest.raises(InvalidInputError, match=said):
+            await store.jobs_enqueue(jobs=over)
+        with pytest.raises(InvalidInputError, match=rf"at most {MAX_BATCH:,} jobs at a time"):
+            await asyncio.to_thread(store.jobs_enqueue_blocking, jobs=over)
+        assert await store.jobs_list(limit=10) == []
+        ids = await store.jobs_enqueue(jobs=over[1:])
+        assert len(set(ids)) == MAX_BATCH
+    finally:
+        await store.close()
+
+
 # -- a job hash missing or malformed (eviction, an operator's DEL) ------------------------
 
 

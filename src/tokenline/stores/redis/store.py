@@ -45,6 +45,7 @@ from redis.commands.core import AsyncScript, Script
 
 from ..._clock import Clock
 from ..._errors import (
+    InvalidInputError,
     JobNotFoundError,
     NotSupportedError,
     StaleTokenError,
@@ -123,6 +124,11 @@ EPOCH_SHIFT = 32
 _EPOCH_ERROR = "TLEPOCH"
 #: Tries at recording a new epoch while the server's keys keep vanishing.
 _EPOCH_TRIES = 3
+#: Most jobs one enqueue takes. A batch goes in by one script, all or nothing, and a
+#: script runs alone on the server: every other client, workers renewing their leases
+#: included, waits until it ends, and past 5 seconds (``busy-reply-threshold``) gets
+#: ``BUSY`` instead. 10,000 jobs take a few tenths of a second.
+MAX_BATCH = 10_000
 #: The error rescue_apply.lua raises when the caller is no longer the leader.
 _LEADER_ERROR = "TLLEADER"
 
@@ -379,7 +385,15 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
             return self._sync_enqueue
 
     def _enqueue_args(self, jobs: Sequence[NewJob]) -> list[Any]:
-        """The enqueue script's arguments for ``jobs``."""
+        """The enqueue script's arguments for ``jobs``; a batch over :data:`MAX_BATCH`
+        is refused before anything is sent."""
+        if len(jobs) > MAX_BATCH:
+            raise InvalidInputError(
+                f"a batch of {len(jobs):,} jobs is over the Redis store's limit of "
+                f"{MAX_BATCH:,}: one batch is one script, which holds up every other "
+                f"client of the server while it runs; enqueue at most {MAX_BATCH:,} "
+                "jobs at a time (each batch all or nothing)"
+            )
         args: list[Any] = [self._now(), self._epoch_arg(), len(jobs)]
         for j in jobs:
             args += _job_args(j)
