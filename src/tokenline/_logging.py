@@ -56,8 +56,14 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 #: Characters a terminal may act on rather than show: the C0 controls but tab and
 #: newline, DEL, the C1 controls (``\x9b`` is a one-byte CSI), and the bidirectional
-#: overrides and isolates, which reorder what is shown.
-_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+#: overrides, isolates and marks, which reorder what is shown; and those that show as
+#: nothing or as a line break (the line and paragraph separators, which split a table's
+#: cell, the soft hyphen, zero-width space, word joiner and byte-order mark), so that two
+#: keys that differ never look the same.
+_CONTROLS = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u061c\u200b\u200e\u200f\u2028-\u202e"
+    "\u2060-\u2064\u2066-\u2069\ufeff]"
+)
 
 
 def _escaped(match: re.Match[str]) -> str:

@@ -643,6 +643,32 @@ def test_control_characters_in_stored_text_are_escaped(evil_url: str, args: list
         assert "w\\x1b[5m" in out  # the worker's name, in the attempts
 
 
+#: Keys that differ only by a character that shows as nothing or as a line break.
+LOOKALIKE_KEYS = ["u\u2028tail:0", "u\u2029tail:0", "u\u200btail:0", "u\ufefftail:0", "utail:0"]
+
+
+@pytest.mark.parametrize("args", [["jobs"], ["jobs", "--state", "queued"]], ids=" ".join)
+def test_keys_that_differ_never_look_the_same(tmp_path: Path, args: list[str]) -> None:
+    """A key holding a line or paragraph separator was split in the listing, its tail
+    dropped, and one holding a zero-width space or a byte-order mark looked the same as
+    the key without it. Each such character now shows as its escape, the key whole."""
+    u = f"sqlite:///{tmp_path / 'lookalike.db'}"
+    app = task_app(u)
+
+    async def seed(store: Store) -> None:
+        jobs = [app.build_job("report", ["x"], idempotency_key=k) for k in LOOKALIKE_KEYS]
+        await store.jobs_enqueue(jobs=jobs)
+
+    store_run(u, seed)
+    code, out = cli(*args, "--url", u, env=NARROW)
+    assert code == 0, out
+    for shown in ("u\\u2028tail:0", "u\\u2029tail:0", "u\\u200btail:0", "u\\ufefftail:0"):
+        assert shown in out, (shown, out)
+    for raw in ("\u2028", "\u2029", "\u200b", "\ufeff"):
+        assert raw not in out
+    assert out.count("tail:0") == len(LOOKALIKE_KEYS)
+
+
 def test_json_output_is_valid_utf8_whatever_the_store_holds(tmp_path: Path) -> None:
     """An argument with a lone surrogate (JSON allows one, escaped) made ``job --json``
     write bytes that are not UTF-8. Every --json output now writes such a character as
