@@ -133,6 +133,11 @@ def test_resuming_a_queue_that_is_not_paused_warns_naming_the_paused_ones(
         (["--key", ""], "Invalid value for '--key': idempotency_key must be a non-empty"),
         (["--delay", "nan"], "Invalid value for '--delay'"),
         (["--priority", "high"], "Invalid value for '--priority'"),
+        # int() and float() read these as 3, 1000 and 3: nobody typed those numbers.
+        (["--priority", "\u0663"], "'\u0663' is not a whole number in digits 0-9"),
+        (["--delay", "1_000"], "'1_000' is not a number of seconds in digits 0-9"),
+        (["--delay", "\u0663"], "'\u0663' is not a number of seconds in digits 0-9"),
+        (["--priority", "1_0"], "'1_0' is not a whole number in digits 0-9"),
     ],
 )
 def test_a_bad_enqueue_option_is_a_usage_error(

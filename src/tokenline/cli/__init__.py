@@ -32,6 +32,7 @@ from ._common import (
     CommandGroup,
     Prefetch,
     Seconds,
+    Whole,
     app_option,
     console,
     err_console,
@@ -87,7 +88,11 @@ def _above_zero(high: float) -> Seconds:
     "--queues", "-q", help="Comma-separated queues to consume [default: default].", **_env("QUEUES")
 )
 @click.option(
-    "--concurrency", "-c", type=int, help="Jobs run at once [default: 10].", **_env("CONCURRENCY")
+    "--concurrency",
+    "-c",
+    type=Whole(),
+    help="Jobs run at once [default: 10].",
+    **_env("CONCURRENCY"),
 )
 @click.option(
     "--lease-ttl",
@@ -158,7 +163,7 @@ def _above_zero(high: float) -> Seconds:
 )
 @click.option(
     "--claim-batch",
-    type=int,
+    type=Whole(),
     help="Jobs claimed per round trip [default: free slots].",
     **_env("CLAIM_BATCH"),
 )
@@ -178,7 +183,7 @@ def _above_zero(high: float) -> Seconds:
 @log_level_option
 @click.option(
     "--metrics-port",
-    type=click.IntRange(1, 65535),
+    type=Whole(1, 65535),
     help="Serve /metrics, /healthz and /readyz on this port (needs tokenline[metrics]) "
     "[default: off].",
     **_env("METRICS_PORT"),
@@ -287,7 +292,7 @@ def _idempotency_key(
 )
 @click.option(
     "--priority",
-    type=click.IntRange(MIN_PRIORITY, MAX_PRIORITY),
+    type=Whole(MIN_PRIORITY, MAX_PRIORITY),
     default=None,
     help="Higher runs first.",
 )

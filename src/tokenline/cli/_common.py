@@ -18,6 +18,7 @@ import functools
 import importlib
 import math
 import os
+import re
 import signal
 import sys
 import sysconfig
@@ -380,10 +381,14 @@ class Seconds(_FloatType):
         if isinstance(value, float | int) and not isinstance(value, bool):
             number = float(value)
         else:
+            text = str(value).strip()
             try:
-                number = float(str(value).strip())
+                number = float(text)
             except ValueError:
                 self.fail(f"{value!r} is not a number of seconds", param, ctx)
+            # float() also reads "1_0" and other scripts' digits ("٣" as 3).
+            if math.isfinite(number) and not _DECIMAL_TEXT.fullmatch(text):
+                self.fail(f"{value!r} is not a number of seconds in digits 0-9", param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
         below = number <= self.low if self.low_open else number < self.low
@@ -432,23 +437,30 @@ def queue_name(
         raise click.BadParameter(str(exc)) from None
 
 
-#: A job id given on the command line: every store's ids are 1 to 2**63 - 1, so anything
-#: else is refused naming the argument, before the store is asked (a batch with one
-#: impossible id must not leave the others undone, nor fail halfway).
-class _Whole(click.IntRange):
-    """A whole number written in ASCII digits: ``int()`` also reads ``1_0`` as 10 and
-    other scripts' digits (``٣`` as 3), which would name a job nobody typed."""
+#: A whole number as typed: ASCII digits, a minus sign first for a negative one.
+_WHOLE_TEXT = re.compile(r"-?[0-9]+")
+#: A number of seconds as typed: ASCII digits, a point, an exponent.
+_DECIMAL_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+class Whole(click.IntRange):
+    """A whole number in a range, written in ASCII digits, for every integer option and
+    argument: ``int()`` also reads ``1_0`` as 10 and other scripts' digits (``٣`` as 3),
+    which would name a job, or set a priority, nobody typed."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         """The number, or a usage error naming the text that is not one."""
-        if isinstance(value, str) and not (value.isascii() and value.strip().isdigit()):
+        if isinstance(value, str) and not _WHOLE_TEXT.fullmatch(value.strip()):
             self.fail(f"{value!r} is not a whole number in digits 0-9", param, ctx)
         return super().convert(value, param, ctx)
 
 
-ID = _Whole(1, MAX_JOB_ID)
+#: A job id given on the command line: every store's ids are 1 to 2**63 - 1, so anything
+#: else is refused naming the argument, before the store is asked (a batch with one
+#: impossible id must not leave the others undone, nor fail halfway).
+ID = Whole(1, MAX_JOB_ID)
 #: A token given on the command line: 64-bit like the ids (0 names none held yet).
-TOKEN = _Whole(0, MAX_JOB_ID)
+TOKEN = Whole(0, MAX_JOB_ID)
 
 
 _url = click.option(

@@ -23,6 +23,7 @@ from ..stores import Store
 from ._common import (
     Col,
     CommandGroup,
+    Whole,
     app_option,
     bytes_text,
     console,
@@ -142,7 +143,7 @@ def audit() -> None:
 )
 @click.option(
     "--limit",
-    type=click.IntRange(1, 1_000_000),
+    type=Whole(1, 1_000_000),
     default=100_000,
     show_default=True,
     help="Most duplicate records to read, newest first.",

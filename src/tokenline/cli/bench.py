@@ -36,7 +36,7 @@ from .._errors import ConfigError
 from .._jobs import JobState
 from ..drill._scratch import scratch_for
 from ..stores import Store
-from ._common import Seconds, console, interrupt_on_sigterm
+from ._common import Seconds, Whole, console, interrupt_on_sigterm
 
 QUEUE = "bench"
 #: Jobs enqueued one call at a time, on a queue of their own that no worker reads.
@@ -177,35 +177,35 @@ def _load() -> str:
 )
 @click.option(
     "--jobs",
-    type=click.IntRange(100),
+    type=Whole(100),
     default=20_000,
     show_default=True,
     help="No-op jobs enqueued and processed: the measured ones.",
 )
 @click.option(
     "--backlog",
-    type=click.IntRange(0),
+    type=Whole(0),
     default=0,
     show_default=True,
     help="Jobs already queued before the measured ones (a deep queue).",
 )
 @click.option(
     "--workers",
-    type=click.IntRange(1, 64),
+    type=Whole(1, 64),
     default=2,
     show_default=True,
     help="Worker processes.",
 )
 @click.option(
     "--concurrency",
-    type=click.IntRange(1, 1000),
+    type=Whole(1, 1000),
     default=50,
     show_default=True,
     help="Jobs each worker process runs at once.",
 )
 @click.option(
     "--latency-samples",
-    type=click.IntRange(0),
+    type=Whole(0),
     default=200,
     show_default=True,
     help="Single jobs enqueued one at a time to time their pickup (0: none).",

@@ -28,7 +28,7 @@ from .._app import App
 from .._errors import ConfigError
 from .._jobs import JobState
 from ..drill._scratch import ScratchStore, scratch_for
-from ._common import console, interrupt_on_sigterm
+from ._common import Whole, console, interrupt_on_sigterm
 
 LEASE_TTL = 2.0
 
@@ -243,14 +243,14 @@ def report(r: DemoResult) -> Table:
 @click.command()
 @click.option(
     "--jobs",
-    type=click.IntRange(10, 1_000_000),
+    type=Whole(10, 1_000_000),
     default=2000,
     show_default=True,
     help="Invoice jobs to enqueue.",
 )
 @click.option(
     "--workers",
-    type=click.IntRange(2, 32),
+    type=Whole(2, 32),
     default=4,
     show_default=True,
     help="Worker processes: one is SIGKILLed, another SIGSTOPped past its lease.",

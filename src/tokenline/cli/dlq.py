@@ -12,6 +12,7 @@ from ..stores import Store
 from ._common import (
     ID,
     CommandGroup,
+    Whole,
     app_option,
     console,
     err_console,
@@ -40,7 +41,7 @@ def dlq() -> None:
 @click.option("--queue", default=None, callback=queue_name, help="Only dead jobs of this queue.")
 @click.option(
     "--limit",
-    type=click.IntRange(1, 10_000),
+    type=Whole(1, 10_000),
     default=50,
     show_default=True,
     help=LIMIT_HELP,

@@ -16,7 +16,7 @@ from ..drill.dependency import TIMEOUT
 from ..drill.runner import Drill, DrillError, ScenarioResult
 from ..drill.scenarios import DRILL_SCENARIOS
 from ..stores.base import Role
-from ._common import console, err_console, interrupt_on_sigterm, plural, print_json
+from ._common import Whole, console, err_console, interrupt_on_sigterm, plural, print_json
 
 __all__ = ["dependency_table", "drill", "periodic_table", "results_table", "status_table"]
 
@@ -190,22 +190,24 @@ def status_table(results: list[ScenarioResult]) -> Table | None:
 )
 @click.option(
     "--jobs",
-    type=click.IntRange(10, 1_000_000),
+    type=Whole(10, 1_000_000),
     default=2000,
     show_default=True,
     help="Jobs enqueued in each scenario.",
 )
 @click.option(
     "--workers",
-    type=click.IntRange(2, 32),
+    type=Whole(2, 32),
     default=3,
     show_default=True,
     help="Worker processes in each scenario.",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Fixes the fault schedule.")
+@click.option(
+    "--seed", type=Whole(), default=0, show_default=True, help="Fixes the fault schedule."
+)
 @click.option(
     "--proxy-port",
-    type=click.IntRange(0, 65535),
+    type=Whole(0, 65535),
     default=0,
     help="First port of the per-worker fault proxies (PostgreSQL); 0: any free port.",
 )

@@ -14,7 +14,7 @@ from types import FrameType
 
 import click
 
-from ._common import Seconds, app_option, console, reporting_errors, resolve_app, url_option
+from ._common import Seconds, Whole, app_option, console, reporting_errors, resolve_app, url_option
 from .scale import ScaleHinter
 
 __all__ = ["exporter"]
@@ -25,7 +25,7 @@ __all__ = ["exporter"]
 @url_option
 @click.option(
     "--port",
-    type=click.IntRange(0, 65535),
+    type=Whole(0, 65535),
     default=9464,
     show_default=True,
     envvar="TOKENLINE_EXPORTER_PORT",

@@ -22,6 +22,7 @@ from ..stores.base import ResourceLease
 from ._common import (
     ID,
     Col,
+    Whole,
     ago,
     app_option,
     bytes_text,
@@ -356,7 +357,7 @@ LIMIT_HELP = "Most jobs to list, newest first."
 @click.option("--queue", default=None, callback=queue_name, help="Only jobs of this queue.")
 @click.option(
     "--limit",
-    type=click.IntRange(1, 10_000),
+    type=Whole(1, 10_000),
     default=50,
     show_default=True,
     help=LIMIT_HELP,

@@ -23,6 +23,7 @@ from ._common import (
     TOKEN,
     Col,
     CommandGroup,
+    Whole,
     ago,
     app_option,
     console,
@@ -146,7 +147,7 @@ def _show_resource_leases(items: list[ResourceLease], now: float) -> None:
 @click.option("--all", "show_all", is_flag=True, help="Include expired and released leases.")
 @click.option(
     "--limit",
-    type=click.IntRange(1, 10_000),
+    type=Whole(1, 10_000),
     default=1000,
     show_default=True,
     help="Most running jobs to list, newest first.",

@@ -30,6 +30,7 @@ from ..maintenance import (
 )
 from ..stores.base import ResourceLease, Store
 from ._common import (
+    Whole,
     app_option,
     console,
     err_console,
@@ -81,7 +82,7 @@ config_option = click.option(
 @log_level_option
 @click.option(
     "--metrics-port",
-    type=click.IntRange(0, 65535),
+    type=Whole(0, 65535),
     default=None,
     envvar="TOKENLINE_METRICS_PORT",
     show_envvar=True,
