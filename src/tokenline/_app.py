@@ -758,12 +758,12 @@ class App:
         never run (again), and keep ``reason`` as their last error. Return how many
         were cancelled. A running job is left to finish its attempt, and a finished
         one as it is: ``tokenline cancel`` names each id it did not cancel, and why."""
-        ids, why = _cancel_input(job_ids, reason)
+        ids, why = cancel_input(job_ids, reason)
         return self.run(lambda s: s.jobs_cancel(job_ids=ids, reason=why)) if ids else 0
 
     async def cancel_async(self, *job_ids: int, reason: str = "cancelled") -> int:
         """:meth:`cancel` from async code."""
-        ids, why = _cancel_input(job_ids, reason)
+        ids, why = cancel_input(job_ids, reason)
         if not ids:
             return 0
         return await asyncio.to_thread(self.run, lambda s: s.jobs_cancel(job_ids=ids, reason=why))
@@ -915,7 +915,7 @@ class _PortalStore:
 _MAX_CANCEL_REASON = 2_000
 
 
-def _cancel_input(job_ids: Sequence[object], reason: object) -> tuple[list[int], str]:
+def cancel_input(job_ids: Sequence[object], reason: object) -> tuple[list[int], str]:
     """The ids and reason of a cancel, checked: each id a job id, the reason text."""
     for job_id in job_ids:
         if not possible_job_id(job_id):

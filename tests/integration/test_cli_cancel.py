@@ -140,3 +140,27 @@ def test_the_cancel_command_reads_ids_in_ascii_digits_only(tmp_path: Path, text:
     app = _app(path)
     assert set(_states(app, ids)) == {JobState.QUEUED}
     app.close()
+
+
+@pytest.mark.parametrize(
+    ("reason", "message"),
+    [("x" * 2001, "reason is 2001 characters, over the limit of 2000"), ("  ", "non-empty")],
+)
+def test_the_cancel_command_checks_the_reason_as_the_api_does(
+    tmp_path: Path, reason: str, message: str
+) -> None:
+    """The command cancelled with a reason of 3,000 characters, stored cut, where
+    ``app.cancel`` refuses one over 2,000: it now refuses it too, as a usage error,
+    and nothing is cancelled."""
+    path = tmp_path / "c.db"
+    app = _app(path)
+    ids = [app.enqueue("t", i) for i in range(2)]
+    app.close()
+    result = CliRunner().invoke(
+        main, ["cancel", str(ids[0]), "--url", f"sqlite:///{path}", "--reason", reason]
+    )
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    app = _app(path)
+    assert set(_states(app, ids)) == {JobState.QUEUED}
+    app.close()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
-from .._errors import JobNotFoundError
-from .._jobs import JobState, error_text
+from .._app import cancel_input
+from .._errors import InvalidInputError, JobNotFoundError
+from .._jobs import JobState
 from ..stores import Store
 from ._common import (
     ID,
@@ -68,9 +69,11 @@ def cancel(app_spec: str | None, url: str | None, job_ids: tuple[int, ...], reas
     """Cancel jobs that have not run yet (queued or scheduled), or are dead: they never
     run (again). A running job finishes its attempt; each id not cancelled is named,
     with why, and the exit status is then 1."""
-    if not reason.strip():
-        raise click.BadParameter("must not be empty", param_hint="'--reason'")
-    reason = error_text(reason)  # NULs and lone surrogates escaped, as the store keeps them
+    try:
+        # The API's checks: the same limit, NULs and lone surrogates escaped.
+        _, reason = cancel_input(job_ids, reason)
+    except InvalidInputError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--reason'") from None
     with reporting_errors():
         done, refused = with_store(
             resolve_app(app_spec, url, existing=True, ledger=False),
