@@ -427,9 +427,35 @@ async def test_a_read_only_dashboard_refuses_every_action_and_says_how_to_enable
         assert 'name="csrf"' not in confirm.text
         csrf = c._transport.app.state.dashboard.guard.csrf_token  # type: ignore[attr-defined]
         for token in (None, "", "anything"):
-            answer = await act(c, "retry-job", {"job": state.dead}, token=token, csrf=csrf)
-            assert answer.status_code == 403
-            assert "TOKENLINE_DASHBOARD_TOKEN" in answer.text
+            for form_csrf in (csrf, None):  # a script never shown a form has no token
+                answer = await act(c, "retry-job", {"job": state.dead}, token=token, csrf=form_csrf)
+                assert answer.status_code == 403
+                assert "TOKENLINE_DASHBOARD_TOKEN" in answer.text
+    assert await fingerprint(state.url) == before
+
+
+@pytest.mark.parametrize("field", ["queue", "csrf", "operator_token"])
+async def test_a_form_giving_a_field_twice_is_refused(
+    client: httpx.AsyncClient, state: State, field: str
+) -> None:
+    """``queue=zz&queue=xq`` paused the queue xq: the last value counted, where a
+    proxy or a log would show the first. A field given twice is now refused with 400,
+    naming it, and nothing changes."""
+    before = await fingerprint(state.url)
+    csrf = await csrf_of(client, "/actions/pause-queue?queue=default")
+    form = [("queue", "default"), ("csrf", csrf), ("operator_token", TOKEN)]
+    form.append((field, "emails" if field == "queue" else dict(form)[field]))
+    answer = await client.post(
+        "/actions/pause-queue",
+        content=str(httpx.QueryParams(form)),
+        headers={
+            "sec-fetch-site": "same-origin",
+            "origin": BASE,
+            "content-type": "application/x-www-form-urlencoded",
+        },
+    )
+    assert answer.status_code == 400, answer.text
+    assert f"the form gives &#39;{field}&#39; more than once" in answer.text
     assert await fingerprint(state.url) == before
 
 

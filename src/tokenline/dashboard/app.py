@@ -315,9 +315,18 @@ async def act(dash: _Dashboard, request: Request) -> Response:
         is_own=lambda origin: dash.hosts.accepts_origin(origin, server),
         own_origin=dash.hosts.root().rstrip("/"),
     )
+    if refusal is None and dash.guard.read_only:
+        refusal = dash.guard.check_operator(None)  # says how to enable actions
     form: dict[str, str] = {}
     if refusal is None:
-        form = {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
+        raw = await request.form()
+        repeated = sorted({k for k in raw if len(raw.getlist(k)) > 1})
+        if repeated:
+            # Which of two values would count is the server's guess: none does.
+            why = f"the form gives {', '.join(map(repr, repeated))} more than once"
+            logger.warning("action %s by %s refused: %s", action.name, who, why)
+            return dash.problem(request, 400, "Bad request", why)
+        form = {k: v for k, v in raw.items() if isinstance(v, str)}
         refusal = dash.guard.check_csrf(form.get("csrf"))
     if refusal is None:
         bearer = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
