@@ -1918,3 +1918,24 @@ async def test_a_fence_while_an_outcome_is_gathered_records_it_and_never_reruns_
     assert second.attempt == 1
     assert ran.count(ids[1]) == 1, ran
     assert (await store.stale_commits())[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("worker_id", "said"),
+    [
+        ('w"\\\n<script>', "must not contain control characters"),
+        ("w\x1b[2J", "must not contain control characters"),
+        ("", "must be a non-empty string"),
+        ("w" * 256, "must be a non-empty string of at most 255 characters"),
+    ],
+)
+def test_a_worker_id_is_checked_as_keys_are(app: App, worker_id: str, said: str) -> None:
+    """A worker id with a line break was taken: `tokenline workers` printed it across
+    two lines and `tokenline drain` could not name it. Refused when the worker is made,
+    naming worker_id; the default id and a plain given one are kept."""
+    from tokenline import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match=f"worker_id {said}"):
+        Worker(app, worker_id=worker_id)
+    assert Worker(app, worker_id="web-1:blue").id == "web-1:blue"
+    assert Worker(app).id

@@ -51,6 +51,7 @@ from .._errors import (
 from .._inflight import InFlight
 from .._jobs import ClaimedJob, Finish, Job, Outcome, WorkerRecord, exception_text
 from .._logging import SUCCESS_LOGGER
+from .._records import validate_key
 from ..backpressure import ErrorRateWindow, FailureKind, RetryBudget, make_limiter
 from ..classify import Classifier, Decision, ErrorClass, classify
 from ..dependencies import BreakerBoard
@@ -157,7 +158,10 @@ class Worker:
         self.app = app
         self.settings = settings or WorkerSettings()
         self.clock = app.clock
-        # Identity is per process start, never a reused hostname.
+        # Identity is per process start, never a reused hostname. One given is checked
+        # as keys are: listings show it, and `tokenline drain` must be able to name it.
+        if worker_id is not None:
+            validate_key(worker_id, "worker_id")
         self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.state = WorkerState.READY
         self.counters = WorkerCounters()
