@@ -544,7 +544,12 @@ class App:
         if delay is not None:
             _refuse("delay", seconds_problem(delay, zero=True))
         elif run_at is not None:
-            _refuse("run_at", run_at_problem(run_at, self.clock.now()))
+            now = self.clock.now()
+            _refuse("run_at", run_at_problem(run_at, now))
+            if run_at <= now:
+                # Past means now, by the store's clock: aging counts from run_at, so a
+                # run_at years back would outrank every priority from its first claim.
+                run_at = None
         prio = t.priority if priority is None else priority
         _refuse("priority", priority_problem(prio))
         attempts = next(

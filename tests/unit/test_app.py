@@ -399,8 +399,33 @@ def test_delay_travels_as_a_duration_not_as_the_app_clocks_time(clock: FakeClock
 
 
 def test_explicit_run_at_is_kept(app: App) -> None:
-    """run_at is passed through unchanged."""
-    assert app.build_job("mail.send", ["a@b"], run_at=1_800_000_000.0).run_at == 1_800_000_000.0
+    """A run_at to come is passed through unchanged."""
+    later = time.time() + 3600
+    assert app.build_job("mail.send", ["a@b"], run_at=later).run_at == later
+
+
+@pytest.mark.parametrize("run_at", [0, 1.5, 1_000_000_000.0])
+def test_a_run_at_already_past_means_now_and_earns_no_aging(
+    make_app: Callable[..., App], run_at: float
+) -> None:
+    """A priority-0 job enqueued with run_at=0 was claimed before a priority-1,000,000
+    one: aging counts from run_at, and 56 years of it outranked every priority. A past
+    run_at now means now: the job is stored runnable from its enqueue, and priorities
+    keep their order."""
+    app = make_app("memory://")
+    app.task(name="t")(lambda ctx: None)
+    assert app.build_job("t", run_at=run_at).run_at is None
+    low = app.enqueue("t", run_at=run_at, priority=0)
+    high = app.enqueue("t", priority=1_000_000)
+
+    async def first(store: Any) -> list[int]:
+        got = await store.jobs_claim(
+            owner="w", queues=["default"], limit=1, ttl=30, priority_aging=60.0
+        )
+        return [c.job.id for c in got]
+
+    assert app.run(first) == [high]
+    assert app.run(first) == [low]
 
 
 @pytest.mark.parametrize(
