@@ -15,12 +15,9 @@ import os
 import secrets
 import statistics
 import time
-from typing import Any
 
 import psycopg
-
-from tokenline import App
-from tokenline.drill._scratch import scratch_for
+from _enqueue_app import TASK, enqueue_app
 
 DEFAULT_URL = os.environ.get(
     "TOKENLINE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
@@ -29,24 +26,11 @@ DEFAULT_URL = os.environ.get(
 
 def app_round(url: str, calls: int) -> float:
     """Single-call enqueues per second through tokenline, on a fresh schema."""
-    scratch = scratch_for(url, keep=False, prefix="tokenline_ceiling")
-    try:
-        scratch.prepare({})
-        app = App(scratch.url)
-
-        @app.task(name="ceiling.noop")
-        def noop(ctx: Any, i: int) -> None:
-            """Never runs here."""
-
-        app.enqueue("ceiling.noop", -1)  # opens the store: not timed
+    with enqueue_app(url, "tokenline_ceiling") as app:
         t = time.perf_counter()
         for i in range(calls):
-            app.enqueue("ceiling.noop", i)
-        rate = calls / (time.perf_counter() - t)
-        app.close()
-        return rate
-    finally:
-        scratch.cleanup()
+            app.enqueue(TASK, i)
+        return calls / (time.perf_counter() - t)
 
 
 def raw_round(url: str, calls: int) -> float:

@@ -23,48 +23,36 @@ import statistics
 import time
 from typing import Any
 
-from tokenline import App
+from _enqueue_app import TASK, enqueue_app
+
 from tokenline._jobs import JobState
 from tokenline.cli.bench import _load
-from tokenline.drill._scratch import scratch_for
 
 KINDS = ("plain", "keyed", "unique")
 
 
 def one_round(url: str | None, kind: str, jobs: int, batch: int) -> float:
     """Jobs per second for ``jobs`` jobs of ``kind`` in batches of ``batch``."""
-    scratch = scratch_for(url, keep=False, prefix="tokenline_enqueue_many")
-    try:
-        scratch.prepare({})
-        app = App(scratch.url)
-
-        @app.task(name="bench.noop")
-        def noop(ctx: Any, i: int) -> None:
-            """Never runs here."""
-
-        app.enqueue("bench.noop", -1)  # opens the store: not timed
+    with enqueue_app(url, "tokenline_enqueue_many") as app:
         batches = [range(start, min(jobs, start + batch)) for start in range(0, jobs, batch)]
         ids: list[int] = []
         t = time.perf_counter()
         for numbers in batches:
             items = [(i,) for i in numbers]
             if kind == "plain":
-                ids += app.enqueue_many("bench.noop", items)
+                ids += app.enqueue_many(TASK, items)
             else:
                 keys = [f"key-{i}" for i in numbers]
-                ids += app.enqueue_many("bench.noop", items, keys=keys, unique=kind == "unique")
+                ids += app.enqueue_many(TASK, items, keys=keys, unique=kind == "unique")
         rate = jobs / (time.perf_counter() - t)
 
         async def count(store: Any) -> int:
             return sum(s.count(JobState.QUEUED) for s in await store.queues_stats())
 
         stored = app.run(count)
-        app.close()
-        if len(set(ids)) != jobs or stored != jobs + 1:
-            raise SystemExit(f"{kind}: {len(set(ids))} distinct ids, {stored - 1} jobs stored")
-        return rate
-    finally:
-        scratch.cleanup()
+    if len(set(ids)) != jobs or stored != jobs + 1:
+        raise SystemExit(f"{kind}: {len(set(ids))} distinct ids, {stored - 1} jobs stored")
+    return rate
 
 
 def main(argv: list[str] | None = None) -> None:
