@@ -188,3 +188,22 @@ def test_a_good_enqueue_still_prints_the_id(app_spec: tuple[str, str]) -> None:
     result = cli("enqueue", "--app", spec, "--url", url, "bill", *given)
     assert result.exit_code == 0, result.output
     assert result.stdout == "3\n"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["pause", "billing"], ["queues"], ["enqueue", "bill"], ["cancel", "1"], ["dlq", "retry", "1"]],
+    ids=" ".join,
+)
+def test_an_empty_url_beside_an_app_is_refused_not_taken_as_the_apps(
+    app_spec: tuple[str, str], tmp_path: Path, command: list[str]
+) -> None:
+    """``--app … --url ''`` acted on the app's own store (here a tokenline.db it
+    created in the working directory), silently, where ``--url ''`` alone and an empty
+    TOKENLINE_URL are refused. Refused the same way now, nothing created."""
+    spec, _ = app_spec
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = cli(*command, "--app", spec, "--url", "")
+    assert result.exit_code == 2, result.output
+    assert "must be a non-empty store URL" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

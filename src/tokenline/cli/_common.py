@@ -168,7 +168,9 @@ def resolve_app(
         app = App(url)
     else:
         app = load_app(app_spec)
-        if url and url != app.url:
+        # An empty --url is refused (by App) as it is without --app: never taken as
+        # "the app's own", which would act on a store nobody named.
+        if url is not None and url != app.url:
             moved = app.on(url)
             err_console.print(
                 f"note: {app_spec} was built for {app.url}; using {url} "
