@@ -164,3 +164,66 @@ def test_the_cancel_command_checks_the_reason_as_the_api_does(
     app = _app(path)
     assert set(_states(app, ids)) == {JobState.QUEUED}
     app.close()
+
+
+def test_a_store_lost_during_a_cancel_is_said_to_leave_it_unsure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store applied the cancel and its answer was lost (a connection cut just
+    then): the command said only "cannot reach" the store, as if nothing had been done.
+    It now adds that the change may have been made, and where to look; exit status 1."""
+    from tokenline import StoreUnavailableError
+    from tokenline.stores.sqlite.store import SQLiteStore
+
+    path = tmp_path / "c.db"
+    app = _app(path)
+    (jid,) = [app.enqueue("t", 1)]
+    app.close()
+    applied = SQLiteStore.jobs_cancel
+
+    async def lost_answer(self: SQLiteStore, **kwargs: object) -> int:
+        await applied(self, **kwargs)  # type: ignore[arg-type]
+        raise StoreUnavailableError("cannot reach the store (connection reset)")
+
+    monkeypatch.setattr(SQLiteStore, "jobs_cancel", lost_answer)
+    result = CliRunner().invoke(main, ["cancel", str(jid), "--url", f"sqlite:///{path}"])
+    assert result.exit_code == 1, result.output
+    assert "error: cannot reach the store (connection reset)" in result.output
+    assert "may have made the change before its answer was lost" in result.output
+    assert "tokenline job ID" in result.output
+    monkeypatch.undo()
+    app = _app(path)
+    assert _states(app, [jid]) == [JobState.CANCELLED]
+    app.close()
+
+
+def test_the_drivers_own_warnings_stay_off_the_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """During an outage psycopg's pool printed its warnings ("discarding closed
+    connection …") as raw lines before the command's one-line error. Where logging is
+    not configured, they are no longer printed; the error still is."""
+    import logging
+
+    from tokenline import StoreUnavailableError
+    from tokenline.stores.sqlite.store import SQLiteStore
+
+    path = tmp_path / "c.db"
+    app = _app(path)
+    (jid,) = [app.enqueue("t", 1)]
+    app.close()
+
+    async def noisy(self: SQLiteStore, **kwargs: object) -> int:
+        logging.getLogger("psycopg.pool").warning("discarding closed connection: BAD")
+        logging.getLogger("redis.connection").warning("connection reset by peer")
+        raise StoreUnavailableError("cannot reach the store")
+
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # as outside pytest
+    for name in ("psycopg", "redis"):
+        monkeypatch.setattr(logging.getLogger(name), "handlers", [])
+    monkeypatch.setattr(SQLiteStore, "jobs_cancel", noisy)
+    result = CliRunner().invoke(main, ["cancel", str(jid), "--url", f"sqlite:///{path}"])
+    assert result.exit_code == 1, result.output
+    assert "error: cannot reach the store" in result.output
+    assert "discarding closed connection" not in result.output
+    assert "connection reset by peer" not in result.output

@@ -320,7 +320,7 @@ def enqueue(
     """
     if not app_spec:
         raise click.UsageError("--app (or TOKENLINE_APP) is required to check the task name")
-    with reporting_errors():
+    with reporting_errors(unsure="look for the job with `tokenline jobs` before enqueueing again"):
         try:
             parsed = _decode_json(args, "args")
             kwargs = _decode_json(kwargs_json, "kwargs") if kwargs_json else None
@@ -380,7 +380,7 @@ def pause(app_spec: str | None, url: str | None, queue: str) -> None:
         await store.queue_pause(queue=queue)
         return known
 
-    with reporting_errors():
+    with reporting_errors(unsure="see `tokenline queues`"):
         app = resolve_app(app_spec, url)
         refuse_memory_store(app, "pause")
         known = with_store(app, run, ledger=False)
@@ -404,7 +404,7 @@ def resume(app_spec: str | None, url: str | None, queue: str) -> None:
         await store.queue_resume(queue=queue)
         return paused
 
-    with reporting_errors():
+    with reporting_errors(unsure="see `tokenline queues`"):
         app = resolve_app(app_spec, url)
         refuse_memory_store(app, "resume")
         paused = with_store(app, run, ledger=False)

@@ -16,6 +16,7 @@ import contextlib
 import datetime as dt
 import functools
 import importlib
+import logging
 import math
 import os
 import re
@@ -40,7 +41,13 @@ from rich.text import Text
 
 from .._app import App
 from .._config import parse_prefetch, validate_queue_name
-from .._errors import ConfigError, QueueNameError, StoreError, TokenlineError
+from .._errors import (
+    ConfigError,
+    QueueNameError,
+    StoreError,
+    StoreUnavailableError,
+    TokenlineError,
+)
 from .._logging import LEVELS, json_text, printable
 from ..stores import Store, refuse_sqlite_url_options, split_url
 from ..stores.base import MAX_JOB_ID
@@ -276,24 +283,45 @@ def config_problem(exc: ConfigError) -> str:
     return f"{variable}={raw!r} is invalid (setting {exc.setting}): {exc.reason}"
 
 
-def report_error(exc: TokenlineError) -> NoReturn:
+def report_error(exc: TokenlineError, *, unsure: str | None = None) -> NoReturn:
     """Print ``exc`` as one line on stderr and exit: status 2 for a bad setting (nothing
-    was done), 1 for any other tokenline error."""
+    was done), 1 for any other tokenline error. ``unsure``: what to look at when the
+    store was lost during a change (it may have made the change before its answer was
+    lost), said after the error."""
     if isinstance(exc, ConfigError):
         err_console.print(f"[bold red]error:[/] {escape(config_problem(exc))}", highlight=False)
         raise SystemExit(2) from None
     err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+    if unsure is not None and isinstance(exc, StoreUnavailableError):
+        err_console.print(
+            f"note: the store may have made the change before its answer was lost; {unsure}",
+            highlight=False,
+            markup=False,
+        )
     raise SystemExit(1) from None
 
 
+#: Libraries whose own warnings an operator command keeps off the terminal: the store's
+#: error, said once on one line, tells what failed ("discarding closed connection" and
+#: the like would come before it, as raw log lines).
+_QUIET_LIBRARIES = ("psycopg", "redis")
+
+
 @contextlib.contextmanager
-def reporting_errors() -> Iterator[None]:
+def reporting_errors(*, unsure: str | None = None) -> Iterator[None]:
     """Turn tokenline errors into a one-line message: exit status 2 for a bad setting,
-    1 for the others (see :func:`report_error`)."""
+    1 for the others (see :func:`report_error`, and its ``unsure``). Where logging is
+    not configured (every command but the long-running ones), the drivers' warnings
+    are not printed."""
+    if not logging.getLogger().handlers:
+        for name in _QUIET_LIBRARIES:
+            quiet = logging.getLogger(name)
+            if not any(isinstance(h, logging.NullHandler) for h in quiet.handlers):
+                quiet.addHandler(logging.NullHandler())
     try:
         yield
     except TokenlineError as exc:
-        report_error(exc)
+        report_error(exc, unsure=unsure)
 
 
 def plural(n: int, noun: str, nouns: str | None = None) -> str:

@@ -74,7 +74,7 @@ def cancel(app_spec: str | None, url: str | None, job_ids: tuple[int, ...], reas
         _, reason = cancel_input(job_ids, reason)
     except InvalidInputError as exc:
         raise click.BadParameter(str(exc), param_hint="'--reason'") from None
-    with reporting_errors():
+    with reporting_errors(unsure="see `tokenline job ID` for each id"):
         done, refused = with_store(
             resolve_app(app_spec, url, existing=True, ledger=False),
             lambda s: _cancel(s, job_ids, reason),

@@ -110,7 +110,7 @@ def _act_on_dead(
         done = await act(store, dead) if dead else 0
         return done, dead, refused
 
-    with reporting_errors():
+    with reporting_errors(unsure="see `tokenline dlq list` and `tokenline job ID`"):
         return with_store(
             resolve_app(app_spec, url, existing=True, ledger=False), run, ledger=False
         )

@@ -241,7 +241,7 @@ def lease_release(app_spec: str | None, url: str | None, key: str, owner: str, t
     changes. A lease whose holder has already let it expire needs no release. Exit
     status 1 when refused.
     """
-    with reporting_errors():
+    with reporting_errors(unsure="see `tokenline leases`"):
         released, expired_for = with_store(
             # Not Redis alone: the release script checks the token's epoch, which the
             # ledger issues.
@@ -289,7 +289,7 @@ def drain(app_spec: str | None, url: str | None, worker_id: str) -> None:
     timeout to finish, then stops; `tokenline workers` shows it draining meanwhile.
     Exit status 1, with nothing changed, for an unknown worker or one no longer live.
     """
-    with reporting_errors():
+    with reporting_errors(unsure="see `tokenline workers`"):
         with_store(
             resolve_app(app_spec, url, existing=True, ledger=False),
             lambda s: _drain(s, worker_id),
