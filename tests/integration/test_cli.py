@@ -299,6 +299,42 @@ def test_enqueue_with_the_split_brokers_redis_down_is_one_line(postgres_server: 
     assert line.startswith("error: cannot reach Redis at 127.0.0.1:1")
 
 
+@pytest.mark.postgres
+def test_a_redis_prefix_never_used_is_noted(redis_url: str, postgres_server: str) -> None:
+    """On the split topology a mistyped key prefix showed a healthy, empty store:
+    `queues` empty, `dlq retry ID` "no such job". The commands that read or act on what
+    is stored now add a note naming the prefix; the right prefix gets none. A note,
+    not a refusal: after Redis lost its keys, `reconcile` must still run."""
+    from tokenline.stores import split_url
+
+    schema = f"tl_prefix_{uuid.uuid4().hex[:8]}"
+    ledger = f"{postgres_server}?schema={schema}"
+    url = split_url(redis_url, ledger)
+    typo = split_url(redis_url.replace("prefix=", "prefix=typo_"), ledger)
+    try:
+        with App(url) as app:
+            app.task(name="t")(lambda ctx: None)
+            app.enqueue("t")
+        for args in (["queues"], ["jobs"], ["dlq", "list"], ["reconcile"]):
+            code, out = run(*args, "--url", typo)
+            assert code == 0, (args, out)
+            assert "holds no tokenline keys under the prefix '{typo_tl_test_" in out, out
+            code, out = run(*args, "--url", url)
+            assert code == 0, (args, out)
+            assert "holds no tokenline keys" not in out
+    finally:
+        import psycopg
+        import redis
+
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")  # type: ignore[arg-type]
+        name = redis_url.rpartition("prefix=")[2]
+        with redis.Redis.from_url(redis_url.partition("?")[0]) as client:
+            left = list(client.scan_iter(match=f"{{typo_{name}}}:*"))  # reconcile's
+            if left:
+                client.delete(*left)
+
+
 # -- float options ----------------------------------------------------------------------------
 def _commands(
     group: click.Group, path: tuple[str, ...] = ()

@@ -189,7 +189,18 @@ def resolve_app(
     check_sqlite_url(app.url)
     if existing and (ledger or broker_opener(app.open_store()) is None):
         require_store(app)
+    if existing:
+        note_unused(app)
     return app
+
+
+def note_unused(app: App) -> None:
+    """Say on stderr when the store ``app`` names has no trace of ever being used where
+    that is not refused (a Redis key prefix: see :meth:`RedisStore.unused`)."""
+    unused = getattr(app.open_store(), "unused", None)
+    note = asyncio.run(unused()) if unused is not None else None
+    if note is not None:
+        err_console.print(f"note: {note}", highlight=False, markup=False)
 
 
 def check_sqlite_url(url: str) -> None:

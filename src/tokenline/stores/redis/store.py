@@ -220,6 +220,28 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
     async def migrate(self) -> None:
         """Nothing to migrate: the Redis store has no schema."""
 
+    async def unused(self) -> str | None:
+        """A note for an operator's command when no tokenline store was ever used under
+        this prefix (its id sequence is not there): a prefix with no keys is an empty
+        store, and a mistyped one would otherwise show as a healthy, empty queue.
+        ``None`` when one was, or when the server does not answer within 2 seconds (the
+        command says so itself). Needs no open client."""
+        options = {**self._client_options(), "socket_timeout": 2.0, "socket_connect_timeout": 2.0}
+        client = aioredis.Redis.from_url(self._target.connect, **options)
+        try:
+            found = await client.exists(self.prefix + "seq")
+        except (redis.RedisError, OSError):
+            return None
+        finally:
+            await client.aclose()
+        if found:
+            return None
+        return (
+            f"Redis at {self.where} holds no tokenline keys under the prefix "
+            f"{self.prefix!r}: a store not used yet, a mistyped prefix, or keys lost "
+            "(`tokenline reconcile` rebuilds what the ledger knows)"
+        )
+
     def _redis(self) -> aioredis.Redis:
         if self._client is None:
             raise StoreError("the Redis store is not open; call open() first")

@@ -198,6 +198,10 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
         schema; a key prefix with no keys is an empty store)."""
         return await self.ledger.missing()
 
+    async def unused(self) -> str | None:
+        """The Redis note of :meth:`RedisStore.unused`."""
+        return await self.redis.unused()
+
     async def migrate(self) -> int | None:
         """Migrate the ledger's schema (Redis has none)."""
         version = await self.ledger.migrate()
