@@ -108,3 +108,31 @@ async def test_finishes_held_for_company_go_at_once_when_the_refill_stops_asking
     finally:
         await batcher.stop()
     assert store.sizes == [2]
+
+
+async def test_finishes_made_are_answered_when_the_claim_beside_them_fails() -> None:
+    """On a store without a fused finish and claim (the split topology, Redis), the
+    claim after a batch's finishes failed (its ledger check could not reach
+    PostgreSQL) and the whole call raised: the worker took its accepted give-back
+    for a failed one, kept renewing the job, was refused, and fenced itself; its retry
+    of the give-back was recorded as a stale write. The finishes' answers now come
+    back, with nothing claimed."""
+    from tokenline import JobState, StoreUnavailableError
+
+    store = MemoryStore()
+    await store.open()
+    await store.jobs_enqueue(jobs=[NewJob(queue="q", task="t", args="[]")] * 2)
+    (c,) = await store.jobs_claim(owner="w", queues=["q"], limit=1, ttl=30)
+
+    async def unreachable(**kwargs: object) -> list[ClaimedJob]:
+        raise StoreUnavailableError("cannot reach PostgreSQL")
+
+    store.jobs_claim = unreachable  # type: ignore[method-assign]
+    done, claimed = await store.jobs_finish_and_claim(
+        finishes=[Finish(c.lease, Outcome.RELEASE)], owner="w", queues=["q"], limit=1, ttl=30
+    )
+    assert (done, claimed) == ([True], [])
+    job = await store.job_get(job_id=c.job.id)
+    assert (job.state, job.lease_owner) == (JobState.QUEUED, None)
+    assert await store.stale_commits() == (0, [])
+    await store.close()

@@ -40,11 +40,12 @@ from __future__ import annotations
 import abc
 import asyncio
 import enum
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import NotSupportedError, StaleTokenError
+from .._errors import NotSupportedError, StaleTokenError, StoreError
 from .._jobs import (
     Attempt,
     ClaimedJob,
@@ -60,6 +61,8 @@ from .._jobs import (
     WorkerRecord,
 )
 from .._records import Duplicate, EffectBegin, EffectRecord, Fence
+
+log = logging.getLogger("tokenline.store")
 
 __all__ = [
     "MAX_JOB_ID",
@@ -352,14 +355,22 @@ class Broker(abc.ABC):
         Each finish is fenced by its own token exactly as in :meth:`jobs_finish`; the
         claim is an ordinary claim. If the finish fails, nothing is claimed. Stores
         override this to do both in one round trip (and one transaction); this default
-        makes the two calls.
+        makes the two calls, and once the finishes are answered a failed claim claims
+        nothing and raises nothing: raising would tell the caller its finishes failed
+        when they were made, and a worker told so would retry them (refused, as stale)
+        or lose trust in leases it had itself given back. The worker's next claim meets
+        the failure again, and counts it.
         """
         done = await self.jobs_finish(finishes=finishes)
         if limit <= 0:
             return done, []
-        claimed = await self.jobs_claim(
-            owner=owner, queues=queues, limit=limit, ttl=ttl, priority_aging=priority_aging
-        )
+        try:
+            claimed = await self.jobs_claim(
+                owner=owner, queues=queues, limit=limit, ttl=ttl, priority_aging=priority_aging
+            )
+        except StoreError as exc:
+            log.warning("finished %d jobs, then the claim beside them failed: %s", len(done), exc)
+            return done, []
         return done, claimed
 
     @abc.abstractmethod
