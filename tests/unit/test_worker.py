@@ -40,7 +40,7 @@ from tokenline import (
     WorkerState,
     events,
 )
-from tokenline._jobs import ClaimedJob, NewJob
+from tokenline._jobs import ClaimedJob, Finish, NewJob, Outcome
 from tokenline.stores import MemoryStore, Store
 from tokenline.worker import completer
 
@@ -1939,3 +1939,76 @@ def test_a_worker_id_is_checked_as_keys_are(app: App, worker_id: str, said: str)
         Worker(app, worker_id=worker_id)
     assert Worker(app, worker_id="web-1:blue").id == "web-1:blue"
     assert Worker(app).id
+
+
+class _AnswerLost(MemoryStore):
+    """A store that makes a success's commit, then loses its answer, once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lose = 1
+
+    async def jobs_finish(self, *, finishes: Sequence[Finish]) -> list[bool]:
+        done = await super().jobs_finish(finishes=finishes)
+        if self.lose and any(f.outcome is Outcome.SUCCEEDED for f in finishes):
+            self.lose -= 1
+            raise StoreUnavailableError("connection reset after the commit")
+        return done
+
+
+async def test_a_commit_made_whose_answer_was_lost_is_not_made_again() -> None:
+    """The store made a job's success, then its answer was lost. The worker took the
+    commit for failed: it tried it again, was refused (the job no longer running), and
+    fenced itself, and the store recorded a stale write that was the worker's own
+    success. It now asks first whether the attempt already ended that way: the job
+    counts as succeeded once, nothing is refused, the worker keeps working."""
+    store = _AnswerLost()
+    app = App("memory://")
+    ran: list[int] = []
+
+    @app.task(name="t.lost_answer")
+    async def handler(ctx: JobContext) -> None:
+        ran.append(ctx.attempt)
+
+    # Renewals often: after the failed commit the worker claims again once one passes.
+    worker = Worker(app, dataclasses.replace(QUIET, renew_interval=0.3), store=store)
+    async with running(worker) as states:
+        jid = await app.enqueue_async("t.lost_answer", store=store)
+        await eventually(lambda: worker.counters.succeeded == 1, "the success counted")
+        second = await app.enqueue_async("t.lost_answer", store=store)
+        await eventually(lambda: worker.counters.succeeded == 2, "the next job run")
+    assert store.lose == 0  # the answer was lost
+    assert ran == [1, 1]
+    assert (await store.job_get(job_id=jid)).state is JobState.SUCCEEDED
+    assert (await store.job_get(job_id=second)).state is JobState.SUCCEEDED
+    assert (worker.counters.stale_refused, worker.counters.fenced) == (0, 0)
+    assert WorkerState.FENCED not in states
+    assert await store.stale_commits() == (0, [])
+
+
+async def test_a_give_back_the_store_refuses_is_counted_as_the_store_records_it() -> None:
+    """A worker fenced while a job of its was rescued gives the job back; the store
+    refuses that (the token moved on) and records a stale write, but the worker's
+    summary said "0 stale writes refused". It now counts the refusal too."""
+    clock = FakeClock()
+    store = MemoryStore(clock=clock)  # the store's time only: the worker's runs on
+    app = App("memory://")
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @app.task(name="t.rescued")
+    async def handler(ctx: JobContext) -> None:
+        started.set()
+        await release.wait()
+
+    worker = Worker(app, dataclasses.replace(QUIET, renew_interval=0.3), store=store)
+    async with running(worker) as states:
+        jid = await app.enqueue_async("t.rescued", store=store)
+        await asyncio.wait_for(started.wait(), DEADLINE)
+        clock.advance(QUIET.lease_ttl + 1)
+        assert (await store.jobs_rescue()).requeued == [jid]  # the token moves on
+        await eventually(lambda: WorkerState.FENCED in states, "the worker fenced")
+        await eventually(lambda: worker.counters.stale_refused == 1, "the refusal counted")
+        release.set()
+    count, stale = await store.stale_commits()
+    assert count >= 1
+    assert {(s.job_id, s.operation) for s in stale} >= {(jid, "release")}

@@ -754,6 +754,11 @@ class Worker:
                     self.counters.unrun += 1  # never started: not one of `started`
                 elif given:
                     self.counters.released += 1
+                else:
+                    # Refused for its token, and recorded so by the store: counted here
+                    # too, so the worker's summary and the audit agree.
+                    self.counters.stale_refused += 1
+                    self._stale_commit(s, Outcome.RELEASE.value)
         except (StoreError, TimeoutError) as exc:
             log.warning("worker %s could not give back %d jobs: %s", self.id, len(slots), exc)
 
@@ -1132,8 +1137,16 @@ class Worker:
         return Finish(slot.lease, Outcome.RETRY, delay, decision.reason, "transient")
 
     async def _commit(self, slot: Slot, finish: Finish) -> None:
-        """Self-fence, then commit through the batch completer; a refusal fences us."""
+        """Self-fence, then commit through the batch completer; a refusal fences us.
+
+        A commit that failed may still have been made (its answer lost on the way
+        back): until a try is answered, the slot stays ``finishing``, so that a renewal
+        refused meanwhile (the job is no longer running) fences nothing and a fence
+        does not give the job back again, and each try first asks whether the attempt
+        already ended this way. Trying it again would be refused, and recorded by the
+        store as a stale write, for a commit that was made."""
         assert self._completer is not None
+        unsure = False
         while True:
             if self.settings.local_fencing and self.clock.monotonic() >= slot.valid_until:
                 self.counters.self_fenced += 1
@@ -1143,10 +1156,13 @@ class Worker:
                 return
             slot.finishing = True
             try:
+                if unsure and await self._made(finish):
+                    ok = True
+                    break
                 ok = await self._completer.submit(finish)
             except StoreError as exc:
                 # The outcome is not lost: retry while the lease is still ours.
-                slot.finishing = False
+                unsure = True
                 self._coordination_failed("commit", exc)
                 await asyncio.sleep(min(1.0, self.settings.renew_period / 2))
                 continue
@@ -1169,6 +1185,16 @@ class Worker:
         else:
             self.counters.released += 1
         self._finished(slot, finish)
+
+    async def _made(self, finish: Finish) -> bool:
+        """Whether the store already holds ``finish``: its attempt (this token, this
+        worker) ended with this outcome, by a try whose answer was lost."""
+        lease = finish.lease
+        attempts = await self.store.job_attempts(job_id=lease.job_id)
+        return any(
+            (a.token, a.owner, a.outcome) == (lease.token, lease.owner, finish.outcome.value)
+            for a in attempts
+        )
 
     def _finished(self, slot: Slot, finish: Finish) -> None:
         """Log and announce an outcome the store accepted, and let the limiter and the
