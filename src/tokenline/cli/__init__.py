@@ -37,6 +37,7 @@ from ._common import (
     console,
     err_console,
     log_level_option,
+    opening,
     queue_name,
     refuse_memory_store,
     reporting_errors,
@@ -277,6 +278,10 @@ def _idempotency_key(
         raise click.BadParameter(str(exc)) from None
 
 
+async def _nothing(store: Store) -> None:
+    """Nothing, on an open store (:meth:`App.run` opens it first)."""
+
+
 @main.command()
 @app_option
 @url_option
@@ -329,6 +334,8 @@ def enqueue(
             app = resolve_app(app_spec, url)
             try:
                 refuse_memory_store(app, "enqueue")
+                with opening():
+                    app.run(_nothing)  # opens the store: its failure changed nothing
                 jid = app.enqueue(
                     task,
                     *parsed,

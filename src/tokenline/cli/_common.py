@@ -25,6 +25,7 @@ import sys
 import sysconfig
 import threading
 import traceback
+import weakref
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -272,10 +273,11 @@ def with_store(
         store = app.open_store()
         try:
             open_broker = None if ledger else broker_opener(store)
-            if open_broker is not None:
-                await open_broker()
-            else:
-                await store.open()
+            with opening():
+                if open_broker is not None:
+                    await open_broker()
+                else:
+                    await store.open()
             return await fn(store)
         finally:
             with contextlib.suppress(TokenlineError):
@@ -303,13 +305,29 @@ def report_error(exc: TokenlineError, *, unsure: str | None = None) -> NoReturn:
         err_console.print(f"[bold red]error:[/] {escape(config_problem(exc))}", highlight=False)
         raise SystemExit(2) from None
     err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-    if unsure is not None and isinstance(exc, StoreUnavailableError):
+    if unsure is not None and isinstance(exc, StoreUnavailableError) and exc not in _UNOPENED:
         err_console.print(
             f"note: the store may have made the change before its answer was lost; {unsure}",
             highlight=False,
             markup=False,
         )
     raise SystemExit(1) from None
+
+
+#: Errors of opening a store (see :func:`opening`): nothing was asked of it yet, so no
+#: change can have been made.
+_UNOPENED: weakref.WeakSet[BaseException] = weakref.WeakSet()
+
+
+@contextlib.contextmanager
+def opening() -> Iterator[None]:
+    """Around opening a store: a store error raised here is known to have changed
+    nothing (:func:`report_error` then adds no note that it may have)."""
+    try:
+        yield
+    except TokenlineError as exc:
+        _UNOPENED.add(exc)
+        raise
 
 
 #: Libraries whose own warnings an operator command keeps off the terminal: the store's
