@@ -29,10 +29,9 @@ the commit and the notification, costs a waiting worker at most its poll interva
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 
 __all__ = ["Notifier"]
 
@@ -52,21 +51,25 @@ class Notifier:
         self._pending: set[str] = set()
         self._thread: threading.Thread | None = None
         self._closed = False
+        # Enqueues under way: counted on every enqueue, under a lock of its own (the
+        # condition's is held while a notification is handed over).
+        self._count_lock = threading.Lock()
         self._enqueues = 0
 
-    @contextlib.contextmanager
-    def enqueue(self) -> Iterator[Notifier | None]:
-        """Around an enqueue that commits on its own: this notifier when another
-        enqueue is under way (commit without notifying, then :meth:`add` the queues
-        made ready), else ``None`` (notify inside the transaction)."""
-        with self._ready:
+    def enqueue(self) -> _Enqueue:
+        """Around an enqueue that commits on its own: ``with`` gives this notifier when
+        another enqueue is under way (commit without notifying, then :meth:`add` the
+        queues made ready), else ``None`` (notify inside the transaction)."""
+        return _Enqueue(self)
+
+    def _begin(self) -> Notifier | None:
+        with self._count_lock:
             self._enqueues += 1
-            crowded = self._enqueues > 1 and not self._closed
-        try:
-            yield self if crowded else None
-        finally:
-            with self._ready:
-                self._enqueues -= 1
+            return self if self._enqueues > 1 and not self._closed else None
+
+    def _end(self) -> None:
+        with self._count_lock:
+            self._enqueues -= 1
 
     def add(self, queues: Iterable[str]) -> None:
         """Notify ``queues`` soon; from any thread, without waiting. Ignored once
@@ -111,3 +114,19 @@ class Notifier:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+
+
+class _Enqueue:
+    """The ``with`` block of :meth:`Notifier.enqueue` (a class: a generator-based
+    context manager costs several microseconds, on every single enqueue)."""
+
+    __slots__ = ("_notifier",)
+
+    def __init__(self, notifier: Notifier) -> None:
+        self._notifier = notifier
+
+    def __enter__(self) -> Notifier | None:
+        return self._notifier._begin()
+
+    def __exit__(self, *exc: object) -> None:
+        self._notifier._end()
