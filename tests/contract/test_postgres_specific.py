@@ -37,6 +37,7 @@ from tokenline.stores import store_from_url
 from tokenline.stores.postgres import SCHEMA_VERSION, PostgresStore
 from tokenline.stores.postgres._arrays import BinaryArray
 from tokenline.stores.postgres._deadline import CANCEL_GRACE, run_bounded
+from tokenline.stores.postgres._notifier import CROWDED
 from tokenline.stores.postgres.store import (
     COPY_THRESHOLD,
     LITERAL_CLAIM_LIMIT,
@@ -156,9 +157,9 @@ async def test_a_copied_batch_stores_every_field_as_the_statement_does(pg: Postg
 
 @contextlib.contextmanager
 def sent_after_commit(pg: PostgresStore) -> Iterator[list[list[str]]]:
-    """While another enqueue is under way (held open here), the notifications
-    ``pg``'s enqueues hand to its notifier, sent after their commit: one list of
-    queues per notifying transaction."""
+    """While enough other enqueues are under way (held open here) for the next to be
+    crowded, the notifications ``pg``'s enqueues hand to its notifier, sent after their
+    commit: one list of queues per notifying transaction."""
     sent: list[list[str]] = []
     notifier = pg._notifier
     assert notifier is not None
@@ -170,8 +171,9 @@ def sent_after_commit(pg: PostgresStore) -> Iterator[list[list[str]]]:
 
     notifier._send = recording
     try:
-        with notifier.enqueue() as alone:
-            assert alone is None
+        with contextlib.ExitStack() as under_way:
+            for _ in range(CROWDED - 1):
+                assert under_way.enter_context(notifier.enqueue()) is None
             yield sent
     finally:
         notifier._send = send

@@ -1,19 +1,21 @@
 """The PostgreSQL store's notifier, with a stand-in for the notifying transaction.
 
-What it promises: a lone enqueue notifies in its own transaction; one that overlaps
-another is handed the notifier instead; queues given while a notification is being
-sent go out together in the next one; a failed notification is logged and the
-notifier carries on; closing sends what is pending, then takes nothing more.
+What it promises: an enqueue with few others under way notifies in its own
+transaction; a crowded one is handed the notifier instead; queues given while a
+notification is being sent go out together in the next one; a failed notification is
+logged and the notifier carries on; closing sends what is pending, then takes nothing
+more.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 
 import pytest
 
-from tokenline.stores.postgres._notifier import Notifier
+from tokenline.stores.postgres._notifier import CROWDED, Notifier
 
 WAIT = 10.0  # seconds: a bound for a slow machine, never a measured figure
 
@@ -45,13 +47,14 @@ class Sends:
             return list(self.calls)
 
 
-def test_a_lone_enqueue_notifies_itself_and_an_overlapping_one_is_handed_the_notifier() -> None:
+def test_few_enqueues_notify_themselves_and_a_crowded_one_is_handed_the_notifier() -> None:
     notifier = Notifier(Sends(), name="t")
-    with notifier.enqueue() as first:
-        assert first is None
-        with notifier.enqueue() as second:
-            assert second is notifier
-        # From another thread, while the first is still under way.
+    with contextlib.ExitStack() as under_way:
+        for _ in range(CROWDED - 1):
+            assert under_way.enter_context(notifier.enqueue()) is None
+        with notifier.enqueue() as crowded:
+            assert crowded is notifier
+        # From another thread, while the others are still under way.
         seen: list[Notifier | None] = []
 
         def other() -> None:
@@ -113,7 +116,8 @@ def test_close_sends_what_is_pending_then_takes_nothing_more() -> None:
     assert not closing.is_alive()
     assert sends.calls == [["a"], ["b"]]
     notifier.add(["c"])
-    with notifier.enqueue() as crowded, notifier.enqueue() as second:
-        assert crowded is second is None  # closed: enqueues notify themselves
+    with contextlib.ExitStack() as under_way:
+        got = [under_way.enter_context(notifier.enqueue()) for _ in range(CROWDED + 1)]
+        assert got == [None] * (CROWDED + 1)  # closed: enqueues notify themselves
     notifier.close(WAIT)
     assert sends.calls == [["a"], ["b"]]
