@@ -3,6 +3,7 @@ the topology is named (App, settings, URL)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -132,6 +133,33 @@ async def test_a_ledger_that_cannot_answer_releases_the_claimed_jobs(
         await split.jobs_claim(owner="w1", queues=Q, limit=1, ttl=60)
     (job,) = await split.jobs_list()
     assert (job.state, job.attempt, job.lease_owner) == (JobState.QUEUED, 0, None)
+
+
+async def test_a_ledger_too_slow_for_the_lease_releases_the_claimed_jobs_in_time(
+    split: SplitStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ledger check that took longer than the lease (4.7 s against a 4 s lease) let
+    the leases expire first: the rescue took the jobs back, never run, and charged each
+    a lease expiry, and the claim's release was refused as stale. The check now gives
+    up at half the lease and releases the jobs while their leases hold."""
+    await split.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+    gave_up = asyncio.Event()
+
+    async def slow(*, job_ids: Any) -> set[int]:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            gave_up.set()
+        return set()
+
+    monkeypatch.setattr(split.ledger, "jobs_done", slow)
+    with pytest.raises(StoreUnavailableError, match=r"did not say within 0\.5s"):
+        await asyncio.wait_for(split.jobs_claim(owner="w1", queues=Q, limit=1, ttl=1.0), timeout=30)
+    assert gave_up.is_set()
+    (job,) = await split.jobs_list()
+    assert (job.state, job.attempt, job.lease_owner) == (JobState.QUEUED, 0, None)
+    assert job.lease_expiries == 0
+    assert await split.stale_commits() == (0, [])
 
 
 def test_the_split_topology_is_named_by_role_urls() -> None:

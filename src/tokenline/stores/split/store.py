@@ -230,7 +230,9 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
         has (its acknowledgement was lost) is acknowledged now, under the new lease.
 
         If the ledger cannot answer, the claimed jobs are released (no attempt spent)
-        and the error raised: a job is never run without the ledger's word.
+        and the error raised: a job is never run without the ledger's word. Nor within
+        half the lease's ``ttl``: past it, a slow ledger would leave the leases to
+        expire first, and the rescue would charge each job, never run, a lease expiry.
         """
         claimed = await self.redis.jobs_claim(
             owner=owner, queues=queues, limit=limit, ttl=ttl, priority_aging=priority_aging
@@ -238,7 +240,14 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
         if not claimed:
             return claimed
         try:
-            done = await self.ledger.jobs_done(job_ids=[c.job.id for c in claimed])
+            try:
+                async with asyncio.timeout(ttl / 2):
+                    done = await self.ledger.jobs_done(job_ids=[c.job.id for c in claimed])
+            except TimeoutError:
+                raise StoreUnavailableError(
+                    f"PostgreSQL {self.ledger.target.where} did not say within {ttl / 2:g}s "
+                    "(half the lease) which claimed jobs it has completed"
+                ) from None
         except StoreError as exc:
             release = [
                 Finish(c.lease, Outcome.RELEASE, 0.0, f"ledger unavailable: {exc}", "coordination")
