@@ -188,17 +188,18 @@ def resolve_app(
             )
             app = moved
     check_sqlite_url(app.url)
-    if existing and (ledger or broker_opener(app.open_store()) is None):
-        require_store(app)
     if existing:
-        note_unused(app)
+        store = app.open_store()  # an unopened handle, asked before anything is done
+        if ledger or broker_opener(store) is None:
+            require_store(store)
+        note_unused(store)
     return app
 
 
-def note_unused(app: App) -> None:
-    """Say on stderr when the store ``app`` names has no trace of ever being used where
-    that is not refused (a Redis key prefix: see :meth:`RedisStore.unused`)."""
-    unused = getattr(app.open_store(), "unused", None)
+def note_unused(store: Store) -> None:
+    """Say on stderr when ``store`` has no trace of ever being used where that is not
+    refused (a Redis key prefix: see :meth:`RedisStore.unused`)."""
+    unused = getattr(store, "unused", None)
     note = asyncio.run(unused()) if unused is not None else None
     if note is not None:
         err_console.print(f"note: {note}", highlight=False, markup=False)
@@ -221,13 +222,13 @@ def check_sqlite_url(url: str) -> None:
         raise ConfigError("url", str(exc)) from None
 
 
-def require_store(app: App) -> None:
-    """Exit with status 2 when the store ``app`` names is not there, naming what is
+def require_store(store: Store) -> None:
+    """Exit with status 2 when ``store`` (unopened) is not there, naming what is
     missing: a SQLite file ("no tokenline store at PATH") or a PostgreSQL schema ("the
     tokenline schema 'x' of database 'y' on host:port is not installed"). Nothing is
     created. A server that cannot be asked is left to opening the store, which says
     why."""
-    missing = getattr(app.open_store(), "missing", None)
+    missing = getattr(store, "missing", None)
     what = asyncio.run(missing()) if missing is not None else None
     if what is not None:
         err_console.print(

@@ -28,7 +28,7 @@ import logging
 import re
 import threading
 import zlib
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -111,10 +111,11 @@ COPY_THRESHOLD = 64
 _INT4 = (-(2**31), 2**31 - 1)
 
 
-def _ready_queues(jobs: Sequence[NewJob], rows: Sequence[TupleRow]) -> set[str]:
-    """The queues of ``jobs`` that the enqueue statements' ``rows`` (id, whether
-    inserted ready now, …) say went in ready now: those to notify."""
-    return {j.queue for j, row in zip(jobs, rows, strict=True) if row[1]}
+def _answered(jobs: Sequence[NewJob], rows: Sequence[TupleRow]) -> tuple[list[int], set[str]]:
+    """The ids the enqueue statements' ``rows`` (id, whether inserted ready now, …)
+    give ``jobs``, and the queues that got a job ready now: those to notify."""
+    ready = {j.queue for j, row in zip(jobs, rows, strict=True) if row[1]}
+    return [row[0] for row in rows], ready
 
 
 def _check_values(jobs: Sequence[NewJob]) -> None:
@@ -593,13 +594,16 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
     def _notify(self, queues: list[str]) -> None:
         """Wake the workers waiting on ``queues``: a transaction of its own, after the
         commit of the jobs it announces, on the notifier's thread (see ``_notifier.py``)."""
-        params = {"channel": self.target.channel, "queues": queues}
         pool, conn = self._checkout_sync()
         try:
             with self._translate():
-                conn.execute(self._q("enqueue_notify"), params)
+                conn.execute(self._q("enqueue_notify"), self._notify_params(queues))
         finally:
             pool.putconn(conn)
+
+    def _notify_params(self, queues: Iterable[str]) -> dict[str, Any]:
+        """``enqueue_notify``'s parameters: each of ``queues`` once, in order."""
+        return {"channel": self.target.channel, "queues": sorted(set(queues))}
 
     @staticmethod
     def _copies(jobs: Sequence[NewJob]) -> bool:
@@ -689,8 +693,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
                 )  # fmt: skip
             yield Copy(self._q("enqueue_copy"), rows, ENQUEUE_COPY_TYPES)
             if ready and notify:
-                params = {"channel": self.target.channel, "queues": sorted(ready)}
-                yield from execute(self._q("enqueue_notify"), params)
+                yield from execute(self._q("enqueue_notify"), self._notify_params(ready))
         except BaseException as exc:
             yield End(exc)
             raise
@@ -738,8 +741,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
                     ids, ready = await self._call(lambda conn: AsyncDriver(conn).run(steps))
                 else:
                     query, params = self._enqueue_statement(jobs, notify=later is None)
-                    rows = await self._tuples(query, params)
-                    ids, ready = [row[0] for row in rows], _ready_queues(jobs, rows)
+                    ids, ready = _answered(jobs, await self._tuples(query, params))
             if later is not None:
                 later.add(ready)
             return ids
@@ -777,8 +779,8 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
                     ids, ready = SyncDriver(conn).run(steps)
                 else:
                     query, params = self._enqueue_statement(jobs, notify=later is None)
-                    rows = conn.cursor(row_factory=tuple_row).execute(query, params).fetchall()
-                    ids, ready = [row[0] for row in rows], _ready_queues(jobs, rows)
+                    cursor = conn.cursor(row_factory=tuple_row).execute(query, params)
+                    ids, ready = _answered(jobs, cursor.fetchall())
         finally:
             pool.putconn(conn)
         if later is not None:
