@@ -605,6 +605,50 @@ def test_a_command_that_reads_refuses_a_postgres_schema_that_is_not_installed(
     assert not schema_exists(postgres_server, absent_schema)
 
 
+def test_a_command_on_a_postgres_server_that_does_not_answer_waits_for_it_once(
+    postgres_server: str, absent_schema: str
+) -> None:
+    """Before a command reads or acts, it asks whether the schema is installed. A
+    server that did not answer that question was asked again by opening the store, so
+    the command failed after twice its connection timeout (21 s by default). It now
+    fails on the first: one connection per command, exit status 1, the server named,
+    and no note that a change may have been made."""
+    from tokenline.drill import ThreadedFaultProxy
+
+    commands = [["jobs"], ["job", "1"], ["reconcile", "--dry-run"], ["dlq", "retry", "1"]]
+    with ThreadedFaultProxy(upstream=("127.0.0.1", 5432)) as proxy:
+        proxy.set_faults(blackhole=True)
+        via = postgres_server.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+        url = f"{via}?schema={absent_schema}&connect_timeout=2"
+        for n, command in enumerate(commands, start=1):
+            result = CliRunner().invoke(main, [*command, "--url", url])
+            flat = " ".join(result.output.split())
+            assert result.exit_code == 1, (command, flat)
+            assert f"PostgreSQL on 127.0.0.1:{proxy.port} did not accept a connection" in flat
+            assert "may have made the change" not in flat, (command, flat)
+            assert proxy.stats.accepted == n, (command, proxy.stats)
+    assert not schema_exists(postgres_server, absent_schema)
+
+
+def test_scale_hint_on_a_postgres_server_that_does_not_answer_says_hold(
+    postgres_server: str, absent_schema: str
+) -> None:
+    """An outage is an answer for scale-hint (hold: more workers would only add load),
+    not an error: its check that the schema is installed does not fail the command
+    when the server is silent."""
+    from tokenline.drill import ThreadedFaultProxy
+
+    with ThreadedFaultProxy(upstream=("127.0.0.1", 5432)) as proxy:
+        proxy.set_faults(blackhole=True)
+        via = postgres_server.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+        url = f"{via}?schema={absent_schema}"
+        args = ["scale-hint", "--url", url, "--interval", "0", "--timeout", "2", "--json"]
+        result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["advice"] == "hold", result.stdout
+    assert not schema_exists(postgres_server, absent_schema)
+
+
 def test_the_dashboard_refuses_a_store_that_is_not_there(tmp_path: Path) -> None:
     """The dashboard reads the store and acts on it: a mistyped path is refused before
     it serves anything, and nothing is created."""

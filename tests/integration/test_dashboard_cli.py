@@ -224,3 +224,32 @@ def test_a_port_in_use_is_an_error_before_anything_says_started(tmp_path: Path) 
     assert "started" not in out.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_the_dashboard_starts_while_its_postgres_server_does_not_answer(
+    tmp_path: Path, postgres_server: str, absent_schema: str
+) -> None:
+    """A dashboard rides out an outage: started while its server is silent, it serves
+    and says the store does not answer, where a one-shot command fails at once."""
+    from tokenline.drill import ThreadedFaultProxy
+
+    with ThreadedFaultProxy(upstream=("127.0.0.1", 5432)) as proxy:
+        proxy.set_faults(blackhole=True)
+        via = postgres_server.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+        url = f"{via}?schema={absent_schema}&connect_timeout=2"
+        port = _free_port()
+        out = tmp_path / "out.log"
+        cmd = [sys.executable, "-m", "tokenline", "dashboard", "--url", url,
+               "--bind", f"127.0.0.1:{port}", "--timeout", "3"]  # fmt: skip
+        with out.open("wb") as fh:
+            proc = subprocess.Popen(cmd, stdout=fh, stderr=fh)
+        try:
+            page = Running(proc, out, port).get("/")
+            assert "did not accept a connection" in page.text, page.text
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(DEADLINE) == 0, out.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(DEADLINE)
+    assert "tokenline dashboard on" in out.read_text()

@@ -155,7 +155,13 @@ def _where_raised(exc: BaseException) -> str | None:
 
 
 def resolve_app(
-    app_spec: str | None, url: str | None, *, existing: bool = False, ledger: bool = True
+    app_spec: str | None,
+    url: str | None,
+    *,
+    existing: bool = False,
+    ledger: bool = True,
+    reports_outage: bool = False,
+    timeout: float | None = None,
 ) -> App:
     """The app named by ``--app``, else a bare app on ``--url`` / ``TOKENLINE_URL``.
 
@@ -165,7 +171,10 @@ def resolve_app(
     mistyped. ``ledger=False``: the command uses only the broker and lease roles (see
     :func:`with_store`), so on the split topology the ledger's schema is not looked
     for either: Redis has none, and a ledger that does not answer would hold the
-    command up for its connection timeout.
+    command up for its connection timeout. ``reports_outage``: the command shows an
+    outage itself (the dashboard, serving through it; ``scale-hint``, whose answer to
+    it is hold), so a server that does not answer is not an error here. ``timeout``:
+    the store timeout for these checks (default: the app's).
 
     With both, and a URL other than the one the app was built with, the result is the
     app's tasks and settings on the given store: a worker started that way must run the
@@ -189,9 +198,10 @@ def resolve_app(
             app = moved
     check_sqlite_url(app.url)
     if existing:
-        store = app.open_store()  # an unopened handle, asked before anything is done
+        # An unopened handle, asked before anything is done.
+        store = app.open_store(timeout=timeout)
         if ledger or broker_opener(store) is None:
-            require_store(store)
+            require_store(store, reports_outage=reports_outage)
         note_unused(store)
     return app
 
@@ -222,14 +232,22 @@ def check_sqlite_url(url: str) -> None:
         raise ConfigError("url", str(exc)) from None
 
 
-def require_store(store: Store) -> None:
+def require_store(store: Store, *, reports_outage: bool = False) -> None:
     """Exit with status 2 when ``store`` (unopened) is not there, naming what is
     missing: a SQLite file ("no tokenline store at PATH") or a PostgreSQL schema ("the
     tokenline schema 'x' of database 'y' on host:port is not installed"). Nothing is
-    created. A server that cannot be asked is left to opening the store, which says
-    why."""
+    created. A server that does not answer is reported at once, as opening the store
+    would report it after waiting as long again (``reports_outage``: left to the
+    command, which shows the outage); one that refuses the question is left to opening the
+    store, which says why."""
     missing = getattr(store, "missing", None)
-    what = asyncio.run(missing()) if missing is not None else None
+    try:
+        with opening():  # asked before anything is done: no change can have been made
+            what = asyncio.run(missing()) if missing is not None else None
+    except StoreUnavailableError:
+        if not reports_outage:
+            raise
+        what = None
     if what is not None:
         err_console.print(
             f"[bold red]error:[/] {escape(what)} (nothing was created; check --url or "

@@ -143,7 +143,7 @@ def dashboard(
     configure_logging("info", "text")
     host, port = bind
     with reporting_errors():
-        app = resolve_app(app_spec, url, existing=True)
+        app = resolve_app(app_spec, url, existing=True, reports_outage=True)
         # Bound here, before saying it started: a port in use is an error, not a
         # "started" line followed by uvicorn's failure. uvicorn serves this socket.
         listening = _listen(host, port)

@@ -217,7 +217,7 @@ def scale_hint_command(
     growing backlog with every worker at its limit means add.
     """
     with reporting_errors():
-        app = resolve_app(app_spec, url, existing=True)
+        app = resolve_app(app_spec, url, existing=True, reports_outage=True, timeout=timeout)
         hint = asyncio.run(hint_for(app.open_store, interval=interval, timeout=timeout))
     if as_json:
         print_json(hint.json())

@@ -38,7 +38,13 @@ from psycopg.rows import DictRow, TupleRow, dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from ..._clock import Clock, SystemClock
-from ..._errors import InvalidInputError, JobNotFoundError, StoreCorruptError, StoreError
+from ..._errors import (
+    InvalidInputError,
+    JobNotFoundError,
+    StoreCorruptError,
+    StoreError,
+    StoreUnavailableError,
+)
 from ..._jobs import (
     Attempt,
     ClaimedJob,
@@ -534,10 +540,15 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
     async def missing(self) -> str | None:
         """What is missing for this store to exist, without creating anything: its
         schema, said with where it was looked for; ``None`` when it is installed, or
-        when the server cannot be asked (opening the store then says why)."""
+        when the server refuses the question (opening the store then says why).
+
+        Raises :class:`~tokenline.StoreUnavailableError` when the server does not
+        answer: opening it next would wait out the same timeout again to say so."""
         try:
             with self._translate():
                 installed = await run_bounded(self._installed(), self._deadline)
+        except StoreUnavailableError:
+            raise
         except StoreError:
             return None
         if installed:
