@@ -300,6 +300,30 @@ def test_enqueue_with_the_split_brokers_redis_down_is_one_line(postgres_server: 
 
 
 @pytest.mark.postgres
+def test_a_command_on_a_redis_broker_that_does_not_answer_waits_for_it_once(
+    redis_url: str, postgres_server: str, absent_schema: str
+) -> None:
+    """The check for a prefix never used gave a silent Redis 2 s, then opening the
+    store waited out the store timeout again: a command failed after both. It now
+    fails on the first wait, one connection per command, with no note that a change
+    may have been made."""
+    from tokenline.drill import ThreadedFaultProxy
+    from tokenline.stores import split_url
+
+    host, port = redis_url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    with ThreadedFaultProxy(upstream=(host, int(port))) as proxy:
+        proxy.set_faults(blackhole=True)
+        broker = redis_url.replace(f"{host}:{port}", f"127.0.0.1:{proxy.port}")
+        url = split_url(f"{broker}&socket_timeout=1", f"{postgres_server}?schema={absent_schema}")
+        for n, command in enumerate([["jobs"], ["queues"], ["cancel", "1"]], start=1):
+            code, out = run(*command, "--url", url)
+            assert code == 1, (command, out)
+            assert f"cannot reach Redis at 127.0.0.1:{proxy.port}" in out, out
+            assert "may have made the change" not in out, (command, out)
+            assert proxy.stats.accepted == n, (command, proxy.stats)
+
+
+@pytest.mark.postgres
 def test_a_redis_prefix_never_used_is_noted(redis_url: str, postgres_server: str) -> None:
     """On the split topology a mistyped key prefix showed a healthy, empty store:
     `queues` empty, `dlq retry ID` "no such job". The commands that read or act on what

@@ -202,15 +202,22 @@ def resolve_app(
         store = app.open_store(timeout=timeout)
         if ledger or broker_opener(store) is None:
             require_store(store, reports_outage=reports_outage)
-        note_unused(store)
+        note_unused(store, reports_outage=reports_outage)
     return app
 
 
-def note_unused(store: Store) -> None:
+def note_unused(store: Store, *, reports_outage: bool = False) -> None:
     """Say on stderr when ``store`` has no trace of ever being used where that is not
-    refused (a Redis key prefix: see :meth:`RedisStore.unused`)."""
+    refused (a Redis key prefix: see :meth:`RedisStore.unused`). A server that does
+    not answer is reported at once, as :func:`require_store` does."""
     unused = getattr(store, "unused", None)
-    note = asyncio.run(unused()) if unused is not None else None
+    try:
+        with opening():  # asked before anything is done: no change can have been made
+            note = asyncio.run(unused()) if unused is not None else None
+    except StoreUnavailableError:
+        if not reports_outage:
+            raise
+        note = None
     if note is not None:
         err_console.print(f"note: {note}", highlight=False, markup=False)
 

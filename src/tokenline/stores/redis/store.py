@@ -50,6 +50,7 @@ from ..._errors import (
     NotSupportedError,
     StaleTokenError,
     StoreError,
+    StoreUnavailableError,
 )
 from ..._jobs import (
     Attempt,
@@ -224,13 +225,18 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
         """A note for an operator's command when no tokenline store was ever used under
         this prefix (its id sequence is not there): a prefix with no keys is an empty
         store, and a mistyped one would otherwise show as a healthy, empty queue.
-        ``None`` when one was, or when the server does not answer within 2 seconds (the
-        command says so itself). Needs no open client."""
-        options = {**self._client_options(), "socket_timeout": 2.0, "socket_connect_timeout": 2.0}
-        client = aioredis.Redis.from_url(self._target.connect, **options)
+        ``None`` when one was, or when the server refuses the question (the command's
+        own call says why). Needs no open client.
+
+        Raises :class:`~tokenline.StoreUnavailableError` when the server does not answer
+        within the store timeout: opening it next would wait as long again to say so."""
+        client = aioredis.Redis.from_url(self._target.connect, **self._client_options())
         try:
-            found = await client.exists(self.prefix + "seq")
-        except (redis.RedisError, OSError):
+            with map_redis_errors(self.where, "EXISTS"):
+                found = await client.exists(self.prefix + "seq")
+        except StoreUnavailableError:
+            raise
+        except StoreError:
             return None
         finally:
             await client.aclose()
