@@ -38,6 +38,7 @@ __all__ = [
     "JobsRescued",
     "LeaderChanged",
     "LeaseRenewalFailed",
+    "LoopHeld",
     "MaintenanceRepaired",
     "ResourceLeaseBusy",
     "StaleCommitRefused",
@@ -153,6 +154,19 @@ class StaleRead(Event):
 
     view: str
     detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoopHeld(Event):
+    """One step of an async handler (code between two ``await``\\ s) held the worker's
+    event loop for ``seconds``, a watchdog period or longer: a blocking call in an async
+    handler, or a pause of the process while it ran. Renewals, the heartbeat and the
+    worker's other jobs waited meanwhile."""
+
+    job_id: int
+    task: str
+    queue: str
+    seconds: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Prometheus metrics: what each worker saw, and what the store holds.
+r"""Prometheus metrics: what each worker saw, and what the store holds.
 
 Needs the ``metrics`` extra (``pip install 'tokenline[metrics]'``); nothing else in
 tokenline imports this module. Two sources, each exported once:
@@ -37,6 +37,11 @@ Worker metrics (:class:`WorkerMetrics`)
 ``tokenline_stale_reads_total{view}``
     counter: what the worker held in memory (``view``, e.g. ``job lease``) disagreed
     with the store, and the store won.
+``tokenline_event_loop_held_total{queue,task}``
+    counter: steps of an async handler (code between two ``await``\ s) that held the
+    worker's event loop for a watchdog period (``renew_interval`` / 2, at most 1 s) or
+    longer: a blocking call in an async handler, which delays the renewals of every
+    job of the worker (the log names the job).
 ``tokenline_duplicate_executions_total{key_prefix,kind}``
     counter: a key's effect asked for again after it completed (``kind``: ``repeat``),
     or a write under it refused as stale (``stale``).
@@ -264,6 +269,9 @@ class WorkerMetrics:
             p + "stale_commits_refused_total", "Writes refused as stale.", "operation"
         )
         self.stale_reads = counter(p + "stale_reads_total", "Views found stale.", "view")
+        self.loop_held = counter(
+            p + "event_loop_held_total", "Async handler steps that held the loop.", "queue", "task"
+        )
         self.duplicates = counter(
             p + "duplicate_executions_total", "Repeated or stale effects.", "key_prefix", "kind"
         )
@@ -324,6 +332,8 @@ class WorkerMetrics:
                 self.stale_commits.labels(event.operation).inc()
             case events.StaleRead():
                 self.stale_reads.labels(event.view).inc()
+            case events.LoopHeld():
+                self.loop_held.labels(event.queue, event.task).inc()
             case events.DuplicateExecution():
                 self.duplicates.labels(self._key_prefixes(event.key), event.kind).inc()
             case events.ResourceLeaseBusy():

@@ -191,3 +191,36 @@ async def test_a_coroutine_that_ignores_cancellation_is_closed_once_abandoned(
         await task
     assert cancels == [1]  # the second cancellation never reached it
     assert cleaned == ["finally"]
+
+
+async def test_a_step_that_holds_the_loop_past_the_threshold_is_reported() -> None:
+    """Each step is timed by the watch's clock; one that took the threshold or longer
+    is reported with its duration, the others are not. The last step (the return) and a
+    step that raises are timed too."""
+    from tokenline.worker.guard import StepWatch
+
+    now = [0.0]
+    held: list[float] = []
+    watch = StepWatch(1.0, lambda: now[0], held.append)
+
+    async def handler() -> str:
+        now[0] += 0.5  # short: not reported
+        await asyncio.sleep(0)
+        now[0] += 2.0  # held the loop: reported
+        await asyncio.sleep(0)
+        now[0] += 1.0  # exactly the threshold, in the step that returns
+        return "done"
+
+    async def through(coro: Any) -> Any:
+        return await Guarded(coro, Gate(), watch=watch)
+
+    assert await asyncio.create_task(through(handler())) == "done"
+    assert held == [2.0, 1.0]
+
+    async def failing() -> None:
+        now[0] += 3.0
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        await asyncio.create_task(through(failing()))
+    assert held == [2.0, 1.0, 3.0]

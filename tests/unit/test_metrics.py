@@ -56,13 +56,16 @@ def test_a_started_and_finished_attempt_counts_and_times(
 def test_coordination_events_count_by_their_bounded_labels(
     registry: CollectorRegistry, metrics: WorkerMetrics
 ) -> None:
-    """Renewal failures, stale commits and reads, rescues and store errors count under
-    their reason, operation, view, outcome and channel, never under free text."""
+    """Renewal failures, stale commits and reads, steps that held the loop, rescues and
+    store errors count under their reason, operation, view, task, outcome and channel,
+    never under free text."""
     metrics(events.LeaseRenewalFailed("w", 3, "refused", "jobs 1, 2, 3"))
     metrics(events.LeaseRenewalFailed("w", 1, "error", "timeout"))
     metrics(events.LeaseRenewalFailed("w", 1, "error", "timeout again"))
     metrics(events.StaleCommitRefused("w", 7, 2, "succeeded"))
     metrics(events.StaleRead("w", "job lease", "job 7 token 2"))
+    metrics(events.LoopHeld("w", 7, "resize", "images", 1.5))
+    metrics(events.LoopHeld("w", 8, "resize", "images", 2.5))
     metrics(events.JobsRescued("w", requeued=4, dead=1))
     metrics(events.CoordinationFailed("w", "leases", "lease renewal", "connection refused"))
     metrics(events.CoordinationFailed("w", "ledger", "job 9", "timeout"))
@@ -71,6 +74,8 @@ def test_coordination_events_count_by_their_bounded_labels(
     assert value(registry, failures, reason="error") == 2
     assert value(registry, "tokenline_stale_commits_refused_total", operation="succeeded") == 1
     assert value(registry, "tokenline_stale_reads_total", view="job lease") == 1
+    held = "tokenline_event_loop_held_total"
+    assert value(registry, held, queue="images", task="resize") == 2
     assert value(registry, "tokenline_jobs_rescued_total", outcome="requeued") == 4
     assert value(registry, "tokenline_jobs_rescued_total", outcome="dead") == 1
     assert value(registry, "tokenline_coordination_errors_total", channel="leases") == 1

@@ -828,6 +828,43 @@ async def test_a_ctx_kept_past_its_attempt_refuses(app: App, store: Store) -> No
     assert await store.effects_list() == []
 
 
+async def test_an_async_handler_step_that_holds_the_loop_is_logged_and_counted(
+    app: App, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A blocking call in an async handler holds the worker's whole event loop: its
+    renewals, heartbeat and other jobs wait. The step is reported once per attempt,
+    naming the job and the task, counted, and sent as a LoopHeld event."""
+    seen: list[events.LoopHeld] = []
+
+    def hook(event: events.Event) -> None:
+        if isinstance(event, events.LoopHeld):
+            seen.append(event)
+
+    @app.task(name="t.blocks")
+    async def blocks(ctx: JobContext) -> None:
+        for _ in range(2):
+            time.sleep(0.3)  # noqa: ASYNC251 - the blocking call under test
+            await asyncio.sleep(0)
+
+    jid = await app.enqueue_async("t.blocks", store=store)
+    # A watchdog period of 0.1 s, and a lease that outlasts the steps' 0.6 s.
+    worker = Worker(app, dataclasses.replace(FAST, lease_ttl=3.0, renew_interval=0.2))
+    events.add_hook(hook)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tokenline.worker"):
+            async with running(worker):
+                await job_in(store, jid, JobState.SUCCEEDED)
+    finally:
+        events.remove_hook(hook)
+    assert worker.counters.loop_held == 2
+    assert [(e.job_id, e.task, e.queue) for e in seen] == [(jid, "t.blocks", "default")] * 2
+    assert all(e.seconds >= 0.3 for e in seen), seen
+    said = [r.getMessage() for r in caplog.records if "held the event loop" in r.getMessage()]
+    assert len(said) == 1, said
+    assert f"job {jid} (t.blocks)" in said[0]
+    assert "2 async handler steps held the event loop" in worker.counters.summary()
+
+
 async def test_sync_handler_runs_in_a_worker_thread(app: App, store: Store) -> None:
     """A sync handler runs in the worker's thread pool, not on the event loop's thread."""
     threads: list[threading.Thread] = []

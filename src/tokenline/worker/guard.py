@@ -34,6 +34,13 @@ expiry (it is measured from when the claim or renewal was sent). What is *not* s
 - an effect already on its way: a request sent before the pause may land after another
   worker took the job, even though the handler never sees the answer.
 
+A step that runs long holds the whole event loop meanwhile: the worker's renewals, its
+heartbeat and every other handler wait for it, so one blocking call (``time.sleep``, a
+sync driver, CPU-bound work) in an async handler can cost the jobs beside it their
+leases. With a :class:`StepWatch`, each step is timed by the worker's clock, and one
+that held the loop for the watch's threshold or longer is reported (the worker logs it,
+naming the task, and counts it), so the handler at fault can be found.
+
 Effects outside the store must therefore be fenced where they land: written through
 ``ctx.transaction()`` (token check and writes in one transaction), behind
 ``ctx.fenced(key)`` with its token carried into the rows, or sent with the token or the
@@ -52,7 +59,7 @@ if TYPE_CHECKING:
     from .._clock import Clock
     from .slot import Slot
 
-__all__ = ["ABANDONED", "UNTRUSTED", "Guarded", "LeaseCheck"]
+__all__ = ["ABANDONED", "UNTRUSTED", "Guarded", "LeaseCheck", "StepWatch"]
 
 T = TypeVar("T")
 
@@ -60,6 +67,21 @@ T = TypeVar("T")
 UNTRUSTED = "lease no longer trusted by the worker's clock"
 #: What an abandoned handler's task is cancelled with.
 ABANDONED = "handler abandoned: it did not stop when cancelled"
+
+
+class StepWatch:
+    """Times each step of a guarded coroutine with ``now()`` and calls ``held(seconds)``
+    for one that took ``threshold`` seconds or longer: it held the event loop that long
+    (or the process was paused while it ran)."""
+
+    __slots__ = ("held", "now", "threshold")
+
+    def __init__(
+        self, threshold: float, now: Callable[[], float], held: Callable[[float], None]
+    ) -> None:
+        self.threshold = threshold
+        self.now = now
+        self.held = held
 
 
 class Guarded(Generic[T]):
@@ -70,19 +92,23 @@ class Guarded(Generic[T]):
     cancellation: true, the coroutine is closed where it waits (its ``finally`` blocks run
     up to their first ``await``) and ``CancelledError`` is raised here, so no handler can
     keep its task, and so its lease, alive by catching ``CancelledError``.
+
+    ``watch``: a :class:`StepWatch` told of each step that held the loop too long.
     """
 
-    __slots__ = ("_abandon", "_coro", "_stop")
+    __slots__ = ("_abandon", "_coro", "_stop", "_watch")
 
     def __init__(
         self,
         coro: Coroutine[Any, Any, T],
         stop: Callable[[], str | None],
         abandon: Callable[[], bool] = lambda: False,
+        watch: StepWatch | None = None,
     ) -> None:
         self._coro = coro
         self._stop = stop
         self._abandon = abandon
+        self._watch = watch
 
     def __await__(self) -> Generator[Any, Any, T]:
         coro = self._coro
@@ -97,6 +123,8 @@ class Guarded(Generic[T]):
                     raise asyncio.CancelledError(ABANDONED)
                 if thrown is None and (reason := self._stop()) is not None:
                     thrown = asyncio.CancelledError(reason)
+                watch = self._watch
+                began = watch.now() if watch is not None else 0.0
                 try:
                     if thrown is None:
                         yielded = coro.send(sent)
@@ -106,6 +134,9 @@ class Guarded(Generic[T]):
                 except StopIteration as done:
                     result: T = done.value
                     return result
+                finally:
+                    if watch is not None and (held := watch.now() - began) >= watch.threshold:
+                        watch.held(held)
                 try:
                     sent = yield yielded  # a future (or None) for the task, as it was
                 except GeneratorExit:

@@ -60,3 +60,5 @@ class Slot:
     guarded: bool = False
     #: The handler ignored its cancellation and is closed at its next resumption.
     abandoned: bool = False
+    #: A step of its async handler that held the event loop was logged (once per attempt).
+    loop_held_said: bool = False

@@ -67,7 +67,7 @@ from ..retry import RetryPolicy, policy_delay
 from .completer import BatchCompleter, ClaimArgs
 from .context import JobContext, decode_args
 from .deadlines import Deadlines
-from .guard import ABANDONED, UNTRUSTED, Guarded, LeaseCheck
+from .guard import ABANDONED, UNTRUSTED, Guarded, LeaseCheck, StepWatch
 from .prefetch import AUTO_PATIENCE, RunTimes, auto_prefetch
 from .resources import HeldLease, renew_resource_leases
 from .skew import ClockSkew
@@ -117,6 +117,8 @@ class WorkerCounters:
     #: Prefetched jobs given back before their handler started (a drain, a fence):
     #: not among ``started``, nor its ``released``.
     unrun: int = 0
+    #: Steps of async handlers that held the event loop a watchdog period or longer.
+    loop_held: int = 0
 
     def summary(self) -> str:
         """The counters as one line of prose, for logs and the command line."""
@@ -135,6 +137,8 @@ class WorkerCounters:
         ]
         if self.deferred:
             parts.append(f"deferred {n(self.deferred, 'job')} for an open circuit breaker")
+        if self.loop_held:
+            parts.append(f"{n(self.loop_held, 'async handler step')} held the event loop")
         return "; ".join(parts)
 
 
@@ -966,9 +970,12 @@ class Worker:
             f"hard timeout: attempt ran longer than {limit:g}s "
             "(the handler caught its cancellation and returned late)"
         )
+        watch = StepWatch(
+            self._watchdog_period, self.clock.monotonic, lambda held: self._held_loop(slot, held)
+        )
         try:
             return await self._await_within(
-                Guarded(coro, check, lambda: slot.abandoned), limit, late
+                Guarded(coro, check, lambda: slot.abandoned, watch), limit, late
             )
         except asyncio.CancelledError:
             if not slot.abandoned or slot.cancel_reason is not None:
@@ -1485,8 +1492,33 @@ class Worker:
         self._healthy_again("coordination", "renewal succeeded")
         self._check_error_rate()
 
+    @property
+    def _watchdog_period(self) -> float:
+        """Seconds between two turns of the watchdog: also how long one step of an async
+        handler may hold the event loop before it is reported (see :meth:`_held_loop`)."""
+        return min(1.0, self.settings.renew_period / 2)
+
+    def _held_loop(self, slot: Slot, held: float) -> None:
+        """One step of ``slot``'s async handler held the event loop ``held`` seconds:
+        renewals, the heartbeat and the other handlers waited for it. Logged once per
+        attempt, counted every time (and a metric, through the event)."""
+        self.counters.loop_held += 1
+        job = slot.claimed.job
+        if not slot.loop_held_said:
+            slot.loop_held_said = True
+            log.warning(
+                "worker %s: job %s (%s): one step of its async handler held the event loop "
+                "for %.1fs (unless the process was paused meanwhile); renewals, the heartbeat "
+                "and the other jobs of this worker waited meanwhile, and their leases can "
+                "expire. A blocking call (time.sleep, a sync driver, CPU-bound work) belongs in "
+                "a sync handler or asyncio.to_thread",
+                *(self.id, job.id, job.task, held),
+            )
+        if events.enabled():
+            events.emit(events.LoopHeld(self.id, job.id, job.task, job.queue, held))
+
     async def _watchdog_loop(self) -> None:
-        period = min(1.0, self.settings.renew_period / 2)
+        period = self._watchdog_period
         while True:
             await asyncio.sleep(period)
             self._last_tick = self.clock.monotonic()
