@@ -139,17 +139,21 @@ class Running:
 
 @contextlib.contextmanager
 def running(
-    tmp_path: Path, *args: str, token: str | None = None, env: dict[str, str] | None = None
+    tmp_path: Path,
+    *args: str,
+    token: str | None = None,
+    env: dict[str, str] | None = None,
+    url: str | None = None,
 ) -> Iterator[Running]:
-    """The dashboard of a populated store on a free port, stopped by SIGTERM (it must
-    exit 0) when the block ends."""
-    state = populate(tmp_path)
+    """The dashboard of a populated store (or of ``url``) on a free port, stopped by
+    SIGTERM (it must exit 0) when the block ends."""
+    url = populate(tmp_path).url if url is None else url
     port = _free_port()
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TOKENLINE_DASHBOARD")}
     if token:
         environ["TOKENLINE_DASHBOARD_TOKEN"] = token
     environ |= env or {}
-    cmd = [sys.executable, "-m", "tokenline", "dashboard", "--url", state.url,
+    cmd = [sys.executable, "-m", "tokenline", "dashboard", "--url", url,
            "--bind", f"127.0.0.1:{port}", *args]  # fmt: skip
     out = tmp_path / "out.log"
     with out.open("wb") as fh:
@@ -237,19 +241,7 @@ def test_the_dashboard_starts_while_its_postgres_server_does_not_answer(
         proxy.set_faults(blackhole=True)
         via = postgres_server.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
         url = f"{via}?schema={absent_schema}&connect_timeout=2"
-        port = _free_port()
-        out = tmp_path / "out.log"
-        cmd = [sys.executable, "-m", "tokenline", "dashboard", "--url", url,
-               "--bind", f"127.0.0.1:{port}", "--timeout", "3"]  # fmt: skip
-        with out.open("wb") as fh:
-            proc = subprocess.Popen(cmd, stdout=fh, stderr=fh)
-        try:
-            page = Running(proc, out, port).get("/")
+        with running(tmp_path, "--timeout", "3", url=url) as dash:
+            page = dash.get("/")
             assert "did not accept a connection" in page.text, page.text
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(DEADLINE) == 0, out.read_text()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(DEADLINE)
-    assert "tokenline dashboard on" in out.read_text()
+    assert "tokenline dashboard on" in dash.out.read_text()

@@ -210,16 +210,27 @@ def note_unused(store: Store, *, reports_outage: bool = False) -> None:
     """Say on stderr when ``store`` has no trace of ever being used where that is not
     refused (a Redis key prefix: see :meth:`RedisStore.unused`). A server that does
     not answer is reported at once, as :func:`require_store` does."""
-    unused = getattr(store, "unused", None)
+    note = _ask_first(store, "unused", reports_outage=reports_outage)
+    if note is not None:
+        err_console.print(f"note: {note}", highlight=False, markup=False)
+
+
+def _ask_first(store: Store, question: str, *, reports_outage: bool) -> str | None:
+    """The answer of ``store``'s method ``question`` (``missing``, ``unused``: a store
+    without it has nothing to say), asked before the command does anything, so an
+    error here changed nothing. A server that does not answer raises, unless the
+    command reports the outage itself (``reports_outage``)."""
+    ask = getattr(store, question, None)
+    if ask is None:
+        return None
     try:
-        with opening():  # asked before anything is done: no change can have been made
-            note = asyncio.run(unused()) if unused is not None else None
+        with opening():
+            answer: str | None = asyncio.run(ask())
     except StoreUnavailableError:
         if not reports_outage:
             raise
-        note = None
-    if note is not None:
-        err_console.print(f"note: {note}", highlight=False, markup=False)
+        return None
+    return answer
 
 
 def check_sqlite_url(url: str) -> None:
@@ -245,16 +256,9 @@ def require_store(store: Store, *, reports_outage: bool = False) -> None:
     tokenline schema 'x' of database 'y' on host:port is not installed"). Nothing is
     created. A server that does not answer is reported at once, as opening the store
     would report it after waiting as long again (``reports_outage``: left to the
-    command, which shows the outage); one that refuses the question is left to opening the
-    store, which says why."""
-    missing = getattr(store, "missing", None)
-    try:
-        with opening():  # asked before anything is done: no change can have been made
-            what = asyncio.run(missing()) if missing is not None else None
-    except StoreUnavailableError:
-        if not reports_outage:
-            raise
-        what = None
+    command, which shows the outage); one that refuses the question is left to opening
+    the store, which says why."""
+    what = _ask_first(store, "missing", reports_outage=reports_outage)
     if what is not None:
         err_console.print(
             f"[bold red]error:[/] {escape(what)} (nothing was created; check --url or "
