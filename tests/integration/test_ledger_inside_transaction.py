@@ -104,3 +104,54 @@ async def test_a_ledger_call_inside_the_jobs_transaction_runs_or_is_refused(
     else:
         assert (job.state, job.attempt) == (JobState.SUCCEEDED, 1), job
         assert len(calls) == (0 if call == "fenced" else 1), calls
+
+
+@pytest.mark.parametrize("form", ["sync", "async"])
+async def test_a_handler_that_raises_after_its_transaction_committed_has_succeeded(
+    url: str, form: str
+) -> None:
+    """The transaction committed the handler's writes with the job's completion, so an
+    error raised after it is logged, not recorded: the job has succeeded. On the split
+    topology the ledger held the completion while Redis still had the job running, and
+    the error was recorded as the attempt's failure: dead with one attempt, or run
+    again."""
+    app = App(url)
+    runs: list[int] = []
+
+    @app.task(name="t.sync_then_raise", queue="tx", max_attempts=1)
+    def sync_then_raise(ctx: JobContext) -> None:
+        runs.append(ctx.token)
+        with ctx.transaction():
+            pass
+        raise RuntimeError("after the commit")
+
+    @app.task(name="t.async_then_raise", queue="tx", max_attempts=1)
+    async def async_then_raise(ctx: JobContext) -> None:
+        runs.append(ctx.token)
+        async with ctx.transaction():
+            pass
+        raise RuntimeError("after the commit")
+
+    store = app.open_store(timeout=2.0)
+    await store.open()
+    worker = Worker(app, SETTINGS, store=store)
+    run = asyncio.create_task(worker.run())
+    try:
+        jid = await app.enqueue_async(f"t.{form}_then_raise", store=store)
+
+        async def finished() -> Job:
+            while not (job := await store.job_get(job_id=jid)).state.finished:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+            return job
+
+        job = await asyncio.wait_for(finished(), DEADLINE)
+        attempts = await store.job_attempts(job_id=jid)
+    finally:
+        worker.request_shutdown()
+        await asyncio.wait_for(run, DEADLINE)
+        await store.close()
+        app.close()
+    assert job.state is JobState.SUCCEEDED, job
+    assert [a.outcome for a in attempts] == ["succeeded"], attempts
+    assert len(runs) == 1
+    assert worker.counters.dead == 0

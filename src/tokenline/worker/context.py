@@ -544,7 +544,7 @@ class _ContextTransaction:
 
     def _begin(self) -> FencedTransaction:
         self._ctx.check()
-        if self._slot.completed_in_transaction:
+        if self._slot.completed_in_transaction or self._slot.done_in_ledger:
             raise FencedError(f"job {self._ctx.job_id} already completed in a transaction")
         if self._slot.in_transaction:
             raise NotSupportedError(
@@ -593,6 +593,7 @@ class _ContextTransaction:
         finally:
             self._slot.in_transaction = False
         self._slot.completed_in_transaction = inner.committed
+        self._slot.done_in_ledger = inner.wrote and not inner.committed
         if err is not None:
             raise err
 
@@ -613,6 +614,7 @@ class _ContextTransaction:
         finally:
             self._slot.in_transaction = False
         self._slot.completed_in_transaction = inner.committed
+        self._slot.done_in_ledger = inner.wrote and not inner.committed
         if err is not None:
             raise err
 

@@ -40,6 +40,10 @@ class Slot:
     cancel_reason: str | None = None
     task: asyncio.Task[None] | None = None
     completed_in_transaction: bool = False
+    #: A ``ctx.transaction()`` of this attempt committed its writes with the job's
+    #: completion in the ledger, which the broker has not acknowledged yet (the split
+    #: topology): the job is done, whatever the handler does next.
+    done_in_ledger: bool = False
     #: Its outcome is being committed: a renewal refused meanwhile means nothing.
     finishing: bool = False
     #: Resource leases held through ``ctx.lease``; the control plane renews them.

@@ -877,6 +877,8 @@ class Worker:
         except TimeoutError as exc:
             if slot.completed_in_transaction:
                 return None
+            if slot.done_in_ledger:
+                return self._done_in_ledger(slot, exc)
             slot.cancelled = True  # the sync thread may run on; its ctx calls now refuse
             reason = (
                 exception_text(exc, with_type=False)
@@ -895,9 +897,20 @@ class Worker:
             self.counters.succeeded += 1
             self._finished(slot, Finish(slot.lease, Outcome.SUCCEEDED))
             return None
+        if unrun and slot.done_in_ledger:
+            log.warning("job %s: its handler %s", job.id, unrun)
+            return Finish(slot.lease, Outcome.SUCCEEDED)
         if unrun:
             # Recorded as succeeded, the job's work would silently never happen.
             return self._dead(slot, f"handler of task {job.task!r} {unrun}", ErrorClass.PERMANENT)
+        return Finish(slot.lease, Outcome.SUCCEEDED)
+
+    def _done_in_ledger(self, slot: Slot, exc: BaseException) -> Finish:
+        """The Finish of an attempt whose ``ctx.transaction()`` recorded the job done in
+        the ledger, and whose handler then failed with ``exc``: the job has succeeded
+        (its writes are committed), so the broker is told so, as when the handler
+        returns. A failure recorded instead would run the job again, or bury it."""
+        log.warning("job %s raised after its transaction committed: %r", slot.claimed.job.id, exc)
         return Finish(slot.lease, Outcome.SUCCEEDED)
 
     async def _handler_failed(
@@ -909,6 +922,8 @@ class Worker:
         if slot.completed_in_transaction:
             log.warning("job %s raised after its transaction committed: %r", job.id, exc)
             return None
+        if slot.done_in_ledger and not isinstance(exc, FencedError):
+            return self._done_in_ledger(slot, exc)
         decision = self._classify(exc, task.classifier or self.app.classifier)
         # Held back by a breaker, the job did not fail: nothing for the limiter.
         held_back = isinstance(exc, DependencyOpenError)
