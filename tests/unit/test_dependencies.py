@@ -519,6 +519,46 @@ async def test_a_sync_call_past_its_timeout_is_counted_not_interrupted() -> None
     assert outcomes == ["timeout", "ok"]
 
 
+async def test_a_sync_call_refuses_an_async_callee() -> None:
+    """`ctx.dependency(...).call(fn)` in a sync handler with an async ``fn`` got a
+    coroutine back that never ran, and the job went on as if it had. It is refused; an
+    awaitable handed back is not a failure of the dependency for its breaker."""
+    app, store = dep_app(timeout=5)
+    heard: list[events.Event] = []
+    ran: list[int] = []
+
+    async def fetch() -> int:
+        ran.append(1)
+        return 1
+
+    @app.task(name="t.dep_sync_async", max_attempts=1)
+    def call(ctx: JobContext) -> int:
+        return ctx.dependency(DEP).call(fetch)
+
+    @app.task(name="t.dep_sync_awaitable", max_attempts=1)
+    def returns(ctx: JobContext) -> Any:
+        return ctx.dependency(DEP).call(lambda: fetch())
+
+    ids = [
+        await app.enqueue_async(t, store=store)
+        for t in ("t.dep_sync_async", "t.dep_sync_awaitable")
+    ]
+    events.add_hook(heard.append)
+    try:
+        async with running(Worker(app, FAST)):
+            for jid in ids:
+                await eventually_async(lambda jid=jid: _state_is(store, jid, JobState.DEAD), "dead")
+    finally:
+        events.remove_hook(heard.append)
+    for jid in ids:
+        job = await store.job_get(job_id=jid)
+        assert "NotSupportedError" in (job.last_error or ""), job
+        assert f"ctx.dependency({DEP!r}).call(...) in a sync handler" in (job.last_error or "")
+    assert ran == []
+    outcomes = [e.outcome for e in heard if isinstance(e, events.DependencyCall)]
+    assert outcomes == ["ok"], outcomes  # the lambda's quick return: not a failure
+
+
 async def test_an_async_call_is_cancelled_at_its_timeout_and_the_attempt_retried() -> None:
     """`async with ctx.dependency()`: the block is cancelled at the dependency's timeout
     and raises TimeoutError naming it; the attempt is spent and retried, like any

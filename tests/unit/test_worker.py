@@ -828,6 +828,40 @@ async def test_a_ctx_kept_past_its_attempt_refuses(app: App, store: Store) -> No
     assert await store.effects_list() == []
 
 
+@pytest.mark.parametrize("given", ["coroutine function", "lambda returning a coroutine"])
+async def test_a_sync_effect_refuses_an_async_callee_and_never_marks_its_key_done(
+    app: App, store: Store, given: str
+) -> None:
+    """A sync handler's ctx.effect given an async callee created its coroutine, never
+    awaited it, and recorded the key completed: the effect was lost for good (a retry
+    said it "ran once"). It is refused, permanently, naming the fix; the key is left
+    free (refused before it was taken) or failed (so a later attempt may run it)."""
+    sent: list[str] = []
+
+    async def send_email(to: str) -> str:
+        sent.append(to)
+        return "ok"
+
+    @app.task(name="t.sync_effect", max_attempts=3)
+    def notify(ctx: JobContext, to: str) -> Any:
+        if given == "coroutine function":
+            return ctx.effect(f"email:{to}", send_email, to)
+        return ctx.effect(f"email:{to}", lambda: send_email(to))
+
+    jid = await app.enqueue_async("t.sync_effect", "a@example.com", store=store)
+    async with running(Worker(app, FAST)):
+        job = await job_in(store, jid, JobState.DEAD)
+    assert job.attempt == 1, job
+    assert "NotSupportedError" in (job.last_error or ""), job
+    assert "make the handler `async def` and await the call" in (job.last_error or "")
+    assert sent == []
+    records = await store.effects_list(key="email:a@example.com")
+    if given == "coroutine function":
+        assert records == []
+    else:
+        assert [r.status.value for r in records] == ["failed"], records
+
+
 async def test_an_async_handler_step_that_holds_the_loop_is_logged_and_counted(
     app: App, store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -239,6 +239,7 @@ class JobContext:
             return self._hand("ctx.effect", self.effect_async(key, fn, *args, wait=wait, **kwargs))
         self.check()
         self.refuse_inside_transaction("ctx.effect")
+        refuse_async_callee(f"ctx.effect({key!r}, ...)", fn)
         run = self._effect_run(key, wait)
         begin = self.run_sync(run.claim(), "await ctx.effect_async(...)")
         if begin.start is Start.DONE:
@@ -246,7 +247,9 @@ class JobContext:
             return stored_result(run.key, begin.record)
         try:
             with running_effect(run.call):
-                value = fn(*args, **kwargs)
+                # Recorded as a failure, not a result: the awaitable never ran, so a
+                # later attempt may run the key.
+                value = refuse_awaitable(f"ctx.effect({key!r}, ...)", fn(*args, **kwargs))
         except BaseException as exc:
             self.run_sync(record_failure(run, exc), "await ctx.effect_async(...)")
             raise
@@ -517,8 +520,13 @@ class DependencyScope:
 
     def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` as one call to the dependency (sync handlers)."""
+        what = f"ctx.dependency({self.dependency.name!r}).call(...)"
+        refuse_async_callee(what, fn)
         with self:
-            return fn(*args, **kwargs)
+            value = fn(*args, **kwargs)
+        # Outside the call: an awaitable handed back is the handler's mistake, not a
+        # failure of the dependency for its breaker to count.
+        return refuse_awaitable(what, value)
 
     async def call_async(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)``, awaited if it returns an awaitable, as one call to the
@@ -528,6 +536,39 @@ class DependencyScope:
             if inspect.isawaitable(result):
                 result = await result
             return result
+
+
+def refuse_async_callee(what: str, fn: Callable[..., Any]) -> None:
+    """Refuse a coroutine function given to the sync form ``what``: a handler's thread
+    cannot await it, so it would never run while the call looked done."""
+    # An object whose __call__ is async is one too (read from its type, as a call does).
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(type(fn), "__call__", None)  # noqa: B004 - not a callable test
+    ):
+        raise NotSupportedError(
+            f"{what} in a sync handler was given {_callee_name(fn)}, a coroutine function "
+            "that this thread cannot await, so it would never run: make the handler "
+            "`async def` and await the call, or pass a plain function"
+        )
+
+
+def refuse_awaitable(what: str, value: T) -> T:
+    """``value``, unless it is an awaitable returned to the sync form ``what`` (then
+    closed unrun, and refused as :func:`refuse_async_callee` refuses its function)."""
+    if inspect.isawaitable(value):
+        if inspect.iscoroutine(value):
+            value.close()  # never started: nothing ran, and no "never awaited" warning
+        raise NotSupportedError(
+            f"{what} in a sync handler got an awaitable back ({type(value).__name__}), "
+            "which this thread cannot await, so its work never ran: make the handler "
+            "`async def` and await the call, or pass a plain function"
+        )
+    return value
+
+
+def _callee_name(fn: Callable[..., Any]) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    return repr(name) if isinstance(name, str) else repr(type(fn).__name__)
 
 
 class _ContextTransaction:
