@@ -15,7 +15,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, Protocol, Self, TypeVar, overload
 
 from ._clock import Clock, SystemClock
@@ -93,21 +93,20 @@ F = TypeVar("F", bound=Callable[..., Any])
 UniqueOption = bool | Literal["active"]
 
 
-class _Portal:
-    """A private event loop on a daemon thread, for the synchronous facade.
-
-    It also holds the facade's store, which lives on that loop. A portal with an open
-    store is closed at interpreter exit if its app was not (see :func:`_close_at_exit`).
-    """
+class _Loop:
+    """One event loop of a portal, on its daemon thread, with the store opened on it and
+    the calls under way on it (``users``, counted under the portal's lock)."""
 
     def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self._serve, args=(self.loop,), name="tokenline-portal", daemon=True
+        )
         #: The facade's open store; only touched on the loop, or once the loop is gone.
         self.store: Store | None = None
-        #: Held on the loop while the store opens (see :meth:`opened`); one per loop.
-        self._opening = asyncio.Lock()
+        #: Held on the loop while the store opens (see :meth:`_Portal.opened`).
+        self.opening = asyncio.Lock()
+        self.users = 0
 
     @staticmethod
     def _serve(loop: asyncio.AbstractEventLoop) -> None:
@@ -118,22 +117,75 @@ class _Portal:
             loop.run_until_complete(loop.shutdown_default_executor())
             loop.close()
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+
+class _Portal:
+    """A private event loop on a daemon thread, for the synchronous facade.
+
+    It also holds the facade's store, which lives on that loop. A portal with an open
+    store is closed at interpreter exit if its app was not (see :func:`_close_at_exit`).
+
+    :meth:`close` may come while other threads call through the portal (a web server's
+    threads enqueueing): calls that began on the loop being closed end there first, so
+    none is left waiting for a loop that stopped, or finds its store closed under it;
+    calls that begin after it get a new loop and store.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: Signalled when the last call under way on a loop ends (see :meth:`close`).
+        self._idle = threading.Condition(self._lock)
+        self._current: _Loop | None = None
+        #: Every loop alive, by its asyncio loop: the current one, and those closing.
+        self._by_loop: dict[asyncio.AbstractEventLoop, _Loop] = {}
+
+    @property
+    def store(self) -> Store | None:
+        """The current loop's open store, if any."""
+        current = self._current
+        return None if current is None else current.store
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop | None:
+        current = self._current
+        return None if current is None else current.loop
+
+    @property
+    def _thread(self) -> threading.Thread | None:
+        current = self._current
+        return None if current is None else current.thread
+
+    def _enter(self, *, start: bool) -> _Loop | None:
+        """The current loop, counted as used until :meth:`_leave`; a new one if there is
+        none or its thread is gone (the process forked, say: its store with it), when
+        ``start``, else ``None``."""
         with self._lock:
-            if self._thread is not None and not self._thread.is_alive():
-                # The loop's thread is gone (the process forked, say): its store with it.
-                self._loop = self._thread = None
-                self.store = None
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                self._opening = asyncio.Lock()
-                self._thread = threading.Thread(
-                    target=self._serve, args=(loop,), name="tokenline-portal", daemon=True
-                )
-                self._thread.start()
-                self._loop = loop
-            loop = self._loop
-        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+            current = self._current
+            if current is not None and not current.thread.is_alive():
+                self._by_loop.pop(current.loop, None)
+                current = self._current = None
+            if current is None:
+                if not start:
+                    return None
+                current = self._current = _Loop()
+                self._by_loop[current.loop] = current
+                current.thread.start()
+            current.users += 1
+            return current
+
+    def _leave(self, used: _Loop) -> None:
+        with self._lock:
+            used.users -= 1
+            if used.users == 0:
+                self._idle.notify_all()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the portal's loop and wait for its result."""
+        used = self._enter(start=True)
+        assert used is not None
+        try:
+            return asyncio.run_coroutine_threadsafe(coro, used.loop).result()
+        finally:
+            self._leave(used)
 
     async def opened(self, new_store: Callable[[], Store]) -> Store:
         """The facade's store, opened from ``new_store()`` by the first caller; on the loop.
@@ -141,11 +193,12 @@ class _Portal:
         Callers that arrive while it opens (sync enqueues from several threads at once)
         wait for that store rather than each opening one: the portal keeps, and closes,
         only one, and any other would be left open, its pool's tasks destroyed at exit."""
-        store = self.store
+        here = self._by_loop[asyncio.get_running_loop()]
+        store = here.store
         if store is not None:
             return store
-        async with self._opening:
-            store = self.store
+        async with here.opening:
+            store = here.store
             if store is not None:
                 return store
             store = new_store()
@@ -157,33 +210,46 @@ class _Portal:
                 with contextlib.suppress(Exception):
                     await store.close()
                 raise
-            self.store = store
+            here.store = store
             _opened(self)
             return store
 
-    def open_store(self) -> Store | None:
-        """The facade's store, if it is open and its loop alive; ``None``: go through
-        :meth:`run`, which opens it (again, after a fork)."""
-        store, thread = self.store, self._thread
-        if store is None or thread is None or not thread.is_alive():
-            return None
-        return store
-
-    def close(self, *, timeout: float | None = None) -> None:
-        """Close the store, then stop the loop and end its thread. Safe to call twice,
-        and when the thread is already gone; ``timeout`` bounds each of the two waits."""
-        _open_portals.discard(self)
-        with self._lock:
-            loop, thread, store = self._loop, self._thread, self.store
-            self._loop = self._thread = self.store = None
-        if loop is None or thread is None or not thread.is_alive():
+    @contextlib.contextmanager
+    def open_store(self) -> Iterator[Store | None]:
+        """The facade's store, if it is open and its loop alive, for use on the caller's
+        thread within the block (a :meth:`close` meanwhile waits for the block to end);
+        ``None``: go through :meth:`run`, which opens it (again, after a fork)."""
+        used = self._enter(start=False)
+        if used is None:
+            yield None
             return
         try:
-            if store is not None:
+            yield used.store
+        finally:
+            self._leave(used)
+
+    def close(self, *, timeout: float | None = None) -> None:
+        """Close the store, then stop the loop and end its thread, once the calls under
+        way on it have ended. Safe to call twice, and when the thread is already gone;
+        ``timeout`` bounds each of the three waits."""
+        _open_portals.discard(self)
+        with self._lock:
+            closing, self._current = self._current, None
+            if closing is None:
+                return
+            # The calls under way end on this loop and store: each is bounded by the
+            # store's own timeouts.
+            self._idle.wait_for(lambda: closing.users == 0, timeout)
+        loop, thread, store = closing.loop, closing.thread, closing.store
+        try:
+            if thread.is_alive() and store is not None:
                 asyncio.run_coroutine_threadsafe(store.close(), loop).result(timeout)
         finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout)
+            if thread.is_alive():
+                loop.call_soon_threadsafe(loop.stop)
+                thread.join(timeout)
+            with self._lock:
+                self._by_loop.pop(loop, None)
 
 
 #: Portals with an open store, closed at interpreter exit unless closed before.
@@ -648,7 +714,9 @@ class App:
 
     def close(self) -> None:
         """Close the facade's store and loop. Safe to call twice; the app opens them
-        again if used after. An app not closed is closed at interpreter exit."""
+        again if used after. Calls under way in other threads (enqueues from a web
+        server's threads) end first, on the store being closed; those that begin
+        meanwhile open a new one. An app not closed is closed at interpreter exit."""
         self._portal.close()
 
     def __enter__(self) -> Self:
@@ -881,16 +949,19 @@ class App:
         """Insert ``jobs`` for a synchronous caller: on the caller's own thread where the
         open store can (no hop to the facade's loop and back: most of a single
         enqueue's cost), else through the loop."""
-        store = self._portal.open_store()
-        if store is None:
-            # Opened on the facade's loop, then used from here like every later call:
-            # the first enqueue of a process is checked and written as the next ones.
-            store = self.run(_itself)
-        if store.capabilities.blocking_enqueue:
-            try:
-                return store.jobs_enqueue_blocking(jobs=jobs)
-            except EventLoopNeeded:
-                pass  # nothing written: the async path takes what it needs first
+        for first in (True, False):
+            with self._portal.open_store() as store:
+                if store is not None:
+                    if store.capabilities.blocking_enqueue:
+                        try:
+                            return store.jobs_enqueue_blocking(jobs=jobs)
+                        except EventLoopNeeded:
+                            pass  # nothing written: the async path takes what it needs first
+                    break
+            if first:
+                # Opened on the facade's loop, then used from here like every later call:
+                # the first enqueue of a process is checked and written as the next ones.
+                self.run(_itself)
         return self.run(lambda s: s.jobs_enqueue(jobs=jobs))
 
 

@@ -132,3 +132,48 @@ def test_concurrent_first_enqueues_open_one_store(tmp_path: Path) -> None:
         assert len(opened) == 1
     finally:
         app.close()
+
+
+def test_close_while_threads_enqueue_leaves_none_waiting(url: str) -> None:
+    """``app.close()`` while other threads enqueue: each enqueue under way ends on the
+    store being closed, and the next ones open it again. Threads used to wait for ever
+    for a loop that had stopped, or found the store closed under them ("the PostgreSQL
+    store is closed; call open() first")."""
+    app = App(url)
+    app.task(name="u")(lambda ctx, x: None)
+    app.enqueue("u", -1)
+    per_thread, threads = 150, 4
+    errors: list[BaseException] = []
+    ids: list[int] = []
+    lock = threading.Lock()
+
+    def send(first: int) -> None:
+        try:
+            for n in range(first, first + per_thread):
+                jid = app.enqueue("u", n)
+                with lock:
+                    ids.append(jid)
+        except BaseException as exc:  # any error fails the test below, named
+            errors.append(exc)
+
+    workers = [
+        threading.Thread(target=send, args=(t * per_thread,), daemon=True) for t in range(threads)
+    ]
+    try:
+        for w in workers:
+            w.start()
+        closes = 0
+        while any(w.is_alive() for w in workers) and closes < 200:
+            app.close()
+            closes += 1
+        for w in workers:
+            w.join(60)
+        assert not [w for w in workers if w.is_alive()], "an enqueue never returned"
+        assert errors == []
+        assert len(set(ids)) == threads * per_thread
+        assert closes > 1
+    finally:
+        app.close()
+    with App(url) as again:
+        stored = again.run(lambda s: s.jobs_list(limit=10 * threads * per_thread))
+    assert len(stored) == threads * per_thread + 1
