@@ -768,10 +768,26 @@ class App:
             # Only the caller's connection is used, on the caller's loop: no pool needed.
             target = self.open_store()
         else:
-            # The facade's store lives on the portal loop; hop over to it.
+            # The facade's store lives on the portal loop; hop over to it. Refused first
+            # where the caller's own open transaction holds the lock it would wait for.
+            self._refuse_own_sqlite_lock()
             target = _PortalStore(self)
         (jid,) = await target.jobs_enqueue(jobs=[job], connection=connection)
         return jid
+
+    def _refuse_own_sqlite_lock(self) -> None:
+        """Raise when this task holds the write lock of the app's SQLite file in an open
+        ``async with ctx.transaction()``: an enqueue on the facade's store would wait
+        for it until the store's timeout, and fail as a coordination error, attempt
+        after attempt (see ``stores/sqlite/_callers.py``)."""
+        if self.url.split(":", 1)[0].strip().lower() != "sqlite":
+            return
+        from .stores.sqlite._callers import held_by_this_task, own_lock_refused
+        from .stores.sqlite.store import path_from_url
+
+        held = held_by_this_task()
+        if held and str(path_from_url(self.url).resolve()) in held:
+            raise own_lock_refused(path_from_url(self.url))
 
     def enqueue(
         self,

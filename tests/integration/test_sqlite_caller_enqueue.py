@@ -350,6 +350,73 @@ async def test_a_sync_handler_enqueueing_inside_its_transaction_is_told_how(
         await store.close()
 
 
+@pytest.mark.parametrize("through", ["app", "store"])
+async def test_an_async_handler_enqueueing_inside_its_transaction_is_told_how(
+    tmp_path: Path, through: str
+) -> None:
+    """An async handler awaiting an enqueue without ``connection=conn`` inside its own
+    ``async with ctx.transaction()`` waited for its own write lock until the store
+    timeout, then was given back (a coordination error) and ran again, for ever,
+    holding the lock 10 s each time. It is refused at once; ``connection=conn``
+    enqueues in the transaction, and tasks the handler starts are not refused."""
+    app = App(f"sqlite:///{tmp_path / 'q.db'}", settings=Settings(store_timeout=30))
+    refusals: list[tuple[str, float]] = []
+    runs: list[int] = []
+    store = app.open_store(timeout=5)
+
+    @app.task(name="inner")
+    def inner(ctx: JobContext, n: int) -> None:
+        """Never runs here (no worker reads its queue)."""
+
+    @app.task(name="outer", queue="outer", max_attempts=1)
+    async def outer(ctx: JobContext, n: int) -> None:
+        runs.append(ctx.attempt)
+        async with ctx.transaction() as conn:
+            began = time.monotonic()
+            try:
+                if through == "app":
+                    await app.enqueue_async("inner", n)
+                else:
+                    await app.enqueue_async("inner", n, store=store)
+            except NotSupportedError as exc:
+                refusals.append((str(exc), time.monotonic() - began))
+            await app.enqueue_async("inner", n + 1, connection=conn)
+            # A task of its own waits for the commit, and then enqueues.
+            later = asyncio.ensure_future(app.enqueue_async("inner", n + 2, store=store))
+        await later
+
+    await store.open()
+    settings = WorkerSettings(lease_ttl=60, poll_interval=0.05, queues=("outer",))
+    worker = Worker(app, settings, store=store)
+    run = asyncio.create_task(worker.run())
+    try:
+        (jid,) = await store.jobs_enqueue(jobs=[app.build_job("outer", (10,))])
+
+        async def finished() -> Job:
+            while True:
+                got = await store.job_get(job_id=jid)
+                if got.state.finished:
+                    return got
+                await asyncio.sleep(0.05)
+
+        done = await asyncio.wait_for(finished(), 60)
+        assert done.state is JobState.SUCCEEDED, done
+        assert runs == [1]
+        ((message, took),) = refusals
+        assert "connection=conn" in message
+        assert took < 15  # refused, not waited out
+        queued = await store.jobs_list(state=JobState.QUEUED)
+        assert sorted(j.args for j in queued) == [
+            '{"args":[11],"kwargs":{}}',
+            '{"args":[12],"kwargs":{}}',
+        ]
+    finally:
+        worker.request_shutdown()
+        await asyncio.wait_for(run, 60)
+        await asyncio.to_thread(app.close)
+        await store.close()
+
+
 def test_an_outbox_enqueue_on_a_new_file_says_to_migrate(tmp_path: Path) -> None:
     """An enqueue on the caller's connection runs in the caller's transaction and never
     creates the schema: on a file without it the error says so and how to migrate,

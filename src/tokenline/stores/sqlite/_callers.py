@@ -10,17 +10,32 @@ process or another, exactly as it orders two processes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
 
-from ..._errors import StoreError
+from ..._errors import NotSupportedError, StoreError
 
-__all__ = ["CallerConnections", "held_by_this_thread"]
+__all__ = [
+    "CallerConnections",
+    "held_by_this_task",
+    "held_by_this_thread",
+    "holding_in_task",
+    "own_lock_refused",
+]
 
 _local = threading.local()
+#: (store file, task id) of each ``async with`` fenced transaction open in this context:
+#: the context is copied into the threads and loops that a task's calls hop to, so a
+#: write asked for on the task's behalf can tell that the task holds the lock. Tasks the
+#: holder starts inherit the context, not the mark: they are other tasks.
+_held_in_task: contextvars.ContextVar[frozenset[tuple[str, int]]] = contextvars.ContextVar(
+    "tokenline_sqlite_held_in_task", default=frozenset()
+)
 
 
 def held_by_this_thread() -> set[str]:
@@ -30,6 +45,47 @@ def held_by_this_thread() -> set[str]:
     if held is None:
         held = _local.files = set()
     return held
+
+
+def held_by_this_task() -> frozenset[str]:
+    """Store files whose write lock an ``async with`` fenced transaction of the current
+    task holds (an async handler): a write there without the transaction's connection,
+    awaited by the task, would wait for the transaction it waits in. Empty off a loop:
+    a thread cannot tell which task it works for."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        return frozenset()
+    if task is None:
+        return frozenset()
+    return frozenset(file for file, holder in _held_in_task.get() if holder == id(task))
+
+
+@contextlib.contextmanager
+def holding_in_task(file: str) -> Iterator[None]:
+    """Mark ``file`` held by the current task within the block."""
+    task = asyncio.current_task()
+    if task is None:
+        yield
+        return
+    token = _held_in_task.set(_held_in_task.get() | {(file, id(task))})
+    try:
+        yield
+    finally:
+        try:
+            _held_in_task.reset(token)
+        except ValueError:  # left in another context: take the mark off there
+            _held_in_task.set(_held_in_task.get() - {(file, id(task))})
+
+
+def own_lock_refused(path: object) -> NotSupportedError:
+    """The refusal of an enqueue that would wait for its caller's own transaction on
+    the SQLite store at ``path``."""
+    return NotSupportedError(
+        f"enqueue inside an open ctx.transaction() on SQLite ({str(path)!r}) would wait "
+        "for the transaction's own write lock: pass connection=conn to enqueue in that "
+        "transaction (the job then exists if and only if it commits), or enqueue after it"
+    )
 
 
 class CallerConnections:

@@ -30,7 +30,7 @@ from ..._jobs import Finish, Lease, Outcome
 from ..._records import DuplicateKind, Fence, by_attempt
 from .._block import BlockGuard
 from ..base import FencedTransaction
-from ._callers import held_by_this_thread
+from ._callers import held_by_this_thread, holding_in_task
 from ._connection import Connection, begin_immediate, rollback
 from ._errors import map_sqlite_errors
 
@@ -65,6 +65,8 @@ class SQLiteFencedTransaction(FencedTransaction):
         self._marked: str | None = None
         self._guard = BlockGuard()
         self._gate: asyncio.Lock | None = None
+        # An `async with` marks its task instead (see jobs_enqueue).
+        self._task_mark: contextlib.AbstractContextManager[None] | None = None
 
     def __enter__(self) -> sqlite3.Connection:
         store, lease = self._store, self._lease
@@ -181,12 +183,17 @@ class SQLiteFencedTransaction(FencedTransaction):
             gate.release()
             raise
         self._gate = gate
+        self._task_mark = holding_in_task(self._store._file)
+        self._task_mark.__enter__()
         return conn
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         gate, self._gate = self._gate, None
+        mark, self._task_mark = self._task_mark, None
         try:
             await asyncio.to_thread(self.__exit__, exc_type, exc, tb)
         finally:
+            if mark is not None:
+                mark.__exit__(None, None, None)
             if gate is not None:
                 gate.release()

@@ -59,7 +59,6 @@ from typing import Any, TypeVar
 from ..._clock import Clock
 from ..._errors import (
     JobNotFoundError,
-    NotSupportedError,
     SchemaVersionError,
     StoreCorruptError,
     StoreError,
@@ -93,7 +92,12 @@ from ..base import (
     possible_job_id,
     possible_job_ids,
 )
-from ._callers import CallerConnections, held_by_this_thread
+from ._callers import (
+    CallerConnections,
+    held_by_this_task,
+    held_by_this_thread,
+    own_lock_refused,
+)
 from ._claim import claim_candidates
 from ._clock import Anchor, MachineClock, Uptime, WallClock, boot_id
 from ._connection import (
@@ -729,9 +733,18 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                         "inside your transaction); migrate first, with `tokenline "
                         "migrate`, a worker, or an enqueue without connection="
                     ) from exc
+        self._refuse_own_lock()
         return await self._call(
             lambda conn: self._enqueue_on(conn, jobs), here=len(jobs) <= _HERE_MAX_ROWS
         )
+
+    def _refuse_own_lock(self) -> None:
+        """Raise when the caller (its thread, or its task for an async handler) holds
+        this file's write lock in an open fenced transaction: an enqueue on another
+        connection would wait for that lock, which its own transaction holds, until the
+        store's timeout (a coordination error, retried for ever)."""
+        if self._file in held_by_this_thread() or self._file in held_by_this_task():
+            raise own_lock_refused(self.path)
 
     async def broker_write_probe(self, timeout: float) -> None:  # noqa: ASYNC109
         """Take, and give straight back, the file's write lock that every enqueue,
@@ -825,13 +838,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         callers = self._callers
         if callers is None:
             raise StoreError("the SQLite store is not open; call open() first")
-        if self._file in held_by_this_thread():
-            raise NotSupportedError(
-                f"enqueue inside an open ctx.transaction() on SQLite ({str(self.path)!r}) "
-                "would wait for the transaction's own write lock: pass connection=conn to "
-                "enqueue in that transaction (the job then exists if and only if it "
-                "commits), or enqueue after it"
-            )
+        self._refuse_own_lock()
         with callers.lend() as conn:
             return self._waiting(lambda: self._enqueue_on(conn, jobs))(lambda: False)
 
