@@ -61,6 +61,7 @@ from ..._errors import NotSupportedError, StaleTokenError, StoreError
 from ..._jobs import Finish, Lease, Outcome
 from ..._records import DuplicateKind, Fence, by_attempt
 from ..base import FencedTransaction
+from ._cutoff import Armed
 from ._lent import RESET, take_back, take_back_async
 from ._steps import AsyncDriver, Begin, End, Status, Steps, SyncDriver, execute, fetch_one
 
@@ -100,6 +101,8 @@ class PostgresFencedTransaction(FencedTransaction):
         self._timeout = timeout
         self._entered = False
         self._sync: tuple[ConnectionPool[Any], psycopg.Connection[Any], SyncDriver] | None = None
+        # The deadline of the sync block's own statements (the attempt's).
+        self._block_cutoff: Armed | None = None
         # The session was reset inside the committed transaction (see _closing).
         self._session_reset = False
         self._async: tuple[AsyncConnection[Any], AsyncDriver] | None = None
@@ -112,15 +115,19 @@ class PostgresFencedTransaction(FencedTransaction):
         pool, conn = store._checkout_sync(lent=True)
         driver = SyncDriver(conn)
         try:
-            with store._translate():
+            # A thread cannot be cancelled: each wait of this connection has a deadline
+            # (_cutoff.py), tokenline's statements the store's, the block the attempt's.
+            with store._translate(), store._cutoffs.arm(conn, store._deadline):
                 if conn.info.transaction_status != TransactionStatus.IDLE:
                     conn.rollback()  # left in a transaction by a reference kept past a block
                 conn.read_only = False  # see _lent.py
                 conn.autocommit = False  # see _closing's _block_open
                 driver.run(self._opening())
         except BaseException:
-            _give_back_sync(pool, conn)
+            self._give_back_sync(pool, conn)
             raise
+        if self._timeout is not None:
+            self._block_cutoff = store._cutoffs.arm(conn, self._timeout)
         self._sync = pool, conn, driver
         return conn
 
@@ -128,11 +135,29 @@ class PostgresFencedTransaction(FencedTransaction):
         if self._sync is None:
             return
         (pool, conn, driver), self._sync = self._sync, None
+        block, self._block_cutoff = self._block_cutoff, None
+        if block is not None:
+            block.__exit__(None, None, None)
         try:
-            with self._store._translate():
+            with self._store._translate(), self._store._cutoffs.arm(conn, self._store._deadline):
                 driver.run(self._closing(_error(exc_type, exc)))
         finally:
-            _give_back_sync(pool, conn, reset=not self._session_reset)
+            self._give_back_sync(pool, conn, reset=not self._session_reset)
+
+    def _give_back_sync(
+        self, pool: ConnectionPool[Any], conn: psycopg.Connection[Any], *, reset: bool = True
+    ) -> None:
+        """Return ``conn`` to its pool at rest again (autocommit, read-only, its session
+        reset unless the committed transaction did: ``_lent.py``); one that cannot be
+        put back so (or does not answer in time) is closed, and the pool discards it."""
+        try:
+            # Disarmed before the pool may lend the connection to another caller.
+            with self._store._cutoffs.arm(conn, self._store._deadline):
+                take_back(conn, reset=reset)
+        except psycopg.Error:
+            conn.close()
+        finally:
+            pool.putconn(conn)
 
     async def __aenter__(self) -> AsyncConnection[Any]:
         self._enter_once()
@@ -301,24 +326,10 @@ def _on_its_own(steps: Steps[None]) -> Steps[None]:
     yield End()
 
 
-def _give_back_sync(
-    pool: ConnectionPool[Any], conn: psycopg.Connection[Any], *, reset: bool = True
-) -> None:
-    """Return ``conn`` to its pool at rest again (autocommit, read-only, its session
-    reset unless the committed transaction did: ``_lent.py``); one that cannot be put
-    back so is closed, and the pool discards it."""
-    try:
-        take_back(conn, reset=reset)
-    except psycopg.Error:
-        conn.close()
-    finally:
-        pool.putconn(conn)
-
-
 async def _give_back(
     store: PostgresStore, conn: AsyncConnection[Any], *, reset: bool = True
 ) -> None:
-    """:func:`_give_back_sync` for the async pool."""
+    """:meth:`PostgresFencedTransaction._give_back_sync` for the async pool."""
     try:
         await take_back_async(conn, reset=reset)
     except psycopg.Error:

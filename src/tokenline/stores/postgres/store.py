@@ -75,6 +75,7 @@ from ..base import (
     possible_job_ids,
 )
 from ._arrays import ADAPTERS, BinaryArray, float_array
+from ._cutoff import Cutoffs
 from ._deadline import run_bounded
 from ._errors import map_postgres_errors
 from ._lent import read_only_by_default, read_only_by_default_async
@@ -308,6 +309,8 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         # Last resort against a peer that stops answering (see _deadline.py): waiting
         # for a pooled connection and the statements each get ``timeout``, plus slack.
         self._deadline = 2 * timeout + 1
+        # The same for the blocking connections of callers' threads (see _cutoff.py).
+        self._cutoffs = Cutoffs(f"tokenline-{self.schema}")
 
     # -- plumbing -------------------------------------------------------------------------
     def _q(self, name: str) -> str:
@@ -777,14 +780,18 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
 
     def jobs_enqueue_blocking(self, *, jobs: Sequence[NewJob]) -> list[int]:
         """:meth:`jobs_enqueue` on a connection of the blocking pool, in the caller's
-        thread (the pool sync handlers' transactions use). Bounded by the statement
-        timeout; a server gone silent is noticed by the connection's keepalives."""
+        thread (the pool sync handlers' transactions use). Bounded by the store's
+        deadline, a server gone silent too (see ``_cutoff.py``)."""
         if not jobs:
             return []
         _check_values(jobs)
         pool, conn = self._checkout_sync()
         try:
-            with self._translate(), self._enqueue_slot() as later:  # see _notifier.py
+            with (
+                self._translate(),
+                self._cutoffs.arm(conn, self._deadline),
+                self._enqueue_slot() as later,  # see _notifier.py
+            ):
                 if self._copies(jobs):
                     steps = self._enqueue_copy_steps(jobs, notify=later is None)
                     ids, ready = SyncDriver(conn).run(steps)
