@@ -503,6 +503,9 @@ class RescueReport:
 
     requeued: Sequence[int] = ()
     dead: Sequence[int] = ()
+    #: (job id, token) of each attempt rescued, where a store reports them (Redis: the
+    #: split topology ends those attempts' sessions on its ledger).
+    attempts: Sequence[tuple[int, int]] = ()
 
 
 @dataclass(frozen=True, slots=True)

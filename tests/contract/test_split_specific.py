@@ -444,3 +444,41 @@ async def test_a_ledger_block_leaves_nothing_on_its_session_for_the_next_job(
         assert seen[0][2] == 0
     finally:
         await store.close()
+
+
+async def test_the_rescue_ends_the_ledger_sessions_of_the_attempts_it_rescued(
+    split: SplitStore, clock: FakeClock
+) -> None:
+    """A worker paused inside its fenced transaction keeps that ledger session open,
+    holding the job's ledger row. The rescue on Redis used to leave it: the job's next
+    attempt waited for that row until the session's idle limit (up to the attempt's
+    hard timeout), failing as "did not answer". The rescue now ends it, as the
+    PostgreSQL store's own rescue does."""
+    await split.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+    (first,) = await split.jobs_claim(owner="paused", queues=Q, limit=1, ttl=30)
+    session = split.ledger.session_name(first.lease)
+
+    async def open_sessions() -> list[Any]:
+        return list(
+            await split.ledger._tuples(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %(name)s",
+                {"name": session},
+            )
+        )
+
+    held = split.fenced_transaction(lease=first.lease)
+    conn = await held.__aenter__()
+    await conn.execute("SELECT 1")  # the paused worker's transaction, left open
+    assert len(await open_sessions()) == 1
+    clock.advance(60)
+    report = await split.jobs_rescue()
+    assert report.requeued == [first.lease.job_id]
+    assert report.attempts == [(first.lease.job_id, first.lease.token)]
+    assert await open_sessions() == []
+    with pytest.raises(Exception):  # noqa: B017 - its session is gone: any driver error
+        await held.__aexit__(None, None, None)
+    (second,) = await split.jobs_claim(owner="healthy", queues=Q, limit=1, ttl=30)
+    async with asyncio.timeout(10):  # its row is free: no wait for the paused session
+        async with split.fenced_transaction(lease=second.lease) as conn:
+            await conn.execute("SELECT 1")
+    assert (await split.job_get(job_id=second.lease.job_id)).state is JobState.SUCCEEDED

@@ -1099,6 +1099,14 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
             dead=[r[0] for r in rows if r[1] == JobState.DEAD],
         )
 
+    async def end_attempt_sessions(self, attempts: Sequence[tuple[int, int]]) -> None:
+        """End the open fenced transactions of the attempts ``(job id, token)``, whose
+        leases another role (the split topology's Redis) found expired; best effort,
+        as after this store's own rescue."""
+        await self._end_sessions(
+            [self.session_name(Lease(job_id, "", token, 0.0)) for job_id, token in attempts]
+        )
+
     async def _end_sessions(self, sessions: list[str]) -> None:
         """Terminate the named sessions, best effort: without the right to (another
         role's sessions), they end at their own timeout, and nothing is unsafe."""

@@ -518,7 +518,7 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
                 log.warning("rescue skips job hash %sjob:%s: %s", self.prefix, jid, exc)
                 continue
             rescue = rescue_transition(candidate)
-            moves.append((int(jid), rescue.transition.state))
+            moves.append((int(jid), int(token), rescue.transition.state))
             args += [
                 jid,
                 token,
@@ -536,17 +536,14 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
             raise StaleTokenError(
                 resource=leader.resource, token=leader.token, operation="rescue"
             ) from None
-        requeued = [
-            jid
-            for (jid, st), ok in zip(moves, done, strict=True)
-            if int(ok) and st is not JobState.DEAD
+        moved = [
+            (jid, token, st) for (jid, token, st), ok in zip(moves, done, strict=True) if int(ok)
         ]
-        dead = [
-            jid
-            for (jid, st), ok in zip(moves, done, strict=True)
-            if int(ok) and st is JobState.DEAD
-        ]
-        return RescueReport(requeued=requeued, dead=dead)
+        return RescueReport(
+            requeued=[jid for jid, _, st in moved if st is not JobState.DEAD],
+            dead=[jid for jid, _, st in moved if st is JobState.DEAD],
+            attempts=[(jid, token) for jid, token, _ in moved],
+        )
 
     async def queue_pause(self, *, queue: str) -> None:
         """Pause ``queue`` (one SADD: atomic on its own)."""

@@ -276,8 +276,14 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
         self, *, limit: int = 1000, leader: ResourceLease | None = None
     ) -> RescueReport:
         """Rescue expired leases on Redis (fenced there by ``leader``, whose lease
-        Redis holds too)."""
-        return await self.redis.jobs_rescue(limit=limit, leader=leader)
+        Redis holds too), then end the ledger sessions those attempts left open: a
+        paused or cut-off worker's fenced transaction would otherwise hold the job's
+        ledger row, and its next attempt would wait for it until the session's own
+        idle limit (up to the attempt's whole hard timeout)."""
+        report = await self.redis.jobs_rescue(limit=limit, leader=leader)
+        if report.attempts:
+            await self.ledger.end_attempt_sessions(report.attempts)
+        return report
 
     async def schedule_advance(
         self, *, leader: ResourceLease, schedule: str, instant: float, job: NewJob | None
