@@ -238,3 +238,29 @@ def test_a_bad_redis_key_prefix_says_what_is_wrong(prefix: str, said: str) -> No
     code, out = cli("queues", "--broker", broker, "--ledger", "postgresql://127.0.0.1/x")
     assert code == 2, out
     assert said in out
+
+
+def test_no_help_text_shows_a_range_without_bounds() -> None:
+    """Every command's --help: an integer option without bounds showed "x<=None"
+    (`worker --concurrency`, `--claim-batch`, `drill --seed`); the worker's options
+    show the limits they enforce."""
+    import click
+
+    from tokenline.cli import main
+
+    def commands(group: click.Group, path: list[str]) -> list[list[str]]:
+        found = []
+        for name, command in group.commands.items():
+            found.append([*path, name])
+            if isinstance(command, click.Group):
+                found += commands(command, [*path, name])
+        return found
+
+    every = commands(main, [])
+    assert ["worker"] in every and ["dlq", "list"] in every
+    for path in every:
+        result = CliRunner().invoke(main, [*path, "--help"], terminal_width=200)
+        assert result.exit_code == 0, (path, result.output)
+        assert "None]" not in result.output and "<=None" not in result.output, path
+    worker_help = CliRunner().invoke(main, ["worker", "--help"], terminal_width=200).output
+    assert "1<=x<=10000" in worker_help and "1<=x<=1000]" in worker_help

@@ -15,6 +15,8 @@ from rich.markup import escape
 
 from .._app import App
 from .._config import (
+    MAX_CLAIM_BATCH,
+    MAX_CONCURRENCY,
     MAX_INTERVAL,
     MAX_LEASE_TTL,
     MAX_SECONDS,
@@ -91,7 +93,7 @@ def _above_zero(high: float) -> Seconds:
 @click.option(
     "--concurrency",
     "-c",
-    type=Whole(),
+    type=Whole(1, MAX_CONCURRENCY),
     help="Jobs run at once [default: 10].",
     **_env("CONCURRENCY"),
 )
@@ -164,7 +166,7 @@ def _above_zero(high: float) -> Seconds:
 )
 @click.option(
     "--claim-batch",
-    type=Whole(),
+    type=Whole(1, MAX_CLAIM_BATCH),
     help="Jobs claimed per round trip [default: free slots].",
     **_env("CLAIM_BATCH"),
 )

@@ -537,6 +537,12 @@ class Whole(click.IntRange):
     argument: ``int()`` also reads ``1_0`` as 10 and other scripts' digits (``٣`` as 3),
     which would name a job, or set a priority, nobody typed."""
 
+    def _describe_range(self) -> str:
+        # Unbounded: nothing to say (click would print "x<=None" in the help).
+        if self.min is None and self.max is None:
+            return ""
+        return super()._describe_range()
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         """The number, or a usage error naming the text that is not one."""
         if isinstance(value, str) and not _WHOLE_TEXT.fullmatch(value.strip()):
