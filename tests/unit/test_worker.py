@@ -658,6 +658,8 @@ async def test_hard_timeout_flags_sync_handler_through_ctx(app: App, store: Stor
     assert "timeout" in job.last_error
     assert len(raised) == 1
     assert isinstance(raised[0], JobCancelled)
+    # The handler is told why (it said "cancelled by the worker: None").
+    assert "hard timeout: attempt ran longer than 0.1s" in str(raised[0]), raised[0]
 
 
 async def test_threads_held_past_their_attempt_keep_jobs_from_the_pool_queue(

@@ -134,9 +134,8 @@ class JobContext:
         Long sync handlers should call it between steps; every ``ctx`` commit calls it.
         """
         if self._slot.cancelled:
-            raise JobCancelled(
-                f"job {self.job_id} was cancelled by the worker: {self._slot.cancel_reason}"
-            )
+            why = self._slot.cancel_reason or self._slot.timed_out or "the attempt was stopped"
+            raise JobCancelled(f"job {self.job_id} was cancelled by the worker: {why}")
         if self._local_fencing and self._clock.monotonic() >= self._slot.valid_until:
             raise LeaseExpiredError(
                 f"job {self.job_id}: the lease (token {self.token}) may have expired by the "

@@ -38,6 +38,9 @@ class Slot:
     #: condition cost more to make than anything else a job's start does.
     cancelled: bool = False
     cancel_reason: str | None = None
+    #: Why the attempt was cancelled when its hard timeout did it (the worker's own
+    #: ``cancel_reason`` stays unset then: the attempt's outcome is still committed).
+    timed_out: str | None = None
     task: asyncio.Task[None] | None = None
     completed_in_transaction: bool = False
     #: A ``ctx.transaction()`` of this attempt committed its writes with the job's

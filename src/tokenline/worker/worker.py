@@ -879,11 +879,13 @@ class Worker:
                 return None
             if slot.done_in_ledger:
                 return self._done_in_ledger(slot, exc)
-            slot.cancelled = True  # the sync thread may run on; its ctx calls now refuse
             reason = (
                 exception_text(exc, with_type=False)
                 or f"hard timeout: attempt ran longer than {timeout:g}s"
             )
+            # The sync thread may run on; its ctx calls now refuse, saying why.
+            slot.timed_out = reason
+            slot.cancelled = True
             slot.failure = FailureKind.TIMEOUT
             if ctx.blames_dependency(exc):
                 self._blamed.add(slot)
