@@ -229,3 +229,40 @@ def test_a_worker_waiting_for_its_store_stops_on_sigterm(tmp_path: Path) -> None
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("gap", [0.0, 0.02, 0.05, 0.2])
+def test_a_second_sigterm_as_the_worker_exits_leaves_a_clean_exit(
+    tmp_path: Path, gap: float
+) -> None:
+    """A second SIGTERM that arrived after the worker stopped, while the process was
+    exiting, killed it with status 143 after a clean stop. The worker's handlers now
+    give way to ignoring both signals: the exit status is 0 whenever the second comes."""
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    _write_app(tmp_path, url)
+    with App(url) as app:
+        app.task(name="shop.bill")(lambda ctx, n: n)
+        jid = app.enqueue("shop.bill", 1)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env.pop("TOKENLINE_URL", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tokenline", "worker", "--app", "appmod:app"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_until_done(url, jid, proc, lambda: str(proc.communicate()))
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(gap)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=DEADLINE)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, (out, err)
+    assert "worker stopped" in out, (out, err)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from typing import Any
 
 import click
@@ -231,6 +232,11 @@ def worker(
                 )
             options["queues"] = queues
         settings = load_settings(WorkerSettings, options, file=config, section="tokenline.worker")
+        # Once the worker has stopped, the process is exiting: a late second SIGTERM
+        # (or Ctrl-C) must not kill it with status 143 after a clean stop. The worker
+        # takes both over while it runs, and gives these back when it stops.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
         counters = run_worker(
             app, settings, metrics_port=metrics_port, metrics_host=metrics_host or "127.0.0.1"
         )

@@ -176,6 +176,8 @@ class Worker:
         self._membership_token = 0
         self._stop_requested = False
         self._stopped: asyncio.Event | None = None
+        # The handlers of SIGTERM and SIGINT that run() replaced (see _restore_signals).
+        self._signals_before: dict[signal.Signals, Any] = {}
         #: Set while run() waits for its store to answer at start-up (startup_wait).
         self._opening: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
@@ -291,16 +293,20 @@ class Worker:
         loop = asyncio.get_running_loop()
         if install_signal_handlers:
             # Before the store opens: a worker waiting for its store stops when told to.
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            # The handlers they replace come back after, not the defaults: a process
+            # that ignores these signals while it exits keeps doing so.
+            self._signals_before = {
+                sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)
+            }
+            for sig in self._signals_before:
                 loop.add_signal_handler(sig, self.request_shutdown)
         started = False
         try:
             started = await self._join(self._store)
         finally:
+            if not started and install_signal_handlers:
+                self._restore_signals(loop)
             if not started:
-                if install_signal_handlers:
-                    for sig in (signal.SIGTERM, signal.SIGINT):
-                        loop.remove_signal_handler(sig)
                 with contextlib.suppress(TokenlineError):
                     await self._store.close()
         if not started:
@@ -345,13 +351,20 @@ class Worker:
             with contextlib.suppress(TokenlineError):
                 await self._store.worker_deregister(worker_id=self.id, token=self._membership_token)
             if install_signal_handlers:
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.remove_signal_handler(sig)
+                self._restore_signals(loop)
             await self._store.close()
             self._pool.shutdown(wait=False, cancel_futures=True)
             log.info("worker %s stopped: %s", self.id, self.counters.summary())
         if failure is not None:
             raise failure
+
+    def _restore_signals(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Give SIGTERM and SIGINT back to the handlers :meth:`run` found."""
+        for sig, before in self._signals_before.items():
+            loop.remove_signal_handler(sig)
+            if before is not None:  # None: a handler not set from Python, left as is
+                signal.signal(sig, before)
+        self._signals_before = {}
 
     @property
     def concurrency_limit(self) -> int:
