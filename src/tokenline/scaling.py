@@ -14,11 +14,14 @@ of the store taken some seconds apart (:class:`Snapshot`) and answers with an
 3. most live workers draining or fenced: **hold** — they stopped claiming because
    coordination is unhealthy, not for lack of capacity;
 4. no live worker and jobs waiting: **add**;
-5. the backlog grew and every fetching worker runs at its concurrency limit: **add**;
-6. the backlog grew while workers have free slots: **hold** — worker count is not the
+5. jobs waiting, and no fetching worker runs any or has a free slot (their limits came
+   down to nothing: sync handlers past their attempts holding every thread, say):
+   **hold** — more workers of the same kind would stall the same way;
+6. the backlog grew and every fetching worker runs at its concurrency limit: **add**;
+7. the backlog grew while workers have free slots: **hold** — worker count is not the
    bottleneck (their adaptive limits came down, a queue is paused, or jobs wait for
    their time);
-7. otherwise: **enough**.
+8. otherwise: **enough**.
 
 Pure: no store, no clock; ``tokenline scale-hint`` and the exporter's ``/scale-hint``
 gather the snapshots.
@@ -142,6 +145,20 @@ def scale_hint(before: Snapshot, after: Snapshot) -> Hint:
         )
     if not live and after.backlog > 0:
         return Hint(Advice.ADD, f"{after.backlog} jobs are ready and no worker is live", figures)
+    if (
+        after.backlog > 0
+        and fetching
+        and not any(w.in_flight for w in fetching)
+        and not any(w.limit > w.in_flight for w in fetching)
+    ):
+        return Hint(
+            Advice.HOLD,
+            f"do not add workers: {after.backlog} jobs are ready, and none of the "
+            f"{len(fetching)} fetching workers runs a job or has a free slot (their "
+            "concurrency limits came down to nothing: handler threads held past their "
+            "attempts?); look at those workers",
+            figures,
+        )
     grew = after.backlog > before.backlog
     if grew and fetching and len(busy) == len(fetching):
         return Hint(

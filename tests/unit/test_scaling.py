@@ -54,3 +54,22 @@ def test_free_slots_mean_worker_count_is_not_the_bottleneck() -> None:
 def test_a_steady_or_shrinking_backlog_is_enough() -> None:
     assert scale_hint(snap(0, 100, BUSY), snap(5, 100, BUSY)).advice is Advice.ENOUGH
     assert scale_hint(snap(0, 100, BUSY), snap(5, 20, BUSY)).advice is Advice.ENOUGH
+
+
+def test_workers_with_no_slot_and_nothing_running_hold_not_enough() -> None:
+    """A worker whose limit came down to nothing (its threads held by handlers past
+    their attempts) runs no job: a flat backlog then means nothing is processed. It
+    said "the workers keep up", and a growing one asked for more workers that would
+    stall the same way."""
+    stuck = WorkerLoad(state="ready", in_flight=0, limit=0)
+    for later in (216, 300):
+        hint = scale_hint(snap(0, 216, stuck), snap(5, later, stuck))
+        assert hint.advice is Advice.HOLD, hint
+        assert "none of the 1 fetching workers runs a job or has a free slot" in hint.reason
+    # Nothing waiting: nothing is held up.
+    assert scale_hint(snap(0, 0, stuck), snap(5, 0, stuck)).advice is Advice.ENOUGH
+    # One worker still running jobs: the rules on the backlog decide.
+    busy_and_stuck = (BUSY, stuck)
+    assert scale_hint(snap(0, 100, *busy_and_stuck), snap(5, 180, *busy_and_stuck)).advice is (
+        Advice.ADD
+    )
