@@ -573,9 +573,16 @@ class App:
             return task
         if isinstance(task, str):
             return self.get_task(task)
-        for t in self._tasks.values():
-            if t.fn is task:
-                return t
+        found = [t for t in self._tasks.values() if t.fn is task]
+        if len(found) > 1:
+            # Which one was meant cannot be told: each may have its queue, retries...
+            names = ", ".join(repr(t.name) for t in found)
+            raise InvalidInputError(
+                f"function {describe(task)} is registered as several tasks ({names}): "
+                "enqueue one by its name"
+            )
+        if found:
+            return found[0]
         raise UnknownTaskError(f"task {describe(task)} is not a registered task of this app")
 
     # -- building jobs --------------------------------------------------------------------

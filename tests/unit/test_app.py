@@ -236,6 +236,18 @@ def test_registering_the_same_function_twice_is_harmless() -> None:
     assert list(app.tasks) == ["t.same"]
 
 
+def test_a_function_registered_as_two_tasks_is_enqueued_by_name_only() -> None:
+    """One function under two names (two queues, say): ``enqueue(fn)`` took the first
+    silently. It is refused naming both; each name still works."""
+    app = App("memory://")
+    app.task(name="resize_fast", queue="fast")(sample_task)
+    app.task(name="resize_bulk", queue="bulk")(sample_task)
+    with pytest.raises(InvalidInputError, match="'resize_fast', 'resize_bulk'"):
+        app.build_job(sample_task)
+    assert app.build_job("resize_bulk", (1,)).queue == "bulk"
+    assert app.build_job(app.get_task("resize_fast"), (1,)).queue == "fast"
+
+
 def test_get_unknown_task_lists_registered_ones(app: App) -> None:
     """get_task on an unknown name raises UnknownTaskError listing the registered names."""
     with pytest.raises(UnknownTaskError) as info:
