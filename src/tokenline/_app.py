@@ -308,6 +308,22 @@ def _refuse_empty_url_variable(settings: Settings) -> None:
         )
 
 
+def _refuse_url_variable_ignored(settings: Settings) -> None:
+    """Raise if ``App(settings=...)`` would use the default store while ``TOKENLINE_URL``
+    names another: settings given whole do not read the environment, so the app would
+    enqueue into ``sqlite:///tokenline.db`` while workers started with the variable
+    consume the store it names."""
+    named = os.environ.get("TOKENLINE_URL", "").strip()
+    if settings.broker is None and settings.url == DEFAULT_URL and named not in ("", DEFAULT_URL):
+        raise ConfigError(
+            "url",
+            f"App(settings=...) names no store, and TOKENLINE_URL={named!r} does: settings "
+            "given whole do not read the environment. Pass App(url=...) or "
+            "Settings(url=...), or build them with tokenline.load_settings(Settings, "
+            "{...}) to take the environment's",
+        )
+
+
 class App:
     """A tokenline application: where jobs are stored and which tasks exist.
 
@@ -333,8 +349,11 @@ class App:
     ) -> None:
         base = settings or load_settings(Settings)
         roles = {"broker": broker, "leases": leases, "ledger": ledger}
-        if settings is None and url is None and all(v is None for v in roles.values()):
-            _refuse_empty_url_variable(base)
+        if url is None and all(v is None for v in roles.values()):
+            if settings is None:
+                _refuse_empty_url_variable(base)
+            else:
+                _refuse_url_variable_ignored(base)
         if any(v is not None for v in roles.values()):
             if url is not None:
                 raise ConfigError(

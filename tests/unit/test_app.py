@@ -108,6 +108,25 @@ def test_explicit_url_beats_environment(monkeypatch: pytest.MonkeyPatch) -> None
     assert App("sqlite:///other.db").url == "sqlite:///other.db"
 
 
+def test_settings_given_whole_with_a_url_variable_naming_another_store_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``App(settings=Settings(retry_base=2))`` read no environment and used the default
+    store while TOKENLINE_URL named the one the workers consume: jobs went to a local
+    file. It is refused naming the variable; a URL given, or settings built with
+    load_settings, decide."""
+    from tokenline import Settings, load_settings
+
+    monkeypatch.setenv("TOKENLINE_URL", "postgresql://db.example/jobs")
+    with pytest.raises(ConfigError, match=r"TOKENLINE_URL='postgresql://db.example/jobs'"):
+        App(settings=Settings(retry_base=2.0))
+    assert App("sqlite:///other.db", settings=Settings(retry_base=2.0)).url == "sqlite:///other.db"
+    merged = App(settings=load_settings(Settings, {"retry_base": 2.0}))
+    assert (merged.url, merged.settings.retry_base) == ("postgresql://db.example/jobs", 2.0)
+    monkeypatch.setenv("TOKENLINE_URL", DEFAULT_URL)  # naming the default: nothing lost
+    assert App(settings=Settings(retry_base=2.0)).url == DEFAULT_URL
+
+
 @pytest.mark.parametrize("value", ["", "  "])
 def test_an_empty_url_variable_is_refused_not_read_as_the_default(
     monkeypatch: pytest.MonkeyPatch, value: str
