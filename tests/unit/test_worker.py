@@ -1811,6 +1811,8 @@ async def test_drain_gives_prefetched_jobs_back_unrun() -> None:
     assert (c.started, c.succeeded, c.released, c.unrun) == (2, 2, 0, 1), c
     assert "started 2 jobs: 2 succeeded, 0 retried, 0 dead, 0 given back" in c.summary()
     assert "1 prefetched job given back unrun" in c.summary()
+    # A leader rescues its own expired jobs too: not said to be "of other workers".
+    assert "rescued 0 jobs whose lease had expired" in c.summary()
 
 
 async def test_a_prefetched_job_waits_at_most_a_renewal_interval() -> None:

@@ -57,7 +57,8 @@ def run_worker(
         asyncio.run(worker.run(install_signal_handlers=True))
     if worker.sync_handlers_running:
         logging.getLogger("tokenline.worker").warning(
-            "worker %s: exiting with sync handlers still running (their jobs were released)",
+            "worker %s: exiting with sync handlers still running (their jobs were given "
+            "back, or run again once their leases expire)",
             worker.id,
         )
         logging.shutdown()

@@ -132,7 +132,8 @@ class WorkerCounters:
             *([f"{n(self.unrun, 'prefetched job')} given back unrun"] if self.unrun else []),
             f"{n(self.stale_refused, 'stale write')} refused by the store",
             f"fenced {n(self.fenced, 'time')} ({self.self_fenced:,} by its own clock)",
-            f"rescued {n(self.rescued, 'job')} of other workers",
+            # As maintenance leader: its own jobs too, when their leases expired.
+            f"rescued {n(self.rescued, 'job')} whose lease had expired",
             f"{n(self.coordination_errors, 'coordination error')}",
         ]
         if self.deferred:
