@@ -16,7 +16,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from pg_schema import schema_exists
+from pg_schema import schema_at_version, schema_exists
 from tokenline import App, JobState
 from tokenline.cli import main
 from tokenline.cli._common import Prefetch, Seconds
@@ -713,3 +713,39 @@ def test_migrate_says_what_it_did(tmp_path: Path) -> None:
     assert code == 0
     assert "schema already up to date" in out
     assert "nothing done" in out
+
+
+def test_reading_commands_leave_an_older_postgres_schema_as_it_is(
+    postgres_server: str, absent_schema: str
+) -> None:
+    """A newer tokenline's `status` or `jobs` upgraded the schema of the store it was
+    asked about: diagnosing production changed it. They now say it needs migrating
+    (status: "not migrated"; the others exit 1 naming `tokenline migrate`) and leave
+    it at its version; `tokenline migrate` upgrades it."""
+    import psycopg
+
+    from tokenline.stores.postgres._migrations import SCHEMA_VERSION
+
+    with psycopg.connect(postgres_server) as conn:
+        schema_at_version(conn, absent_schema, SCHEMA_VERSION - 1)
+
+    def version() -> int:
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            row = conn.execute(
+                f"SELECT max(version) FROM {absent_schema}.schema_version"  # type: ignore[arg-type]
+            ).fetchone()
+            assert row is not None
+            return int(row[0])
+
+    url = f"{postgres_server}?schema={absent_schema}"
+    result = CliRunner().invoke(main, ["status", "--url", url, "--json"])
+    assert result.exit_code == 1, result.output
+    assert set(json.loads(result.stdout)["channels"]["broker"].values()) >= {"not migrated"}
+    for command in (["jobs"], ["queues"], ["dlq", "list"], ["job", "1"]):
+        result = CliRunner().invoke(main, [*command, "--url", url])
+        assert result.exit_code == 1, (command, result.output)
+        assert "run `tokenline migrate`" in " ".join(result.output.split()), result.output
+    assert version() == SCHEMA_VERSION - 1
+    assert CliRunner().invoke(main, ["migrate", "--url", url]).exit_code == 0
+    assert version() == SCHEMA_VERSION
+    assert CliRunner().invoke(main, ["jobs", "--url", url]).exit_code == 0

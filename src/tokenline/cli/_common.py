@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import functools
 import importlib
@@ -162,6 +163,7 @@ def resolve_app(
     ledger: bool = True,
     reports_outage: bool = False,
     timeout: float | None = None,
+    migrate: bool | None = None,
 ) -> App:
     """The app named by ``--app``, else a bare app on ``--url`` / ``TOKENLINE_URL``.
 
@@ -174,7 +176,10 @@ def resolve_app(
     command up for its connection timeout. ``reports_outage``: the command shows an
     outage itself (the dashboard, serving through it; ``scale-hint``, whose answer to
     it is hold), so a server that does not answer is not an error here. ``timeout``:
-    the store timeout for these checks (default: the app's).
+    the store timeout for these checks (default: the app's). ``migrate``: whether
+    opening the store may upgrade its schema (default: not for a command that reads or
+    acts on what is there, so that diagnosing with a newer tokenline never upgrades a
+    production schema behind the operator's back; ``tokenline migrate`` does that).
 
     With both, and a URL other than the one the app was built with, the result is the
     app's tasks and settings on the given store: a worker started that way must run the
@@ -197,6 +202,8 @@ def resolve_app(
             )
             app = moved
     check_sqlite_url(app.url)
+    if not (not existing if migrate is None else migrate):
+        app.settings = dataclasses.replace(app.settings, migrate=False)
     if existing:
         # An unopened handle, asked before anything is done.
         store = app.open_store(timeout=timeout)

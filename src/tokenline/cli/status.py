@@ -181,7 +181,7 @@ def status(app_spec: str | None, url: str | None, timeout: float, as_json: bool)
     channel does (all of them when the store cannot be opened): unknown, not empty.
     """
     with reporting_errors():
-        app = resolve_app(app_spec, url)
+        app = resolve_app(app_spec, url, migrate=False)
         report = asyncio.run(_status(app.open_store(), timeout, tuple(app.dependencies)))
     if as_json:
         print_json(_status_json(app.url, report))
