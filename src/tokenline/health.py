@@ -181,7 +181,9 @@ async def _missing_schema(store: Store, timeout: float) -> str | None:  # noqa: 
     """What a store lacks to exist (its PostgreSQL schema, tokenline's tables in a
     SQLite file), asked without creating it: opening would install it, and a mistyped
     name would look healthy and empty. ``None`` when it is there, or when the server
-    cannot be asked in time (opening then says why)."""
+    refuses the question (opening then says why). A server that does not answer raises
+    (:class:`StoreUnavailableError`, :class:`TimeoutError`): opening would wait as long
+    again to say the same."""
     from .stores.sqlite import SQLiteStore
 
     inner = getattr(store, "inner", store)  # a store wrapped for faults
@@ -190,7 +192,9 @@ async def _missing_schema(store: Store, timeout: float) -> str | None:  # noqa: 
         return None  # no file: _missing_sqlite_file, or a missing directory for open
     try:
         found: str | None = await _bounded(missing(), timeout)
-    except (StoreError, TimeoutError):
+    except StoreUnavailableError:
+        raise
+    except StoreError:
         return None
     return found
 
@@ -235,8 +239,13 @@ async def _open(store: Store, timeout: float) -> dict[str, Any] | None:  # noqa:
             "error": error,
             "channels": _all_failing(store, NOT_MIGRATED, error),
         }
-    absent = await _missing_schema(store, timeout)
     by_role = getattr(getattr(store, "inner", store), "open_within", None)
+    try:
+        absent = await _missing_schema(store, timeout)
+    except (StoreUnavailableError, TimeoutError) as unanswered:
+        if by_role is None:
+            return _open_failed(store, unanswered)
+        absent = None  # the split topology: opening each role says which one is down
     if absent is not None:
         error = f"{absent}: run `tokenline migrate` (status created nothing)"
         channels = _all_failing(store, NOT_MIGRATED, error)
@@ -260,14 +269,19 @@ async def _open(store: Store, timeout: float) -> dict[str, Any] | None:  # noqa:
     try:
         await _bounded(store.open(), timeout)
     except (StoreError, TimeoutError) as exc:
-        kind = failure_kind(exc)
-        error = str(exc) or type(exc).__name__
-        return {
-            "store": _STORE_STATE[kind],
-            "error": error,
-            "channels": _all_failing(store, kind, error),
-        }
+        return _open_failed(store, exc)
     return None
+
+
+def _open_failed(store: Store, exc: BaseException) -> dict[str, Any]:
+    """The report of a store that could not be opened (or asked about) because of ``exc``."""
+    kind = failure_kind(exc)
+    error = str(exc) or type(exc).__name__
+    return {
+        "store": _STORE_STATE[kind],
+        "error": error,
+        "channels": _all_failing(store, kind, error),
+    }
 
 
 def _roles_down(store: Store) -> dict[str, Exception]:

@@ -654,6 +654,26 @@ def test_a_command_on_a_postgres_server_that_does_not_answer_waits_for_it_once(
     assert not schema_exists(postgres_server, absent_schema)
 
 
+def test_status_on_a_postgres_server_that_does_not_answer_waits_for_it_once(
+    postgres_server: str, absent_schema: str
+) -> None:
+    """`status` asked whether the schema was installed, and when the server did not
+    answer, opened the store and waited as long again: twice its --timeout. It now
+    reports the silent server from the first wait, on one connection."""
+    from tokenline.drill import ThreadedFaultProxy
+
+    with ThreadedFaultProxy(upstream=("127.0.0.1", 5432)) as proxy:
+        proxy.set_faults(blackhole=True)
+        via = postgres_server.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+        url = f"{via}?schema={absent_schema}"
+        result = CliRunner().invoke(main, ["status", "--url", url, "--timeout", "2", "--json"])
+        assert proxy.stats.accepted == 1, proxy.stats
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert report["store"] in ("unreachable", "slow"), report
+    assert {c["ok"] for c in report["channels"].values()} == {False}, report
+
+
 def test_scale_hint_on_a_postgres_server_that_does_not_answer_says_hold(
     postgres_server: str, absent_schema: str
 ) -> None:
