@@ -182,3 +182,30 @@ async def test_a_shutdown_request_ends_the_wait(caplog: pytest.LogCaptureFixture
     opens = store.opens
     await asyncio.sleep(0.3)
     assert store.opens == opens
+
+
+async def test_a_shutdown_request_ends_a_try_that_is_still_waiting() -> None:
+    """A try under way (an open waiting for a store that does not answer, up to its
+    store timeout) was waited out before the stop took effect. It is cancelled: the
+    worker stops at once, and the store is closed."""
+
+    class Silent(Unreachable):
+        """Its open waits until cancelled, as one on a silent server does."""
+
+        async def open(self) -> None:
+            self.opens += 1
+            await asyncio.Event().wait()
+
+    clock = FakeClock()
+    store = Silent(clock, failures=0)
+    worker = Worker(App("memory://", clock=clock), settings(3600), store=store)
+    task = asyncio.create_task(worker.run())
+    async with asyncio.timeout(DEADLINE):
+        while store.opens < 1:  # noqa: ASYNC110 - no event for an open begun
+            await asyncio.sleep(0.01)
+    worker.request_shutdown()
+    # Far below the store timeout it would have waited out (10 s by default); the
+    # try has no end of its own here, so waiting it out would never return.
+    await asyncio.wait_for(task, DEADLINE)
+    assert task.exception() is None
+    assert store.closes >= 1

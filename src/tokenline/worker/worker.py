@@ -438,14 +438,23 @@ class Worker:
         pause = STARTUP_FIRST_PAUSE
         self._opening = asyncio.Event()
         opened = False
+
+        async def join() -> None:
+            nonlocal opened
+            if not opened:
+                await store.open()
+                opened = True
+            await self._register()
+
         try:
             while True:
                 try:
-                    if not opened:
-                        await store.open()
-                        opened = True
-                    await self._register()
-                    return True
+                    if await self._unless_stopped(join()):
+                        return True
+                    # Stopped during the try (an open or registration still waiting for
+                    # a store that does not answer): given up at once, not waited out.
+                    log.warning("worker %s: stopped while waiting for its store", self.id)
+                    return False
                 except StoreUnavailableError as exc:
                     left = deadline - self.clock.monotonic()
                     if left <= 0:
@@ -465,6 +474,27 @@ class Worker:
                 pause = min(pause * 2, STARTUP_MAX_PAUSE)
         finally:
             self._opening = None
+
+    async def _unless_stopped(self, step: Coroutine[Any, Any, None]) -> bool:
+        """Run ``step`` (a start-up try) unless a stop comes first: then cancel it and
+        return False. True: it completed (its error, if any, is raised here)."""
+        assert self._opening is not None
+        trying = asyncio.ensure_future(step)
+        stopping = asyncio.ensure_future(self._opening.wait())
+        try:
+            await asyncio.wait({trying, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # the worker itself cancelled: the try goes with it
+            stopping.cancel()
+            trying.cancel()
+            raise
+        stopping.cancel()
+        if not trying.done():
+            trying.cancel()
+            # Its own clean-up runs (a pool opened in part is closed by run()).
+            await asyncio.gather(trying, return_exceptions=True)
+            return False
+        trying.result()
+        return True
 
     async def _drain(self) -> None:
         deadline = self.clock.monotonic() + self.settings.drain_timeout
