@@ -467,10 +467,11 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
 
     def _open_main(self) -> tuple[sqlite3.Connection, sqlite3.Connection]:
         if not self._migrating:
-            # Refused before connecting: a connection would create the file.
-            for path in (self.path, self.coord_path):
-                if not path.is_file() or path.stat().st_size == 0:
-                    raise self._too_old(path, 0)
+            # Refused before connecting: a connection would create the file. The main
+            # file first, and read before the coordination file is looked for: a main
+            # file that is no store at all is what to say then.
+            if not self.path.is_file() or self.path.stat().st_size == 0:
+                raise self._too_old(self.path, 0)
         with map_sqlite_errors(self.path):
             conn = connect_main(self.path, busy_timeout=self.timeout)
             try:
@@ -481,6 +482,11 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
             except BaseException:
                 conn.close()
                 raise
+        if not self._migrating and (
+            not self.coord_path.is_file() or self.coord_path.stat().st_size == 0
+        ):
+            conn.close()
+            raise self._too_old(self.coord_path, 0)
         with map_sqlite_errors(self.coord_path):
             try:
                 coord = connect_coord(self.coord_path, busy_timeout=self.timeout)
