@@ -466,12 +466,11 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         )
 
     def _open_main(self) -> tuple[sqlite3.Connection, sqlite3.Connection]:
-        if not self._migrating:
-            # Refused before connecting: a connection would create the file. The main
-            # file first, and read before the coordination file is looked for: a main
-            # file that is no store at all is what to say then.
-            if not self.path.is_file() or self.path.stat().st_size == 0:
-                raise self._too_old(self.path, 0)
+        # Without migrations, refused before connecting: a connection would create the
+        # file. The main file first, and read before the coordination file is looked
+        # for: a main file that is no store at all is what to say then.
+        if not self._migrating and (not self.path.is_file() or self.path.stat().st_size == 0):
+            raise self._too_old(self.path, 0)
         with map_sqlite_errors(self.path):
             conn = connect_main(self.path, busy_timeout=self.timeout)
             try:
