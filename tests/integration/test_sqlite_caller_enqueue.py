@@ -291,6 +291,31 @@ async def test_an_async_transaction_marks_no_thread(tmp_path: Path) -> None:
         await store.close()
 
 
+async def _outer_job_run(app: App, store: SQLiteStore) -> tuple[Job, list[Job]]:
+    """Run one ``outer`` job (argument 10) on a worker of ``store`` until it finishes;
+    that job, and the jobs then queued (read before the worker closes the store)."""
+    settings = WorkerSettings(lease_ttl=60, poll_interval=0.05, queues=("outer",))
+    worker = Worker(app, settings, store=store)
+    run = asyncio.create_task(worker.run())
+    try:
+        # Through the worker's store: the app's own is not open yet, as in a worker
+        # process whose handler enqueues first.
+        (jid,) = await store.jobs_enqueue(jobs=[app.build_job("outer", (10,))])
+
+        async def finished() -> Job:
+            while True:
+                got = await store.job_get(job_id=jid)
+                if got.state.finished:
+                    return got
+                await asyncio.sleep(0.05)
+
+        done = await asyncio.wait_for(finished(), 60)
+        return done, await store.jobs_list(state=JobState.QUEUED)
+    finally:
+        worker.request_shutdown()
+        await asyncio.wait_for(run, 60)
+
+
 async def test_a_sync_handler_enqueueing_inside_its_transaction_is_told_how(
     tmp_path: Path,
 ) -> None:
@@ -320,32 +345,15 @@ async def test_a_sync_handler_enqueueing_inside_its_transaction_is_told_how(
 
     store = app.open_store(timeout=5)
     await store.open()
-    settings = WorkerSettings(lease_ttl=60, poll_interval=0.05, queues=("outer",))
-    worker = Worker(app, settings, store=store)
-    run = asyncio.create_task(worker.run())
     try:
-        # Through the worker's store: the app's own is not open yet, as in a worker
-        # process whose handler enqueues first.
-        (jid,) = await store.jobs_enqueue(jobs=[app.build_job("outer", (10,))])
-
-        async def finished() -> Job:
-            while True:
-                got = await store.job_get(job_id=jid)
-                if got.state.finished:
-                    return got
-                await asyncio.sleep(0.05)
-
-        done = await asyncio.wait_for(finished(), 60)
+        done, queued = await _outer_job_run(app, store)
         assert done.state is JobState.SUCCEEDED, done
         assert runs == [1]  # no attempt given back after a wait for its own lock
         ((message, took),) = refusals
         assert "connection=conn" in message
         assert took < 15  # refused, not waited out
-        queued = await store.jobs_list(state=JobState.QUEUED)
         assert [(j.task, j.args) for j in queued] == [("inner", '{"args":[11],"kwargs":{}}')]
     finally:
-        worker.request_shutdown()
-        await asyncio.wait_for(run, 60)
         await asyncio.to_thread(app.close)
         await store.close()
 
@@ -386,33 +394,18 @@ async def test_an_async_handler_enqueueing_inside_its_transaction_is_told_how(
         await later
 
     await store.open()
-    settings = WorkerSettings(lease_ttl=60, poll_interval=0.05, queues=("outer",))
-    worker = Worker(app, settings, store=store)
-    run = asyncio.create_task(worker.run())
     try:
-        (jid,) = await store.jobs_enqueue(jobs=[app.build_job("outer", (10,))])
-
-        async def finished() -> Job:
-            while True:
-                got = await store.job_get(job_id=jid)
-                if got.state.finished:
-                    return got
-                await asyncio.sleep(0.05)
-
-        done = await asyncio.wait_for(finished(), 60)
+        done, queued = await _outer_job_run(app, store)
         assert done.state is JobState.SUCCEEDED, done
         assert runs == [1]
         ((message, took),) = refusals
         assert "connection=conn" in message
         assert took < 15  # refused, not waited out
-        queued = await store.jobs_list(state=JobState.QUEUED)
         assert sorted(j.args for j in queued) == [
             '{"args":[11],"kwargs":{}}',
             '{"args":[12],"kwargs":{}}',
         ]
     finally:
-        worker.request_shutdown()
-        await asyncio.wait_for(run, 60)
         await asyncio.to_thread(app.close)
         await store.close()
 

@@ -54,6 +54,14 @@ def _run_worker_until(
     tmp_path: Path, url: str, jid: int, *extra: str
 ) -> subprocess.CompletedProcess[str]:
     """Start a worker, wait for job ``jid`` to succeed on ``url``, SIGTERM it, collect."""
+    return _stop_worker_after(tmp_path, url, jid, None, *extra)
+
+
+def _stop_worker_after(
+    tmp_path: Path, url: str, jid: int, again_after: float | None, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """:func:`_run_worker_until`, with a second SIGTERM ``again_after`` seconds after the
+    first (unless the worker has exited by then)."""
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     env.pop("TOKENLINE_URL", None)
     proc = subprocess.Popen(
@@ -67,6 +75,10 @@ def _run_worker_until(
     try:
         _wait_until_done(url, jid, proc, lambda: str(proc.communicate()))
         proc.send_signal(signal.SIGTERM)
+        if again_after is not None:
+            time.sleep(again_after)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=DEADLINE)
     finally:
         if proc.poll() is None:
@@ -243,26 +255,6 @@ def test_a_second_sigterm_as_the_worker_exits_leaves_a_clean_exit(
     with App(url) as app:
         app.task(name="shop.bill")(lambda ctx, n: n)
         jid = app.enqueue("shop.bill", 1)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    env.pop("TOKENLINE_URL", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tokenline", "worker", "--app", "appmod:app"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        _wait_until_done(url, jid, proc, lambda: str(proc.communicate()))
-        proc.send_signal(signal.SIGTERM)
-        time.sleep(gap)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=DEADLINE)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, (out, err)
-    assert "worker stopped" in out, (out, err)
+    done = _stop_worker_after(tmp_path, url, jid, gap)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "worker stopped" in done.stdout, (done.stdout, done.stderr)
