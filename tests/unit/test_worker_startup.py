@@ -209,3 +209,26 @@ async def test_a_shutdown_request_ends_a_try_that_is_still_waiting() -> None:
     await asyncio.wait_for(task, DEADLINE)
     assert task.exception() is None
     assert store.closes >= 1
+
+
+async def test_a_signal_kept_before_the_worker_started_stops_it() -> None:
+    """`tokenline worker` keeps SIGTERM and SIGINT in a SignalLatch until the worker
+    takes them over. A SIGTERM in that window (a supervisor stopping a worker it just
+    started) was ignored, and the worker ran until a second one. The worker acts on it
+    as soon as it starts; after it stops, the latch is back and signals do no harm."""
+    import signal
+
+    from tokenline.worker.worker import SignalLatch
+
+    latch = SignalLatch()
+    before = {sig: signal.signal(sig, latch) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        latch(signal.SIGTERM, None)  # as the handler is called while the process starts
+        worker = Worker(App("memory://"), settings(0))
+        await asyncio.wait_for(worker.run(install_signal_handlers=True), DEADLINE)
+        assert worker.counters.started == 0
+        assert signal.getsignal(signal.SIGTERM) is latch
+        assert latch.take() == 0
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

@@ -31,6 +31,7 @@ from .._logging import configure as configure_logging
 from .._records import validate_key
 from ..stores import Store, store_from_url
 from ..worker import run_worker
+from ..worker.worker import SignalLatch
 from ._common import (
     CommandGroup,
     Prefetch,
@@ -232,14 +233,20 @@ def worker(
                 )
             options["queues"] = queues
         settings = load_settings(WorkerSettings, options, file=config, section="tokenline.worker")
-        # Once the worker has stopped, the process is exiting: a late second SIGTERM
-        # (or Ctrl-C) must not kill it with status 143 after a clean stop. The worker
-        # takes both over while it runs, and gives these back when it stops.
+        # Until the worker takes SIGTERM and SIGINT over, the latch keeps them for it (a
+        # stop sent while the process starts is acted on); once the worker has stopped
+        # and given them back, it ignores them: a late second SIGTERM must not kill,
+        # with status 143, a process that stopped cleanly.
+        latch = SignalLatch()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_IGN)
+            signal.signal(sig, latch)
         counters = run_worker(
             app, settings, metrics_port=metrics_port, metrics_host=metrics_host or "127.0.0.1"
         )
+        # Ignored, not latched, from here: Python puts its own handlers back to the
+        # defaults as the interpreter finalizes, and a signal then would kill it.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
     console.print(f"worker stopped: {counters.summary()}", highlight=False, markup=False)
 
 

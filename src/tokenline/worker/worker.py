@@ -98,6 +98,27 @@ _BUSY_STATES = frozenset({WorkerState.READY, WorkerState.PROCESSING})
 HANDLER_THREAD_PREFIX = "tokenline-job"
 
 
+class SignalLatch:
+    """A signal handler for a process that runs a worker: before :meth:`Worker.run` takes
+    SIGTERM and SIGINT over, the signals it receives are kept, and the worker acts on
+    them as soon as it starts (a supervisor's stop sent while the process still starts
+    is not lost); once the worker has given the signals back, on its way out, they are
+    ignored, so a late one cannot kill a process that stopped cleanly."""
+
+    def __init__(self) -> None:
+        self._received = 0
+
+    def __call__(self, signum: int, frame: object) -> None:
+        """Keep the signal for the worker (a signal handler: quick, no I/O)."""
+        self._received += 1
+
+    def take(self) -> int:
+        """How many signals came since the last call (read on the main thread, where
+        the handler runs too)."""
+        received, self._received = self._received, 0
+        return received
+
+
 @dataclass
 class WorkerCounters:
     """What this worker did, for logs and tests."""
@@ -301,6 +322,13 @@ class Worker:
             }
             for sig in self._signals_before:
                 loop.add_signal_handler(sig, self.request_shutdown)
+            # Signals a SignalLatch took before these handlers were in place (the process
+            # was still starting) count as if they had come now: one drains, two stop.
+            latches = {
+                id(h): h for h in self._signals_before.values() if isinstance(h, SignalLatch)
+            }
+            for _ in range(min(2, sum(h.take() for h in latches.values()))):
+                self.request_shutdown()
         started = False
         try:
             started = await self._join(self._store)
