@@ -592,7 +592,8 @@ class App:
             return task
         if isinstance(task, str):
             return self.get_task(task)
-        found = [t for t in self._tasks.values() if t.fn is task]
+        # ==, not only is: a bound method is a new object at each access (obj.method).
+        found = [t for t in self._tasks.values() if t.fn is task or t.fn == task]
         if len(found) > 1:
             # Which one was meant cannot be told: each may have its queue, retries...
             names = ", ".join(repr(t.name) for t in found)

@@ -8,11 +8,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import click
+import httpx
 import pytest
 from click.testing import CliRunner
 
@@ -735,6 +737,14 @@ def test_migrate_says_what_it_did(tmp_path: Path) -> None:
     assert "nothing done" in out
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def test_reading_commands_leave_an_older_postgres_schema_as_it_is(
     postgres_server: str, absent_schema: str
 ) -> None:
@@ -765,6 +775,28 @@ def test_reading_commands_leave_an_older_postgres_schema_as_it_is(
         result = CliRunner().invoke(main, [*command, "--url", url])
         assert result.exit_code == 1, (command, result.output)
         assert "run `tokenline migrate`" in " ".join(result.output.split()), result.output
+    # The exporter reads the store too: it reports the schema, never upgrades it.
+    port = _free_port()
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "tokenline", "exporter", "--url", url, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert exporter.poll() is None, exporter.communicate()
+            try:
+                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the exporter never answered"
+                time.sleep(0.1)
+        assert ready.status_code == 503, ready.text
+    finally:
+        exporter.terminate()
+        exporter.communicate(timeout=60)
     assert version() == SCHEMA_VERSION - 1
     assert CliRunner().invoke(main, ["migrate", "--url", url]).exit_code == 0
     assert version() == SCHEMA_VERSION

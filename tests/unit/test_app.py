@@ -267,6 +267,20 @@ def test_a_function_registered_as_two_tasks_is_enqueued_by_name_only() -> None:
     assert app.build_job(app.get_task("resize_fast"), (1,)).queue == "fast"
 
 
+def test_a_bound_method_registered_as_a_task_is_enqueued_by_it() -> None:
+    """``obj.method`` is a new object at each access: enqueue(obj.method) said the task
+    was not registered."""
+
+    class Mailer:
+        def send(self, ctx: Any, to: str) -> None:
+            """Never runs here."""
+
+    mailer = Mailer()
+    app = App("memory://")
+    app.task(name="mail.send")(mailer.send)
+    assert app.build_job(mailer.send, ("a@example.com",)).task == "mail.send"
+
+
 def test_get_unknown_task_lists_registered_ones(app: App) -> None:
     """get_task on an unknown name raises UnknownTaskError listing the registered names."""
     with pytest.raises(UnknownTaskError) as info:

@@ -73,3 +73,21 @@ def test_workers_with_no_slot_and_nothing_running_hold_not_enough() -> None:
     assert scale_hint(snap(0, 100, *busy_and_stuck), snap(5, 180, *busy_and_stuck)).advice is (
         Advice.ADD
     )
+
+
+def test_a_worker_record_with_a_limit_of_zero_has_no_free_slot() -> None:
+    """The CLI read a limit of 0 as unknown and took the configured concurrency, so a
+    worker that could run nothing counted as having free slots."""
+    import dataclasses
+
+    from tokenline._jobs import WorkerRecord
+    from tokenline.cli.scale import _load
+
+    record = WorkerRecord(
+        id="w", host="h", pid=1, queues=("default",), concurrency=4, state="ready", token=1,
+        started_at=0.0, heartbeat_at=0.0, expires_at=30.0, in_flight=0, concurrency_limit=0,
+    )  # fmt: skip
+    load = _load(record)
+    assert (load.limit, load.busy) == (0, True)
+    unknown = _load(dataclasses.replace(record, concurrency_limit=None))
+    assert unknown.limit == 4

@@ -830,7 +830,9 @@ async def test_a_ctx_kept_past_its_attempt_refuses(app: App, store: Store) -> No
     assert await store.effects_list() == []
 
 
-@pytest.mark.parametrize("given", ["coroutine function", "lambda returning a coroutine"])
+@pytest.mark.parametrize(
+    "given", ["coroutine function", "lambda returning a coroutine", "async generator"]
+)
 async def test_a_sync_effect_refuses_an_async_callee_and_never_marks_its_key_done(
     app: App, store: Store, given: str
 ) -> None:
@@ -844,10 +846,16 @@ async def test_a_sync_effect_refuses_an_async_callee_and_never_marks_its_key_don
         sent.append(to)
         return "ok"
 
+    async def emails(to: str) -> AsyncIterator[str]:
+        sent.append(to)
+        yield "ok"
+
     @app.task(name="t.sync_effect", max_attempts=3)
     def notify(ctx: JobContext, to: str) -> Any:
         if given == "coroutine function":
             return ctx.effect(f"email:{to}", send_email, to)
+        if given == "async generator":
+            return ctx.effect(f"email:{to}", emails, to)
         return ctx.effect(f"email:{to}", lambda: send_email(to))
 
     jid = await app.enqueue_async("t.sync_effect", "a@example.com", store=store)
@@ -858,7 +866,7 @@ async def test_a_sync_effect_refuses_an_async_callee_and_never_marks_its_key_don
     assert "make the handler `async def` and await the call" in (job.last_error or "")
     assert sent == []
     records = await store.effects_list(key="email:a@example.com")
-    if given == "coroutine function":
+    if given in ("coroutine function", "async generator"):
         assert records == []
     else:
         assert [r.status.value for r in records] == ["failed"], records

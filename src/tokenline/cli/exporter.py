@@ -68,7 +68,8 @@ def exporter(app_spec: str | None, url: str | None, port: int, host: str, max_ag
         stop.set()
 
     with reporting_errors():
-        app = resolve_app(app_spec, url)
+        # It only reads the store: an older schema is reported, never upgraded.
+        app = resolve_app(app_spec, url, migrate=False)
         collector = StoreCollector(app, max_age=max_age)
         try:
             registry = CollectorRegistry()

@@ -36,7 +36,10 @@ BREAKER_PREFIX = "tokenline:breaker:"
 
 
 def _load(w: WorkerRecord) -> WorkerLoad:
-    limit = getattr(w, "concurrency_limit", None) or w.concurrency
+    # A limit that came down to 0 is 0, not "unknown": such a worker has no free slot.
+    limit = getattr(w, "concurrency_limit", None)
+    if limit is None:
+        limit = w.concurrency
     return WorkerLoad(state=w.state, in_flight=w.in_flight, limit=limit)
 
 

@@ -125,7 +125,10 @@ class Leadership:
             assert self._lease is not None
             renewed = await self.store.resource_lease_renew(lease=self._lease, ttl=self.ttl)
             if renewed is None:
-                self.step_down("the store refused its renewal: a newer term exists")
+                self.step_down(
+                    "the store refused its renewal: its lease had expired by the store's "
+                    "clock, or a newer term exists"
+                )
                 return None
             self._trust(renewed, sent)
             return renewed

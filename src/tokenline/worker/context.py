@@ -541,9 +541,8 @@ def refuse_async_callee(what: str, fn: Callable[..., Any]) -> None:
     """Refuse a coroutine function given to the sync form ``what``: a handler's thread
     cannot await it, so it would never run while the call looked done."""
     # An object whose __call__ is async is one too (read from its type, as a call does).
-    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(type(fn), "__call__", None)  # noqa: B004 - not a callable test
-    ):
+    call = getattr(type(fn), "__call__", None)  # noqa: B004 - not a callable test
+    if any(inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f) for f in (fn, call)):
         raise NotSupportedError(
             f"{what} in a sync handler was given {_callee_name(fn)}, a coroutine function "
             "that this thread cannot await, so it would never run: make the handler "
@@ -554,7 +553,7 @@ def refuse_async_callee(what: str, fn: Callable[..., Any]) -> None:
 def refuse_awaitable(what: str, value: T) -> T:
     """``value``, unless it is an awaitable returned to the sync form ``what`` (then
     closed unrun, and refused as :func:`refuse_async_callee` refuses its function)."""
-    if inspect.isawaitable(value):
+    if inspect.isawaitable(value) or inspect.isasyncgen(value):
         if inspect.iscoroutine(value):
             value.close()  # never started: nothing ran, and no "never awaited" warning
         raise NotSupportedError(

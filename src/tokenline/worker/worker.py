@@ -836,7 +836,10 @@ class Worker:
                     self.counters.stale_refused += 1
                     self._stale_commit(s, Outcome.RELEASE.value)
         except (StoreError, TimeoutError) as exc:
-            log.warning("worker %s could not give back %d jobs: %s", self.id, len(slots), exc)
+            log.warning(
+                "worker %s could not give back %d jobs: %s",
+                *(self.id, len(slots), exception_text(exc)),
+            )
 
     def _launch(self, slot: Slot) -> None:
         claimed = slot.claimed

@@ -109,7 +109,7 @@ def too_old(version: int, target: Target) -> SchemaVersionError:
     return SchemaVersionError(
         f"the tokenline schema {target.schema!r} of {target.where} is {state}; this "
         f"tokenline needs version {SCHEMA_VERSION}: run `tokenline migrate` "
-        "(or open the store with migrate=True)"
+        "(or, from code, open the store with migrate=True)"
     )
 
 

@@ -452,7 +452,10 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         schema is older than the one this tokenline needs; migrations are off."""
         coord = path == self.coord_path
         what = f"the store's coordination file {str(path)!r}" if coord else repr(str(path))
-        off = "migrations are off (TOKENLINE_MIGRATE=0 or migrate=False)"
+        off = (
+            "migrations are off (TOKENLINE_MIGRATE=0, migrate=False, or a command that "
+            "reads or acts on a store and never upgrades it)"
+        )
         if not path.exists():
             return SchemaVersionError(
                 f"{what} does not exist and {off}, so nothing was created: run "
