@@ -19,7 +19,7 @@ from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Se
 from typing import Any, Literal, Protocol, Self, TypeVar, overload
 
 from ._clock import Clock, SystemClock
-from ._config import DEFAULT_URL, Settings, load_settings
+from ._config import DEFAULT_URL, Settings, load_settings, names_no_store
 from ._errors import ConfigError, InvalidInputError, PayloadError, UnknownTaskError
 from ._jobs import (
     MAX_INT_DIGITS,
@@ -313,15 +313,18 @@ def _refuse_url_variable_ignored(settings: Settings) -> None:
     names another: settings given whole do not read the environment, so the app would
     enqueue into ``sqlite:///tokenline.db`` while workers started with the variable
     consume the store it names."""
-    named = os.environ.get("TOKENLINE_URL", "").strip()
-    if settings.broker is None and settings.url == DEFAULT_URL and named not in ("", DEFAULT_URL):
-        raise ConfigError(
-            "url",
-            f"App(settings=...) names no store, and TOKENLINE_URL={named!r} does: settings "
-            "given whole do not read the environment. Pass App(url=...) or "
-            "Settings(url=...), or build them with tokenline.load_settings(Settings, "
-            "{...}) to take the environment's",
-        )
+    if settings.broker is not None or not names_no_store(settings.url):
+        return
+    for variable in ("TOKENLINE_URL", "TOKENLINE_BROKER", "TOKENLINE_LEDGER"):
+        named = os.environ.get(variable, "").strip()
+        if named and named != DEFAULT_URL:
+            raise ConfigError(
+                "url",
+                f"App(settings=...) names no store, and {variable}={named!r} does: "
+                "settings given whole do not read the environment. Pass App(url=...) or "
+                "Settings(url=...), or build them with tokenline.load_settings(Settings, "
+                "{...}) to take the environment's",
+            )
 
 
 class App:

@@ -33,7 +33,23 @@ __all__ = [
     "validate_queue_name",
 ]
 
-DEFAULT_URL = "sqlite:///tokenline.db"
+
+class _Unnamed(str):
+    """The default store URL, as :class:`Settings` holds it when nobody named one: a
+    ``str`` like any other, of a type of its own, so that ``App(settings=...)`` can tell
+    it from the same URL written out (``Settings(url="sqlite:///tokenline.db")``)."""
+
+    __slots__ = ()
+
+
+DEFAULT_URL: str = _Unnamed("sqlite:///tokenline.db")
+
+
+def names_no_store(url: str) -> bool:
+    """Whether ``url`` is the default nobody named (see :class:`_Unnamed`)."""
+    return isinstance(url, _Unnamed)
+
+
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 #: Default lease TTL in seconds: how long a silent worker keeps a job.

@@ -125,6 +125,15 @@ def test_settings_given_whole_with_a_url_variable_naming_another_store_are_refus
     assert (merged.url, merged.settings.retry_base) == ("postgresql://db.example/jobs", 2.0)
     monkeypatch.setenv("TOKENLINE_URL", DEFAULT_URL)  # naming the default: nothing lost
     assert App(settings=Settings(retry_base=2.0)).url == DEFAULT_URL
+    # The default written out is a store named: taken as given.
+    monkeypatch.setenv("TOKENLINE_URL", "postgresql://db.example/jobs")
+    assert App(settings=Settings(url="sqlite:///tokenline.db")).url == DEFAULT_URL
+    # The split topology's variables name a store too.
+    monkeypatch.delenv("TOKENLINE_URL")
+    monkeypatch.setenv("TOKENLINE_BROKER", "redis://127.0.0.1:6379/0")
+    monkeypatch.setenv("TOKENLINE_LEDGER", "postgresql://db.example/jobs")
+    with pytest.raises(ConfigError, match=r"TOKENLINE_BROKER='redis://127.0.0.1:6379/0'"):
+        App(settings=Settings())
 
 
 @pytest.mark.parametrize("value", ["", "  "])
