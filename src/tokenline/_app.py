@@ -805,19 +805,24 @@ class App:
         (jid,) = await target.jobs_enqueue(jobs=[job], connection=connection)
         return jid
 
-    def _refuse_own_sqlite_lock(self) -> None:
-        """Raise when this task holds the write lock of the app's SQLite file in an open
-        ``async with ctx.transaction()``: an enqueue on the facade's store would wait
-        for it until the store's timeout, and fail as a coordination error, attempt
-        after attempt (see ``stores/sqlite/_callers.py``)."""
+    def _refuse_own_sqlite_lock(self, what: str = "enqueue") -> None:
+        """Raise when this thread (a sync handler's) or task (an async handler's) holds
+        the write lock of the app's SQLite file in an open ``ctx.transaction()``: a write
+        (``what``) on the facade's store would wait for it until the store's timeout,
+        and fail as a coordination error, attempt after attempt (see
+        ``stores/sqlite/_callers.py``)."""
         if self.url.split(":", 1)[0].strip().lower() != "sqlite":
             return
-        from .stores.sqlite._callers import held_by_this_task, own_lock_refused
+        from .stores.sqlite._callers import (
+            held_by_this_task,
+            held_by_this_thread,
+            own_lock_refused,
+        )
         from .stores.sqlite.store import path_from_url
 
-        held = held_by_this_task()
+        held = held_by_this_task() | held_by_this_thread()
         if held and str(path_from_url(self.url).resolve()) in held:
-            raise own_lock_refused(path_from_url(self.url))
+            raise own_lock_refused(path_from_url(self.url), what)
 
     def enqueue(
         self,
@@ -878,13 +883,17 @@ class App:
         were cancelled. A running job is left to finish its attempt, and a finished
         one as it is: ``tokenline cancel`` names each id it did not cancel, and why."""
         ids, why = cancel_input(job_ids, reason)
-        return self.run(lambda s: s.jobs_cancel(job_ids=ids, reason=why)) if ids else 0
+        if not ids:
+            return 0
+        self._refuse_own_sqlite_lock("cancel")
+        return self.run(lambda s: s.jobs_cancel(job_ids=ids, reason=why))
 
     async def cancel_async(self, *job_ids: int, reason: str = "cancelled") -> int:
         """:meth:`cancel` from async code."""
         ids, why = cancel_input(job_ids, reason)
         if not ids:
             return 0
+        self._refuse_own_sqlite_lock("cancel")  # here, in the caller's task
         return await asyncio.to_thread(self.run, lambda s: s.jobs_cancel(job_ids=ids, reason=why))
 
     def build_many(

@@ -410,6 +410,48 @@ async def test_an_async_handler_enqueueing_inside_its_transaction_is_told_how(
         await store.close()
 
 
+@pytest.mark.parametrize("form", ["sync", "async"])
+async def test_a_cancel_inside_the_handlers_own_transaction_is_refused_at_once(
+    tmp_path: Path, form: str
+) -> None:
+    """``app.cancel`` inside the handler's own ``ctx.transaction()`` waited for the
+    transaction's write lock until the store timeout, and the job was given back and
+    run again for ever. It is refused at once, naming the way out."""
+    app = App(f"sqlite:///{tmp_path / 'q.db'}", settings=Settings(store_timeout=30))
+    refusals: list[tuple[str, float]] = []
+
+    def outer(ctx: JobContext, n: int) -> None:
+        with ctx.transaction():
+            began = time.monotonic()
+            try:
+                app.cancel(99_999)
+            except NotSupportedError as exc:
+                refusals.append((str(exc), time.monotonic() - began))
+
+    async def outer_async(ctx: JobContext, n: int) -> None:
+        async with ctx.transaction():
+            began = time.monotonic()
+            try:
+                await app.cancel_async(99_999)
+            except NotSupportedError as exc:
+                refusals.append((str(exc), time.monotonic() - began))
+
+    app.task(name="outer", queue="outer", max_attempts=1)(outer if form == "sync" else outer_async)
+
+    store = app.open_store(timeout=5)
+    await store.open()
+    try:
+        done, _ = await _outer_job_run(app, store)
+        assert done.state is JobState.SUCCEEDED, done
+        ((message, took),) = refusals
+        assert "cancel inside an open ctx.transaction()" in message
+        assert "cancel before or after it" in message
+        assert took < 15  # refused, not waited out
+    finally:
+        await asyncio.to_thread(app.close)
+        await store.close()
+
+
 def test_an_outbox_enqueue_on_a_new_file_says_to_migrate(tmp_path: Path) -> None:
     """An enqueue on the caller's connection runs in the caller's transaction and never
     creates the schema: on a file without it the error says so and how to migrate,

@@ -78,13 +78,19 @@ def holding_in_task(file: str) -> Iterator[None]:
             _held_in_task.set(_held_in_task.get() - {(file, id(task))})
 
 
-def own_lock_refused(path: object) -> NotSupportedError:
-    """The refusal of an enqueue that would wait for its caller's own transaction on
-    the SQLite store at ``path``."""
+def own_lock_refused(path: object, what: str = "enqueue") -> NotSupportedError:
+    """The refusal of a write (``what``: an enqueue, a cancel) that would wait for its
+    caller's own transaction on the SQLite store at ``path``."""
+    if what == "enqueue":
+        instead = (
+            "pass connection=conn to enqueue in that transaction (the job then exists if "
+            "and only if it commits), or enqueue after it"
+        )
+    else:
+        instead = f"{what} before or after it"
     return NotSupportedError(
-        f"enqueue inside an open ctx.transaction() on SQLite ({str(path)!r}) would wait "
-        "for the transaction's own write lock: pass connection=conn to enqueue in that "
-        "transaction (the job then exists if and only if it commits), or enqueue after it"
+        f"{what} inside an open ctx.transaction() on SQLite ({str(path)!r}) would wait "
+        f"for the transaction's own write lock: {instead}"
     )
 
 
