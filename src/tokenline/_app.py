@@ -106,6 +106,9 @@ class _Loop:
         self.store: Store | None = None
         #: Held on the loop while the store opens (see :meth:`_Portal.opened`).
         self.opening = asyncio.Lock()
+        #: Opens that ended on this loop, and how the last one failed (None: it did not).
+        self.tries = 0
+        self.failure: Exception | None = None
         self.users = 0
 
     @staticmethod
@@ -197,19 +200,30 @@ class _Portal:
         store = here.store
         if store is not None:
             return store
+        tries = here.tries
         async with here.opening:
             store = here.store
             if store is not None:
                 return store
+            if here.tries != tries and here.failure is not None:
+                # The open tried while this call waited for it failed: that is the
+                # answer, not another wait as long (a store that does not answer would
+                # hold the n-th of n callers n times its timeout).
+                raise here.failure
             store = new_store()
             try:
                 await store.open()
-            except BaseException:
+            except BaseException as exc:
+                here.failure = exc if isinstance(exc, Exception) else None
                 # A store that opened in part (one side of a split store, a pool) is
                 # closed, or its connections and threads outlive the failed call.
                 with contextlib.suppress(Exception):
                     await store.close()
                 raise
+            finally:
+                # Counted once ended: a caller that came while it was under way sees
+                # the count move, and takes its outcome.
+                here.tries += 1
             here.store = store
             _opened(self)
             return store

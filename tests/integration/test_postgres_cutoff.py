@@ -124,3 +124,42 @@ async def test_a_sync_transaction_on_a_silent_server_fails_at_its_deadline(
 
 async def _set(proxy: FaultProxy, faults: dict[str, Any]) -> None:
     proxy.set_faults(**faults)
+
+
+async def test_threads_opening_an_app_on_a_silent_server_share_one_wait(
+    postgres_server: str,
+) -> None:
+    """The first enqueues of a fresh App, from several threads at once, against a
+    server that does not answer: each waited for the open before it to fail, then
+    tried its own, so the n-th thread waited n connection timeouts. They now share the
+    one open and its error: one connection tried, every thread told."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tokenline import App
+
+    threads = 4
+    async with FaultProxy(upstream=("127.0.0.1", 5432)) as proxy:
+        proxy.set_faults(blackhole=True)
+        via = postgres_server.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+        app = App(f"{via}?schema=tl_cut_never_{uuid.uuid4().hex[:8]}&connect_timeout=2")
+        app.task(name="t")(lambda ctx: None)
+        start = threading.Barrier(threads, timeout=30)
+
+        def first_enqueue(_: int) -> BaseException | None:
+            start.wait()
+            try:
+                app.enqueue("t")
+            except BaseException as exc:
+                return exc
+            return None
+
+        def all_threads() -> list[BaseException | None]:
+            with ThreadPoolExecutor(threads) as pool:
+                return list(pool.map(first_enqueue, range(threads)))
+
+        try:
+            errors = await asyncio.wait_for(asyncio.to_thread(all_threads), HUNG)
+        finally:
+            await asyncio.to_thread(app.close)
+        assert all(isinstance(e, StoreUnavailableError) for e in errors), errors
+        assert proxy.stats.accepted == 1, proxy.stats
