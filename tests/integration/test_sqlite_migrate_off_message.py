@@ -17,7 +17,10 @@ from tokenline.cli import main
 from tokenline.stores.sqlite import SQLiteStore
 from tokenline.stores.sqlite.store import COORD_VERSION, SCHEMA_VERSION
 
-OFF = "migrations are off (TOKENLINE_MIGRATE=0 or migrate=False)"
+OFF = (
+    "migrations are off (TOKENLINE_MIGRATE=0, migrate=False, or a command that reads or "
+    "acts on a store and never upgrades it)"
+)
 
 
 def _refusal(db: Path) -> str:
