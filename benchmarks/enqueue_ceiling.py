@@ -11,17 +11,12 @@ Interleaved, round by round, each on a fresh schema or table removed afterwards.
 from __future__ import annotations
 
 import argparse
-import os
 import secrets
-import statistics
 import time
 
 import psycopg
 from _enqueue_app import TASK, enqueue_app
-
-DEFAULT_URL = os.environ.get(
-    "TOKENLINE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
-)
+from _report import POSTGRES_URL, load, print_machine, print_medians
 
 
 def app_round(url: str, calls: int) -> float:
@@ -58,22 +53,17 @@ def raw_round(url: str, calls: int) -> float:
 def main(argv: list[str] | None = None) -> None:
     """Parse the options, run the rounds interleaved, print each and the medians."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--url", default=DEFAULT_URL, help="the postgresql:// server")
+    p.add_argument("--url", default=POSTGRES_URL, help="the postgresql:// server")
     p.add_argument("--calls", type=int, default=3000)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
-    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    load_before = load()
     rates: dict[str, list[float]] = {"app.enqueue": [], "bare INSERT": []}
     for _ in range(args.rounds):
         rates["app.enqueue"].append(app_round(args.url, args.calls))
         rates["bare INSERT"].append(raw_round(args.url, args.calls))
-    for name, got in rates.items():
-        each = ", ".join(f"{r:,.0f}" for r in got)
-        print(f"{name}: {statistics.median(got):,.0f}/s (median; rounds {each})")
-    print(
-        f"{os.cpu_count()} cores, load {load_before} before, "
-        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} after"
-    )
+    print_medians(rates, lambda rate: f"{rate:,.0f}/s")
+    print_machine(load_before)
 
 
 if __name__ == "__main__":

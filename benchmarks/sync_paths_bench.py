@@ -14,19 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import statistics
 import time
 import uuid
 
 import psycopg
+from _report import POSTGRES_URL, load, print_machine, print_medians
 
 from tokenline._jobs import NewJob
 from tokenline.stores.postgres import PostgresStore
-
-DEFAULT_URL = os.environ.get(
-    "TOKENLINE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
-)
 
 
 async def one_round(url: str, calls: int) -> tuple[float, float]:
@@ -62,20 +57,18 @@ async def one_round(url: str, calls: int) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> None:
     """Parse the options, run the rounds, print each and the medians."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--url", default=DEFAULT_URL, help="the postgresql:// server")
+    p.add_argument("--url", default=POSTGRES_URL, help="the postgresql:// server")
     p.add_argument("--calls", type=int, default=1500)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
-    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    load_before = load()
     rounds = [asyncio.run(one_round(args.url, args.calls)) for _ in range(args.rounds)]
-    for name, got in (("sync transaction", [r[0] for r in rounds]),
-                      ("blocking enqueue", [r[1] for r in rounds])):  # fmt: skip
-        each = ", ".join(f"{us:,.0f}" for us in got)
-        print(f"{name}: {statistics.median(got):,.0f} µs (median; rounds {each})")
-    print(
-        f"{os.cpu_count()} cores, load {load_before} before, "
-        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} after"
-    )
+    timed = {
+        "sync transaction": [r[0] for r in rounds],
+        "blocking enqueue": [r[1] for r in rounds],
+    }
+    print_medians(timed, lambda us: f"{us:,.0f} µs")
+    print_machine(load_before)
 
 
 if __name__ == "__main__":

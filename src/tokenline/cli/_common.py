@@ -202,7 +202,8 @@ def resolve_app(
             )
             app = moved
     check_sqlite_url(app.url)
-    if not (not existing if migrate is None else migrate):
+    may_migrate = not existing if migrate is None else migrate
+    if not may_migrate:
         app.settings = dataclasses.replace(app.settings, migrate=False)
     if existing:
         # An unopened handle, asked before anything is done.
