@@ -2095,3 +2095,65 @@ async def test_a_give_back_the_store_refuses_is_counted_as_the_store_records_it(
     count, stale = await store.stale_commits()
     assert count >= 1
     assert {(s.job_id, s.operation) for s in stale} >= {(jid, "release")}
+
+
+class _ReleaseAnswerLost(MemoryStore):
+    """A store that makes every give-back (refusing it, if its token moved on, and
+    recording that as a stale write), then loses its answer."""
+
+    async def jobs_finish(self, *, finishes: Sequence[Finish]) -> list[bool]:
+        done = await super().jobs_finish(finishes=finishes)
+        if any(f.outcome is Outcome.RELEASE for f in finishes):
+            raise StoreUnavailableError("connection reset after the give-back")
+        return done
+
+
+async def test_a_give_back_whose_answer_was_lost_is_counted_as_unanswered() -> None:
+    """A worker's renewal found its job rescued, and its give-back reached the store,
+    which refused it as stale, and its answer was lost: the summary said "0 stale writes
+    refused" while the audit listed two. It now counts the refused renewal, and the
+    give-back as unanswered, pointing to the audit."""
+    clock = FakeClock()
+    store = _ReleaseAnswerLost(clock=clock)
+    app = App("memory://")
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @app.task(name="t.unanswered")
+    async def handler(ctx: JobContext) -> None:
+        started.set()
+        await release.wait()
+
+    worker = Worker(app, dataclasses.replace(QUIET, renew_interval=0.3), store=store)
+    async with running(worker) as states:
+        jid = await app.enqueue_async("t.unanswered", store=store)
+        await asyncio.wait_for(started.wait(), DEADLINE)
+        clock.advance(QUIET.lease_ttl + 1)
+        assert (await store.jobs_rescue()).requeued == [jid]  # the token moves on
+        await eventually(lambda: WorkerState.FENCED in states, "the worker fenced")
+        await eventually(lambda: worker.counters.unanswered == 1, "the give-back counted")
+        release.set()
+    count, stale = await store.stale_commits()
+    assert {(s.job_id, s.operation) for s in stale} >= {(jid, "release")}
+    counters = worker.counters
+    # Every refusal the store recorded is in the summary, answered or not: the renewal
+    # that found the job rescued, and the give-back whose answer was lost.
+    assert counters.renewals_refused == 1
+    assert count <= counters.stale_refused + counters.renewals_refused + counters.unanswered
+    assert "given back unanswered (the store may have refused some" in counters.summary()
+
+
+async def test_a_lease_lost_while_fencing_counts_no_second_fencing(clock: FakeClock) -> None:
+    """Two paths found the same expired lease by the worker's clock while the worker was
+    already fencing: the summary said "fenced 1 time (2 by its own clock)". A fencing
+    by the worker's own clock is now counted with the fencing itself, once."""
+    app = App("memory://", clock=clock)
+    worker = Worker(app, WATCHED)
+    async with running(worker):
+        await eventually(lambda: worker._membership_token > 0, "the worker registers")
+        await worker._lease_lost("first", own_clock=True)
+        await eventually(lambda: worker.state is WorkerState.READY, "the worker re-registers")
+        worker._fencing = True  # as while the first fencing is under way
+        await worker._lease_lost("second, found while fencing", own_clock=True)
+        worker._fencing = False
+    assert (worker.counters.fenced, worker.counters.self_fenced) == (1, 1)
+    assert "fenced 1 time (1 by its own clock)" in worker.counters.summary()

@@ -140,6 +140,13 @@ class WorkerCounters:
     unrun: int = 0
     #: Steps of async handlers that held the event loop a watchdog period or longer.
     loop_held: int = 0
+    #: Jobs given back by a call whose answer never came (the store did not answer in
+    #: time): the store may have taken them back, or refused them as stale writes, which
+    #: only ``tokenline audit`` then lists.
+    unanswered: int = 0
+    #: Job leases whose renewal the store refused: those another attempt holds by now
+    #: (its job was rescued) it records as stale writes, the ones merely expired not.
+    renewals_refused: int = 0
 
     def summary(self) -> str:
         """The counters as one line of prose, for logs and the command line."""
@@ -161,6 +168,16 @@ class WorkerCounters:
             parts.append(f"deferred {n(self.deferred, 'job')} for an open circuit breaker")
         if self.loop_held:
             parts.append(f"{n(self.loop_held, 'async handler step')} held the event loop")
+        if self.renewals_refused:
+            parts.append(
+                f"{n(self.renewals_refused, 'lease renewal')} refused (a job rescued "
+                "meanwhile: a stale write too)"
+            )
+        if self.unanswered:
+            parts.append(
+                f"{n(self.unanswered, 'job')} given back unanswered (the store may have "
+                "refused some as stale writes: see tokenline audit)"
+            )
         return "; ".join(parts)
 
 
@@ -720,11 +737,15 @@ class Worker:
             for c in claimed
         ]
         try:
-            await self.store.jobs_finish(finishes=finishes)
+            results = await self.store.jobs_finish(finishes=finishes)
         except StoreError as exc:
+            self.counters.unanswered += len(claimed)
             log.warning(
                 "worker %s could not release %d claimed jobs: %s", self.id, len(claimed), exc
             )
+            return
+        self.counters.unrun += sum(results)
+        self._count_refused(claimed, results, Outcome.RELEASE)
 
     async def _defer_held_back(self, claimed: list[ClaimedJob]) -> list[ClaimedJob]:
         """Give back unrun the jobs whose task needs a dependency whose breaker is open
@@ -736,6 +757,7 @@ class Worker:
             return claimed
         await self._board.refresh_if_stale()
         run: list[ClaimedJob] = []
+        held_back: list[ClaimedJob] = []
         later: list[Finish] = []
         trials: dict[str, int] = {}
         for c in claimed:
@@ -747,15 +769,19 @@ class Worker:
             name, delay, state = held
             why = f"dependency {name!r} is {state.value}: deferred {delay:.1f}s, not run"
             later.append(Finish(c.lease, Outcome.RELEASE, delay, why, "coordination"))
+            held_back.append(c)
             self._board.rejected(name)
         if later:
             try:
                 done = await self.store.jobs_finish(finishes=later)
             except StoreError as exc:
-                # Not run and not given back: their leases expire and they are rescued.
+                # Not run and not given back (or given back, its answer lost): their
+                # leases expire and they are rescued.
+                self.counters.unanswered += len(later)
                 self._coordination_failed("deferral of held-back jobs", exc)
                 return run
             self.counters.deferred += sum(done)
+            self._count_refused(held_back, done, Outcome.RELEASE)
             # Debug: the breaker's change of state is what an operator must see.
             log.debug(
                 "worker %s: %d jobs deferred: %s",
@@ -830,16 +856,23 @@ class Worker:
                     self.counters.unrun += 1  # never started: not one of `started`
                 elif given:
                     self.counters.released += 1
-                else:
-                    # Refused for its token, and recorded so by the store: counted here
-                    # too, so the worker's summary and the audit agree.
-                    self.counters.stale_refused += 1
-                    self._stale_commit(s, Outcome.RELEASE.value)
+            self._count_refused([s.claimed for s in slots], results, Outcome.RELEASE)
         except (StoreError, TimeoutError) as exc:
+            self.counters.unanswered += len(slots)
             log.warning(
                 "worker %s could not give back %d jobs: %s",
                 *(self.id, len(slots), exception_text(exc)),
             )
+
+    def _count_refused(
+        self, claimed: Sequence[ClaimedJob], results: Sequence[bool], outcome: Outcome
+    ) -> None:
+        """Count the writes of ``claimed`` the store refused for their token: it records
+        each as a stale write, so the worker's summary and ``tokenline audit`` agree."""
+        for c, done in zip(claimed, results, strict=True):
+            if not done:
+                self.counters.stale_refused += 1
+                self._stale_commit(c, outcome.value)
 
     def _launch(self, slot: Slot) -> None:
         claimed = slot.claimed
@@ -1013,7 +1046,10 @@ class Worker:
         if isinstance(exc, FencedError):
             if exc.held_resource is None or self.clock.monotonic() >= slot.valid_until:
                 self._note_fenced(slot, exc)
-                await self._lease_lost(f"job {job.id}: {exc}")
+                # Not refused by the store: the attempt's own check found its lease
+                # untrusted (LeaseExpiredError), by the worker's clock.
+                own = not isinstance(exc, StaleTokenError)
+                await self._lease_lost(f"job {job.id}: {exc}", own_clock=own)
                 return None
             # A resource lease of this attempt was lost (taken over, released by an
             # operator, or its block ended), while the job's own lease holds: only this
@@ -1086,9 +1122,9 @@ class Worker:
             # about to be freed, out of the watchdog's sight: fence as it would have.
             fencing = self._fencing or self.state in (WorkerState.FENCED, WorkerState.STOPPED)
             if check.expired and not fencing:
-                self.counters.self_fenced += 1
                 await self._lease_lost(
-                    f"job {slot.claimed.job.id}: {UNTRUSTED}; handler stopped before its next step"
+                    f"job {slot.claimed.job.id}: {UNTRUSTED}; handler stopped before its next step",
+                    own_clock=True,
                 )
 
     async def _in_pool(self, call: Callable[[], object], limit: float) -> object:
@@ -1169,9 +1205,7 @@ class Worker:
     def _note_fenced(self, slot: Slot, exc: FencedError) -> None:
         if isinstance(exc, StaleTokenError):
             self.counters.stale_refused += 1
-            self._stale_commit(slot, exc.operation)
-        else:
-            self.counters.self_fenced += 1
+            self._stale_commit(slot.claimed, exc.operation)
 
     def _classify(self, exc: BaseException, classifier: Classifier | None) -> Decision:
         """The class of a handler's failure; a classifier that raises (or answers
@@ -1248,9 +1282,9 @@ class Worker:
         unsure = False
         while True:
             if self.settings.local_fencing and self.clock.monotonic() >= slot.valid_until:
-                self.counters.self_fenced += 1
                 await self._lease_lost(
-                    f"job {slot.claimed.job.id}: lease no longer trusted by the worker's clock"
+                    f"job {slot.claimed.job.id}: lease no longer trusted by the worker's clock",
+                    own_clock=True,
                 )
                 return
             slot.finishing = True
@@ -1268,7 +1302,7 @@ class Worker:
             break
         if not ok:
             self.counters.stale_refused += 1
-            self._stale_commit(slot, finish.outcome.value)
+            self._stale_commit(slot.claimed, finish.outcome.value)
             await self._lease_lost(
                 f"job {slot.claimed.job.id}: store refused {finish.outcome.value} "
                 f"with token {finish.lease.token}"
@@ -1386,18 +1420,21 @@ class Worker:
         elif "error rate" in self._unhealthy:
             self._healthy_again("error rate", f"error rate {self._errors.describe(now)}")
 
-    def _stale_commit(self, slot: Slot, operation: str) -> None:
+    def _stale_commit(self, claimed: ClaimedJob, operation: str) -> None:
         """The store refused this attempt's write: its view of its own lease (still
         valid, by the worker's clock) was stale. The store's answer is the one obeyed."""
         if not events.enabled():
             return
-        job, token = slot.claimed.job, slot.claimed.lease.token
+        job, token = claimed.job, claimed.lease.token
         events.emit(events.StaleCommitRefused(self.id, job.id, token, operation))
         events.emit(events.StaleRead(self.id, "job lease", f"job {job.id} token {token}"))
 
     # -- fencing --------------------------------------------------------------------------
-    async def _lease_lost(self, reason: str) -> None:
-        """Fence the worker: stop every handler, give back what is still ours, re-register."""
+    async def _lease_lost(self, reason: str, *, own_clock: bool = False) -> None:
+        """Fence the worker: stop every handler, give back what is still ours, re-register.
+
+        ``own_clock``: the worker's own clock found a lease untrusted (the store refused
+        nothing); counted apart, once per fencing, as the fencing itself is."""
         # A flag, not a lock: a handler task that reports a lost lease while the worker
         # is already fencing must not wait for the fencing, which is awaiting it.
         if self.state in (WorkerState.STOPPED, WorkerState.FENCED) or self._fencing:
@@ -1406,6 +1443,8 @@ class Worker:
         self._wake_completer()
         try:
             self.counters.fenced += 1
+            if own_clock:
+                self.counters.self_fenced += 1
             log.warning("worker %s fenced: %s", self.id, reason)
             self._fire(WorkerEvent.LEASE_LOST, reason)
             await self._cancel_all(f"fenced: {reason}", release=True)
@@ -1574,6 +1613,7 @@ class Worker:
                 slot.lease = lease
                 slot.valid_until = self._valid_until(sent_at)
         if lost:
+            self.counters.renewals_refused += len(lost)
             if events.enabled():
                 detail = f"jobs {lost}"
                 events.emit(events.LeaseRenewalFailed(self.id, len(lost), "refused", detail))
@@ -1624,10 +1664,10 @@ class Worker:
             now = self.clock.monotonic()
             expired = [s.claimed.job.id for s in self._slots.values() if now >= s.valid_until]
             if expired:
-                self.counters.self_fenced += 1
                 await self._lease_lost(
                     f"leases of jobs {expired} expired by the worker's own clock "
-                    "(was the process paused or cut off?)"
+                    "(was the process paused or cut off?)",
+                    own_clock=True,
                 )
 
     def _abandon_overdue(self) -> None:
