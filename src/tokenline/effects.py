@@ -39,10 +39,12 @@ What is guaranteed, precisely:
   later execution of that key is recorded as a repeat and returns the stored result.
 * ``fn`` itself starts at most once per key *unless* an attempt loses its lease while
   ``fn`` runs (a crash, a partition, a pause past its TTL): then a newer attempt runs it
-  again. tokenline cannot undo or fence a call that left the process (an email, a
-  payment API). Hand the key to the callee (``idempotency_key=key``, or
-  ``current_effect().key``) so that it deduplicates too; that, not tokenline, is what
-  makes such an effect exactly-once.
+  again. A sync handler's hard timeout is no such loss: its thread runs on, so the
+  worker keeps the attempt, lease renewed, until the effect is over (at most
+  ``effect_pending_deadline`` after it began; see ``Worker._effect_over``). tokenline
+  cannot undo or fence a call that left the process (an email, a payment API). Hand
+  the key to the callee (``idempotency_key=key``, or ``current_effect().key``) so that
+  it deduplicates too; that, not tokenline, is what makes such an effect exactly-once.
 * For writes to the store's own database, use ``ctx.transaction()``: the token check,
   your writes and the job's completion commit in one transaction (exactly-once).
 

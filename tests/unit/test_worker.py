@@ -2157,3 +2157,97 @@ async def test_a_lease_lost_while_fencing_counts_no_second_fencing(clock: FakeCl
         worker._fencing = False
     assert (worker.counters.fenced, worker.counters.self_fenced) == (1, 1)
     assert "fenced 1 time (1 by its own clock)" in worker.counters.summary()
+
+
+@pytest.mark.parametrize("keep", ["on", "sabotaged"])
+async def test_an_effect_past_its_handlers_hard_timeout_never_runs_beside_itself(
+    monkeypatch: pytest.MonkeyPatch, keep: str
+) -> None:
+    """A sync handler's hard timeout came while its thread ran ``ctx.effect``'s callee.
+    The attempt ended at once, so its lease was gone while the key was still pending
+    under it: the job's next attempt, and another job of the same key, took the key
+    over and ran the callee again, beside the first run. The attempt is now kept, its
+    lease renewed, until the effect is over: the callee runs once."""
+    if keep == "sabotaged":  # the control: the attempt ends at once, as it used to
+
+        async def at_once(self: Worker, slot: object) -> None:
+            return None
+
+        monkeypatch.setattr(Worker, "_effect_over", at_once)
+    app = App("memory://")
+    store = app.open_store()
+    runs: list[tuple[int, float, float]] = []
+    charging = threading.Event()
+
+    def charge(token: int) -> str:
+        charging.set()
+        began = time.monotonic()
+        time.sleep(1.5)  # past the handler's hard timeout
+        runs.append((token, began, time.monotonic()))
+        return "charged"
+
+    @app.task(name="t.pay", timeout=0.5, max_attempts=3, retry=NO_BACKOFF)
+    def pay(ctx: JobContext) -> None:
+        ctx.effect("charge:42", charge, ctx.token)
+
+    worker = Worker(app, dataclasses.replace(QUIET, concurrency=3), store=store)
+    async with running(worker):
+        first = await app.enqueue_async("t.pay", store=store)
+        await asyncio.to_thread(charging.wait, DEADLINE)
+        other = await app.enqueue_async("t.pay", store=store)  # the same key, another job
+        for jid in (first, other):  # dead too, with the control: every attempt timed out
+            await job_in(store, jid, JobState.SUCCEEDED, JobState.DEAD)
+        # Every thread that ran the callee has returned.
+        await eventually(lambda: worker.sync_handlers_running == 0, "the threads return")
+    (record,) = await store.effects_list(key="charge:42")
+    if keep == "sabotaged":
+        assert len(runs) >= 2  # run again while the first run went on
+        return
+    assert len(runs) == 1, runs
+    assert record.runs == 1
+    # The timed-out attempt ended after its effect, which the next attempt found done;
+    # the other job waited for the key (timing out too, while it waited), then found
+    # it done as well.
+    assert await outcomes(store, first) == ["retry", "succeeded"]
+    assert (await outcomes(store, other))[-1] == "succeeded"
+
+
+@pytest.mark.parametrize("keep", ["on", "sabotaged"])
+async def test_a_stop_gives_back_no_job_whose_thread_runs_an_effect(
+    monkeypatch: pytest.MonkeyPatch, keep: str
+) -> None:
+    """A worker stopping past its drain timeout gave back every job still leased to it,
+    a sync handler's inside ``ctx.effect`` too: the job's next attempt could take the
+    key over while the callee still ran in this process. That job is now left to its
+    lease, which expires (then the rescue takes it), and the key with it."""
+    if keep == "sabotaged":  # the control: the worker no longer sees the effect
+        from tokenline.worker.slot import Slot
+
+        monkeypatch.setattr(Slot, "effect_key", property(lambda s: None, lambda s, v: None))
+    app = App("memory://")
+    store = app.open_store()
+    charging, done = threading.Event(), threading.Event()
+
+    def charge() -> int:
+        charging.set()
+        done.wait(DEADLINE)
+        return 1
+
+    @app.task(name="t.stop_in_effect")
+    def handler(ctx: JobContext) -> None:
+        ctx.effect("stop:1", charge)
+
+    worker = Worker(app, dataclasses.replace(QUIET, drain_timeout=0.2), store=store)
+    task = asyncio.create_task(worker.run())
+    try:
+        jid = await app.enqueue_async("t.stop_in_effect", store=store)
+        await asyncio.to_thread(charging.wait, DEADLINE)
+        worker.request_shutdown()
+        await asyncio.wait_for(task, DEADLINE)
+        job = await store.job_get(job_id=jid)
+    finally:
+        done.set()
+    if keep == "sabotaged":
+        assert job.state is JobState.QUEUED  # given back while the callee ran
+    else:
+        assert job.state is JobState.RUNNING  # its lease runs out; then the rescue

@@ -244,15 +244,20 @@ class JobContext:
         if begin.start is Start.DONE:
             assert begin.record is not None
             return stored_result(run.key, begin.record)
+        slot = self._slot
+        slot.effect_key, slot.effect_since = run.key, self._clock.monotonic()
         try:
-            with running_effect(run.call):
-                # Recorded as a failure, not a result: the awaitable never ran, so a
-                # later attempt may run the key.
-                value = refuse_awaitable(f"ctx.effect({key!r}, ...)", fn(*args, **kwargs))
-        except BaseException as exc:
-            self.run_sync(record_failure(run, exc), "await ctx.effect_async(...)")
-            raise
-        return self.run_sync(run.completed(value), "await ctx.effect_async(...)")
+            try:
+                with running_effect(run.call):
+                    # Recorded as a failure, not a result: the awaitable never ran, so a
+                    # later attempt may run the key.
+                    value = refuse_awaitable(f"ctx.effect({key!r}, ...)", fn(*args, **kwargs))
+            except BaseException as exc:
+                self.run_sync(record_failure(run, exc), "await ctx.effect_async(...)")
+                raise
+            return self.run_sync(run.completed(value), "await ctx.effect_async(...)")
+        finally:
+            slot.effect_key = None  # the key is recorded, or left for the reconciler
 
     async def effect_async(
         self,

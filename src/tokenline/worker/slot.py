@@ -69,3 +69,11 @@ class Slot:
     abandoned: bool = False
     #: A step of its async handler that held the event loop was logged (once per attempt).
     loop_held_said: bool = False
+    #: Its sync handler's thread is inside ``ctx.effect``: the callee runs, or its
+    #: outcome is being recorded. Written by that thread only. Past a hard timeout the
+    #: worker keeps the attempt (its lease renewed) until the effect is over, for the
+    #: key stays pending under this attempt until then, and an attempt that ended would
+    #: let the next one take the key over and run the callee beside this one.
+    effect_key: str | None = None
+    #: Monotonic time that effect began.
+    effect_since: float = 0.0

@@ -94,6 +94,8 @@ STARTUP_MAX_PAUSE = 5.0
 success_log = logging.getLogger(SUCCESS_LOGGER)
 
 _BUSY_STATES = frozenset({WorkerState.READY, WorkerState.PROCESSING})
+#: Seconds between two looks at an effect a timed-out sync handler's thread still runs.
+_EFFECT_POLL = 0.05
 #: Name prefix of the threads that run sync handlers.
 HANDLER_THREAD_PREFIX = "tokenline-job"
 
@@ -997,6 +999,7 @@ class Worker:
             slot.failure = FailureKind.TIMEOUT
             if ctx.blames_dependency(exc):
                 self._blamed.add(slot)
+            await self._effect_over(slot)
             return self._after_failure(slot, Decision(ErrorClass.TRANSIENT, reason), task.retry)
         except BaseException as exc:
             return await self._handler_failed(slot, ctx, task, exc)
@@ -1014,6 +1017,40 @@ class Worker:
             # Recorded as succeeded, the job's work would silently never happen.
             return self._dead(slot, f"handler of task {job.task!r} {unrun}", ErrorClass.PERMANENT)
         return Finish(slot.lease, Outcome.SUCCEEDED)
+
+    async def _effect_over(self, slot: Slot) -> None:
+        """Past the hard timeout of a sync handler whose thread is inside ``ctx.effect``,
+        keep the attempt, its lease renewed, until the effect is over (its callee has
+        returned and its outcome is recorded), or until ``effect_pending_deadline`` after
+        it began, when the reconciler would give the key up too.
+
+        Ended at once, the attempt left the key pending under a lease that was gone:
+        the next attempt of the job, or a job of another with the same key, took the key
+        over and ran the callee while this thread still ran it. Kept, the attempt holds
+        the key: the other waits for it (``EffectPendingError``), then finds it done."""
+        key = slot.effect_key
+        if key is None:
+            return
+        job = slot.claimed.job
+        limit = slot.effect_since + self.settings.effect_pending_deadline
+        log.warning(
+            "job %s: hard timeout while its effect %r runs in the handler's thread: the "
+            "attempt ends once the effect is over, at most %.0fs from now "
+            "(effect_pending_deadline)",
+            *(job.id, key, max(0.0, limit - self.clock.monotonic())),
+        )
+        while slot.effect_key is not None:
+            if self.clock.monotonic() >= limit:
+                log.warning(
+                    "job %s: effect %r still runs in the handler's thread past "
+                    "effect_pending_deadline: the attempt ends, and a later attempt may "
+                    "run the key again",
+                    *(job.id, key),
+                )
+                return
+            # Polled: the thread has no loop to wake this task through, and a hard
+            # timeout inside an effect is rare.
+            await asyncio.sleep(_EFFECT_POLL)
 
     def _done_in_ledger(self, slot: Slot, exc: BaseException) -> Finish:
         """The Finish of an attempt whose ``ctx.transaction()`` recorded the job done in
@@ -1475,7 +1512,17 @@ class Worker:
         # expire and the rescuer takes them. A job whose outcome the completer holds is
         # left to it: released first, the job would run again, and its outcome be
         # refused as stale.
-        keep = [s for s in slots if now_mono < s.valid_until and not s.finishing] if release else []
+        # Nor is a job whose sync handler's thread runs an effect: given back, its next
+        # attempt would take the effect's key over while the callee still runs here.
+        keep = (
+            [
+                s
+                for s in slots
+                if now_mono < s.valid_until and not s.finishing and s.effect_key is None
+            ]
+            if release
+            else []
+        )
         if keep:
             await self._release(keep, reason)
         waiting = {s.task for s in slots if s.task is not None and s.task is not current}
