@@ -39,6 +39,7 @@ __all__ = [
     "LeaseBusyError",
     "LeaseExpiredError",
     "NotSupportedError",
+    "OutcomeUnknownError",
     "PayloadError",
     "Permanent",
     "QueueNameError",
@@ -133,6 +134,28 @@ class StoreUnavailableError(StoreError):
     For a worker this is a *coordination* failure: it stops fetching (DRAINING) and
     retries later; no job attempt is burned.
     """
+
+
+class OutcomeUnknownError(StoreUnavailableError):
+    """A write reached the store, or may have, and its answer was lost (the connection
+    dropped, or the store did not answer in time): it may have been made all the same.
+
+    Raised by an enqueue whose request was sent: the job may exist. Enqueue it again
+    with an ``idempotency_key`` and ``unique=True`` (or ``"active"``), and the store
+    answers with the id of the job it made, if it did, instead of making a second one.
+    """
+
+
+def enqueue_outcome_unknown(exc: StoreUnavailableError, jobs: int) -> OutcomeUnknownError:
+    """``exc``, raised once an enqueue of ``jobs`` jobs was sent, saying what it means."""
+    if isinstance(exc, OutcomeUnknownError):
+        return exc
+    what, it = ("the job", "it") if jobs == 1 else (f"the {jobs:,} jobs", "each")
+    return OutcomeUnknownError(
+        f"{exc}; {what} may have been enqueued all the same (the request may have reached "
+        f"the store before its answer was lost). To enqueue again without risking a second "
+        f"job, give {it} an idempotency_key with unique=True"
+    )
 
 
 class StoreCorruptError(StoreError):

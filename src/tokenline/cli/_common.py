@@ -45,6 +45,7 @@ from .._app import App
 from .._config import parse_prefetch, validate_queue_name
 from .._errors import (
     ConfigError,
+    OutcomeUnknownError,
     QueueNameError,
     StoreError,
     StoreUnavailableError,
@@ -344,11 +345,13 @@ def report_error(exc: TokenlineError, *, unsure: str | None = None) -> NoReturn:
         raise SystemExit(2) from None
     err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
     if unsure is not None and isinstance(exc, StoreUnavailableError) and exc not in _UNOPENED:
-        err_console.print(
-            f"note: the store may have made the change before its answer was lost; {unsure}",
-            highlight=False,
-            markup=False,
+        # An OutcomeUnknownError says itself that the change may have been made.
+        maybe = (
+            ""
+            if isinstance(exc, OutcomeUnknownError)
+            else ("the store may have made the change before its answer was lost; ")
         )
+        err_console.print(f"note: {maybe}{unsure}", highlight=False, markup=False)
     raise SystemExit(1) from None
 
 

@@ -23,7 +23,7 @@ from ..._errors import (
 )
 from ._target import Target
 
-__all__ = ["describe_connect_failure", "map_postgres_errors"]
+__all__ = ["describe_connect_failure", "map_postgres_errors", "maybe_made"]
 
 
 def describe_connect_failure(exc: BaseException, target: Target) -> str:
@@ -126,3 +126,12 @@ def map_postgres_errors(target: Target, timeout: float) -> Iterator[None]:
         ) from exc
     except OSError as exc:
         raise StoreUnavailableError(describe_connect_failure(exc, target)) from exc
+
+
+def maybe_made(exc: StoreUnavailableError) -> bool:
+    """Whether the statements that failed with ``exc``, once sent, may have been carried
+    out: not when the server answered with an error of its own (a SQLSTATE: a statement
+    timeout, a conflict), for then their transaction rolled back. A connection lost, or
+    a deadline passed, before the answer came leaves it unknown."""
+    cause = exc.__cause__
+    return not (isinstance(cause, psycopg.Error) and cause.sqlstate is not None)

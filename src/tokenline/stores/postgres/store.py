@@ -44,6 +44,7 @@ from ..._errors import (
     StoreCorruptError,
     StoreError,
     StoreUnavailableError,
+    enqueue_outcome_unknown,
 )
 from ..._jobs import (
     Attempt,
@@ -77,7 +78,7 @@ from ..base import (
 from ._arrays import ADAPTERS, BinaryArray, float_array
 from ._cutoff import Cutoffs
 from ._deadline import run_bounded
-from ._errors import map_postgres_errors
+from ._errors import map_postgres_errors, maybe_made
 from ._lent import read_only_by_default, read_only_by_default_async
 from ._listener import Listener
 from ._migrations import (
@@ -369,22 +370,36 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
             raise StoreError("the PostgreSQL store is not open; call open() first")
         return self._pool
 
-    async def _call(self, fn: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
+    async def _call(
+        self, fn: Callable[[AsyncConnection[Any]], Awaitable[T]], *, enqueues: int = 0
+    ) -> T:
         """Run ``fn`` on a pooled connection (autocommit), errors translated, the
-        checkout and the statements together bounded by the store's deadline."""
+        checkout and the statements together bounded by the store's deadline.
+
+        ``enqueues``: ``fn`` enqueues that many jobs; a connection lost, or the deadline
+        passed, once it began says that they may have been enqueued all the same
+        (:class:`OutcomeUnknownError`), where a failed checkout says nothing was sent."""
         pool = self._require_pool()
+        sent = False
 
         async def run() -> T:
+            nonlocal sent
             conn = await pool.getconn(timeout=self.timeout)
             try:
+                sent = True
                 return await fn(conn)
             finally:
                 # The pool rolls back, or discards, a connection left in a transaction
                 # or broken.
                 await pool.putconn(conn)
 
-        with self._translate():
-            return await run_bounded(run(), self._deadline)
+        try:
+            with self._translate():
+                return await run_bounded(run(), self._deadline)
+        except StoreUnavailableError as exc:
+            if enqueues and sent and maybe_made(exc):
+                raise enqueue_outcome_unknown(exc, enqueues) from exc
+            raise
 
     async def _checkout(self) -> AsyncConnection[Any]:
         """A connection to lend to an ``async with`` fenced transaction, read-only until
@@ -461,13 +476,15 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
 
         return await self._call(run)
 
-    async def _tuples(self, query: str, params: dict[str, Any]) -> list[TupleRow]:
+    async def _tuples(
+        self, query: str, params: dict[str, Any], *, enqueues: int = 0
+    ) -> list[TupleRow]:
         async def run(conn: AsyncConnection[Any]) -> list[TupleRow]:
             cur = conn.cursor(row_factory=tuple_row)
             await cur.execute(query, params)
             return await cur.fetchall()
 
-        return await self._call(run)
+        return await self._call(run, enqueues=enqueues)
 
     async def _rowcount(self, query: str, params: dict[str, Any]) -> int:
         async def run(conn: AsyncConnection[Any]) -> int:
@@ -752,10 +769,13 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
             with self._enqueue_slot() as later:  # see _notifier.py
                 if self._copies(jobs):
                     steps = self._enqueue_copy_steps(jobs, notify=later is None)
-                    ids, ready = await self._call(lambda conn: AsyncDriver(conn).run(steps))
+                    ids, ready = await self._call(
+                        lambda conn: AsyncDriver(conn).run(steps), enqueues=len(jobs)
+                    )
                 else:
                     query, params = self._enqueue_statement(jobs, notify=later is None)
-                    ids, ready = _answered(jobs, await self._tuples(query, params))
+                    rows = await self._tuples(query, params, enqueues=len(jobs))
+                    ids, ready = _answered(jobs, rows)
             if later is not None:
                 later.add(ready)
             return ids
@@ -799,6 +819,11 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
                     query, params = self._enqueue_statement(jobs, notify=later is None)
                     cursor = conn.cursor(row_factory=tuple_row).execute(query, params)
                     ids, ready = _answered(jobs, cursor.fetchall())
+        except StoreUnavailableError as exc:
+            # Checked out: the request was on its way (a failed checkout sent nothing).
+            if maybe_made(exc):
+                raise enqueue_outcome_unknown(exc, len(jobs)) from exc
+            raise
         finally:
             pool.putconn(conn)
         if later is not None:

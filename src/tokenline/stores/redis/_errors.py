@@ -14,7 +14,7 @@ from redis import exceptions as rx
 
 from ..._errors import StoreError, StoreUnavailableError, TokenlineError
 
-__all__ = ["map_redis_errors"]
+__all__ = ["map_redis_errors", "maybe_sent"]
 
 
 @contextlib.contextmanager
@@ -48,3 +48,20 @@ def map_redis_errors(where: str, operation: str) -> Iterator[None]:
         ) from exc
     except OSError as exc:
         raise StoreUnavailableError(f"cannot reach Redis at {where} ({operation}): {exc}") from exc
+
+
+def _connecting(exc: BaseException) -> bool:
+    """Whether redis-py raised ``exc`` while it made the connection, before any request
+    went out: its messages say "Error N connecting to …" and "Timeout connecting to
+    server"."""
+    return "connecting to" in str(exc).lower()
+
+
+def maybe_sent(exc: StoreUnavailableError) -> bool:
+    """Whether the request that failed with ``exc`` may have reached Redis and been
+    carried out: not when the connection could not be made, nor when Redis refused it
+    (credentials, a read-only replica, a data set still loading)."""
+    cause = exc.__cause__
+    if isinstance(cause, rx.AuthenticationError | rx.ReadOnlyError | rx.BusyLoadingError):
+        return False
+    return not (isinstance(cause, rx.ConnectionError | rx.TimeoutError) and _connecting(cause))

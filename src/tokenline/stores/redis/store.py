@@ -51,6 +51,7 @@ from ..._errors import (
     StaleTokenError,
     StoreError,
     StoreUnavailableError,
+    enqueue_outcome_unknown,
 )
 from ..._jobs import (
     Attempt,
@@ -78,7 +79,7 @@ from ..base import (
     possible_job_id,
     possible_job_ids,
 )
-from ._errors import map_redis_errors
+from ._errors import map_redis_errors, maybe_sent
 from ._url import parse_redis_url
 from ._values import fl as _fl
 from ._values import fmt as _f
@@ -382,7 +383,13 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
             raise NotSupportedError("the Redis store cannot enqueue inside a database transaction")
         if not jobs:
             return []
-        return [int(i) for i in await self._run("enqueue", self._enqueue_args(jobs))]
+        args = self._enqueue_args(jobs)
+        try:
+            return [int(i) for i in await self._run("enqueue", args)]
+        except StoreUnavailableError as exc:
+            if maybe_sent(exc):
+                raise enqueue_outcome_unknown(exc, len(jobs)) from exc
+            raise
 
     def jobs_enqueue_blocking(self, *, jobs: Sequence[NewJob]) -> list[int]:
         """:meth:`jobs_enqueue` in the caller's thread, on a blocking client of this
@@ -396,6 +403,10 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
         try:
             with map_redis_errors(self.where, "script enqueue.lua"):
                 return [int(i) for i in script(keys=[self.prefix], args=args)]
+        except StoreUnavailableError as exc:
+            if maybe_sent(exc):
+                raise enqueue_outcome_unknown(exc, len(jobs)) from exc
+            raise
         except StoreError as exc:
             if _EPOCH_ERROR in str(exc):
                 # Another server (a promoted replica): its epoch is taken on the loop.

@@ -24,7 +24,7 @@ from typing import TypeVar
 
 from ..._errors import StoreUnavailableError
 
-__all__ = ["Here", "Lane", "Writers"]
+__all__ = ["Begun", "Here", "Lane", "Writers"]
 
 T = TypeVar("T")
 
@@ -62,6 +62,11 @@ class _Call:
 
 class _Abandoned(StoreUnavailableError):
     """The caller stopped waiting before the call could start: it never ran."""
+
+
+class Begun(StoreUnavailableError):
+    """The caller stopped waiting for a call that had begun on its lane: holding the
+    write lock already, it may still commit."""
 
 
 class Lane:
@@ -106,7 +111,9 @@ class Lane:
                 if done:
                     return future.result()
                 if keep_waiting is None or not keep_waiting(began):
-                    raise StoreUnavailableError(
+                    with state.lock:
+                        begun = state.started and not state.finished
+                    raise (Begun if begun else StoreUnavailableError)(
                         f"SQLite store {str(path)!r} did not answer within {deadline:g}s"
                     )
         except BaseException:

@@ -63,6 +63,7 @@ from ..._errors import (
     StoreCorruptError,
     StoreError,
     StoreUnavailableError,
+    enqueue_outcome_unknown,
 )
 from ..._jobs import (
     Attempt,
@@ -110,7 +111,7 @@ from ._connection import (
     statements,
 )
 from ._errors import SQLiteBusyError, map_sqlite_errors
-from ._lanes import Here, Lane, Writers
+from ._lanes import Begun, Here, Lane, Writers
 from .leases import SQLiteLeases
 from .ledger import LQ, SQLiteLedger, insert_job
 from .maintenance import SQLiteMaintenance, check_leader
@@ -742,9 +743,12 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                         "migrate`, a worker, or an enqueue without connection="
                     ) from exc
         self._refuse_own_lock()
-        return await self._call(
-            lambda conn: self._enqueue_on(conn, jobs), here=len(jobs) <= _HERE_MAX_ROWS
-        )
+        try:
+            return await self._call(
+                lambda conn: self._enqueue_on(conn, jobs), here=len(jobs) <= _HERE_MAX_ROWS
+            )
+        except Begun as exc:
+            raise enqueue_outcome_unknown(exc, len(jobs)) from exc
 
     def _refuse_own_lock(self) -> None:
         """Raise when the caller (its thread, or its task for an async handler) holds
