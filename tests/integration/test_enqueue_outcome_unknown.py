@@ -206,11 +206,14 @@ def test_an_enqueue_the_server_cancelled_says_nothing_was_enqueued(
         app.enqueue("demo.t", 0)  # the schema made
         with psycopg.connect(postgres_server) as locker:
             locker.execute(f"LOCK TABLE {absent_schema}.jobs IN ACCESS EXCLUSIVE MODE")
-            with pytest.raises(StoreUnavailableError) as raised:
+
+            def enqueue() -> int:
                 if call == "sync":
-                    app.enqueue("demo.t", 1)
-                else:
-                    app.run(lambda s: app.enqueue_async("demo.t", 1, store=s))
+                    return app.enqueue("demo.t", 1)
+                return app.run(lambda s: app.enqueue_async("demo.t", 1, store=s))
+
+            with pytest.raises(StoreUnavailableError) as raised:
+                enqueue()
             locker.rollback()
         assert "statement_timeout" in str(raised.value), raised.value
         assert not isinstance(raised.value, OutcomeUnknownError), raised.value
