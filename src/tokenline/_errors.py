@@ -94,14 +94,18 @@ class NotSupportedError(TokenlineError):
 class EffectPendingError(TokenlineError):
     """The effect's key is pending under another attempt whose lease is still live.
 
-    Raised by ``ctx.effect`` once its ``wait`` is over. It is not a fencing error: the
-    job is retried later (transient), by when the other attempt has finished the effect
+    Raised by ``ctx.effect`` once its ``wait`` is over. It is not a fencing error, nor
+    a fault of the job: it is given back, no attempt spent (coordination), to run again
+    after the retry policy's delay, by when the other attempt has finished the effect
     or lost its lease.
     """
 
 
 class LeaseBusyError(TokenlineError):
-    """Another holder kept the resource lease for the whole of ``ctx.lease``'s ``wait``."""
+    """Another holder kept the resource lease for the whole of ``ctx.lease``'s ``wait``.
+
+    Contention, not a fault of the job: it is given back, no attempt spent
+    (coordination), to run again after the retry policy's delay."""
 
 
 class DependencyOpenError(TokenlineError):

@@ -12,7 +12,10 @@ permanent      ``Permanent``, bad arguments (``TypeError``), dead at once, with 
                errors, see :func:`sql_fault`)
 coordination   lease lost, store unreachable, cancelled,    no ack, no attempt burned
                a dependency's breaker open                  (a breaker: after its delay)
-               (``DependencyOpenError``)
+               (``DependencyOpenError``), another live
+               attempt holding what it waited for (a
+               resource lease: ``LeaseBusyError``; an
+               effect key: ``EffectPendingError``)
 =============  ===========================================  ==============================
 
 A user classifier runs first; returning ``None`` falls through to the defaults.
@@ -28,8 +31,10 @@ from dataclasses import dataclass
 from ._errors import (
     ConfigError,
     DependencyOpenError,
+    EffectPendingError,
     FencedError,
     InvalidInputError,
+    LeaseBusyError,
     NotSupportedError,
     Permanent,
     Retry,
@@ -130,6 +135,11 @@ def classify(exc: BaseException, user: Classifier | None = None) -> Decision:
     if isinstance(exc, Permanent):
         return Decision(ErrorClass.PERMANENT, _given(exc.reason, "Permanent"))
     if isinstance(exc, FencedError | StoreUnavailableError):
+        return Decision(ErrorClass.COORDINATION, _describe(exc))
+    if isinstance(exc, LeaseBusyError | EffectPendingError):
+        # Contention, not a fault of the job: another live attempt holds the resource or
+        # the key. Spending attempts on it dead-lettered jobs that only had to wait
+        # their turn; they wait the retry policy's delay instead.
         return Decision(ErrorClass.COORDINATION, _describe(exc))
     if isinstance(exc, DependencyOpenError):
         # The dependency was not called: the job waits for the breaker, attempt intact.

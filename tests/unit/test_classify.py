@@ -11,10 +11,12 @@ import pytest
 from tokenline import (
     MAX_DELAY,
     Decision,
+    EffectPendingError,
     ErrorClass,
     FencedError,
     InvalidInputError,
     JobCancelled,
+    LeaseBusyError,
     LeaseExpiredError,
     Permanent,
     Retry,
@@ -300,3 +302,19 @@ def test_a_busy_sqlite_database_stays_transient(tmp_path: Any) -> None:
         other.execute("SELECT * FROM t")
     assert caught.value.sqlite_errorname == "SQLITE_BUSY"
     assert classify(caught.value).error_class is ErrorClass.TRANSIENT
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        LeaseBusyError("the lease on 'account:42' is held by someone else"),
+        EffectPendingError("key 'charge:1' is pending under job 7 token 3 (worker w1)"),
+    ],
+)
+def test_contention_is_coordination_not_a_failure_of_the_job(exc: Exception) -> None:
+    """Another live attempt held the resource lease or the effect key for the whole
+    wait: counted as a transient failure, the wait spent the job's attempts, and jobs
+    that only had to wait their turn ended dead. Given back instead, attempt intact."""
+    assert classify(exc).error_class is ErrorClass.COORDINATION
+    # A user classifier is not asked: contention is tokenline's own signal.
+    assert classify(exc, lambda e: ErrorClass.PERMANENT).error_class is ErrorClass.COORDINATION

@@ -2251,3 +2251,29 @@ async def test_a_stop_gives_back_no_job_whose_thread_runs_an_effect(
         assert job.state is JobState.QUEUED  # given back while the callee ran
     else:
         assert job.state is JobState.RUNNING  # its lease runs out; then the rescue
+
+
+async def test_jobs_contending_for_one_resource_lease_wait_their_turn() -> None:
+    """Five jobs each take the lease on one account, tried once (no ``wait``), as the
+    README's debit does. A job that found it held spent an attempt, and with a few
+    jobs at once some ended dead. They now wait their turn: all succeed, none spends
+    an attempt on the contention."""
+    app = App("memory://")
+    store = app.open_store()
+    done: list[int] = []
+
+    @app.task(name="t.debit", max_attempts=1, retry=NO_BACKOFF)
+    async def debit(ctx: JobContext, n: int) -> None:
+        async with ctx.lease("account:42"):
+            await asyncio.sleep(0.05)  # others come meanwhile and find it held
+            done.append(n)
+
+    worker = Worker(app, dataclasses.replace(QUIET, concurrency=5), store=store)
+    async with running(worker):
+        ids = [await app.enqueue_async("t.debit", n, store=store) for n in range(5)]
+        for jid in ids:
+            await job_in(store, jid, JobState.SUCCEEDED, JobState.DEAD)
+    assert sorted(done) == list(range(5))
+    for jid in ids:
+        job = await store.job_get(job_id=jid)
+        assert (job.state, job.attempt) == (JobState.SUCCEEDED, 1)

@@ -41,7 +41,9 @@ from .. import events
 from .._config import AUTO, WorkerSettings
 from .._errors import (
     DependencyOpenError,
+    EffectPendingError,
     FencedError,
+    LeaseBusyError,
     StaleTokenError,
     StoreError,
     StoreUnavailableError,
@@ -1072,8 +1074,10 @@ class Worker:
         if slot.done_in_ledger and not isinstance(exc, FencedError):
             return self._done_in_ledger(slot, exc)
         decision = self._classify(exc, task.classifier or self.app.classifier)
-        # Held back by a breaker, the job did not fail: nothing for the limiter.
-        held_back = isinstance(exc, DependencyOpenError)
+        # Held back by a breaker, or by another live attempt holding what it needs (a
+        # resource lease, an effect key), the job did not fail: nothing for the limiter
+        # nor the error rate, which would pause a worker for its jobs' contention.
+        held_back = isinstance(exc, DependencyOpenError | LeaseBusyError | EffectPendingError)
         slot.failure = None if held_back else FailureKind.from_error_class(decision.error_class)
         if ctx.blames_dependency(exc):
             self._blamed.add(slot)
