@@ -230,3 +230,32 @@ async def test_a_broken_schedule_does_not_stop_the_other_maintenance_services() 
         assert reports is not None
         assert not any(r.refused for r in reports)
     assert after.counters["ran"] == 2
+
+
+async def test_a_periodic_enqueue_is_logged_as_information_not_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A schedule every second logged a warning every second, for work that went as it
+    should: routine lines (a schedule started, a periodic job enqueued) are now logged
+    at INFO; warnings stay for repairs."""
+    import logging
+
+    from tokenline._clock import FakeClock
+    from tokenline.maintenance import Leadership, MaintenanceRunner
+    from tokenline.maintenance.scheduler import Scheduler
+    from tokenline.stores import MemoryStore
+
+    clock = FakeClock()
+    app = App("memory://", clock=clock)
+    register(app, cron="* * * * * *", name="every-second")
+    store = MemoryStore(clock=clock)
+    leadership = Leadership(store, owner="a", ttl=10.0, margin=1.0, clock=clock)
+    runner = MaintenanceRunner(leadership, [Scheduler(store, app)], renew_interval=1.0)
+    with caplog.at_level(logging.INFO, logger="tokenline.maintenance"):
+        for _ in range(3):
+            assert await runner.run_once() is not None
+            clock.advance(1)
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "scheduler" in r.getMessage()]
+    enqueued = [level for level, text in said if "enqueued periodic:" in text]
+    assert enqueued == [logging.INFO, logging.INFO]  # the first pass only starts the mark
+    assert all(level < logging.WARNING for level, _ in said), said

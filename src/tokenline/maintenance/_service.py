@@ -23,14 +23,17 @@ class ServiceReport:
     """What one ``run_once`` found and did (or, with ``dry_run``, would do).
 
     ``counts``: how many of each kind (``rescued``, ``effect_pending_expired``,
-    ``jobs_pruned``, …); ``lines``: one human-readable line per repair, for logs and the
-    CLI; ``refused``: the run stopped because a newer leader exists.
+    ``jobs_pruned``, …); ``lines``: one human-readable line per repair, for logs (as
+    warnings) and the CLI; ``routine``: one line per piece of expected work (a periodic
+    job enqueued, old rows pruned), logged as information; ``refused``: the run stopped
+    because a newer leader exists.
     """
 
     service: str
     dry_run: bool = False
     counts: Counter[str] = field(default_factory=Counter)
     lines: list[str] = field(default_factory=list)
+    routine: list[str] = field(default_factory=list)
     refused: bool = False
 
     @property

@@ -124,7 +124,7 @@ class Pruner:
             if n:
                 report.counts[COUNT_NAMES[kind]] += n
                 verb = "would prune" if dry_run else "pruned"
-                report.lines.append(f"{verb} {n} {kind.value} row(s) older than {age:g}s")
+                report.routine.append(f"{verb} {n} {kind.value} row(s) older than {age:g}s")
             if report.refused:
                 break
         if not dry_run:

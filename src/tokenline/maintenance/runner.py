@@ -149,6 +149,8 @@ class MaintenanceRunner:
             self.leadership.step_down(f"the store refused the {service.name}'s write")
         for line in report.lines:
             log.warning("%s (term %d): %s", service.name, lease.token, line)
+        for line in report.routine:  # expected work: a periodic job's enqueue every minute
+            log.info("%s (term %d): %s", service.name, lease.token, line)
         if events.enabled():
             for kind, n in report.counts.items():
                 events.emit(

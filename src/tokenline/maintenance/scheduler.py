@@ -145,7 +145,7 @@ class Scheduler:
         report: ServiceReport,
     ) -> None:
         if mark is None:
-            report.lines.append(f"schedule {schedule.name!r} starts now")
+            report.routine.append(f"schedule {schedule.name!r} starts now")
             if leader is not None and not report.dry_run:
                 await self._advance(leader, schedule, now, with_job=False)
             return
@@ -178,7 +178,7 @@ class Scheduler:
         for instant in run:
             if await self._advance(leader, schedule, instant, with_job=True):
                 report.counts["periodic_enqueued"] += 1
-                report.lines.append(f"enqueued {schedule.key(instant)}")
+                report.routine.append(f"enqueued {schedule.key(instant)}")
             else:
                 report.counts["periodic_already_handled"] += 1
 
