@@ -119,6 +119,8 @@ def _describe(exc: BaseException) -> str:
 def _given(reason: object, signal: str) -> str:
     """The reason a handler gave with ``Permanent`` or ``Retry``, as recorded: kept as
     given, but never blank (a dead job must say why) nor anything but text."""
+    if reason is None:  # Permanent(None): no reason given, not the text "None"
+        return f"{signal} raised without a reason"
     text = reason if isinstance(reason, str) else repr(reason)
     return text if text.strip() else f"{signal} raised without a reason"
 

@@ -119,10 +119,11 @@ def test_permanent_is_permanent_with_its_reason() -> None:
     assert decision.delay is None
 
 
-@pytest.mark.parametrize("reason", ["", "   ", "\n"])
+@pytest.mark.parametrize("reason", ["", "   ", "\n", None])
 def test_a_blank_reason_is_recorded_as_such_never_empty(reason: str) -> None:
     """Permanent("") dead-lettered its job with an empty reason, which listings show
-    blank and the drill counts as a job lost without a reason; Retry(reason="") alike."""
+    blank and the drill counts as a job lost without a reason; Retry(reason="") alike.
+    Permanent(None) was recorded as the text "None"."""
     assert classify(Permanent(reason)).reason == "Permanent raised without a reason"
     assert classify(Retry(1.0, reason)).reason == "Retry raised without a reason"
 
