@@ -872,6 +872,37 @@ async def test_a_sync_effect_refuses_an_async_callee_and_never_marks_its_key_don
         assert [r.status.value for r in records] == ["failed"], records
 
 
+@pytest.mark.parametrize("form", ["sync effect", "async effect", "sync call", "async call"])
+async def test_a_callee_that_is_not_callable_is_refused_before_anything_is_taken(
+    app: App, store: Store, form: str
+) -> None:
+    """``ctx.effect(key, 5)`` raised a bare TypeError after it had taken the key, which
+    was then recorded failed "after one run" of a callee that never ran; a dependency's
+    call counted it as a failure of the dependency. It is refused first, by name."""
+    app.dependency("psp")
+
+    @app.task(name="t.sync_bad", max_attempts=3)
+    def sync_bad(ctx: JobContext) -> Any:
+        if form == "sync effect":
+            return ctx.effect("bad:1", 5)
+        return ctx.dependency("psp").call(5)
+
+    @app.task(name="t.async_bad", max_attempts=3)
+    async def async_bad(ctx: JobContext) -> Any:
+        if form == "async effect":
+            return await ctx.effect("bad:1", 5)
+        return await ctx.dependency("psp").call_async(5)
+
+    task = "t.sync_bad" if form.startswith("sync") else "t.async_bad"
+    jid = await app.enqueue_async(task, store=store)
+    async with running(Worker(app, FAST)):
+        job = await job_in(store, jid, JobState.DEAD)
+    assert job.attempt == 1, job
+    assert "InvalidInputError" in (job.last_error or ""), job
+    assert "needs a function to call, got int 5" in (job.last_error or ""), job
+    assert await store.effects_list(key="bad:1") == []  # never taken
+
+
 async def test_an_async_handler_step_that_holds_the_loop_is_logged_and_counted(
     app: App, store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -16,13 +16,14 @@ from .._clock import Clock
 from .._errors import (
     DependencyOpenError,
     FencedError,
+    InvalidInputError,
     JobCancelled,
     LeaseExpiredError,
     NotSupportedError,
     Permanent,
     StaleTokenError,
 )
-from .._jobs import Lease
+from .._jobs import Lease, describe
 from .._records import Fence, Start
 from ..backpressure import CallOutcome, Permit
 from ..dependencies import BreakerBoard, Dependency
@@ -238,6 +239,7 @@ class JobContext:
             return self._hand("ctx.effect", self.effect_async(key, fn, *args, wait=wait, **kwargs))
         self.check()
         self.refuse_inside_transaction("ctx.effect")
+        require_callable(f"ctx.effect({key!r}, ...)", fn)
         refuse_async_callee(f"ctx.effect({key!r}, ...)", fn)
         run = self._effect_run(key, wait)
         begin = self.run_sync(run.claim(), "await ctx.effect_async(...)")
@@ -273,6 +275,7 @@ class JobContext:
         quick)."""
         self.check()
         self.refuse_inside_transaction("ctx.effect_async")
+        require_callable(f"ctx.effect_async({key!r}, ...)", fn)
         return await run_effect_as(self._effect_run(key, wait), fn, *args, **kwargs)
 
     def _effect_run(self, key: str, wait: float) -> EffectRun:
@@ -525,6 +528,7 @@ class DependencyScope:
     def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` as one call to the dependency (sync handlers)."""
         what = f"ctx.dependency({self.dependency.name!r}).call(...)"
+        require_callable(what, fn)
         refuse_async_callee(what, fn)
         with self:
             value = fn(*args, **kwargs)
@@ -535,11 +539,22 @@ class DependencyScope:
     async def call_async(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)``, awaited if it returns an awaitable, as one call to the
         dependency under its timeout (async handlers)."""
+        require_callable(f"ctx.dependency({self.dependency.name!r}).call_async(...)", fn)
         async with self:
             result = fn(*args, **kwargs)
             if inspect.isawaitable(result):
                 result = await result
             return result
+
+
+def require_callable(what: str, fn: object) -> None:
+    """Refuse a ``fn`` that cannot be called, before anything is claimed or counted:
+    called, its ``TypeError`` came after the effect's key was taken (and recorded as
+    failed, as if the callee had run), or inside a dependency's call (a failure for its
+    breaker to count)."""
+    if not callable(fn):
+        got = f"{type(fn).__name__} {describe(fn)}"
+        raise InvalidInputError(f"{what} needs a function to call, got {got}")
 
 
 def refuse_async_callee(what: str, fn: Callable[..., Any]) -> None:
