@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import math
 import os
 import re
@@ -593,6 +594,58 @@ def _not_read(data: Mapping[str, Any], wanted: list[str], names: set[str]) -> li
     return found
 
 
+log = logging.getLogger("tokenline.config")
+
+#: The ``TOKENLINE_*`` variables read elsewhere than as settings: by the app, the CLI,
+#: the dashboard, the exporter, the demo and the drill.
+_OTHER_VARIABLES = frozenset(
+    f"TOKENLINE_{name}"
+    for name in [
+        "APP",
+        "BROKER",
+        "CONFIG",
+        "DASHBOARD_ALLOWED_HOSTS",
+        "DASHBOARD_BIND",
+        "DASHBOARD_DRILL_RESULTS",
+        "DASHBOARD_TOKEN",
+        "DEMO_TABLE",
+        "EXPORTER_HOST",
+        "EXPORTER_MAX_AGE",
+        "EXPORTER_PORT",
+        "LEASES",
+        "LEDGER",
+        "LOG_LEVEL",
+        "METRICS_HOST",
+        "METRICS_PORT",
+        "MIGRATE",
+        "URL",
+    ]
+)
+#: Variables already warned about, once per process.
+_warned: set[str] = set()
+
+
+def _warn_misspelt(env: Mapping[str, str]) -> None:
+    """Warn, once per variable, of a ``TOKENLINE_*`` variable that tokenline does not
+    read and that is close to one it does: a typo (``TOKENLINE_MAX_ATTEMTPS``) would
+    otherwise leave the setting at its default without a word. Only close ones: an
+    environment may hold variables of its own under the prefix."""
+    known = {
+        f"TOKENLINE_{name.upper()}" for cls, _ in _TABLES.values() for name in _fields(cls)
+    } | _OTHER_VARIABLES
+    for variable in env:
+        if not variable.startswith("TOKENLINE_") or variable in known or variable in _warned:
+            continue
+        close = difflib.get_close_matches(variable, sorted(known), n=1, cutoff=0.85)
+        if close:
+            _warned.add(variable)
+            log.warning(
+                "environment variable %s is not one tokenline reads, and is ignored: "
+                "did you mean %s?",
+                *(variable, close[0]),
+            )
+
+
 def load_settings(
     cls: type[S],
     overrides: Mapping[str, Any] | None = None,
@@ -643,6 +696,7 @@ def load_settings(
         if "queues" in values and isinstance(values["queues"], list):
             values["queues"] = tuple(values["queues"])
     env = os.environ if environ is None else environ
+    _warn_misspelt(env)
     # The settings taken from a variable, with its text: an error about one of them
     # names the variable, which is what the reader has to fix.
     from_env: dict[str, str] = {}

@@ -512,3 +512,32 @@ def test_the_limits_themselves_are_accepted() -> None:
     longest = WorkerSettings(lease_ttl=MAX_LEASE_TTL, effect_pending_deadline=MAX_LEASE_TTL)
     assert longest.lease_ttl == MAX_LEASE_TTL
     assert Settings(migrate=False).migrate is False
+
+
+def test_a_misspelt_variable_is_warned_of_once_and_others_are_left_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``TOKENLINE_MAX_ATTEMTPS=3`` left max_attempts at its default without a word. A
+    variable close to one tokenline reads is now named with the one meant, once per
+    process; every variable tokenline reads, and others of the environment's own under
+    the prefix, are left alone."""
+    import logging
+
+    env = {
+        "TOKENLINE_RETRY_BASE": "1",
+        "TOKENLINE_DASHBOARD_TOKEN": "secret",
+        "TOKENLINE_EXPORTER_PORT": "9000",
+        "TOKENLINE_DRILL_SEED": "7",
+        "TOKENLINE_MAX_ATTEMPTTS": "3",
+        "TOKENLINE_TEST_POSTGRES_URL": "postgresql://db/test",
+        "TOKENLINE_OUR_OWN_FLAG": "1",
+    }
+    with caplog.at_level(logging.WARNING, logger="tokenline.config"):
+        for _ in range(2):
+            assert load_settings(Settings, environ=env).max_attempts == Settings().max_attempts
+            load_settings(WorkerSettings, environ=env)
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning == (
+        "environment variable TOKENLINE_MAX_ATTEMPTTS is not one tokenline reads, and is "
+        "ignored: did you mean TOKENLINE_MAX_ATTEMPTS?"
+    )
