@@ -18,7 +18,7 @@ import re
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -721,6 +721,34 @@ def load_settings(
         if exc.setting in from_env:
             _name_variable(exc, from_env[exc.setting])
         raise
+
+
+def not_in_effect(
+    file: str | os.PathLike[str], applied: Settings, *, overridden: Collection[str] = ()
+) -> list[str]:
+    """The ``[tokenline]`` keys of ``file`` whose value differs from ``applied`` (the
+    settings an app runs with), each as ``key = value (the app runs with value)``;
+    ``overridden``: keys an option or a variable set, which win over the file.
+
+    A worker's ``--config`` applies ``[tokenline.worker]``; the app's settings come from
+    the code that built it (``App(...)``, which may load this same file) and the
+    ``TOKENLINE_*`` variables. A key that agrees is in effect through the app; one that
+    differs would be silently ignored."""
+    path = Path(file)
+    table = _table(_read_toml(path), "tokenline", repr(str(path))) or {}
+    names = _fields(Settings)
+    given = {k: v for k, v in table.items() if k in names and k not in overridden}
+    if not given:
+        return []
+    # Validated and normalized as the app's own settings are (no environment: the
+    # file's values alone).
+    wanted = load_settings(Settings, given, environ={})
+    out = []
+    for key in sorted(given):
+        want, have = getattr(wanted, key), getattr(applied, key)
+        if want != have:
+            out.append(f"{key} = {want!r} (the app runs with {have!r})")
+    return out
 
 
 def _name_variable(exc: ConfigError, raw: str) -> None:

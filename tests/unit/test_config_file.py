@@ -241,3 +241,42 @@ def test_the_worker_command_reports_a_bad_file_and_exits_2(
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert says in " ".join(result.output.split())
     assert "'c.toml'" in result.output
+
+
+def test_app_settings_a_worker_config_would_silently_ignore_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``[tokenline]`` in a worker's ``--config`` was checked, then not applied: the app
+    ran with its own settings while the file said otherwise. A value the app does not
+    run with is now refused, naming both values and where the app's come from."""
+    module = f"config_file_app_{uuid.uuid4().hex[:8]}"
+    store = f"sqlite:///{tmp_path / 'w.db'}"
+    (tmp_path / f"{module}.py").write_text(f"import tokenline\napp = tokenline.App({store!r})\n")
+    (tmp_path / "c.toml").write_text(
+        "[tokenline]\nmax_attempts = 9\n\n[tokenline.worker]\nconcurrency = 2\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("TOKENLINE_MAX_ATTEMPTS", raising=False)
+    result = CliRunner().invoke(main, ["worker", "--app", f"{module}:app", "--config", "c.toml"])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert (
+        "[tokenline] in 'c.toml' is not in effect: max_attempts = 9 (the app runs with 5)" in said
+    )
+    assert "--config applies [tokenline.worker] only" in said
+
+
+def test_app_settings_in_a_worker_config_that_are_in_effect_pass(tmp_path: Path) -> None:
+    """The app loaded the same file, or an option or a variable set the key (they win
+    over the file): nothing is ignored, nothing is refused."""
+    from tokenline._config import not_in_effect
+
+    path = tmp_path / "c.toml"
+    path.write_text("[tokenline]\nmax_attempts = 9\nurl = 'sqlite:///a.db'\n")
+    assert not_in_effect(path, load_settings(Settings, file=path, environ={})) == []
+    applied = Settings(url="sqlite:///b.db", max_attempts=9)
+    assert not_in_effect(path, applied, overridden={"url"}) == []
+    assert not_in_effect(path, applied) == [
+        "url = 'sqlite:///a.db' (the app runs with 'sqlite:///b.db')"
+    ]

@@ -7,7 +7,9 @@ worker settings may also come from a TOML file (``--config``), lowest in precede
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import os
 import signal
 from typing import Any
 
@@ -22,8 +24,10 @@ from .._config import (
     MAX_LEASE_TTL,
     MAX_SECONDS,
     MIN_LEASE_TTL,
+    Settings,
     WorkerSettings,
     load_settings,
+    not_in_effect,
 )
 from .._errors import ConfigError, InvalidInputError
 from .._jobs import MAX_DELAY, MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH, MAX_PRIORITY, MIN_PRIORITY
@@ -233,6 +237,8 @@ def worker(
                 )
             options["queues"] = queues
         settings = load_settings(WorkerSettings, options, file=config, section="tokenline.worker")
+        if config is not None:
+            _app_settings_in_effect(config, app, url)
         # Until the worker takes SIGTERM and SIGINT over, the latch keeps them for it (a
         # stop sent while the process starts is acted on); once the worker has stopped
         # and given them back, it ignores them: a late second SIGTERM must not kill,
@@ -248,6 +254,28 @@ def worker(
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
     console.print(f"worker stopped: {counters.summary()}", highlight=False, markup=False)
+
+
+def _app_settings_in_effect(config: str, app: App, url: str | None) -> None:
+    """Refuse a ``--config`` whose ``[tokenline]`` table says what the app does not run
+    with: the worker applies ``[tokenline.worker]``, and the app's settings come from
+    the code that built it and the ``TOKENLINE_*`` variables, so such a key used to be
+    checked and then silently ignored. Keys the app agrees with are in effect (the app
+    may load this same file); ``--url`` and the variables win over the file."""
+    overridden = {
+        name
+        for name in (f.name for f in dataclasses.fields(Settings))
+        if os.environ.get(f"TOKENLINE_{name.upper()}")
+    } | ({"url"} if url else set())
+    differ = not_in_effect(config, app.settings, overridden=overridden)
+    if differ:
+        raise ConfigError(
+            "config",
+            f"[tokenline] in {config!r} is not in effect: {'; '.join(differ)}. A worker's "
+            "--config applies [tokenline.worker] only; the app's settings come from the "
+            "code that builds it (App(settings=load_settings(Settings, file=...)) reads "
+            "this file) and TOKENLINE_* variables; the store's URL also from --url",
+        )
 
 
 class _LongInteger(Exception):
