@@ -903,6 +903,35 @@ async def test_a_callee_that_is_not_callable_is_refused_before_anything_is_taken
     assert await store.effects_list(key="bad:1") == []  # never taken
 
 
+@pytest.mark.parametrize("callee", ["async", "sync"])
+async def test_the_sync_dependency_call_in_an_async_handler_names_call_async(
+    app: App, store: Store, callee: str
+) -> None:
+    """``ctx.dependency(name).call(...)`` in an async handler said "in a sync handler was
+    given a coroutine function", or "`with ctx.dependency()` would block the event
+    loop": neither names the form to use. It now names ``call_async``."""
+    app.dependency("psp")
+
+    async def charge() -> int:
+        return 1
+
+    def charge_sync() -> int:
+        return 1
+
+    @app.task(name="t.wrong_form", max_attempts=3)
+    async def wrong_form(ctx: JobContext) -> Any:
+        return ctx.dependency("psp").call(charge if callee == "async" else charge_sync)
+
+    jid = await app.enqueue_async("t.wrong_form", store=store)
+    async with running(Worker(app, FAST)):
+        job = await job_in(store, jid, JobState.DEAD)
+    assert job.attempt == 1, job
+    assert "ctx.dependency('psp').call(...) is the sync form, for sync handlers; in an " in (
+        job.last_error or ""
+    )
+    assert "await ctx.dependency('psp').call_async(...)" in (job.last_error or "")
+
+
 async def test_an_async_handler_step_that_holds_the_loop_is_logged_and_counted(
     app: App, store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -528,6 +528,12 @@ class DependencyScope:
     def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` as one call to the dependency (sync handlers)."""
         what = f"ctx.dependency({self.dependency.name!r}).call(...)"
+        if self._ctx._on_loop():
+            # Before the callee is looked at: the form, not the callee, is what is wrong.
+            raise NotSupportedError(
+                f"{what} is the sync form, for sync handlers; in an async handler use "
+                f"`await ctx.dependency({self.dependency.name!r}).call_async(...)`"
+            )
         require_callable(what, fn)
         refuse_async_callee(what, fn)
         with self:
