@@ -131,6 +131,10 @@ class DependencyOpenError(TokenlineError):
 class StoreError(TokenlineError):
     """The store failed to carry out an operation."""
 
+    #: The kind of server that failed (``"PostgreSQL"``, ``"Redis"``, ``"SQLite"``),
+    #: where the store knows it: on the split topology it says which role failed.
+    server: str | None = None
+
 
 class StoreUnavailableError(StoreError):
     """The store cannot be reached, or did not answer within its timeout.

@@ -482,3 +482,31 @@ async def test_the_rescue_ends_the_ledger_sessions_of_the_attempts_it_rescued(
         async with split.fenced_transaction(lease=second.lease) as conn:
             await conn.execute("SELECT 1")
     assert (await split.job_get(job_id=second.lease.job_id)).state is JobState.SUCCEEDED
+
+
+async def test_a_failure_is_put_on_the_role_whose_server_failed(
+    split: SplitStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim failing in its ledger check was counted as the broker's failure, and a
+    handler's effect failing on Redis's token check as the ledger's: the metric blamed
+    the server that answered. PostgreSQL's errors are the ledger's, and a Redis error
+    under a ledger call the broker's."""
+    from tokenline.stores.postgres._errors import map_postgres_errors
+    from tokenline.stores.redis._errors import map_redis_errors
+
+    await split.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+
+    async def silent(*, job_ids: Any) -> set[int]:
+        with map_postgres_errors(split.ledger.target, 1.0):
+            raise TimeoutError
+
+    monkeypatch.setattr(split.ledger, "jobs_done", silent)
+    with pytest.raises(StoreUnavailableError) as from_ledger:
+        await split.jobs_claim(owner="w1", queues=Q, limit=1, ttl=60)
+    assert from_ledger.value.server == "PostgreSQL"
+    assert split.channel_of(from_ledger.value, "broker") == "ledger"
+    with pytest.raises(StoreUnavailableError) as from_redis, map_redis_errors("r", "held.lua"):
+        raise TimeoutError
+    assert from_redis.value.server == "Redis"
+    assert split.channel_of(from_redis.value, "ledger") == "broker"
+    assert split.channel_of(from_redis.value, "leases") == "leases"

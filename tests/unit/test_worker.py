@@ -1284,6 +1284,9 @@ async def test_watchdog_fences_and_cancels_async_handler(clock: FakeClock) -> No
         assert worker.counters.self_fenced >= 1
         # The fenced worker released nothing it no longer trusted: the job waits for rescue.
         assert (await store.job_get(job_id=jid)).state is JobState.RUNNING
+        # Counted so, for the summary to add up: no succeeded, retried, dead or given back.
+        assert worker.counters.lapsed == 1
+        assert "0 given back, 1 left to their leases" in worker.counters.summary()
         assert await worker.maintenance_once()
         job = await job_in(store, jid, JobState.SUCCEEDED)
     assert observed == [(1, True)]
@@ -2337,3 +2340,53 @@ async def test_jobs_contending_for_one_resource_lease_wait_their_turn() -> None:
     for jid in ids:
         job = await store.job_get(job_id=jid)
         assert (job.state, job.attempt) == (JobState.SUCCEEDED, 1)
+
+
+class _ClaimsDown(MemoryStore):
+    """A store whose claims fail while its renewals answer: the split topology with its
+    ledger silent (the claim asks the ledger; renewals go to Redis)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = True
+        self.claims = 0
+
+    async def jobs_claim(self, **kwargs: Any) -> list[ClaimedJob]:
+        self.claims += 1
+        if self.down:
+            err = StoreUnavailableError("no connection to PostgreSQL within 2s")
+            err.server = "PostgreSQL"
+            raise err
+        return await super().jobs_claim(**kwargs)
+
+
+async def test_a_worker_whose_claims_fail_drains_until_a_claim_answers() -> None:
+    """Claims failed (a silent ledger) while renewals answered: each renewal made the
+    worker READY again, the next claim DRAINING, every renewal interval, and /readyz
+    flipped with it while the worker ran nothing. It now drains until a claim answers,
+    claiming on as its probe, and runs the jobs once one does."""
+    store = _ClaimsDown()
+    app = App("memory://")
+
+    @app.task(name="t.after")
+    async def after(ctx: JobContext) -> None:
+        return None
+
+    seen: list[events.Event] = []
+    events.add_hook(seen.append)
+    worker = Worker(app, dataclasses.replace(FAST, lease_ttl=3.0, renew_interval=0.1), store=store)
+    try:
+        async with running(worker) as states:
+            jid = await app.enqueue_async("t.after", store=store)
+            await eventually(lambda: WorkerState.DRAINING in states, "the worker drains")
+            renewed = worker.counters.coordination_errors
+            await eventually(lambda: store.claims >= renewed + 5, "claims go on as probes")
+            # Several renewals answered meanwhile; the worker stayed DRAINING.
+            assert states[states.index(WorkerState.DRAINING) :] == [WorkerState.DRAINING]
+            store.down = False
+            await job_in(store, jid, JobState.SUCCEEDED)
+            assert WorkerState.READY in states[states.index(WorkerState.DRAINING) :]
+    finally:
+        events.remove_hook(seen.append)
+    channels = {e.channel for e in seen if isinstance(e, events.CoordinationFailed)}
+    assert channels == {"broker"}  # one store for all roles: the claim's own channel

@@ -148,6 +148,10 @@ class WorkerCounters:
     #: time): the store may have taken them back, or refused them as stale writes, which
     #: only ``tokenline audit`` then lists.
     unanswered: int = 0
+    #: Started jobs a fencing or a stop cancelled and could not give back (their lease
+    #: lost, past the worker's trust, or held by an effect that runs on): the rescue
+    #: runs them again once their leases expire.
+    lapsed: int = 0
     #: Job leases whose renewal the store refused: those another attempt holds by now
     #: (its job was rescued) it records as stale writes, the ones merely expired not.
     renewals_refused: int = 0
@@ -160,7 +164,8 @@ class WorkerCounters:
 
         parts = [
             f"started {n(self.started, 'job')}: {self.succeeded:,} succeeded, "
-            f"{self.retried:,} retried, {self.dead:,} dead, {self.released:,} given back",
+            f"{self.retried:,} retried, {self.dead:,} dead, {self.released:,} given back"
+            + (f", {self.lapsed:,} left to their leases" if self.lapsed else ""),
             *([f"{n(self.unrun, 'prefetched job')} given back unrun"] if self.unrun else []),
             f"{n(self.stale_refused, 'stale write')} refused by the store",
             f"fenced {n(self.fenced, 'time')} ({self.self_fenced:,} by its own clock)",
@@ -587,10 +592,11 @@ class Worker:
         settings = self.settings
         assert self._slot_freed is not None
         while True:
-            if not self.state.may_fetch or self._stop_requested:
+            probing = self._probing_claims()
+            if not (self.state.may_fetch or probing) or self._stop_requested:
                 await asyncio.sleep(min(settings.poll_interval, 0.2))
                 continue
-            limit = self.reserve(0)
+            limit = self.reserve(0, probe=probing)
             if limit <= 0:
                 self._slot_freed.clear()
                 # asyncio.timeout, never wait_for, around a suppressed TimeoutError: on
@@ -613,8 +619,12 @@ class Worker:
                         priority_aging=self.app.settings.priority_aging,
                     )
                 except StoreError as exc:
-                    self._coordination_failed("claim", exc)
+                    self._coordination_failed("claim", exc, reason="claims")
                 else:
+                    # Claims work again: only a claim that answered says so (a renewal
+                    # goes to the leases, which may answer while the claim's store does
+                    # not), before the jobs start, which they may only once it has.
+                    self._healthy_again("claims", "claim succeeded")
                     await self.take(claimed, sent_at)
             finally:
                 self.release(limit)
@@ -630,12 +640,23 @@ class Worker:
                     queues=settings.queues, timeout=settings.poll_interval
                 )
 
+    def _probing_claims(self) -> bool:
+        """The worker drains for failed claims alone: the fetch loop goes on claiming,
+        at its failed-claim pace, as the probe that ends the drain once one answers."""
+        return (
+            self.state is WorkerState.DRAINING
+            and self._unhealthy == {"claims"}
+            and not self._stop_requested
+            and not self._fencing
+        )
+
     # -- claims: the fetch loop's, and those the completer makes with a batch ------------
-    def reserve(self, freeing: int) -> int:
+    def reserve(self, freeing: int, *, probe: bool = False) -> int:
         """How many jobs to claim now, once ``freeing`` running jobs have finished;
         reserved until :meth:`release`, so that two claims in flight (the fetch loop's
-        and one made with a batch of finishes) never take more than the limit allows."""
-        if not self.state.may_fetch or self._stop_requested or self._fencing:
+        and one made with a batch of finishes) never take more than the limit allows.
+        ``probe``: a claim of the fetch loop while it drains for failed claims alone."""
+        if not (self.state.may_fetch or probe) or self._stop_requested or self._fencing:
             return 0
         in_flight = len(self._slots) - freeing + self._claiming
         # Prefetch rides only on a batch of finishes: the fetch loop claims for free
@@ -1081,9 +1102,11 @@ class Worker:
         slot.failure = None if held_back else FailureKind.from_error_class(decision.error_class)
         if ctx.blames_dependency(exc):
             self._blamed.add(slot)
-        if isinstance(exc, StoreError) and events.enabled():
-            # From a ctx call of the handler: a transaction, an effect, a fence.
-            events.emit(events.CoordinationFailed(self.id, "ledger", f"job {job.id}", str(exc)))
+        if isinstance(exc, StoreError):
+            # From a ctx call of the handler: a transaction, an effect, a fence. Counted
+            # with the worker's own failed calls: the summary and the metric agree.
+            self.counters.coordination_errors += 1
+            self._note_channel(f"job {job.id}", exc, "ledger")
         if isinstance(exc, FencedError):
             if exc.held_resource is None or self.clock.monotonic() >= slot.valid_until:
                 self._note_fenced(slot, exc)
@@ -1527,6 +1550,10 @@ class Worker:
             if release
             else []
         )
+        # Started, cancelled, and neither given back nor being committed: they lapse.
+        self.counters.lapsed += sum(
+            1 for s in slots if s.task is not None and not s.finishing and s not in keep
+        )
         if keep:
             await self._release(keep, reason)
         waiting = {s.task for s in slots if s.task is not None and s.task is not current}
@@ -1554,15 +1581,28 @@ class Worker:
         for slot in slots:
             self._free(slot)
 
-    def _coordination_failed(self, what: str, exc: Exception, channel: str = "broker") -> None:
+    def _coordination_failed(
+        self, what: str, exc: Exception, channel: str = "broker", *, reason: str = "coordination"
+    ) -> None:
         """A store call failed: count it, say it, and stop fetching until the store is
-        healthy again. ``channel``: the role of the call (broker, leases, ledger)."""
+        healthy again. ``channel``: the role of the call (broker, leases, ledger), unless
+        the store says the error came from another role's server. ``reason``: what
+        clears it: ``coordination`` a renewal that answers, ``claims`` a claim that does
+        (on the split topology the claim asks the ledger, which the renewal never does)."""
         self.counters.coordination_errors += 1
         self._coordination_failures += 1
         log.warning("worker %s: %s failed: %s", self.id, what, exc)
+        self._note_channel(what, exc, channel)
+        self._unhealthy_because(reason, f"{what} failed: {exc}")
+
+    def _note_channel(self, what: str, exc: Exception, channel: str) -> None:
+        """Emit the failure for the metrics, under the role whose server failed."""
         if events.enabled():
+            inner = getattr(self.store, "inner", self.store)
+            channel_of = getattr(inner, "channel_of", None)
+            if channel_of is not None:
+                channel = channel_of(exc, channel)
             events.emit(events.CoordinationFailed(self.id, channel, what, str(exc)))
-        self._unhealthy_because("coordination", f"{what} failed: {exc}")
 
     def _unhealthy_because(self, reason: str, detail: str) -> None:
         """Stop claiming (DRAINING) for ``reason``; in-flight jobs go on."""

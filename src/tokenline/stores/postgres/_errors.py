@@ -81,7 +81,19 @@ def describe_connect_failure(exc: BaseException, target: Target) -> str:
 
 @contextlib.contextmanager
 def map_postgres_errors(target: Target, timeout: float) -> Iterator[None]:
-    """Translate psycopg, pool and timeout errors raised inside into tokenline's tree."""
+    """Translate psycopg, pool and timeout errors raised inside into tokenline's tree,
+    each marked as PostgreSQL's (``StoreError.server``)."""
+    try:
+        with _translated(target, timeout):
+            yield
+    except StoreError as exc:
+        if exc.server is None:
+            exc.server = "PostgreSQL"
+        raise
+
+
+@contextlib.contextmanager
+def _translated(target: Target, timeout: float) -> Iterator[None]:
     try:
         yield
     except TokenlineError:

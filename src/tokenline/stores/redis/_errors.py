@@ -19,8 +19,20 @@ __all__ = ["map_redis_errors", "maybe_sent"]
 
 @contextlib.contextmanager
 def map_redis_errors(where: str, operation: str) -> Iterator[None]:
-    """Translate redis-py and timeout errors raised inside into tokenline's tree;
-    ``where`` names the server (no password), ``operation`` the script or command."""
+    """Translate redis-py and timeout errors raised inside into tokenline's tree, each
+    marked as Redis's (``StoreError.server``); ``where`` names the server (no
+    password), ``operation`` the script or command."""
+    try:
+        with _translated(where, operation):
+            yield
+    except StoreError as exc:
+        if exc.server is None:
+            exc.server = "Redis"
+        raise
+
+
+@contextlib.contextmanager
+def _translated(where: str, operation: str) -> Iterator[None]:
     try:
         yield
     except TokenlineError:

@@ -100,6 +100,17 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
         #: The roles the last :meth:`open` could not open, with their errors.
         self.roles_down: dict[str, Exception] = {}
 
+    def channel_of(self, exc: BaseException, channel: str) -> str:
+        """The role whose server failed: the ledger for PostgreSQL's errors, whatever
+        the call (a claim asks the ledger too); for Redis's, the call's role, and the
+        broker's for a ledger call (its job token check runs on Redis)."""
+        server = getattr(exc, "server", None)
+        if server == "PostgreSQL":
+            return "ledger"
+        if server == "Redis" and channel == "ledger":
+            return "broker"
+        return channel
+
     async def open(self) -> None:
         """Open both sides, then take Redis's fencing epoch from the ledger.
 
@@ -244,10 +255,12 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
                 async with asyncio.timeout(ttl / 2):
                     done = await self.ledger.jobs_done(job_ids=[c.job.id for c in claimed])
             except TimeoutError:
-                raise StoreUnavailableError(
+                late = StoreUnavailableError(
                     f"PostgreSQL {self.ledger.target.where} did not say within {ttl / 2:g}s "
                     "(half the lease) which claimed jobs it has completed"
-                ) from None
+                )
+                late.server = "PostgreSQL"
+                raise late from None
         except StoreError as exc:
             release = [
                 Finish(c.lease, Outcome.RELEASE, 0.0, f"ledger unavailable: {exc}", "coordination")
