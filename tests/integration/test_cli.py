@@ -695,6 +695,27 @@ def test_scale_hint_on_a_postgres_server_that_does_not_answer_says_hold(
     assert not schema_exists(postgres_server, absent_schema)
 
 
+def test_scale_hint_answers_hold_at_the_first_failing_look(
+    postgres_server: str, absent_schema: str
+) -> None:
+    """A channel failing means hold, whatever the backlog: scale-hint still waited its
+    interval and looked again, waiting out the silent server each time (30 s with the
+    defaults). It now answers after the first look; an interval of ten minutes would
+    outlast the test's own timeout otherwise."""
+    from tokenline.drill import ThreadedFaultProxy
+
+    with ThreadedFaultProxy(upstream=("127.0.0.1", 5432)) as proxy:
+        proxy.set_faults(blackhole=True)
+        via = postgres_server.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+        url = f"{via}?schema={absent_schema}"
+        args = ["scale-hint", "--url", url, "--interval", "600", "--timeout", "2", "--json"]
+        result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    hint = json.loads(result.stdout)
+    assert hint["advice"] == "hold", hint
+    assert hint["seconds"] == 0, hint  # one look
+
+
 def test_the_dashboard_refuses_a_store_that_is_not_there(tmp_path: Path) -> None:
     """The dashboard reads the store and acts on it: a mistyped path is refused before
     it serves anything, and nothing is created."""

@@ -127,6 +127,17 @@ async def snapshot(open_store: Any, timeout: float) -> Snapshot:  # noqa: ASYNC1
     now = report.get("now")
     if report["store"] != "ok" or now is None:
         return Snapshot(at=0.0, backlog=0, failing_channels=failing or {"broker": "unreachable"})
+    if failing:
+        # The hint is hold whatever the backlog: no second wait on a channel that
+        # just failed to answer.
+        backlog, oldest = _backlog(report["queues"] or [], None)
+        return Snapshot(
+            at=now,
+            backlog=backlog,
+            oldest_ready_age=oldest,
+            workers=[_load(w) for w in report["workers"] or []],
+            failing_channels=failing,
+        )
     depth, leases = await _depth_and_leases(open_store(), timeout)
     # Both channels answered a moment ago: a read failing now is said, with what failed.
     if isinstance(depth, Exception):
@@ -150,6 +161,10 @@ async def snapshot(open_store: Any, timeout: float) -> Snapshot:  # noqa: ASYNC1
 async def hint_for(open_store: Any, *, interval: float, timeout: float) -> Hint:  # noqa: ASYNC109
     """Two snapshots ``interval`` seconds apart, and the hint they give."""
     before = await snapshot(open_store, timeout)
+    if before.failing_channels:
+        # Hold, whatever a second look would say of the backlog: answered now, not
+        # after the interval and another wait on the failing channel.
+        return scale_hint(before, before)
     await asyncio.sleep(interval)
     after = await snapshot(open_store, timeout)
     return scale_hint(before, after)
