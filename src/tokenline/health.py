@@ -146,7 +146,15 @@ class _Probe:
         self.failure = failure_kind(exc)
         self.error = str(exc) or type(exc).__name__
 
-    async def run(self, call: Callable[[], Coroutine[Any, Any, T]], timeout: float) -> T | None:  # noqa: ASYNC109
+    async def run(
+        self,
+        call: Callable[[], Coroutine[Any, Any, T]],
+        timeout: float,  # noqa: ASYNC109
+        *,
+        skip: bool = False,
+    ) -> T | None:
+        if skip:
+            return None
         started = time.monotonic()
         try:
             return await _bounded(call(), timeout)
@@ -240,12 +248,15 @@ async def _open(store: Store, timeout: float) -> dict[str, Any] | None:  # noqa:
             "channels": _all_failing(store, NOT_MIGRATED, error),
         }
     by_role = getattr(getattr(store, "inner", store), "open_within", None)
+    ledger_down: Exception | None = None
     try:
         absent = await _missing_schema(store, timeout)
     except (StoreUnavailableError, TimeoutError) as unanswered:
         if by_role is None:
             return _open_failed(store, unanswered)
-        absent = None  # the split topology: opening each role says which one is down
+        # The split topology: the ledger did not answer; opening it would wait as long
+        # again to say so. Redis's roles are opened, and said, on their own.
+        absent, ledger_down = None, unanswered
     if absent is not None:
         error = f"{absent}: run `tokenline migrate` (status created nothing)"
         channels = _all_failing(store, NOT_MIGRATED, error)
@@ -264,7 +275,11 @@ async def _open(store: Store, timeout: float) -> dict[str, Any] | None:  # noqa:
     if by_role is not None:
         # A store whose roles live on different servers (the split topology) opens
         # each on its own: the roles that failed are said, the others probed.
-        await by_role(timeout)
+        await by_role(timeout, ledger=ledger_down is None)
+        if ledger_down is not None:
+            inner: Any = getattr(store, "inner", store)
+            roles_down: dict[str, Exception] = inner.roles_down
+            roles_down["ledger"] = ledger_down
         return None
     try:
         await _bounded(store.open(), timeout)
@@ -322,11 +337,15 @@ async def read_status(
     The report's data is ``None`` where the channel carrying it failed (or the store
     did not open), never empty: ``queues`` and ``stale_commits`` (broker), ``now``,
     ``workers`` and, when asked for, ``dependencies`` (leases)."""
+    began = time.monotonic()
     failed = await _open(store, timeout)
     if failed is not None:
         return failed | _unknown_data(dependencies)
     down = _roles_down(store)
     probes = {name: _Probe() for name in CHANNELS}
+    # One --timeout for the command, not one per step: the probes get what the open
+    # left, and at least a second (or the whole timeout, if shorter) to answer in.
+    left = max(timeout - (time.monotonic() - began), min(timeout, 1.0))
 
     async def broker() -> tuple[Any, Any]:
         # Reads pass while writes queue behind another connection's lock: the channel is
@@ -350,10 +369,11 @@ async def read_status(
             await target.duplicates_list(limit=1)
 
     try:
+        # A role that did not open is not asked again: its failure is known.
         queues, membership, _ = await asyncio.gather(
-            probes["broker"].run(broker, timeout),
-            probes["leases"].run(leases, timeout),
-            probes["ledger"].run(ledger, timeout),
+            probes["broker"].run(broker, left, skip="broker" in down),
+            probes["leases"].run(leases, left, skip="leases" in down),
+            probes["ledger"].run(ledger, left, skip="ledger" in down),
         )
     finally:
         await _close(store, timeout)

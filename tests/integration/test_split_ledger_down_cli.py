@@ -148,3 +148,39 @@ def test_broker_commands_never_connect_to_a_ledger_that_does_not_answer(
         silent.close()
         for conn in accepted:
             conn.close()
+
+
+@pytest.mark.parametrize("silent", ["ledger", "redis"])
+def test_status_waits_once_for_a_silent_role(
+    postgres_server: str, redis_url: str, silent: str
+) -> None:
+    """``status --timeout T`` took about 2T with one role silent: the ledger's schema
+    check and then its open each waited T, or Redis's open and then its probes did. A
+    role that did not answer is now said from that one wait, and not asked again."""
+    from tokenline.drill import ThreadedFaultProxy
+
+    schema = f"tl_split_silent_{secrets.token_hex(4)}"
+    direct = split_url(broker=redis_url, ledger=f"{postgres_server}?schema={schema}")
+    assert run("migrate", "--url", direct)[0] == 0  # a silent role is the only fault
+    if silent == "ledger":
+        upstream = ("127.0.0.1", 5432)
+    else:
+        host, port = redis_url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+        upstream = (host, int(port))
+    with ThreadedFaultProxy(upstream=upstream) as proxy:
+        proxy.set_faults(blackhole=True)
+        here = f"127.0.0.1:{proxy.port}"
+        if silent == "ledger":
+            ledger = postgres_server.replace("127.0.0.1:5432", here) + f"?schema={schema}"
+            url = split_url(broker=redis_url, ledger=ledger)
+        else:
+            broker = redis_url.replace(f"{upstream[0]}:{upstream[1]}", here)
+            url = split_url(broker=broker, ledger=f"{postgres_server}?schema={schema}")
+        code, out = run("status", "--url", url, "--timeout", "2", "--json")
+        assert proxy.stats.accepted == 1, proxy.stats  # one wait, not two
+    assert code == 1, out
+    report = json.loads(out)
+    failing = {name for name, ch in report["channels"].items() if ch["ok"] is False}
+    assert failing == ({"ledger"} if silent == "ledger" else {"broker", "leases"}), report
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
