@@ -358,7 +358,9 @@ async def read_status(
 
     async def leases() -> tuple[float, Any, Any]:
         named = await store.resource_leases_list() if dependencies else []
-        return await store.store_time(), await store.workers_list(), named
+        records = await store.workers_list()
+        # The clock after the rows it ages (see cli/maintenance.py current_leader).
+        return await store.store_time(), records, named
 
     async def ledger() -> None:
         if store.capabilities.ledger:

@@ -423,11 +423,13 @@ class _DuplicateTally:
 
 
 async def _read(store: Store, since: float | None) -> _Reading:
-    now = await store.store_time()
     depth = await store.jobs_depth()
     queues = await store.queues_stats()
     workers = await store.workers_list()
     running = await store.jobs_list(state=JobState.RUNNING, limit=_RUNNING_LIMIT)
+    # After the rows it ages: read first, on a slow link it dated them before they
+    # were read (negative ages, leases not yet expired that had).
+    now = await store.store_time()
     orphans = sum(
         1 for j in running if j.lease_expires_at is not None and j.lease_expires_at <= now
     )

@@ -822,3 +822,43 @@ def test_reading_commands_leave_an_older_postgres_schema_as_it_is(
     assert CliRunner().invoke(main, ["migrate", "--url", url]).exit_code == 0
     assert version() == SCHEMA_VERSION
     assert CliRunner().invoke(main, ["jobs", "--url", url]).exit_code == 0
+
+
+def test_lease_listings_on_a_slow_link_date_what_they_read_after_reading_it(
+    postgres_server: str, absent_schema: str
+) -> None:
+    """On a slow link ``leases`` and ``workers`` read the store's clock first, then the
+    rows, which a holder renewed meanwhile: expiries beyond the TTL and negative ages.
+    The clock is now read after the rows it ages."""
+    import threading
+
+    from tokenline.drill import Faults, ThreadedFaultProxy
+    from tokenline.stores.base import ResourceLease
+
+    ttl = 6.0
+    direct = App(f"{postgres_server}?schema={absent_schema}")
+    lease = direct.run(lambda s: s.resource_lease_acquire(resource="acct:1", owner="w", ttl=ttl))
+    assert lease is not None
+    done = threading.Event()
+
+    def renew() -> None:  # the holder, on a link of its own, renewing all the while
+        held: ResourceLease | None = lease
+        while not done.wait(0.05) and held is not None:
+            held = direct.run(lambda s, held=held: s.resource_lease_renew(lease=held, ttl=ttl))
+
+    renewer = threading.Thread(target=renew, daemon=True)
+    renewer.start()
+    try:
+        with ThreadedFaultProxy(upstream=("127.0.0.1", 5432)) as proxy:
+            proxy.set_faults(Faults(latency=0.3))
+            via = postgres_server.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+            url = f"{via}?schema={absent_schema}"
+            result = CliRunner().invoke(main, ["leases", "--url", url, "--json"])
+    finally:
+        done.set()
+        renewer.join(30)
+        direct.close()
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)["resource_leases"]
+    assert row["expires_in"] <= ttl, row
+    assert row["age"] >= 0, row

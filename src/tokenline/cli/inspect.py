@@ -317,8 +317,9 @@ def workers(app_spec: str | None, url: str | None, show_all: bool, as_json: bool
     async def gather(store: Store) -> tuple[list[WorkerRecord], ResourceLease | None, float]:
         from .maintenance import current_leader
 
+        records = await store.workers_list()  # before the clock: see current_leader
         leader, now = await current_leader(store)
-        return await store.workers_list(), leader, now
+        return records, leader, now
 
     with reporting_errors():
         records, leader, now = with_store(

@@ -171,8 +171,10 @@ def leases(
     """
 
     async def gather(store: Store) -> tuple[float, list[_JobLease], list[ResourceLease]]:
-        now = await store.store_time()
-        return now, await _job_leases(store, limit), await store.resource_leases_list()
+        jobs, named = await _job_leases(store, limit), await store.resource_leases_list()
+        # The clock after the rows: read first, it dated them before a slow link had
+        # brought them, and showed expiries beyond the TTL.
+        return await store.store_time(), jobs, named
 
     with reporting_errors():
         now, jobs, named = with_store(

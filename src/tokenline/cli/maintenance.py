@@ -58,9 +58,14 @@ def _settings(config: str | None) -> WorkerSettings:
 
 
 async def current_leader(store: Store) -> tuple[ResourceLease | None, float]:
-    """The maintenance lease if someone holds it now (by the store's clock), and now."""
+    """The maintenance lease if someone holds it now (by the store's clock), and now.
+
+    The clock is read after the leases, as everywhere a listing ages what it read: on a
+    slow link the other order dated the rows before they were read, and showed
+    negative ages and expiries beyond the TTL."""
+    leases = await store.resource_leases_list()
     now = await store.store_time()
-    for lease in await store.resource_leases_list():
+    for lease in leases:
         if lease.resource == MAINTENANCE_LEASE and lease.expires_at > now:
             return lease, now
     return None, now

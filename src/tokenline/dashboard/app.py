@@ -224,8 +224,8 @@ async def worker_view(dash: _Dashboard, request: Request) -> Response:
         found = [w for w in await store.workers_list() if w.id == wid]
         if not found:
             return dash.problem(request, 404, "No such worker", f"no worker has id {wid!r}")
-        now = await store.store_time()
         running = await store.jobs_list(state=JobState.RUNNING, limit=1000)
+        now = await store.store_time()  # after the rows it ages (a slow link)
     w = found[0]
     held = [j for j in running if j.lease_owner == wid]
     context = {"w": w, "now": now, "alive": alive(w, now), "held": held}
@@ -235,9 +235,9 @@ async def worker_view(dash: _Dashboard, request: Request) -> Response:
 async def leases_view(dash: _Dashboard, request: Request) -> Response:
     """Job leases (running jobs) and resource leases, by the store's clock."""
     async with data.opened(dash.app) as store:
-        now = await store.store_time()
         running = await store.jobs_list(state=JobState.RUNNING, limit=1000)
         named = await store.resource_leases_list()
+        now = await store.store_time()  # after the rows it ages (a slow link)
     context = {"now": now, "running": running, "named": named}
     return dash.page(request, "leases.html", context, refresh=True)
 
