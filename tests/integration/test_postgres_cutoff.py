@@ -163,3 +163,31 @@ async def test_threads_opening_an_app_on_a_silent_server_share_one_wait(
             await asyncio.to_thread(app.close)
         assert all(isinstance(e, StoreUnavailableError) for e in errors), errors
         assert proxy.stats.accepted == 1, proxy.stats
+
+
+def test_a_connection_found_past_its_deadline_on_a_late_wake_is_given_grace() -> None:
+    """After a SIGSTOP the watcher woke past every deadline and cut each connection at
+    once, though its answer might be in its socket, and logged that the server had
+    stopped answering. Woken late, it now gives them a grace period (once): one that
+    is done meanwhile is not cut; one still waiting after it is."""
+    import socket
+    import time
+
+    from tokenline.stores.postgres._cutoff import GRACE, Cutoffs
+
+    cutoffs = Cutoffs("test")
+    answered, answered_peer = socket.socketpair()
+    stuck, stuck_peer = socket.socketpair()
+    with answered, answered_peer, stuck, stuck_peer:
+        # Deadlines 5 s in the past: what the watcher sees after a 5 s pause.
+        on_time = cutoffs.arm(answered, -5.0)
+        cutoffs.arm(stuck, -5.0)
+        time.sleep(GRACE / 4)
+        assert cutoffs.cut == 0  # the late wake cut nothing
+        on_time.__exit__(None, None, None)  # its answer came: disarmed within the grace
+        deadline = time.monotonic() + HUNG
+        while cutoffs.cut == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cutoffs.cut == 1  # the one still waiting, after its grace
+        answered_peer.sendall(b"x")
+        assert answered.recv(1) == b"x"  # the connection that was done still works

@@ -36,11 +36,18 @@ __all__ = ["Armed", "Cutoffs"]
 
 log = logging.getLogger("tokenline.store.postgres")
 
+#: The watcher woke this much later than the deadline it slept for: the process was
+#: paused (SIGSTOP, a VM stall) or starved, not the server silent (seconds).
+LATE = 1.0
+#: What a connection found past its deadline on such a late wake is given, to read an
+#: answer that may have come while the process stood still (seconds).
+GRACE = 1.0
+
 
 class Armed:
     """One connection's deadline; a context manager that disarms it on exit."""
 
-    __slots__ = ("_cutoffs", "at", "conn", "done")
+    __slots__ = ("_cutoffs", "at", "conn", "done", "postponed")
 
     def __init__(self, cutoffs: Cutoffs, conn: Any, at: float) -> None:
         self._cutoffs = cutoffs
@@ -48,6 +55,8 @@ class Armed:
         self.at = at
         #: Disarmed, or cut: the watcher leaves it alone from then on.
         self.done = False
+        #: Given :data:`GRACE` after a late wake of the watcher (once).
+        self.postponed = False
 
     def __enter__(self) -> Armed:
         return self
@@ -122,9 +131,17 @@ class Cutoffs:
         if not heap:
             self._cond.wait()
             return None
-        wait = heap[0][0] - time.monotonic()
+        now = time.monotonic()
+        wait = heap[0][0] - now
         if wait > 0:
             self._cond.wait(wait)
+            return None
+        if -wait > LATE and not heap[0][2].postponed:
+            # The watcher woke late: the process stood still (a pause, a stall) while
+            # the deadlines passed, and the answers the connections wait for may be in
+            # their sockets now. Cut at once, healthy connections of a paused process
+            # failed, and the log blamed the server. They get a grace period, once.
+            self._postpone(now)
             return None
         _, _, armed = heapq.heappop(heap)
         armed.done = True
@@ -134,6 +151,15 @@ class Cutoffs:
         except Exception:  # closed already: nothing waits on it
             return None
         return armed, fd
+
+    def _postpone(self, now: float) -> None:
+        """Under the lock: give every connection past its deadline :data:`GRACE` more."""
+        heap = self._heap
+        for i, (at, order, armed) in enumerate(heap):
+            if at <= now and not armed.done:
+                armed.postponed = True
+                heap[i] = (now + GRACE, order, armed)
+        heapq.heapify(heap)
 
     def _cut(self, armed: Armed, fd: int) -> None:
         try:
