@@ -28,6 +28,9 @@ Handlers steer retries with two signals that are not errors of tokenline itself:
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 __all__ = [
     "ConfigError",
     "DependencyOpenError",
@@ -152,6 +155,18 @@ class OutcomeUnknownError(StoreUnavailableError):
     with an ``idempotency_key`` and ``unique=True`` (or ``"active"``), and the store
     answers with the id of the job it made, if it did, instead of making a second one.
     """
+
+
+@contextlib.contextmanager
+def from_server(server: str) -> Iterator[None]:
+    """Mark the :class:`StoreError` raised inside as ``server``'s, unless it already
+    names one (raised by a store nested inside)."""
+    try:
+        yield
+    except StoreError as exc:
+        if exc.server is None:
+            exc.server = server
+        raise
 
 
 def enqueue_outcome_unknown(exc: StoreUnavailableError, jobs: int) -> OutcomeUnknownError:

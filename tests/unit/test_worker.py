@@ -2132,12 +2132,12 @@ async def test_a_commit_made_whose_answer_was_lost_is_not_made_again() -> None:
     assert await store.stale_commits() == (0, [])
 
 
-async def test_a_give_back_the_store_refuses_is_counted_as_the_store_records_it() -> None:
-    """A worker fenced while a job of its was rescued gives the job back; the store
-    refuses that (the token moved on) and records a stale write, but the worker's
-    summary said "0 stale writes refused". It now counts the refusal too."""
-    clock = FakeClock()
-    store = MemoryStore(clock=clock)  # the store's time only: the worker's runs on
+async def _rescued_while_running(
+    store: MemoryStore, clock: FakeClock, counted: Callable[[Worker], bool]
+) -> tuple[Worker, int]:
+    """Run a job on a worker, rescue it from under the worker (the store's clock past
+    its lease, the worker's not), and wait until the worker fenced and ``counted``
+    holds; the worker and the job's id."""
     app = App("memory://")
     started, release = asyncio.Event(), asyncio.Event()
 
@@ -2153,8 +2153,18 @@ async def test_a_give_back_the_store_refuses_is_counted_as_the_store_records_it(
         clock.advance(QUIET.lease_ttl + 1)
         assert (await store.jobs_rescue()).requeued == [jid]  # the token moves on
         await eventually(lambda: WorkerState.FENCED in states, "the worker fenced")
-        await eventually(lambda: worker.counters.stale_refused == 1, "the refusal counted")
+        await eventually(lambda: counted(worker), "the refusal counted")
         release.set()
+    return worker, jid
+
+
+async def test_a_give_back_the_store_refuses_is_counted_as_the_store_records_it() -> None:
+    """A worker fenced while a job of its was rescued gives the job back; the store
+    refuses that (the token moved on) and records a stale write, but the worker's
+    summary said "0 stale writes refused". It now counts the refusal too."""
+    clock = FakeClock()
+    store = MemoryStore(clock=clock)  # the store's time only: the worker's runs on
+    _, jid = await _rescued_while_running(store, clock, lambda w: w.counters.stale_refused == 1)
     count, stale = await store.stale_commits()
     assert count >= 1
     assert {(s.job_id, s.operation) for s in stale} >= {(jid, "release")}
@@ -2178,23 +2188,7 @@ async def test_a_give_back_whose_answer_was_lost_is_counted_as_unanswered() -> N
     give-back as unanswered, pointing to the audit."""
     clock = FakeClock()
     store = _ReleaseAnswerLost(clock=clock)
-    app = App("memory://")
-    started, release = asyncio.Event(), asyncio.Event()
-
-    @app.task(name="t.unanswered")
-    async def handler(ctx: JobContext) -> None:
-        started.set()
-        await release.wait()
-
-    worker = Worker(app, dataclasses.replace(QUIET, renew_interval=0.3), store=store)
-    async with running(worker) as states:
-        jid = await app.enqueue_async("t.unanswered", store=store)
-        await asyncio.wait_for(started.wait(), DEADLINE)
-        clock.advance(QUIET.lease_ttl + 1)
-        assert (await store.jobs_rescue()).requeued == [jid]  # the token moves on
-        await eventually(lambda: WorkerState.FENCED in states, "the worker fenced")
-        await eventually(lambda: worker.counters.unanswered == 1, "the give-back counted")
-        release.set()
+    worker, jid = await _rescued_while_running(store, clock, lambda w: w.counters.unanswered == 1)
     count, stale = await store.stale_commits()
     assert {(s.job_id, s.operation) for s in stale} >= {(jid, "release")}
     counters = worker.counters

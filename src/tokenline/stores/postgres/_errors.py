@@ -20,6 +20,7 @@ from ..._errors import (
     StoreError,
     StoreUnavailableError,
     TokenlineError,
+    from_server,
 )
 from ._target import Target
 
@@ -83,13 +84,8 @@ def describe_connect_failure(exc: BaseException, target: Target) -> str:
 def map_postgres_errors(target: Target, timeout: float) -> Iterator[None]:
     """Translate psycopg, pool and timeout errors raised inside into tokenline's tree,
     each marked as PostgreSQL's (``StoreError.server``)."""
-    try:
-        with _translated(target, timeout):
-            yield
-    except StoreError as exc:
-        if exc.server is None:
-            exc.server = "PostgreSQL"
-        raise
+    with from_server("PostgreSQL"), _translated(target, timeout):
+        yield
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from redis import exceptions as rx
 
-from ..._errors import StoreError, StoreUnavailableError, TokenlineError
+from ..._errors import StoreError, StoreUnavailableError, TokenlineError, from_server
 
 __all__ = ["map_redis_errors", "maybe_sent"]
 
@@ -22,13 +22,8 @@ def map_redis_errors(where: str, operation: str) -> Iterator[None]:
     """Translate redis-py and timeout errors raised inside into tokenline's tree, each
     marked as Redis's (``StoreError.server``); ``where`` names the server (no
     password), ``operation`` the script or command."""
-    try:
-        with _translated(where, operation):
-            yield
-    except StoreError as exc:
-        if exc.server is None:
-            exc.server = "Redis"
-        raise
+    with from_server("Redis"), _translated(where, operation):
+        yield
 
 
 @contextlib.contextmanager
