@@ -5,7 +5,7 @@ registers the function as a task and as a schedule; the maintenance leader's sch
 (``maintenance/scheduler.py``) enqueues one job per instant.
 
 * **cron**: five fields (minute hour day month weekday), or six with seconds last
-  (``"*/10 * * * * *"``: every 10 seconds), parsed by ``croniter``. It must match
+  (``"* * * * * */10"``: every 10 seconds), parsed by ``croniter``. It must match
   some instant: one that never does (``"0 0 30 2 *"``, February 30th) or only more
   than :data:`MAX_CRON_GAP_YEARS` years apart is refused at registration, since the
   scheduler could never compute its next instant.
@@ -66,6 +66,8 @@ def cron_problem(cron: object) -> str | None:
             f"not a valid cron expression: {describe(cron)} (five fields: minute hour day "
             "month weekday; or six, with seconds last)"
         )
+    if not named and (backwards := _backwards_range(fields)) is not None:
+        return f"{describe(cron)}: {backwards}"
     now = dt.datetime.now(dt.UTC)
     try:
         croniter(cron, now).get_next(float)
@@ -75,6 +77,31 @@ def cron_problem(cron: object) -> str | None:
             f"{describe(cron)} never matches: no instant within {MAX_CRON_GAP_YEARS} years "
             f"of now ({exc}); a day its month never has, such as February 30th?"
         )
+    return None
+
+
+#: Each field's name and range, in order (seconds last).
+_FIELDS = (
+    ("minute", 0, 59),
+    ("hour", 0, 23),
+    ("day", 1, 31),
+    ("month", 1, 12),
+    ("weekday", 0, 6),
+    ("second", 0, 59),
+)
+
+
+def _backwards_range(fields: list[str]) -> str | None:
+    """A numeric range written high to low (``1-0``), which croniter takes for a
+    schedule matching every value of the field: never what was meant."""
+    for (name, first, last), value in zip(_FIELDS, fields, strict=False):
+        for part in value.split(","):
+            low, dash, high = part.split("/", 1)[0].partition("-")
+            if dash and low.isdigit() and high.isdigit() and int(low) > int(high):
+                return (
+                    f"the {name} field's range '{low}-{high}' runs backwards: write it "
+                    f"low to high, or as two ranges ('{low}-{last},{first}-{high}')"
+                )
     return None
 
 

@@ -52,6 +52,10 @@ def test_bad_schedule_settings_are_refused_by_name(options: dict[str, Any], sett
         ("0 0 * * * * *", "has 7 fields"),
         ("* * * *", "has 4 fields"),
         ("61 * * * *", "not a valid cron expression"),
+        # croniter took a range written high to low for every value of its field.
+        ("1-0 * * * *", "the minute field's range '1-0' runs backwards"),
+        ("0 0 * * 5-1", "low to high, or as two ranges .'5-6,0-1'."),
+        ("* * * * * 50-10/5", "the second field's range '50-10' runs backwards"),
     ],
 )
 def test_a_bad_cron_is_named_with_the_reason(cron: str, why: str) -> None:
