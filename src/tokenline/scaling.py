@@ -86,6 +86,8 @@ class Snapshot:
     failing_channels: Mapping[str, str] = field(default_factory=dict)
     #: Names of dependencies whose circuit breaker is open.
     open_dependencies: Sequence[str] = ()
+    #: Jobs waiting in paused queues (none of them runnable, whatever the workers).
+    paused_jobs: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +120,7 @@ def scale_hint(before: Snapshot, after: Snapshot) -> Hint:
         "workers_busy": len(busy),
         "failing_channels": dict(after.failing_channels),
         "open_dependencies": list(after.open_dependencies),
+        "paused_jobs": after.paused_jobs,
     }
     if after.failing_channels:
         what = ", ".join(f"{ch} {how}" for ch, how in sorted(after.failing_channels.items()))
@@ -176,8 +179,17 @@ def scale_hint(before: Snapshot, after: Snapshot) -> Hint:
             "queues or a slow store?)",
             figures,
         )
+    paused = (
+        f"; paused queues hold {after.paused_jobs} jobs (`tokenline resume` runs them)"
+        if after.paused_jobs
+        else ""
+    )
+    if not live:
+        # "The workers keep up", with none, read as all being well.
+        return Hint(Advice.ENOUGH, f"no worker is live, and no job is runnable{paused}", figures)
     return Hint(
         Advice.ENOUGH,
-        f"the workers keep up: backlog {before.backlog} → {after.backlog} in {seconds:.0f}s",
+        f"the workers keep up: backlog {before.backlog} → {after.backlog} in "
+        f"{seconds:.0f}s{paused}",
         figures,
     )

@@ -91,3 +91,18 @@ def test_a_worker_record_with_a_limit_of_zero_has_no_free_slot() -> None:
     assert (load.limit, load.busy) == (0, True)
     unknown = _load(dataclasses.replace(record, concurrency_limit=None))
     assert unknown.limit == 4
+
+
+def test_no_worker_and_nothing_runnable_is_not_the_workers_keeping_up() -> None:
+    """With no worker live and five jobs in a paused queue, the hint said "the workers
+    keep up". It says that none is live and nothing is runnable, and names the jobs the
+    paused queues hold."""
+    hint = scale_hint(snap(0, 0, paused_jobs=5), snap(5, 0, paused_jobs=5))
+    assert hint.advice is Advice.ENOUGH
+    assert hint.reason == (
+        "no worker is live, and no job is runnable; paused queues hold 5 jobs "
+        "(`tokenline resume` runs them)"
+    )
+    assert hint.json()["paused_jobs"] == 5
+    live = scale_hint(snap(0, 0, IDLE, paused_jobs=2), snap(5, 0, IDLE, paused_jobs=2))
+    assert live.reason.startswith("the workers keep up: backlog 0 → 0 in 5s; paused queues")

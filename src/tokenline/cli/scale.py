@@ -155,7 +155,13 @@ async def snapshot(open_store: Any, timeout: float) -> Snapshot:  # noqa: ASYNC1
         workers=[_load(w) for w in report["workers"]],
         failing_channels=failing,
         open_dependencies=open_deps,
+        paused_jobs=_paused_jobs(report["queues"] or []),
     )
+
+
+def _paused_jobs(stats: list[QueueStats]) -> int:
+    """Jobs waiting (queued or scheduled) in paused queues."""
+    return sum(s.count(JobState.QUEUED) + s.count(JobState.SCHEDULED) for s in stats if s.paused)
 
 
 async def hint_for(open_store: Any, *, interval: float, timeout: float) -> Hint:  # noqa: ASYNC109
@@ -222,7 +228,7 @@ class ScaleHinter:
     "as_json",
     is_flag=True,
     help="Print {advice, reason, backlog_before, backlog_after, seconds, workers, "
-    "workers_fetching, workers_busy, failing_channels, open_dependencies, ...}.",
+    "workers_fetching, workers_busy, failing_channels, open_dependencies, paused_jobs, ...}.",
 )
 def scale_hint_command(
     app_spec: str | None, url: str | None, interval: float, timeout: float, as_json: bool
