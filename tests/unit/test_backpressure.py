@@ -573,6 +573,10 @@ def test_retry_budget_describe() -> None:
         "(ratio 0.2, floor 0/s)"
     )
     assert "RetryBudget(ratio=0.2" in repr(budget)
+    assert budget.try_spend("mail", 0.0)
+    # Spent: what is left is no whole retry, and is said so, not as "0.0 left" beside it.
+    assert not budget.try_spend("mail", 0.0)
+    assert ", less than one left (0.0) " in budget.describe("mail", 0.0)
 
 
 @settings(max_examples=200)

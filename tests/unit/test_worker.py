@@ -2384,3 +2384,31 @@ async def test_a_worker_whose_claims_fail_drains_until_a_claim_answers() -> None
         events.remove_hook(seen.append)
     channels = {e.channel for e in seen if isinstance(e, events.CoordinationFailed)}
     assert channels == {"broker"}  # one store for all roles: the claim's own channel
+
+
+async def test_a_retry_the_budget_delays_says_so_on_the_job(app: App, store: Store) -> None:
+    """A retry past the queue's budget waited a whole window while the job's record
+    showed only the handler's reason: the wait looked like a backoff gone wrong. The
+    job's last error now says the budget held it."""
+
+    @app.task(name="t.flaky", max_attempts=3, retry=NO_BACKOFF)
+    async def flaky(ctx: JobContext) -> None:
+        raise RuntimeError("upstream 503")
+
+    ids = [await app.enqueue_async("t.flaky", store=store) for _ in range(8)]
+    # 8 first attempts allow 1.6 retries (ratio 0.2) and the floor 0.1 more in 1 s.
+    settings = dataclasses.replace(FAST, retry_budget_window=1.0, concurrency=8)
+    async with running(Worker(app, settings)):
+        await eventually_async(
+            lambda: _all_in(store, ids, JobState.DEAD), "every job ran its attempts"
+        )
+    errors = [a.error or "" for jid in ids for a in await store.job_attempts(job_id=jid)]
+    held = [e for e in errors if "the retry budget of queue 'default' was spent" in e]
+    assert held, errors
+    assert all(e.startswith("RuntimeError: upstream 503 (the retry budget") for e in held)
+    assert all(e.endswith("it waits 1s)") for e in held)
+
+
+async def _all_in(store: Store, ids: list[int], state: JobState) -> bool:
+    """Whether every job of ``ids`` is in ``state``."""
+    return [(await store.job_get(job_id=jid)).state for jid in ids] == [state] * len(ids)

@@ -114,9 +114,12 @@ class RetryBudget:
         """``queue``'s state in one line for logs."""
         counts = self._queues.get(queue)
         first, retries = (0, 0) if counts is None else counts.totals(now)
+        left = self.available(queue, now)
+        # "0.6 left" beside "spent" read as a contradiction: a retry takes a whole one.
+        shown = f"{left:.1f} left" if left + _EPSILON >= 1.0 else f"less than one left ({left:.1f})"
         return (
             f"retry budget of {queue!r}: {retries} retries for {first} first attempts "
-            f"in {self.window:g}s, {self.available(queue, now):.1f} left "
+            f"in {self.window:g}s, {shown} "
             f"(ratio {self.ratio:g}, floor {self.min_per_second:g}/s)"
         )
 

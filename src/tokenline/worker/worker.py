@@ -1324,6 +1324,7 @@ class Worker:
             # More retries than the queue's budget: a failing dependency must not get
             # them all at once. The attempt is spent as any retry's; only its delay grows.
             window = self.settings.retry_budget_window
+            reason = decision.reason
             if delay < window:
                 budget = self._budget.describe(job.queue, self.clock.monotonic())
                 log.info(
@@ -1331,6 +1332,13 @@ class Worker:
                     *(job.id, job.queue, budget, window),
                 )
                 delay = window
+                # On the job's record too: `tokenline job` said only the handler's
+                # reason, and the minute's wait looked like a backoff gone wrong.
+                reason = (
+                    f"{reason} (the retry budget of queue {job.queue!r} was spent: it "
+                    f"waits {window:g}s)"
+                )
+            return Finish(slot.lease, Outcome.RETRY, delay, reason, "transient")
         return Finish(slot.lease, Outcome.RETRY, delay, decision.reason, "transient")
 
     async def _commit(self, slot: Slot, finish: Finish) -> None:
