@@ -191,6 +191,8 @@ def test_maintenance_process_leads_repairs_and_stops_cleanly(url: str, tmp_path:
     assert proc.returncode == 0, err
     assert "maintenance stopped" in out
     assert "attempt_open" in err  # the repair was logged
+    # Without --app it runs no schedule, and says what that means while it leads.
+    assert "note: this process runs no periodic schedule (no --app" in " ".join(err.split())
     after = _lease(url)
     assert after is not None
     assert after.expires_at <= time.time() + 1  # released, not left to expire

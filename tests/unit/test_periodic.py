@@ -263,3 +263,53 @@ async def test_a_periodic_enqueue_is_logged_as_information_not_a_warning(
     enqueued = [level for level, text in said if "enqueued periodic:" in text]
     assert enqueued == [logging.INFO, logging.INFO]  # the first pass only starts the mark
     assert all(level < logging.WARNING for level, _ in said), said
+
+
+async def test_a_worker_says_when_the_leader_does_not_run_its_schedule(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A maintenance leader whose app lacks a schedule (``tokenline maintenance`` with
+    no ``--app``, a worker of an older deploy) never enqueued it, and nothing said so:
+    the schedule silently never ran. A worker whose app has it, and which does not
+    lead, now says so, naming the schedule and the leader, once per term."""
+    import asyncio
+    import dataclasses
+    import logging
+
+    from tokenline import WorkerSettings
+    from tokenline.maintenance import MAINTENANCE_LEASE
+    from tokenline.stores import MemoryStore
+    from tokenline.worker import Worker
+
+    app = App("memory://")
+    register(app, cron="* * * * * *", name="tick")
+    store = MemoryStore()
+    held = await store.resource_lease_acquire(
+        resource=MAINTENANCE_LEASE, owner="dedicated", ttl=1e3
+    )
+    assert held is not None  # a leader without the schedule
+    settings = dataclasses.replace(
+        WorkerSettings(), lease_ttl=0.6, renew_interval=0.15, periodic_interval=0.05
+    )
+    worker = Worker(app, settings, store=store)
+    task = asyncio.create_task(worker.run())
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "is not being run" in r.getMessage()]
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="tokenline.maintenance"):
+            async with asyncio.timeout(30):
+                while not said():  # noqa: ASYNC110 (polling: no event to wait on)
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(2.5)  # more looks: still said once for this term
+    finally:
+        worker.request_shutdown()
+        worker.request_shutdown()
+        await asyncio.wait_for(task, 30)
+    (line,) = said()
+    assert line.startswith(
+        "periodic schedule 'tick' is not being run: the maintenance leader dedicated (term 1) "
+        "has never started it"
+    ), line
+    assert await store.schedule_marks() == {}

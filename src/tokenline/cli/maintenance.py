@@ -123,6 +123,16 @@ def maintenance(
         app = resolve_app(app_spec, url)
         owner = _owner("maintenance")
         console.print(f"maintenance {owner} standing for leadership", highlight=False)
+        if not app.periodics:
+            # While it leads, the workers' own schedulers stand idle: their schedules
+            # would silently not run (the workers say so in their logs too).
+            err_console.print(
+                "note: this process runs no periodic schedule (no --app, or an app "
+                "without one): while it leads maintenance, the periodic jobs of the "
+                "workers' apps are not enqueued; give it --app",
+                highlight=False,
+                markup=False,
+            )
         store = app.open_store(timeout=settings.call_timeout)
         with contextlib.ExitStack() as stack:
             if metrics_port is not None:

@@ -65,6 +65,7 @@ from ..maintenance import (
     ServiceReport,
     standard_services,
 )
+from ..maintenance.schedule_watch import ScheduleWatch
 from ..retry import RetryPolicy, policy_delay
 from .completer import BatchCompleter, ClaimArgs
 from .context import JobContext, decode_args
@@ -382,6 +383,8 @@ class Worker:
         ]
         if self._board.active:
             tasks.append(asyncio.create_task(self._board.watch(), name="tokenline-breakers"))
+        if self.app.periodics and self._services is None:
+            tasks.append(asyncio.create_task(self._watch_schedules(), name="tokenline-schedules"))
         stop_wait = asyncio.create_task(self._stopped.wait())
         failure: BaseException | None = None
         try:
@@ -1824,6 +1827,22 @@ class Worker:
                 on_report=self._maintenance_report,
             )
         return self._maintenance
+
+    async def _watch_schedules(self) -> None:
+        """Say, while another process leads maintenance, which of the app's periodic
+        schedules it does not run (see ``maintenance/schedule_watch.py``). Never ends:
+        a task of :meth:`run` that ends stops the worker."""
+        settings = self.settings
+        # Past this, a leader that runs a schedule would have enqueued its instant: two
+        # leases (an election after a leader died) and a few scheduler passes.
+        slack = 2 * settings.lease_ttl + 5 * settings.periodic_interval
+        watch = ScheduleWatch(self.store, self.app.periodics, owner=self.id, slack=slack)
+        while True:
+            await asyncio.sleep(slack / 2)
+            try:
+                await watch.check()
+            except Exception:  # a bug here must not stop the worker, which it only informs
+                log.exception("worker %s: the watch over periodic schedules failed", self.id)
 
     async def maintenance_once(self) -> bool:
         """Stand for (or keep) maintenance leadership and, if leader, run every
