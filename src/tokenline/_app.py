@@ -36,6 +36,7 @@ from ._jobs import (
 )
 from ._periodic import Periodic
 from ._records import validate_key
+from ._redact import redact
 from ._tasks import Task, handler_problem
 from .backpressure.breaker import (
     DEFAULT_BREAKER_WINDOW,
@@ -407,7 +408,7 @@ class App:
         return self.settings.url
 
     def __repr__(self) -> str:
-        return f"<tokenline.App url={self.url!r} tasks={sorted(self._tasks)}>"
+        return f"<tokenline.App url={redact(self.url)!r} tasks={sorted(self._tasks)}>"
 
     # -- tasks ----------------------------------------------------------------------------
     @overload

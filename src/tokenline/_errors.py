@@ -31,6 +31,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from ._redact import redact
+
 __all__ = [
     "ConfigError",
     "DependencyOpenError",
@@ -59,6 +61,11 @@ __all__ = [
 
 class TokenlineError(Exception):
     """Base class of every error tokenline raises."""
+
+    def __str__(self) -> str:
+        # A message may quote a store URL, and a URL may carry a password: the text of
+        # every tokenline error shows it as *** (see _redact.py).
+        return redact(super().__str__())
 
 
 class ConfigError(TokenlineError, ValueError):

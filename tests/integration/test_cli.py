@@ -845,3 +845,21 @@ def test_lease_listings_on_a_slow_link_date_what_they_read_after_reading_it(
     (row,) = json.loads(result.stdout)["resource_leases"]
     assert row["expires_in"] <= ttl, row
     assert row["age"] >= 0, row
+
+
+def test_status_and_migrate_show_no_password(postgres_server: str, absent_schema: str) -> None:
+    """``status`` (text and ``--json``) and ``migrate`` printed the store URL with its
+    password; output an operator pastes into a ticket. The server here trusts every
+    connection, so the password is never checked, only printed, or not."""
+    secret = "S3cretPW"
+    url = postgres_server.replace("postgres@", f"postgres:{secret}@") + f"?schema={absent_schema}"
+    assert secret in url
+    outputs = [
+        CliRunner().invoke(main, ["migrate", "--url", url]),
+        CliRunner().invoke(main, ["status", "--url", url]),
+        CliRunner().invoke(main, ["status", "--url", url, "--json"]),
+    ]
+    for result in outputs:
+        assert result.exit_code == 0, result.output
+        assert secret not in result.output, result.output
+    assert json.loads(outputs[2].stdout)["url"].startswith("postgresql://postgres:***@")

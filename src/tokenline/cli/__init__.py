@@ -33,6 +33,7 @@ from .._errors import ConfigError, InvalidInputError
 from .._jobs import MAX_DELAY, MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH, MAX_PRIORITY, MIN_PRIORITY
 from .._logging import configure as configure_logging
 from .._records import validate_key
+from .._redact import redact
 from ..stores import Store, store_from_url
 from ..worker import run_worker
 from ..worker.worker import SignalLatch
@@ -492,7 +493,7 @@ def migrate(app_spec: str | None, url: str | None, timeout: float) -> None:
         said = f"schema upgraded from version {done[0]} to {done[1]}"
     else:
         said = f"schema upgraded (schema version {version})"
-    console.print(f"{escape(app.url)}: {said}", highlight=False)
+    console.print(f"{escape(redact(app.url))}: {said}", highlight=False)
 
 
 for command in (

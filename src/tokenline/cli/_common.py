@@ -52,6 +52,7 @@ from .._errors import (
     TokenlineError,
 )
 from .._logging import LEVELS, json_text, printable
+from .._redact import redact
 from ..stores import Store, refuse_sqlite_url_options, split_url
 from ..stores.base import MAX_JOB_ID
 
@@ -196,7 +197,7 @@ def resolve_app(
         if url is not None and url != app.url:
             moved = app.on(url)
             err_console.print(
-                f"note: {app_spec} was built for {app.url}; using {url} "
+                f"note: {app_spec} was built for {redact(app.url)}; using {redact(url)} "
                 "(from --url or TOKENLINE_URL)",
                 highlight=False,
                 markup=False,
@@ -284,7 +285,7 @@ def refuse_memory_store(app: App, command: str) -> None:
     success."""
     if app.url.split(":", 1)[0].strip().lower() == "memory":
         raise click.UsageError(
-            f"{command} on {app.url}: the memory store lives only inside one process, so "
+            f"{command} on {redact(app.url)}: the memory store lives only inside one process, so "
             "what this command stores would be gone when it exits; give a sqlite:/// or "
             "postgresql:// URL (--url or TOKENLINE_URL)"
         )

@@ -34,6 +34,7 @@ import click
 from .._app import App
 from .._errors import ConfigError
 from .._jobs import JobState
+from .._redact import redact
 from ..drill._scratch import scratch_for
 from ..stores import Store
 from ._common import Seconds, Whole, console, interrupt_on_sigterm
@@ -231,7 +232,7 @@ def bench(
     except ConfigError as exc:
         raise click.BadParameter(exc.reason, param_hint="--url") from None
     load_before = _load()
-    console.print(f"store: {scratch.url}", highlight=False, markup=False, soft_wrap=True)
+    console.print(f"store: {redact(scratch.url)}", highlight=False, markup=False, soft_wrap=True)
     try:
         scratch.prepare({})
         _measure(

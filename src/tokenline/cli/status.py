@@ -22,6 +22,7 @@ from typing import Any
 import click
 from rich.markup import escape
 
+from .._redact import redact
 from ..health import CHANNELS, FAILURES, failure_kind
 from ..health import read_status as _status
 from ._common import (
@@ -184,9 +185,9 @@ def status(app_spec: str | None, url: str | None, timeout: float, as_json: bool)
         app = resolve_app(app_spec, url, migrate=False)
         report = asyncio.run(_status(app.open_store(), timeout, tuple(app.dependencies)))
     if as_json:
-        print_json(_status_json(app.url, report))
+        print_json(_status_json(redact(app.url), report))
     else:
-        _status_text(app.url, report)
+        _status_text(redact(app.url), report)
     channels = report["channels"]
     if report["store"] != "ok" or any(c["ok"] is False for c in channels.values()):
         raise SystemExit(1)
