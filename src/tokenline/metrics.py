@@ -142,6 +142,7 @@ import errno
 import logging
 import math
 import socket
+import sys
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -694,12 +695,49 @@ def _fill(
 # -- the HTTP server ------------------------------------------------------------------------
 
 
+#: Connections the metrics server serves at once; more are closed at once. A scraper
+#: needs one; clients that open connections and send nothing (slowloris) took the
+#: process to hundreds of threads.
+MAX_CONNECTIONS = 64
+#: Seconds a connection may stay silent (a request not sent, a response not read).
+IDLE_TIMEOUT = 10.0
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     registry: CollectorRegistry
     health: Check
     ready: Check
     routes: dict[str, Route]
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # too many at once: this one is closed unread
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError):
+            # A client gone (a scrape timed out, a connection reset) or silent too long:
+            # its business, not a traceback in the worker's log.
+            log.debug("metrics client %s: %s", client_address, exc)
+            return
+        log.exception("metrics request from %s failed", client_address)
 
 
 class _Server6(_Server):
@@ -708,6 +746,7 @@ class _Server6(_Server):
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "tokenline-metrics"
+    timeout = IDLE_TIMEOUT
 
     def do_GET(self) -> None:
         server = cast(_Server, self.server)

@@ -221,3 +221,55 @@ def test_maintenance_repairs_count_by_service_and_kind_and_the_term_is_a_gauge(
     assert value(registry, "tokenline_maintenance_leader_term") == 7
     metrics(events.LeaderChanged("w", None))
     assert value(registry, "tokenline_maintenance_leader_term") == 0
+
+
+def test_the_metrics_server_bounds_its_connections_and_logs_no_client_gone(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Clients that connect and send nothing took a worker to hundreds of threads, and
+    each client that hung up before reading (a scrape that timed out) left a
+    traceback in the worker's log. Silent connections are now closed after a while,
+    those past a bound at once, and a client gone is no error."""
+    import contextlib
+    import logging
+    import socket
+    import struct
+    import threading
+    import time
+
+    from tokenline import metrics
+
+    monkeypatch.setattr(metrics, "MAX_CONNECTIONS", 3)
+    monkeypatch.setattr(metrics._Handler, "timeout", 0.5)
+    server = metrics.serve(0)
+    opened: list[socket.socket] = []
+    try:
+        threads = threading.active_count()
+        with caplog.at_level(logging.DEBUG, logger="tokenline.metrics"):
+            for _ in range(8):  # slowloris: connect, send nothing
+                opened.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+            time.sleep(0.2)
+            assert threading.active_count() <= threads + 3
+            # The five past the bound were closed unread: they read the end at once.
+            ends: list[bytes] = []
+            for sock in opened:
+                sock.settimeout(0.1)
+                with contextlib.suppress(TimeoutError):
+                    ends.append(sock.recv(1))
+            assert ends.count(b"") >= 5
+            # The silent ones are closed once their time is up; then a scrape answers.
+            time.sleep(1.0)
+            for _ in range(5):  # requests sent, answers never read
+                gone = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+                gone.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                gone.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                gone.close()  # a reset, before the answer is read
+            with socket.create_connection(("127.0.0.1", server.port), timeout=5) as scrape:
+                scrape.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+                assert scrape.recv(100).startswith(b"HTTP/1.0 200")
+            time.sleep(0.3)
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    finally:
+        for sock in opened:
+            sock.close()
+        server.close()
