@@ -459,12 +459,76 @@ async def test_a_form_giving_a_field_twice_is_refused(
     assert await fingerprint(state.url) == before
 
 
-@pytest.mark.parametrize("token", ["", " ", "\t\n  ", "short", " padded-operator-token "])
+@pytest.mark.parametrize(
+    "token",
+    [
+        "",
+        " ",
+        "\t\n  ",
+        "short",
+        " padded-operator-token ",
+        "pässwörd-geheim-1234",  # refused as a header: not ASCII
+        "two-line\noperator-token",  # no password field holds it
+        "spaced operator token",
+    ],
+)
 def test_a_blank_or_weak_operator_token_is_refused_at_creation(state: State, token: str) -> None:
     """A blank token never enables actions (nor silently leaves them off): the app is
-    not created; nor with a short or padded one."""
-    with pytest.raises(ValueError, match=r"blank|whitespace|characters long"):
+    not created; nor with a short or padded one, nor with one that cannot be sent as
+    a Bearer header or typed (not printable ASCII)."""
+    with pytest.raises(ValueError, match=r"blank|whitespace|characters long|printable ASCII"):
         create_app(state.app, operator_token=token)
+
+
+@pytest.mark.parametrize(
+    ("form_token", "header"),
+    [
+        (None, f"Bearer  {TOKEN}"),  # padded: taken as sent, so wrong
+        (None, f"bearer {TOKEN}"),  # not the scheme
+        (None, TOKEN),  # no scheme
+        (TOKEN, "Bearer wrong-operator-token"),  # a right form does not cover a wrong header
+        ("wrong-operator-token", f"Bearer {TOKEN}"),
+    ],
+)
+async def test_an_operator_token_given_two_ways_must_be_right_both_ways(
+    client: httpx.AsyncClient, state: State, form_token: str | None, header: str
+) -> None:
+    """A wrong Bearer token beside the right form field was accepted, and a padded
+    Bearer token was trimmed into the right one. The header is taken as sent, and when
+    both are given they must agree; nothing changes otherwise."""
+    before = await fingerprint(state.url)
+    answer = await act(
+        client,
+        "pause-queue",
+        {"queue": "default"},
+        token=form_token,
+        headers={"authorization": header},
+    )
+    assert answer.status_code == 401, answer.text
+    assert await fingerprint(state.url) == before
+
+
+async def test_an_action_whose_answer_was_lost_says_it_may_have_been_made(
+    client: httpx.AsyncClient, state: State, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store made the change and its answer was lost: the page said "The store
+    cannot be read", and an operator took it that nothing had happened. It now says the
+    change may have been made, as the command line does."""
+    from tokenline import StoreUnavailableError
+    from tokenline.stores.sqlite import SQLiteStore
+
+    made = SQLiteStore.queue_pause
+
+    async def lost(self: SQLiteStore, **kwargs: Any) -> Any:
+        await made(self, **kwargs)
+        raise StoreUnavailableError("the connection was reset")
+
+    monkeypatch.setattr(SQLiteStore, "queue_pause", lost)
+    answer = await act(client, "pause-queue", {"queue": "default"})
+    assert answer.status_code == 503
+    assert "The store did not answer the action" in answer.text
+    assert "may have made the change before its answer was lost" in answer.text
+    assert (await fingerprint(state.url))[1] == ["default", "emails"]  # it was made
 
 
 async def test_get_never_acts(client: httpx.AsyncClient, state: State) -> None:

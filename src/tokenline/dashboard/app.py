@@ -33,7 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._app import App
 from .._config import validate_queue_name
-from .._errors import JobNotFoundError, QueueNameError, StoreError
+from .._errors import JobNotFoundError, QueueNameError, StoreError, StoreUnavailableError
 from .._jobs import JobState, describe
 from ..cli._common import ago, when
 from ..health import CHANNELS, alive, worker_state
@@ -302,6 +302,23 @@ def _server(request: Request) -> tuple[str, int | None] | None:
     return (str(server[0]), server[1]) if server else None
 
 
+def _operator(dash: _Dashboard, request: Request, in_form: str | None) -> Refusal | None:
+    """The operator token's check: the form's field, or ``Authorization: Bearer``;
+    given both, they must be the same (a wrong one is never covered by a right one),
+    and the header's token is taken as sent, never trimmed."""
+    header = request.headers.get("authorization")
+    bearer: str | None = None
+    if header is not None:
+        scheme, _, bearer = header.partition(" ")
+        if scheme != "Bearer" or not bearer:
+            why = "the Authorization header is not `Bearer <token>`"
+            return Refusal(401, "Operator token refused", why)
+    if in_form and bearer is not None and in_form != bearer:
+        why = "the form and the Authorization header give different tokens"
+        return Refusal(401, "Operator token refused", why)
+    return dash.guard.check_operator(in_form or bearer or None)
+
+
 async def act(dash: _Dashboard, request: Request) -> Response:
     """Carry an action out, once the guard lets it through; every attempt is logged."""
     action = _action(dash, request)
@@ -329,8 +346,7 @@ async def act(dash: _Dashboard, request: Request) -> Response:
         form = {k: v for k, v in raw.items() if isinstance(v, str)}
         refusal = dash.guard.check_csrf(form.get("csrf"))
     if refusal is None:
-        bearer = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        refusal = dash.guard.check_operator(form.get("operator_token") or bearer or None)
+        refusal = _operator(dash, request, form.get("operator_token"))
     if refusal is not None:
         logger.warning("action %s by %s refused: %s", action.name, who, refusal.why)
         return dash.refused(request, refusal)
@@ -339,11 +355,21 @@ async def act(dash: _Dashboard, request: Request) -> Response:
     except BadInput as exc:
         logger.warning("action %s by %s refused: %s", action.name, who, exc)
         return dash.problem(request, 400, "Bad request", str(exc))
+    asked = False
     try:
         async with data.opened(dash.app) as store:
+            asked = True
             outcome: Outcome = await action.run(store, params)
     except (StoreError, TimeoutError) as exc:  # answered 503 by the route's guard
         logger.warning("action %s %s by %s failed: store error: %s", action.name, params, who, exc)
+        if asked and isinstance(exc, StoreUnavailableError | TimeoutError):
+            # The store was asked, and its answer lost: the change may have been made,
+            # as the command line says too. Said so, not "cannot be read".
+            why = (
+                f"{str(exc) or type(exc).__name__}. The store may have made the change "
+                "before its answer was lost: look before trying again"
+            )
+            return dash.problem(request, 503, "The store did not answer the action", why)
         raise
     log = logger.info if outcome.done else logger.warning
     log("action %s %s by %s: %s %s", action.name, params, who, outcome.status, outcome.message)

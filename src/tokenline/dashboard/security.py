@@ -54,6 +54,14 @@ def check_operator_token(token: str, *, name: str = "the operator token") -> str
         )
     if token != token.strip():
         raise ValueError(f"{name} starts or ends with whitespace: remove it")
+    if not all("!" <= c <= "~" for c in token):
+        # Sent as `Authorization: Bearer …` it must be plain ASCII (a header is read as
+        # Latin-1), and typed into a password field it cannot hold a line break.
+        raise ValueError(
+            f"{name} holds a space, a control character or a character outside ASCII: "
+            "use printable ASCII only (e.g. python -c 'import secrets; "
+            "print(secrets.token_urlsafe())')"
+        )
     if len(token) < MIN_TOKEN_LENGTH:
         raise ValueError(
             f"{name} is {len(token)} characters long: use a secret of at least "
