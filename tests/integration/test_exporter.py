@@ -391,3 +391,19 @@ async def test_a_collector_read_from_a_running_event_loop_finds_its_store(
     finally:
         collector.close()
         app.close()
+
+
+def test_the_exporter_scale_hint_answers_hold_at_once_on_a_failing_channel() -> None:
+    """The exporter's /scale-hint took two looks a second apart even when the first
+    found a channel failing (11 s on a stalled store); the command answered hold at
+    once. It does too: one look, whatever its interval (ten minutes here, which would
+    outlast the test otherwise)."""
+    from tokenline.cli.scale import ScaleHinter
+    from tokenline.stores import store_from_url
+
+    down = "postgresql://postgres@127.0.0.1:1/test"  # nothing listens there
+    hinter = ScaleHinter(lambda: store_from_url(down), timeout=2.0, min_interval=600.0)
+    for _ in range(2):
+        status, body, _ = hinter.answer()
+        hint = json.loads(body)
+        assert (status, hint["advice"], hint["seconds"]) == (200, "hold", 0), hint

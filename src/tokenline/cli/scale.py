@@ -198,6 +198,10 @@ class ScaleHinter:
         last = self._last
         if last is None or time.monotonic() - last[0] < self._min_interval:
             before = await snapshot(self._open_store, self._timeout)
+            if before.failing_channels:
+                # Hold at once, as the command does: no second wait on the channel.
+                self._last = (time.monotonic(), before)
+                return scale_hint(before, before)
             await asyncio.sleep(self._min_interval)
         else:
             before = last[1]
