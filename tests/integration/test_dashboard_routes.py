@@ -739,3 +739,23 @@ def test_a_malformed_allowed_host_is_refused_at_creation(state: State) -> None:
     for bad in ("*.example.com", "http://x.test", "x.test:99999", "::1"):
         with pytest.raises(ValueError, match="not a host name"):
             create_app(state.app, allowed_hosts=[bad])
+
+
+async def test_a_worker_whose_id_holds_a_slash_has_its_page(
+    client: httpx.AsyncClient, state: State
+) -> None:
+    """A worker id may hold "/" (``team/w-1``): the overview linked to a page that
+    answered 404."""
+    from dashboard_state import TTL, _record
+
+    store = store_from_url(state.url)
+    await store.open()
+    try:
+        await store.worker_register(record=_record("team/w-1"), ttl=TTL)
+    finally:
+        await store.close()
+    overview = await client.get("/")
+    assert 'href="/workers/team/w-1"' in overview.text
+    page = await client.get("/workers/team/w-1")
+    assert page.status_code == 200, page.text
+    assert "team/w-1" in page.text

@@ -481,7 +481,7 @@ def create_app(
         Route("/", _store_guard(overview)),
         Route("/queues/{name}", _store_guard(queue_view)),
         Route("/jobs/{job_id}", _store_guard(job_view)),
-        Route("/workers/{worker_id}", _store_guard(worker_view)),
+        Route("/workers/{worker_id:path}", _store_guard(worker_view)),
         Route("/leases", _store_guard(leases_view)),
         Route("/dlq", _store_guard(dlq_view)),
         Route("/audit", _store_guard(audit_view)),
