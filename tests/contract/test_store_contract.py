@@ -425,6 +425,22 @@ async def test_cancel_only_touches_waiting_or_dead_jobs(store: Any) -> None:
     await store.job_complete(lease=c.lease)
 
 
+async def test_a_cancelled_dead_job_keeps_no_error_class(store: Any) -> None:
+    """A dead job an operator cancelled showed "cancelled by an operator (permanent)":
+    the reason was the operator's, the class its old failure's."""
+    (jid,) = await store.jobs_enqueue(jobs=[new()])
+    c = await claim_one(store)
+    await store.job_dead(lease=c.lease, error="card declined", error_class="permanent")
+    assert (await store.job_get(job_id=jid)).error_class == "permanent"
+    assert await store.jobs_cancel(job_ids=[jid], reason="cancelled by an operator") == 1
+    job = await store.job_get(job_id=jid)
+    assert (job.state, job.last_error, job.error_class) == (
+        JobState.CANCELLED,
+        "cancelled by an operator",
+        None,
+    )
+
+
 async def test_stats_count_states_and_oldest_age(store: Any, clock: FakeClock) -> None:
     """Stats report counts per state and the age of the oldest ready job."""
     await store.jobs_enqueue(jobs=[new(), new()])

@@ -396,6 +396,7 @@ class MemoryStore(MemoryMaintenance, MemoryRetention, MemoryLedger, Store):
                         job,
                         state=JobState.CANCELLED,
                         last_error=reason,
+                        error_class=None,  # the reason is the operator's, of no class
                         finished_at=now,
                         updated_at=now,
                     )

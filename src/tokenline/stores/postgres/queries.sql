@@ -618,7 +618,7 @@ SELECT count(*) FROM revived, notified;
 
 -- name: cancel
 UPDATE {schema}.jobs
-SET state = 'cancelled', last_error = %(reason)s,
+SET state = 'cancelled', last_error = %(reason)s, error_class = NULL,
     finished_at = {schema}.now_epoch(%(now)s), updated_at = {schema}.now_epoch(%(now)s)
 WHERE id = ANY (%(ids)s::bigint[]) AND state IN ('queued', 'scheduled', 'dead');
 

@@ -309,7 +309,8 @@ WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'dead';
 
 -- name: cancel
 UPDATE tokenline_jobs
-SET state = 'cancelled', last_error = :reason, finished_at = :now, updated_at = :now
+SET state = 'cancelled', last_error = :reason, error_class = NULL, finished_at = :now,
+    updated_at = :now
 WHERE id IN (SELECT value FROM json_each(:ids))
   AND state IN ('queued', 'scheduled', 'dead');
 

@@ -27,6 +27,7 @@ for i = 4, #ARGV do
       if h.state ~= 'dead' then wait_del(id, h.queue, h.task, h.priority) end
       redis.call('HSET', key, 'state', 'cancelled', 'last_error', reason,
                  'finished_at', f(now), 'updated_at', f(now))
+      redis.call('HDEL', key, 'error_class')  -- the reason is the operator's, of no class
       set_state(id, h.queue, h.state, 'cancelled', now)
       moved = moved + 1
     end
