@@ -721,11 +721,6 @@ class Store(Broker, Leases, Ledger):
     async def open(self) -> None:
         """Connect and create or check the schema; raise a :class:`StoreError` on failure."""
 
-    def channel_of(self, exc: BaseException, channel: str) -> str:
-        """The role whose server failed with ``exc``, raised by a call of role
-        ``channel``: that one, for a store whose roles share one server."""
-        return channel
-
     @abc.abstractmethod
     async def close(self) -> None:
         """Release connections. Safe to call twice."""

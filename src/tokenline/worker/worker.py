@@ -1609,6 +1609,8 @@ class Worker:
     def _note_channel(self, what: str, exc: Exception, channel: str) -> None:
         """Emit the failure for the metrics, under the role whose server failed."""
         if events.enabled():
+            # A store whose roles live on different servers (the split topology) says
+            # which failed; on the others every role is the one server's.
             inner = getattr(self.store, "inner", self.store)
             channel_of = getattr(inner, "channel_of", None)
             if channel_of is not None:
