@@ -1323,11 +1323,11 @@ class Worker:
             )
         # policy_delay: a policy that answers no valid delay must not fail the worker.
         delay = decision.delay if decision.delay is not None else policy_delay(retry, job.attempt)
+        reason = decision.reason
         if not self._budget.try_spend(job.queue, self.clock.monotonic()):
             # More retries than the queue's budget: a failing dependency must not get
             # them all at once. The attempt is spent as any retry's; only its delay grows.
             window = self.settings.retry_budget_window
-            reason = decision.reason
             if delay < window:
                 budget = self._budget.describe(job.queue, self.clock.monotonic())
                 log.info(
@@ -1341,8 +1341,7 @@ class Worker:
                     f"{reason} (the retry budget of queue {job.queue!r} was spent: it "
                     f"waits {window:g}s)"
                 )
-            return Finish(slot.lease, Outcome.RETRY, delay, reason, "transient")
-        return Finish(slot.lease, Outcome.RETRY, delay, decision.reason, "transient")
+        return Finish(slot.lease, Outcome.RETRY, delay, reason, "transient")
 
     async def _commit(self, slot: Slot, finish: Finish) -> None:
         """Self-fence, then commit through the batch completer; a refusal fences us.
