@@ -129,6 +129,7 @@ def dashboard(
         import uvicorn
 
         from ..dashboard import create_app
+        from ..dashboard.serving import server_config
     except ImportError as exc:
         raise click.ClickException(f"{INSTALL_HINT} ({exc})") from None
     from ..dashboard.hosts import root_url
@@ -169,7 +170,7 @@ def dashboard(
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda signum, frame: None)
         try:
-            server = uvicorn.Server(uvicorn.Config(web, log_level="warning"))
+            server = uvicorn.Server(server_config(web))
             server.run(sockets=[listening])
         finally:
             listening.close()
