@@ -29,6 +29,7 @@ from tokenline._errors import (
     JobNotFoundError,
     SchemaVersionError,
     StaleTokenError,
+    StoreCorruptError,
     StoreError,
     StoreUnavailableError,
 )
@@ -400,6 +401,49 @@ async def test_a_failed_migration_leaves_nothing_behind(
         "SELECT tablename FROM pg_tables WHERE schemaname = %s", (postgres_schema,)
     )
     assert await cur.fetchall() == [("leases",)]
+
+
+async def test_the_object_list_is_what_the_migrations_make(
+    pg: PostgresStore, admin: psycopg.AsyncConnection[Any], postgres_schema: str
+) -> None:
+    """The objects a damaged schema is checked for are exactly those a fresh migration
+    makes: a migration that adds one must name it in _catalog.OBJECTS."""
+    from tokenline.stores.postgres._catalog import OBJECTS, schema_objects
+
+    found = await schema_objects(admin, postgres_schema)
+    assert {kind: set(names) for kind, names in OBJECTS.items()} == found
+
+
+@pytest.mark.parametrize(
+    ("damage", "lacks"),
+    [
+        ("DROP TABLE {}.open_blocks CASCADE", "table open_blocks"),
+        ("DROP INDEX {}.jobs_ready", "index jobs_ready"),
+        ("DROP TRIGGER jobs_monotonic ON {}.jobs", "trigger jobs_monotonic"),
+        ("ALTER TABLE {}.jobs DROP CONSTRAINT jobs_state_check", "constraint jobs_state_check"),
+        ("ALTER TABLE {}.unique_keys DROP CONSTRAINT unique_keys_pkey", "index unique_keys_pkey"),
+        ("DROP FUNCTION {}.unique_key_released", "function unique_key_released"),
+    ],
+)
+async def test_a_damaged_schema_is_refused_by_open_and_migrate_naming_what_it_lacks(
+    pg: PostgresStore,
+    postgres_url: str,
+    admin: psycopg.AsyncConnection[Any],
+    postgres_schema: str,
+    damage: str,
+    lacks: str,
+) -> None:
+    """A table, index, trigger, constraint or function dropped by hand went unnoticed:
+    `tokenline migrate` said the schema was up to date, status said ok, and every job
+    that needed the missing table spent its attempts until it was dead (or, for the
+    state trigger, a safety check was gone). Opening the store and migrating now refuse
+    the schema, naming what it lacks, and change nothing."""
+    (jid,) = await pg.jobs_enqueue(jobs=[new()])
+    await admin.execute(sql.SQL(damage).format(sql.Identifier(postgres_schema)))
+    for attempt in (PostgresStore(postgres_url).open, PostgresStore(postgres_url).migrate):
+        with pytest.raises(StoreCorruptError, match=f"damaged: it lacks .*{lacks}"):
+            await attempt()
+    assert (await pg.job_get(job_id=jid)).state is JobState.QUEUED
 
 
 async def test_wrong_database_name_is_named_in_the_error(postgres_server: str) -> None:

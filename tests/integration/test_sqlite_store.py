@@ -41,6 +41,7 @@ async def test_corrupt_file_is_reported_and_not_modified(tmp_path: Path) -> None
 async def test_newer_schema_is_refused_with_a_hint(tmp_path: Path) -> None:
     """A file written by a newer tokenline is refused, not downgraded."""
     path = tmp_path / "new.db"
+    await SQLiteStore(f"sqlite:///{path}").migrate()  # a store, then a newer one's mark
     with sqlite3.connect(path) as conn:
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     with pytest.raises(SchemaVersionError, match="upgrade tokenline"):

@@ -882,3 +882,23 @@ UPDATE {schema}.leases
 SET token = token + 1, expires_at = {schema}.now_epoch(%(now)s)
 WHERE resource = %(key)s AND token = %(token)s AND owner = %(owner)s
   AND expires_at > {schema}.now_epoch(%(now)s);
+
+-- name: schema_objects
+-- Every object of the schema tokenline's checks look for (_catalog.py), as kind and
+-- name: relations (tables, sequences, indexes), functions, triggers and constraints.
+WITH ns AS (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s)
+SELECT CASE c.relkind WHEN 'S' THEN 'sequence' WHEN 'i' THEN 'index' ELSE 'table' END,
+       c.relname
+FROM pg_catalog.pg_class AS c, ns
+WHERE c.relnamespace = ns.oid AND c.relkind IN ('r', 'p', 'S', 'i')
+UNION ALL
+SELECT 'function', p.proname FROM pg_catalog.pg_proc AS p, ns WHERE p.pronamespace = ns.oid
+UNION ALL
+SELECT 'trigger', t.tgname
+FROM pg_catalog.pg_trigger AS t
+     JOIN pg_catalog.pg_class AS c ON c.oid = t.tgrelid, ns
+WHERE c.relnamespace = ns.oid AND NOT t.tgisinternal
+UNION ALL
+SELECT 'constraint', k.conname
+FROM pg_catalog.pg_constraint AS k, ns
+WHERE k.connamespace = ns.oid;

@@ -76,6 +76,7 @@ from ..base import (
     possible_job_ids,
 )
 from ._arrays import ADAPTERS, BinaryArray, float_array
+from ._catalog import check_objects
 from ._cutoff import Cutoffs
 from ._deadline import run_bounded
 from ._errors import map_postgres_errors, maybe_made
@@ -510,6 +511,8 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
                     raise too_old(version, self.target)
                 before, version = version, await apply_migrations(conn, self.target)
                 self.migrated = (before, version)
+            # The version says which migrations ran, not that what they made is there.
+            await check_objects(conn, version, self.target)
             return version
         finally:
             await conn.close()

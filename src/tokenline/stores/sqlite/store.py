@@ -99,6 +99,7 @@ from ._callers import (
     held_by_this_thread,
     own_lock_refused,
 )
+from ._catalog import COORD, MAIN, check_objects, foreign_file, holds_tokenline_tables
 from ._claim import claim_candidates
 from ._clock import Anchor, MachineClock, Uptime, WallClock, boot_id
 from ._connection import (
@@ -478,6 +479,10 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         with map_sqlite_errors(self.path):
             conn = connect_main(self.path, busy_timeout=self.timeout)
             try:
+                # Before anything is changed (WAL is a change to the file's header).
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                if version and not holds_tokenline_tables(conn):
+                    raise foreign_file(self.path, version)
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if str(mode).lower() != "wal":
                     raise StoreError(f"cannot switch {str(self.path)!r} to WAL (got {mode})")
@@ -552,6 +557,8 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                 f"tokenline's {SCHEMA_VERSION}: upgrade tokenline"
             )
         if version == SCHEMA_VERSION:
+            # The version says which migrations ran, not that what they made is there.
+            check_objects(conn, "main", self.path, MAIN, version)
             return
         if not self._migrating:
             raise self._too_old(self.path, version)
@@ -575,6 +582,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                     for statement in statements(script):
                         conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION:d}")
+        check_objects(conn, "main", self.path, MAIN, SCHEMA_VERSION)
         self.migrated = (version, SCHEMA_VERSION)
 
     def _migrate_coord(self, coord: sqlite3.Connection) -> None:
@@ -585,6 +593,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                 f"tokenline's {COORD_VERSION}: upgrade tokenline"
             )
         if version == COORD_VERSION:
+            check_objects(coord, "coord", self.coord_path, COORD, version)
             return
         if not self._migrating:
             raise self._too_old(self.coord_path, version)
@@ -603,6 +612,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                     for statement in statements(script):
                         coord.execute(statement)
             coord.execute(f"PRAGMA coord.user_version = {COORD_VERSION:d}")
+        check_objects(coord, "coord", self.coord_path, COORD, COORD_VERSION)
         if self.migrated is None:
             self.migrated = (SCHEMA_VERSION, SCHEMA_VERSION)
 

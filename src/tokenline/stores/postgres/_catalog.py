@@ -1,0 +1,144 @@
+"""What a migrated schema holds, and what a damaged one lacks.
+
+The schema's version says which migrations ran, not that what they made is still
+there: a table, index, trigger or constraint dropped by hand (a clean-up script run
+against the wrong schema, a restore that left one out) went unnoticed while its
+absence failed every job that needed it, each failure spending an attempt, or, for a
+trigger or constraint, silently removed a safety check. Opening the store, and
+``tokenline migrate``, compare the schema with :data:`OBJECTS`, what the migrations
+make, and refuse a schema that lacks any of it.
+
+Objects a user added to the schema (an index of their own) are not a fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import tuple_row
+
+from ..._errors import StoreCorruptError
+from .._sql import load_queries
+from ._target import Target
+
+__all__ = ["OBJECTS", "check_objects", "damage_error", "missing_objects"]
+
+#: What the migrations up to this code's version make, by kind. A test compares it with
+#: a freshly migrated schema: a migration that adds or drops an object updates it.
+OBJECTS: Mapping[str, frozenset[str]] = {
+    "table": frozenset(
+        {
+            "attempts",
+            "duplicates",
+            "effects",
+            "fences",
+            "jobs",
+            "leases",
+            "open_blocks",
+            "paused_queues",
+            "schedules",
+            "schema_version",
+            "stale_commits",
+            "unique_keys",
+            "workers",
+        }
+    ),
+    "sequence": frozenset({"duplicates_id_seq", "job_ids", "stale_commits_id_seq"}),
+    "index": frozenset(
+        {
+            "attempts_pkey",
+            "duplicates_at",
+            "duplicates_pkey",
+            "effects_job",
+            "effects_pkey",
+            "fences_pkey",
+            "jobs_expiry",
+            "jobs_finished",
+            "jobs_pkey",
+            "jobs_queue_state",
+            "jobs_ready",
+            "jobs_ready_age",
+            "leases_pkey",
+            "open_blocks_xact",
+            "paused_queues_pkey",
+            "schedules_pkey",
+            "schema_version_pkey",
+            "stale_commits_pkey",
+            "unique_keys_pkey",
+            "workers_pkey",
+        }
+    ),
+    "function": frozenset(
+        {
+            "block_closed",
+            "jobs_monotonic",
+            "now_epoch",
+            "runnable_jobs",
+            "top_runnable_priority",
+            "unique_key_released",
+        }
+    ),
+    "trigger": frozenset({"jobs_monotonic", "open_blocks_closed"}),
+    "constraint": frozenset(
+        {
+            "attempts_job_id_fkey",
+            "attempts_pkey",
+            "duplicates_kind_check",
+            "duplicates_pkey",
+            "effects_pkey",
+            "effects_status_check",
+            "fences_pkey",
+            "jobs_pkey",
+            "jobs_state_check",
+            "leases_pkey",
+            "open_blocks_closed",
+            "paused_queues_pkey",
+            "schedules_pkey",
+            "schema_version_pkey",
+            "stale_commits_pkey",
+            "unique_keys_pkey",
+            "workers_pkey",
+        }
+    ),
+}
+
+_Q = load_queries(__name__.rpartition(".")[0])
+
+
+async def schema_objects(conn: AsyncConnection[Any], schema: str) -> dict[str, set[str]]:
+    """The objects ``schema`` holds, by kind (as :data:`OBJECTS` names the kinds)."""
+    cur = conn.cursor(row_factory=tuple_row)
+    await cur.execute(_Q["schema_objects"], {"schema": schema})
+    found: dict[str, set[str]] = {}
+    for kind, name in await cur.fetchall():
+        found.setdefault(kind, set()).add(name)
+    return found
+
+
+async def missing_objects(conn: AsyncConnection[Any], schema: str) -> list[str]:
+    """What of :data:`OBJECTS` ``schema`` lacks, as "kind name", sorted by kind."""
+    found = await schema_objects(conn, schema)
+    return [
+        f"{kind} {name}"
+        for kind, names in OBJECTS.items()
+        for name in sorted(names - found.get(kind, set()))
+    ]
+
+
+def damage_error(missing: list[str], version: int, target: Target) -> StoreCorruptError:
+    """The error for a schema at this code's version that lacks ``missing``."""
+    return StoreCorruptError(
+        f"the tokenline schema {target.schema!r} of {target.where} is at version {version} "
+        f"but damaged: it lacks {', '.join(missing)}. Nothing was run against it. "
+        "Migrating cannot rebuild part of a schema: restore it from a backup, or recreate "
+        "what is missing as the store's migrations.sql defines it"
+    )
+
+
+async def check_objects(conn: AsyncConnection[Any], version: int, target: Target) -> None:
+    """Raise :func:`damage_error` when the schema lacks any of :data:`OBJECTS`."""
+    missing = await missing_objects(conn, target.schema)
+    if missing:
+        raise damage_error(missing, version, target)

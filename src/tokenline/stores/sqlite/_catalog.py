@@ -1,0 +1,117 @@
+"""What a migrated SQLite store holds, and what a damaged one lacks.
+
+The files' ``user_version`` says which migrations ran, not that what they made is
+still there: a table, index or trigger dropped by hand went unnoticed while every job
+that needed it failed, each failure spending an attempt (a dropped trigger silently
+removed a safety check). Opening the store, and ``tokenline migrate``, compare both
+files with :data:`MAIN` and :data:`COORD` and refuse a store that lacks any of them.
+
+A file whose ``user_version`` is set but that holds none of tokenline's tables is
+another application's database (SQLite has one ``user_version`` per file, which
+tokenline uses for its schema version): said as such, not as a damaged store or one to
+upgrade.
+
+Objects a user added (tables of their own in the main file) are not a fault.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping
+from pathlib import Path
+
+from ..._errors import StoreCorruptError
+
+__all__ = ["COORD", "MAIN", "check_objects", "foreign_file", "holds_tokenline_tables"]
+
+#: What the main file's migrations make, by kind. A test compares it with a freshly
+#: migrated file: a migration that adds or drops an object updates it.
+MAIN: Mapping[str, frozenset[str]] = {
+    "table": frozenset(
+        {
+            "tokenline_attempts",
+            "tokenline_duplicates",
+            "tokenline_effects",
+            "tokenline_fences",
+            "tokenline_jobs",
+            "tokenline_lease_tokens",
+            "tokenline_paused_queues",
+            "tokenline_schedules",
+            "tokenline_stale_commits",
+            "tokenline_unique_keys",
+        }
+    ),
+    "index": frozenset(
+        {
+            "tokenline_duplicates_at",
+            "tokenline_effects_job",
+            "tokenline_jobs_expiry",
+            "tokenline_jobs_finished",
+            "tokenline_jobs_queue_state",
+            "tokenline_jobs_ready",
+            "tokenline_jobs_ready_age",
+        }
+    ),
+    "trigger": frozenset(
+        {
+            "tokenline_jobs_monotonic",
+            "tokenline_jobs_types_insert",
+            "tokenline_jobs_types_update",
+        }
+    ),
+}
+#: What the coordination file's migrations make.
+COORD: Mapping[str, frozenset[str]] = {
+    "table": frozenset({"clock", "job_leases", "resource_leases", "workers"}),
+    "index": frozenset({"job_leases_expiry"}),
+}
+
+
+def _objects(conn: sqlite3.Connection, schema: str) -> dict[str, set[str]]:
+    # The schema name is "main" or "coord", never the caller's text.
+    query = f"SELECT type, name FROM {schema}.sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+    rows = conn.execute(query).fetchall()
+    found: dict[str, set[str]] = {}
+    for kind, name in rows:
+        found.setdefault(str(kind), set()).add(str(name))
+    return found
+
+
+def holds_tokenline_tables(conn: sqlite3.Connection) -> bool:
+    """Whether the main file of ``conn`` holds any of tokenline's tables."""
+    return bool(MAIN["table"] & _objects(conn, "main").get("table", set()))
+
+
+def foreign_file(path: Path, version: int) -> StoreCorruptError:
+    """The error for a file whose ``user_version`` is set but that holds no tokenline
+    table: another application's database, left as it is."""
+    return StoreCorruptError(
+        f"{str(path)!r} holds no tokenline tables, yet its user_version is {version}: it "
+        "looks like another application's database, which nothing here changed. "
+        "tokenline keeps its schema version in the file's user_version, so an "
+        "application that sets user_version for its own tables cannot share the file: "
+        "give tokenline a file of its own"
+    )
+
+
+def check_objects(
+    conn: sqlite3.Connection,
+    schema: str,
+    path: Path,
+    expected: Mapping[str, frozenset[str]],
+    version: int,
+) -> None:
+    """Refuse ``schema`` ("main" or "coord", on ``conn``) when it lacks any of
+    ``expected``, naming what it lacks."""
+    found = _objects(conn, schema)
+    missing = [
+        f"{kind} {name}"
+        for kind, names in expected.items()
+        for name in sorted(names - found.get(kind, set()))
+    ]
+    if missing:
+        raise StoreCorruptError(
+            f"{str(path)!r} is at schema version {version} but damaged: it lacks "
+            f"{', '.join(missing)}. Nothing was run against it. Migrating cannot rebuild "
+            "part of a schema: restore the store's files from a backup"
+        )

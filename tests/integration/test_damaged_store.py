@@ -1,0 +1,171 @@
+"""A store whose schema was damaged by hand (a table, index or trigger dropped) is
+refused by name, and a job that meets the damage keeps its attempts."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tokenline import App, RetryPolicy, Worker, WorkerSettings
+from tokenline._errors import StoreCorruptError
+from tokenline._jobs import JobState, NewJob
+from tokenline.stores.sqlite import SQLiteStore
+from tokenline.stores.sqlite._catalog import COORD, MAIN
+
+DEADLINE = 60.0
+
+
+def _objects(path: Path, schema: str = "main") -> dict[str, set[str]]:
+    with sqlite3.connect(path) as conn:
+        if schema == "coord":
+            conn.execute("ATTACH DATABASE ? AS coord", (f"{path}-coord",))
+        rows = conn.execute(
+            f"SELECT type, name FROM {schema}.sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+        ).fetchall()
+    found: dict[str, set[str]] = {}
+    for kind, name in rows:
+        found.setdefault(kind, set()).add(name)
+    return found
+
+
+async def test_the_object_lists_are_what_the_migrations_make(tmp_path: Path) -> None:
+    """What a damaged store is checked for is exactly what a new store holds: a
+    migration that adds an object must name it in _catalog.py."""
+    path = tmp_path / "fresh.db"
+    await SQLiteStore(f"sqlite:///{path}").migrate()
+    assert _objects(path) == {kind: set(names) for kind, names in MAIN.items()}
+    assert _objects(path, "coord") == {kind: set(names) for kind, names in COORD.items()}
+
+
+@pytest.mark.parametrize(
+    ("damage", "lacks"),
+    [
+        ("DROP TABLE tokenline_effects", "table tokenline_effects"),
+        ("DROP INDEX tokenline_jobs_ready", "index tokenline_jobs_ready"),
+        ("DROP TRIGGER tokenline_jobs_monotonic", "trigger tokenline_jobs_monotonic"),
+        ("DROP INDEX coord.job_leases_expiry", "index job_leases_expiry"),
+        ("DROP TABLE coord.resource_leases", "table resource_leases"),
+    ],
+)
+async def test_a_damaged_store_is_refused_naming_what_it_lacks(
+    tmp_path: Path, damage: str, lacks: str
+) -> None:
+    """A dropped table, index or trigger went unnoticed: `tokenline migrate` said the
+    store was up to date while every job that needed the table failed until dead (and
+    a dropped trigger silently removed a check). Opening and migrating now refuse it,
+    and the jobs stay as they were."""
+    path = tmp_path / "damaged.db"
+    store = SQLiteStore(f"sqlite:///{path}")
+    await store.open()
+    (jid,) = await store.jobs_enqueue(jobs=[NewJob(queue="q", task="t", args="[]")])
+    await store.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("ATTACH DATABASE ? AS coord", (f"{path}-coord",))
+        conn.execute(damage)
+    for attempt in (
+        SQLiteStore(f"sqlite:///{path}").open,
+        SQLiteStore(f"sqlite:///{path}").migrate,
+    ):
+        with pytest.raises(StoreCorruptError, match=f"damaged: it lacks .*{lacks}"):
+            await attempt()
+    with sqlite3.connect(path) as conn:
+        row = conn.execute("SELECT state FROM tokenline_jobs WHERE id = ?", (jid,)).fetchone()
+    assert row == ("queued",)
+
+
+@pytest.mark.parametrize("version", [3, 12])
+async def test_another_applications_file_is_refused_and_left_as_it_was(
+    tmp_path: Path, version: int
+) -> None:
+    """A file with its user_version set by another application was taken for an older
+    tokenline store (migrating failed on a missing table) or a newer one ("upgrade
+    tokenline"), and was switched to WAL on the way. It is now said to be another
+    application's, and nothing in it changes."""
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+        conn.execute(f"PRAGMA user_version = {version}")
+    before = path.read_bytes()
+    for attempt in (
+        SQLiteStore(f"sqlite:///{path}").open,
+        SQLiteStore(f"sqlite:///{path}").migrate,
+    ):
+        with pytest.raises(StoreCorruptError, match="another application's database"):
+            await attempt()
+    assert path.read_bytes() == before
+    assert not path.with_name(f"{path.name}-coord").exists()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def damaged_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A fresh store's URL and the statement that drops its effects table."""
+    if request.param == "sqlite":
+        path = tmp_path / "effects.db"
+        yield f"sqlite:///{path}", "DROP TABLE tokenline_effects"
+        return
+    import psycopg
+
+    server: str = request.getfixturevalue("postgres_server")
+    schema = f"tl_dmg_{uuid.uuid4().hex[:8]}"
+    yield f"{server}?schema={schema}", f"DROP TABLE {schema}.effects CASCADE"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def _drop(url: str, statement: str) -> None:
+    if url.startswith("sqlite:"):
+        with sqlite3.connect(url[len("sqlite:///") :]) as conn:
+            conn.execute(statement)
+        return
+    import psycopg
+
+    with psycopg.connect(url.split("?")[0], autocommit=True) as conn:
+        conn.execute(statement)  # type: ignore[arg-type]
+
+
+async def test_a_job_that_meets_a_damaged_store_keeps_its_attempts(
+    damaged_url: tuple[str, str],
+) -> None:
+    """The effects table dropped under a running worker: each job that called
+    ctx.effect spent an attempt on the store's fault and went dead. The damage is the
+    store's: the job is given back, attempt intact, until the store is repaired."""
+    url, drop = damaged_url
+    app = App(url)
+    calls: list[int] = []
+
+    @app.task(name="charge", max_attempts=2, retry=RetryPolicy(base=0.05, cap=0.1))
+    def charge(ctx: object, order: int) -> None:
+        ctx.effect(f"charge:{order}", calls.append, order)  # type: ignore[attr-defined]
+
+    settings = WorkerSettings(lease_ttl=5, renew_interval=1, poll_interval=0.05)
+    store = app.open_store(timeout=settings.call_timeout)
+    await store.open()
+    worker = Worker(app, settings, store=store)
+    jid = await app.enqueue_async("charge", 1)
+    await asyncio.to_thread(_drop, url, drop)  # both stores are open: opening refuses it
+    run = asyncio.create_task(worker.run())
+    try:
+
+        async def three_runs_or_the_end() -> None:
+            while True:
+                job = await store.job_get(job_id=jid)
+                runs = await store.job_attempts(job_id=jid)
+                if job.state.finished or len(runs) >= 3:
+                    return
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(three_runs_or_the_end(), DEADLINE)
+        job = await store.job_get(job_id=jid)
+        assert job.state is not JobState.DEAD, job.last_error
+        assert job.attempt <= 1  # given back each time (the one running, at most)
+        assert "damaged" in (job.last_error or "") or "missing" in (job.last_error or "")
+        assert calls == []  # the callee never ran: its key could not be taken
+    finally:
+        worker.request_shutdown()
+        await asyncio.wait_for(run, DEADLINE)
+        app.close()
