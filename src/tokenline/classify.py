@@ -38,6 +38,8 @@ from ._errors import (
     NotSupportedError,
     Permanent,
     Retry,
+    SchemaVersionError,
+    StoreCorruptError,
     StoreUnavailableError,
 )
 from ._jobs import describe, exception_text, seconds_problem
@@ -137,6 +139,11 @@ def classify(exc: BaseException, user: Classifier | None = None) -> Decision:
     if isinstance(exc, Permanent):
         return Decision(ErrorClass.PERMANENT, _given(exc.reason, "Permanent"))
     if isinstance(exc, FencedError | StoreUnavailableError):
+        return Decision(ErrorClass.COORDINATION, _describe(exc))
+    if isinstance(exc, StoreCorruptError | SchemaVersionError):
+        # The store's schema is damaged or not this code's: the job is not at fault,
+        # and spending its attempts dead-lettered every job that met it. It waits,
+        # attempt intact, for the store to be repaired.
         return Decision(ErrorClass.COORDINATION, _describe(exc))
     if isinstance(exc, LeaseBusyError | EffectPendingError):
         # Contention, not a fault of the job: another live attempt holds the resource or

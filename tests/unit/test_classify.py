@@ -20,7 +20,9 @@ from tokenline import (
     LeaseExpiredError,
     Permanent,
     Retry,
+    SchemaVersionError,
     StaleTokenError,
+    StoreCorruptError,
     StoreUnavailableError,
     classify,
 )
@@ -319,3 +321,17 @@ def test_contention_is_coordination_not_a_failure_of_the_job(exc: Exception) -> 
     assert classify(exc).error_class is ErrorClass.COORDINATION
     # A user classifier is not asked: contention is tokenline's own signal.
     assert classify(exc, lambda e: ErrorClass.PERMANENT).error_class is ErrorClass.COORDINATION
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        StoreCorruptError("the tokenline schema 's' is missing or incomplete"),
+        SchemaVersionError("the tokenline schema 's' is at version 15, newer than this"),
+    ],
+)
+def test_a_damaged_store_is_coordination_not_a_failure_of_the_job(exc: Exception) -> None:
+    """A table dropped from the store failed every job that needed it, each spending
+    its attempts until dead: the store's fault, charged to the jobs. Given back
+    instead, attempt intact, until the store is repaired."""
+    assert classify(exc).error_class is ErrorClass.COORDINATION

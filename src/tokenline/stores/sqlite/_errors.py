@@ -85,6 +85,16 @@ def _primary(exc: sqlite3.Error) -> int | None:
     return None if code is None else int(code) & 0xFF
 
 
+def _lacks_own_table(exc: sqlite3.Error) -> bool:
+    """Whether ``exc`` says a table of tokenline's own is missing: its main tables are
+    all named ``tokenline_…``, and the coordination file is attached as ``coord``."""
+    text = str(exc)
+    if not text.startswith("no such table: "):
+        return False
+    table = text.removeprefix("no such table: ")
+    return table.startswith(("tokenline_", "main.tokenline_", "coord."))
+
+
 @contextlib.contextmanager
 def map_sqlite_errors(path: Path) -> Iterator[None]:
     """Translate ``sqlite3`` errors raised inside the block, naming ``path``."""
@@ -105,6 +115,12 @@ def map_sqlite_errors(path: Path) -> Iterator[None]:
             raise StoreCorruptError(
                 f"{str(_damaged(path))!r} is not a usable tokenline store file ({exc}); "
                 "nothing was changed"
+            ) from exc
+        if _lacks_own_table(exc):
+            # A table of tokenline's dropped from a store at the current version: the
+            # store's fault, not the job's (see _catalog.py, which refuses it at open).
+            raise StoreCorruptError(
+                f"SQLite store {where} is damaged: {exc}. Restore the store's files from a backup"
             ) from exc
         if code == sqlite3.SQLITE_CONSTRAINT:
             raise StoreError(f"SQLite store {where} refused a write: {exc}") from exc
