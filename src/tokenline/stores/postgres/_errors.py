@@ -24,7 +24,66 @@ from ..._errors import (
 )
 from ._target import Target
 
-__all__ = ["describe_connect_failure", "map_postgres_errors", "maybe_made"]
+__all__ = [
+    "READ_ONLY_SQLSTATE",
+    "ReadOnlyServerError",
+    "describe_connect_failure",
+    "is_read_only",
+    "map_postgres_errors",
+    "maybe_made",
+    "read_only_message",
+]
+
+#: read_only_sql_transaction: a write refused by a server or session that accepts none.
+READ_ONLY_SQLSTATE = "25006"
+
+
+class ReadOnlyServerError(StoreUnavailableError):
+    """The server, or this role's sessions on it, accept no writes: a hot standby, or
+    ``default_transaction_read_only`` on for the role or the database. Unavailability,
+    not a fault of the job: nothing was written, and the same write succeeds once the
+    URL reaches a writable primary (``tokenline status`` reports it as refusing)."""
+
+    #: As the server says it, for whoever reads the code off the error (status does).
+    sqlstate = READ_ONLY_SQLSTATE
+
+
+def read_only_message(target: Target, detail: str, *, standby: bool | None = None) -> str:
+    """What a read-only server or session means for tokenline, and where to fix it;
+    ``detail`` ends the message. ``standby``: whether the server said it is in
+    recovery (``None``: not asked, either may be the cause)."""
+    setting = (
+        f"default_transaction_read_only is on for role {target.user!r} or database "
+        f"{target.dbname!r}"
+    )
+    if standby:
+        why = "it is a hot standby (in recovery)"
+    elif standby is None:
+        why = f"it is a hot standby, or {setting}"
+    else:
+        why = setting
+    return (
+        f"PostgreSQL {target.where} accepts no writes: {why}. Point the URL at the "
+        "primary, or turn the setting off (ALTER ROLE … RESET "
+        f"default_transaction_read_only); {detail}"
+    )
+
+
+def is_read_only(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) says the server or session accepts
+    no writes: a refused write, or a standby refusing a read-write transaction. A
+    connection that answered so is not reused: the next one the pool opens may reach
+    a writable server (a failover, or the setting turned off)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if getattr(current, "sqlstate", None) == READ_ONLY_SQLSTATE:
+            return True
+        if isinstance(current, pg.FeatureNotSupported) and "during recovery" in str(current):
+            return True  # BEGIN READ WRITE on a standby
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def describe_connect_failure(exc: BaseException, target: Target) -> str:
@@ -106,6 +165,14 @@ def _translated(target: Target, timeout: float) -> Iterator[None]:
             f"PostgreSQL {target.where} did not answer within {timeout:g}s "
             f"(statement_timeout): {exc}"
         ) from exc
+    except (pg.ReadOnlySqlTransaction, pg.FeatureNotSupported) as exc:
+        if not is_read_only(exc):
+            raise StoreError(f"PostgreSQL {target.where} refused an operation: {exc}") from exc
+        # A coordination failure, as an unreachable server is: the write was refused
+        # whole (nothing was written, no attempt is spent), and a worker drains and
+        # tries again until the URL reaches a server that takes writes.
+        detail = f"nothing was written ({' '.join(str(exc).split())})"
+        raise ReadOnlyServerError(read_only_message(target, detail)) from exc
     except pg.InsufficientPrivilege as exc:
         raise StoreUnavailableError(
             f"PostgreSQL role {target.user!r} lacks a privilege tokenline needs on schema "

@@ -1,0 +1,112 @@
+"""PostgreSQL that accepts no writes: a hot standby, or ``default_transaction_read_only``
+on for the store's role.
+
+Each test runs as a role of its own that owns the test's schema, made read-only (and
+writable again) with ``ALTER ROLE``; only that role's sessions are ever terminated.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from tokenline._errors import OutcomeUnknownError, StoreUnavailableError
+from tokenline._jobs import Finish, JobState, NewJob, Outcome
+from tokenline.classify import ErrorClass, classify
+from tokenline.stores.postgres import PostgresStore
+
+pytestmark = pytest.mark.postgres
+
+
+@dataclass(frozen=True)
+class OwnRole:
+    """A login role owning the test's schema, and the store URL that connects as it."""
+
+    server: str
+    name: str
+    url: str
+
+    def read_only(self, on: bool, *, terminate: bool = True) -> None:
+        """Make the role's new sessions read-only (or not); ``terminate``: end its
+        current sessions too, so that its pools reconnect under the new setting."""
+        role = sql.Identifier(self.name)
+        with psycopg.connect(self.server, autocommit=True) as conn:
+            change = "SET default_transaction_read_only = on" if on else "RESET ALL"
+            conn.execute(sql.SQL("ALTER ROLE {} " + change).format(role))
+            if terminate:
+                self.terminate(conn)
+
+    def terminate(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        """End every session of this role (and of no other)."""
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+            (self.name,),
+        )
+
+
+@pytest.fixture
+def own_role(postgres_server: str, postgres_schema: str) -> Iterator[OwnRole]:
+    """A role of this test's own, owner of its (empty) schema."""
+    name = f"rofix_{secrets.token_hex(4)}"
+    role, schema = sql.Identifier(name), sql.Identifier(postgres_schema)
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(role))
+        conn.execute(sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(schema, role))
+    parts = urlsplit(postgres_server)
+    netloc = f"{name}@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    url = urlunsplit((parts.scheme, netloc, parts.path, f"schema={postgres_schema}", ""))
+    own = OwnRole(postgres_server, name, url)
+    try:
+        yield own
+    finally:
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            own.terminate(conn)
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(schema))
+            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(role))
+
+
+def new() -> NewJob:
+    return NewJob(queue="default", task="t", args="[]")
+
+
+async def test_a_refused_write_is_a_coordination_failure_that_says_why(own_role: OwnRole) -> None:
+    """On a role whose sessions are read-only, an enqueue and a finish are refused as
+    the store being unavailable (a worker drains and tries again; no attempt is spent),
+    saying that the server accepts no writes and why, not as a failed operation; the
+    enqueue is known not to have been made (not an outcome unknown), and nothing was
+    written."""
+    store = PostgresStore(own_role.url, timeout=5)
+    await store.open()
+    try:
+        (jid,) = await store.jobs_enqueue(jobs=[new()])
+        (claimed,) = await store.jobs_claim(owner="w", queues=["default"], limit=1, ttl=60)
+    finally:
+        await store.close()
+    own_role.read_only(True)
+    store = PostgresStore(own_role.url, timeout=5)
+    await store.open()  # the schema is current: opening writes nothing
+    try:
+        with pytest.raises(StoreUnavailableError) as enqueued:
+            await store.jobs_enqueue(jobs=[new()])
+        assert not isinstance(enqueued.value, OutcomeUnknownError)
+        finish = Finish(claimed.lease, Outcome.SUCCEEDED)
+        with pytest.raises(StoreUnavailableError) as finished:
+            await store.jobs_finish(finishes=[finish])
+        for refused in (enqueued.value, finished.value):
+            text = str(refused)
+            assert "accepts no writes" in text, text
+            assert "default_transaction_read_only" in text, text
+            assert "standby" in text, text
+            assert classify(refused).error_class is ErrorClass.COORDINATION
+        assert [j.id for j in await store.jobs_list()] == [jid]
+        job = await store.job_get(job_id=jid)
+        assert (job.state, job.attempt) == (JobState.RUNNING, 1)
+        assert job.lease_token == claimed.lease.token
+    finally:
+        await store.close()
