@@ -7,7 +7,8 @@ a failing one says how it fails:
 
 * **unreachable**: no connection, or the store said it is unavailable;
 * **slow**: no answer within the caller's timeout (or the store's own statement timeout);
-* **refusing**: the store answered, with an error (a missing privilege, say);
+* **refusing**: the store answered, with an error (a missing privilege, say, or a
+  PostgreSQL that accepts no writes: a standby, a read-only role);
 * **not migrated**: the store answers but its schema is not installed, or is older;
 * **schema too new**: the store answers but its schema was written by a newer
   tokenline (upgrade tokenline; migrating cannot help).
@@ -67,7 +68,8 @@ _GRACE = 1.0
 # error: the exception tree says "unavailable" for both a refused connection and a
 # missing privilege, which an operator fixes in different places.
 _SLOW_SQLSTATES = frozenset({"57014"})  # query_canceled: statement_timeout
-_REFUSED_SQLSTATES = frozenset({"42501", "28000", "28P01"})  # privilege, authorisation
+# A server that takes no writes (a standby, a read-only role) answers, and refuses.
+_REFUSED_SQLSTATES = frozenset({"42501", "28000", "28P01", "25006"})
 _UNMIGRATED_SQLSTATES = frozenset({"3F000", "42P01", "42883"})  # no schema, table, function
 _REFUSED_SQLITE = frozenset({sqlite3.SQLITE_PERM, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_AUTH})
 

@@ -7,6 +7,8 @@ writable again) with ``ALTER ROLE``; only that role's sessions are ever terminat
 
 from __future__ import annotations
 
+import asyncio
+import json
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,11 +16,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 from psycopg import sql
 
 from tokenline._errors import OutcomeUnknownError, StoreUnavailableError
 from tokenline._jobs import Finish, JobState, NewJob, Outcome
 from tokenline.classify import ErrorClass, classify
+from tokenline.cli import main
 from tokenline.stores.postgres import PostgresStore
 
 pytestmark = pytest.mark.postgres
@@ -110,3 +114,29 @@ async def test_a_refused_write_is_a_coordination_failure_that_says_why(own_role:
         assert job.lease_token == claimed.lease.token
     finally:
         await store.close()
+
+
+def test_status_says_the_broker_refuses_on_a_server_that_takes_no_writes(
+    own_role: OwnRole,
+) -> None:
+    """Reads answer and the jobs table's lock is granted to a read-only transaction, so
+    the broker looked ok while every enqueue failed: it is reported refusing, saying the
+    server accepts no writes, and status exits 1."""
+    asyncio.run(PostgresStore(own_role.url, timeout=5).migrate())
+    own_role.read_only(True)
+    env = {"COLUMNS": None, "FORCE_COLOR": None, "TTY_COMPATIBLE": None}
+    for args in ([], ["--json"]):
+        result = CliRunner().invoke(
+            main, ["status", "--url", own_role.url, *args], env=env, catch_exceptions=False
+        )
+        assert result.exit_code == 1, result.output
+        if args:
+            broker = json.loads(result.output)["channels"]["broker"]
+            assert (broker["ok"], broker["failure"]) == (False, "refusing"), broker
+            text = broker["error"]
+        else:
+            text = " ".join(result.output.split())
+            assert "broker FAILING refusing" in text, text
+        assert f"on {urlsplit(own_role.url).hostname}:" in text, text
+        assert "accepts no writes" in text, text
+        assert f"default_transaction_read_only is on for role {own_role.name!r}" in text, text

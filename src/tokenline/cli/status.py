@@ -5,7 +5,8 @@ a failing one says how it fails:
 
 * **unreachable**: no connection, or the store said it is unavailable;
 * **slow**: no answer within ``--timeout`` (or the store's own statement timeout);
-* **refusing**: the store answered, with an error (a missing privilege, say);
+* **refusing**: the store answered, with an error (a missing privilege, say, or a
+  PostgreSQL that accepts no writes: a standby, a read-only role);
 * **not migrated**: the store answers but its schema is not installed, or is older;
 * **schema too new**: the store answers but its schema was written by a newer
   tokenline (upgrade tokenline; migrating cannot help).
@@ -163,7 +164,8 @@ def status(app_spec: str | None, url: str | None, timeout: float, as_json: bool)
     renewal, worker membership, the store's clock) and ledger (effects and fenced
     writes). A failing channel says how: unreachable (no connection, or the store says
     it is unavailable), slow (no answer in time), refusing (the store answered with an
-    error, such as a missing privilege), not migrated (its schema is not installed,
+    error, such as a missing privilege, or a PostgreSQL that accepts no writes: the
+    broker's check asks), not migrated (its schema is not installed,
     or is older: run `tokenline migrate`) or schema too new (its schema was written
     by a newer tokenline: upgrade tokenline). When the store cannot be opened every
     channel fails that way; a SQLite file that does not exist is said so. Exit status

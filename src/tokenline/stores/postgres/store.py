@@ -79,7 +79,7 @@ from ._arrays import ADAPTERS, BinaryArray, float_array
 from ._catalog import check_objects
 from ._cutoff import Cutoffs
 from ._deadline import run_bounded
-from ._errors import map_postgres_errors, maybe_made
+from ._errors import ReadOnlyServerError, map_postgres_errors, maybe_made, read_only_message
 from ._lent import read_only_by_default, read_only_by_default_async
 from ._listener import Listener
 from ._migrations import (
@@ -326,15 +326,34 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         """Take, and give straight back, the lock every enqueue, claim and finish takes
         on the jobs table, waiting at most ``timeout`` seconds; raise TimeoutError when
         it is not free by then. For ``tokenline status``, whose reads pass while every
-        write queues behind another connection's lock on the table. Writes nothing."""
+        write queues behind another connection's lock on the table. Writes nothing.
+
+        Raises :class:`ReadOnlyServerError` when this role's sessions can write nothing
+        (a hot standby, or ``default_transaction_read_only`` on): the lock is granted
+        to a read-only transaction all the same, and the reads answer."""
         ms = max(1, int(timeout * 1000))
         table = sql.SQL("{}.jobs").format(sql.Identifier(self.target.schema))
 
         async def run(conn: AsyncConnection[Any]) -> None:
             async with conn.transaction():
-                await conn.execute(
-                    sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{ms}ms"))
+                cur = conn.cursor(row_factory=tuple_row)
+                # The transaction as every write's would be, asked in the statement that
+                # sets the lock's wait: no round trip more than before.
+                await cur.execute(
+                    "SELECT set_config('lock_timeout', %s, true), "
+                    "current_setting('transaction_read_only') = 'on', pg_is_in_recovery()",
+                    (f"{ms}ms",),
                 )
+                row = await cur.fetchone()
+                assert row is not None  # one row, always
+                if row[1]:
+                    raise ReadOnlyServerError(
+                        read_only_message(
+                            self.target,
+                            "enqueues, claims and finishes are refused",
+                            standby=bool(row[2]),
+                        )
+                    )
                 await conn.execute(sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE").format(table))
 
         try:
