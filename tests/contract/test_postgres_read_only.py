@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
@@ -24,6 +24,7 @@ from tokenline._jobs import Finish, JobState, NewJob, Outcome
 from tokenline.classify import ErrorClass, classify
 from tokenline.cli import main
 from tokenline.stores.postgres import PostgresStore
+from tokenline.stores.postgres._errors import ReadOnlyServerError
 
 pytestmark = pytest.mark.postgres
 
@@ -34,7 +35,16 @@ class OwnRole:
 
     server: str
     name: str
+    schema: str
     url: str
+
+    def jobs(self) -> int:
+        """How many jobs the schema holds, read as the test's own user."""
+        with psycopg.connect(self.server, autocommit=True) as conn:
+            query = sql.SQL("SELECT count(*) FROM {}.jobs").format(sql.Identifier(self.schema))
+            row = conn.execute(query).fetchone()
+            assert row is not None
+            return int(row[0])
 
     def read_only(self, on: bool, *, terminate: bool = True) -> None:
         """Make the role's new sessions read-only (or not); ``terminate``: end its
@@ -65,7 +75,7 @@ def own_role(postgres_server: str, postgres_schema: str) -> Iterator[OwnRole]:
     parts = urlsplit(postgres_server)
     netloc = f"{name}@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
     url = urlunsplit((parts.scheme, netloc, parts.path, f"schema={postgres_schema}", ""))
-    own = OwnRole(postgres_server, name, url)
+    own = OwnRole(postgres_server, name, postgres_schema, url)
     try:
         yield own
     finally:
@@ -73,6 +83,24 @@ def own_role(postgres_server: str, postgres_schema: str) -> Iterator[OwnRole]:
             own.terminate(conn)
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(schema))
             conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(role))
+
+
+async def tries(call: Callable[[], Awaitable[object]], until: type[BaseException] | None) -> int:
+    """Call ``call`` until it raises ``until`` (``None``: until it succeeds), at most
+    ten times, a fifth of a second apart; how many calls it took. Any other
+    :class:`StoreUnavailableError` is a try that failed (the first call after the
+    role's sessions were ended finds its connection gone)."""
+    for n in range(1, 11):
+        try:
+            await call()
+        except StoreUnavailableError as exc:
+            if until is not None and isinstance(exc, until):
+                return n
+        else:
+            if until is None:
+                return n
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"still not {until or 'succeeding'} after 10 tries")
 
 
 def new() -> NewJob:
@@ -140,3 +168,32 @@ def test_status_says_the_broker_refuses_on_a_server_that_takes_no_writes(
         assert f"on {urlsplit(own_role.url).hostname}:" in text, text
         assert "accepts no writes" in text, text
         assert f"default_transaction_read_only is on for role {own_role.name!r}" in text, text
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+async def test_the_store_writes_again_once_the_server_takes_writes(
+    own_role: OwnRole, blocking: bool
+) -> None:
+    """A pool kept the connections that had answered "read-only": once the role could
+    write again, every enqueue still failed for as long as the process ran. A
+    connection that answers so is closed instead, and the store recovers by itself
+    (the main pool and the blocking one alike); each success is one job, no more."""
+    store = PostgresStore(own_role.url, timeout=5)
+    await store.open()
+
+    async def enqueue() -> None:
+        if blocking:
+            await asyncio.to_thread(store.jobs_enqueue_blocking, jobs=[new()])
+        else:
+            await store.jobs_enqueue(jobs=[new()])
+
+    try:
+        await enqueue()
+        own_role.read_only(True)  # and its sessions ended: the pools reconnect read-only
+        await tries(enqueue, ReadOnlyServerError)
+        own_role.read_only(False, terminate=False)
+        # The pool may have opened a read-only connection before the reset: a few tries.
+        assert await tries(enqueue, None) <= 3
+        assert own_role.jobs() == 2
+    finally:
+        await store.close()

@@ -62,6 +62,7 @@ from ..._jobs import Finish, Lease, Outcome
 from ..._records import DuplicateKind, Fence, by_attempt
 from ..base import FencedTransaction
 from ._cutoff import Armed
+from ._errors import is_read_only
 from ._lent import RESET, take_back, take_back_async
 from ._steps import AsyncDriver, Begin, End, Status, Steps, SyncDriver, execute, fetch_one
 
@@ -123,8 +124,8 @@ class PostgresFencedTransaction(FencedTransaction):
                 conn.read_only = False  # see _lent.py
                 conn.autocommit = False  # see _closing's _block_open
                 driver.run(self._opening())
-        except BaseException:
-            self._give_back_sync(pool, conn)
+        except BaseException as exc:
+            self._give_back_sync(pool, conn, discard=is_read_only(exc))
             raise
         if self._timeout is not None:
             self._block_cutoff = store._cutoffs.arm(conn, self._timeout)
@@ -138,18 +139,34 @@ class PostgresFencedTransaction(FencedTransaction):
         block, self._block_cutoff = self._block_cutoff, None
         if block is not None:
             block.__exit__(None, None, None)
+        error = _error(exc_type, exc)
+        discard = error is not None and is_read_only(error)
         try:
             with self._store._translate(), self._store._cutoffs.arm(conn, self._store._deadline):
-                driver.run(self._closing(_error(exc_type, exc)))
+                driver.run(self._closing(error))
+        except BaseException as failed:
+            discard = discard or is_read_only(failed)
+            raise
         finally:
-            self._give_back_sync(pool, conn, reset=not self._session_reset)
+            self._give_back_sync(pool, conn, reset=not self._session_reset, discard=discard)
 
     def _give_back_sync(
-        self, pool: ConnectionPool[Any], conn: psycopg.Connection[Any], *, reset: bool = True
+        self,
+        pool: ConnectionPool[Any],
+        conn: psycopg.Connection[Any],
+        *,
+        reset: bool = True,
+        discard: bool = False,
     ) -> None:
         """Return ``conn`` to its pool at rest again (autocommit, read-only, its session
         reset unless the committed transaction did: ``_lent.py``); one that cannot be
-        put back so (or does not answer in time) is closed, and the pool discards it."""
+        put back so (or does not answer in time) is closed, and the pool discards it.
+        ``discard``: close it all the same, it answered that it can write nothing (a
+        standby's session): the next one the pool opens may reach a writable server."""
+        if discard:
+            conn.close()
+            pool.putconn(conn)
+            return
         try:
             # Disarmed before the pool may lend the connection to another caller.
             with self._store._cutoffs.arm(conn, self._store._deadline):
@@ -171,8 +188,8 @@ class PostgresFencedTransaction(FencedTransaction):
                 await conn.set_read_only(False)  # see _lent.py
                 await conn.set_autocommit(False)  # see _closing's _block_open
                 await driver.run(self._opening())
-        except BaseException:
-            await _give_back(store, conn)
+        except BaseException as exc:
+            await _give_back(store, conn, discard=is_read_only(exc))
             raise
         self._async = conn, driver
         return conn
@@ -181,11 +198,16 @@ class PostgresFencedTransaction(FencedTransaction):
         if self._async is None:
             return
         (conn, driver), self._async = self._async, None
+        error = _error(exc_type, exc)
+        discard = error is not None and is_read_only(error)
         try:
             with self._store._translate():
-                await driver.run(self._closing(_error(exc_type, exc)))
+                await driver.run(self._closing(error))
+        except BaseException as failed:
+            discard = discard or is_read_only(failed)
+            raise
         finally:
-            await _give_back(self._store, conn, reset=not self._session_reset)
+            await _give_back(self._store, conn, reset=not self._session_reset, discard=discard)
 
     def _enter_once(self) -> None:
         if self._entered:
@@ -327,9 +349,17 @@ def _on_its_own(steps: Steps[None]) -> Steps[None]:
 
 
 async def _give_back(
-    store: PostgresStore, conn: AsyncConnection[Any], *, reset: bool = True
+    store: PostgresStore,
+    conn: AsyncConnection[Any],
+    *,
+    reset: bool = True,
+    discard: bool = False,
 ) -> None:
     """:meth:`PostgresFencedTransaction._give_back_sync` for the async pool."""
+    if discard:
+        await conn.close()
+        await store._checkin(conn)
+        return
     try:
         await take_back_async(conn, reset=reset)
     except psycopg.Error:

@@ -79,7 +79,13 @@ from ._arrays import ADAPTERS, BinaryArray, float_array
 from ._catalog import check_objects
 from ._cutoff import Cutoffs
 from ._deadline import run_bounded
-from ._errors import ReadOnlyServerError, map_postgres_errors, maybe_made, read_only_message
+from ._errors import (
+    ReadOnlyServerError,
+    is_read_only,
+    map_postgres_errors,
+    maybe_made,
+    read_only_message,
+)
 from ._lent import read_only_by_default, read_only_by_default_async
 from ._listener import Listener
 from ._migrations import (
@@ -408,6 +414,13 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
             try:
                 sent = True
                 return await fn(conn)
+            except BaseException as exc:
+                if is_read_only(exc):
+                    # Its session stays read-only for good (a standby's, or one begun
+                    # while the setting was on): closed, the pool opens a fresh one,
+                    # which may reach a writable server.
+                    await conn.close()
+                raise
             finally:
                 # The pool rolls back, or discards, a connection left in a transaction
                 # or broken.
@@ -651,6 +664,10 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         try:
             with self._translate():
                 conn.execute(self._q("enqueue_notify"), self._notify_params(queues))
+        except StoreUnavailableError as exc:
+            if is_read_only(exc):
+                conn.close()  # never to be reused: see _call
+            raise
         finally:
             pool.putconn(conn)
 
@@ -842,6 +859,8 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
                     cursor = conn.cursor(row_factory=tuple_row).execute(query, params)
                     ids, ready = _answered(jobs, cursor.fetchall())
         except StoreUnavailableError as exc:
+            if is_read_only(exc):
+                conn.close()  # never to be reused: see _call
             # Checked out: the request was on its way (a failed checkout sent nothing).
             if maybe_made(exc):
                 raise enqueue_outcome_unknown(exc, len(jobs)) from exc
