@@ -163,6 +163,70 @@ def test_migrate_on_postgres_then_a_non_migrating_app_opens(postgres_server: str
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
+@pytest.mark.parametrize("found", [0, 9])
+def test_concurrent_migrations_each_say_what_they_did(postgres_server: str, found: int) -> None:
+    """Six `tokenline migrate` at once on one schema (none, or at version 9): the schema
+    was migrated once, under the lock, but each process that had read the old version
+    before waiting for the lock said it had created or upgraded it. Exactly one says
+    so; the others say it was already up to date."""
+    import psycopg
+    from psycopg import sql
+
+    from tokenline.stores.postgres import SCHEMA_VERSION
+
+    schema = f"tl_cli_{uuid.uuid4().hex[:8]}"
+    u = f"{postgres_server}?schema={schema}"
+    waiting = sql.SQL(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+        "AND (classid::bigint << 32 | objid::bigint) = "
+        "hashtextextended('tokenline migrate ' || %s, 0)"
+    )
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        with psycopg.connect(postgres_server) as holder:  # a transaction: the lock's
+            if found:
+                schema_at_version(holder, schema, found)
+                holder.commit()
+            # Held while they start, so that every one reads the old version first.
+            holder.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended('tokenline migrate ' || %s, 0))",
+                (schema,),
+            )
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, "-m", "tokenline", "migrate", "--url", u],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+                for _ in range(6)
+            ]
+            deadline = time.monotonic() + 60
+            with psycopg.connect(postgres_server, autocommit=True) as watch:
+                while True:
+                    row = watch.execute(waiting, (schema,)).fetchone()
+                    if row == (6,):
+                        break
+                    assert time.monotonic() < deadline, f"{row} waiting"
+                    time.sleep(0.05)
+            holder.rollback()  # lets them go, one at a time
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0] * 6, outs
+        did = "schema created" if not found else f"upgraded from version {found} to"
+        assert sum(did in out for out in outs) == 1, outs
+        assert sum("schema already up to date" in out for out in outs) == 5, outs
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            query = sql.SQL("SELECT max(version) FROM {}.schema_version")
+            row = conn.execute(query.format(sql.Identifier(schema))).fetchone()
+            assert row == (SCHEMA_VERSION,)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
 def test_job_says_what_each_attempt_counted_toward(tmp_path: Path) -> None:
     """job ID shows the lease expiries beside the attempts, and for each attempt which
     limit it counted toward: a lost lease is a lease expiry, a release is given back."""

@@ -113,8 +113,10 @@ def too_old(version: int, target: Target) -> SchemaVersionError:
     )
 
 
-async def apply_migrations(conn: AsyncConnection[Any], target: Target) -> int:
-    """Bring the schema to :data:`SCHEMA_VERSION` in one transaction; return it.
+async def apply_migrations(conn: AsyncConnection[Any], target: Target) -> tuple[int, int]:
+    """Bring the schema to :data:`SCHEMA_VERSION` in one transaction; return its
+    version before, as read under the lock, and after. Equal: another process
+    migrated it while this one waited for the lock, and nothing was done here.
 
     ``conn`` must be in autocommit mode (no transaction open): this opens its own.
     """
@@ -126,7 +128,7 @@ async def apply_migrations(conn: AsyncConnection[Any], target: Target) -> int:
         if version > SCHEMA_VERSION:
             raise too_new(version, target)
         if version == SCHEMA_VERSION:
-            return version
+            return version, version
         # Only when missing: CREATE SCHEMA needs CREATE on the database even with
         # IF NOT EXISTS, and later migrations should not need that privilege.
         if not await _scalar(conn, _Q["schema_exists"], {"schema": schema}):
@@ -139,4 +141,4 @@ async def apply_migrations(conn: AsyncConnection[Any], target: Target) -> int:
                 compose(_Q["version_record"], schema),
                 {"version": migration.version, "name": migration.name},
             )
-    return SCHEMA_VERSION
+    return version, SCHEMA_VERSION

@@ -541,8 +541,11 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
             if version < SCHEMA_VERSION:
                 if not migrate:
                     raise too_old(version, self.target)
-                before, version = version, await apply_migrations(conn, self.target)
-                self.migrated = (before, version)
+                # The version read above was read without the lock: another process
+                # may have migrated since. What this one did is what it found under it.
+                before, version = await apply_migrations(conn, self.target)
+                if before < version:
+                    self.migrated = (before, version)
             # The version says which migrations ran, not that what they made is there.
             await check_objects(conn, version, self.target)
             return version
