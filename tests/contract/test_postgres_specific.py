@@ -22,6 +22,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from pg_plans import generic_plan
+from pg_schema import schema_at_version
 from tokenline._clock import FakeClock
 from tokenline._errors import (
     ConfigError,
@@ -385,6 +386,87 @@ async def test_concurrent_first_opens_migrate_once(postgres_url: str) -> None:
         assert (await stores[3].job_get(job_id=jid)).state is JobState.QUEUED
     finally:
         await asyncio.gather(*(s.close() for s in stores))
+
+
+@pytest.fixture
+def dml_role(postgres_server: str, postgres_schema: str) -> Iterator[str]:
+    """A store URL as a login role of this test's own, granted on the test's schema (at
+    version 9, owned by the test's user) what a worker needs at run time and no more:
+    USAGE on the schema, SELECT, INSERT, UPDATE and DELETE on its tables, USAGE and
+    SELECT on its sequences."""
+    name = f"rofix_{secrets.token_hex(4)}"
+    role, schema = sql.Identifier(name), sql.Identifier(postgres_schema)
+    with psycopg.connect(postgres_server) as conn:
+        schema_at_version(conn, postgres_schema, 9)
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(role))
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(schema, role))
+        conn.execute(
+            sql.SQL(
+                "ALTER DEFAULT PRIVILEGES IN SCHEMA {} GRANT SELECT, INSERT, UPDATE, DELETE "
+                "ON TABLES TO {}"
+            ).format(schema, role)
+        )
+        conn.execute(
+            sql.SQL(
+                "ALTER DEFAULT PRIVILEGES IN SCHEMA {} GRANT USAGE, SELECT ON SEQUENCES TO {}"
+            ).format(schema, role)
+        )
+        for grant in (
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {} TO {}",
+            "GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {} TO {}",
+        ):
+            conn.execute(sql.SQL(grant).format(schema, role))
+    user = conninfo_to_dict(postgres_server).get("user", "postgres")
+    try:
+        yield postgres_server.replace(f"//{user}@", f"//{name}@", 1) + f"?schema={postgres_schema}"
+    finally:
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                (name,),
+            )
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(schema))
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(role))
+            conn.execute(sql.SQL("DROP ROLE {}").format(role))
+
+
+async def test_a_role_that_may_not_migrate_is_told_to_migrate_as_the_owner(
+    dml_role: str, postgres_url: str
+) -> None:
+    """A worker's role with every run-time grant, opening an older schema with migration
+    on (the default): the DDL is refused, and the hint said to grant it USAGE and ALL on
+    the tables, which it has. It says to migrate as the schema's owner, or to start
+    workers with migration off once that is done; and with the schema migrated by its
+    owner, the role does a worker's work with those grants alone."""
+    with pytest.raises(StoreUnavailableError) as refused:
+        await PostgresStore(dml_role, timeout=5).open()
+    text = str(refused.value)
+    assert "may not migrate" in text, text
+    assert "at version 9" in text, text
+    assert "`tokenline migrate` as the role that owns it" in text, text
+    assert "TOKENLINE_MIGRATE=0" in text, text
+    assert "GRANT USAGE ON SCHEMA" not in text, text
+
+    await PostgresStore(postgres_url).migrate()
+    store = PostgresStore(dml_role, timeout=5, migrate=False)
+    await store.open()
+    try:
+        (jid,) = await store.jobs_enqueue(jobs=[new()])
+        (claimed,) = await store.jobs_claim(owner="w", queues=["default"], limit=1, ttl=60)
+        assert await store.job_leases_renew(owner="w", leases=[claimed.lease], ttl=60)
+        assert (await store.effect_begin(lease=claimed.lease, key="k")) is not None
+        assert await store.effect_finish(lease=claimed.lease, key="k", result="1")
+        async with store.fenced_transaction(lease=claimed.lease):
+            pass
+        assert (await store.job_get(job_id=jid)).state is JobState.SUCCEEDED
+        await store.queue_pause(queue="default")
+        await store.queue_resume(queue="default")
+        held = await store.resource_lease_acquire(resource="r", owner="w", ttl=60)
+        assert held is not None
+        assert await store.resource_lease_release(lease=held)
+        await store.jobs_rescue()
+    finally:
+        await store.close()
 
 
 async def test_a_failed_migration_leaves_nothing_behind(

@@ -31,6 +31,7 @@ __all__ = [
     "is_read_only",
     "map_postgres_errors",
     "maybe_made",
+    "migration_refused",
     "read_only_message",
 ]
 
@@ -66,6 +67,37 @@ def read_only_message(target: Target, detail: str, *, standby: bool | None = Non
         f"PostgreSQL {target.where} accepts no writes: {why}. Point the URL at the "
         "primary, or turn the setting off (ALTER ROLE … RESET "
         f"default_transaction_read_only); {detail}"
+    )
+
+
+def migration_refused(
+    target: Target, version: int, wanted: int, exc: Exception
+) -> StoreUnavailableError:
+    """The error of a migration (from schema ``version`` to ``wanted``) the role may not
+    make. A worker's role has the grants it needs at run time, on the schema's tables
+    and sequences, not the ownership a migration's DDL needs: granting it more of those
+    would not help."""
+    text = " ".join(str(exc).split())
+    if version == 0:
+        state = "is not installed"
+        need = (
+            "the right to create the schema (GRANT CREATE ON DATABASE "
+            f'"{target.dbname}" TO "{target.user}") or, when it exists, its owner: run '
+            "`tokenline migrate` as a role that has it"
+        )
+    else:
+        state = f"is at version {version}, this tokenline needs {wanted}"
+        need = (
+            "the schema's owner: run `tokenline migrate` as the role that owns it, then "
+            "start workers with migration off (TOKENLINE_MIGRATE=0, or "
+            "Settings(migrate=False)); at run time a role needs only USAGE on the "
+            "schema, SELECT, INSERT, UPDATE and DELETE on its tables and USAGE and "
+            "SELECT on its sequences"
+        )
+    return StoreUnavailableError(
+        f"PostgreSQL role {target.user!r} may not migrate the tokenline schema "
+        f"{target.schema!r} of {target.where}, which {state} ({text}). A migration "
+        f"needs {need}"
     )
 
 
@@ -176,10 +208,10 @@ def _translated(target: Target, timeout: float) -> Iterator[None]:
     except pg.InsufficientPrivilege as exc:
         raise StoreUnavailableError(
             f"PostgreSQL role {target.user!r} lacks a privilege tokenline needs on schema "
-            f"{target.schema!r} of {target.where}: {exc}. Grant it (for the first "
-            f'migration: GRANT CREATE ON DATABASE "{target.dbname}" TO "{target.user}"; '
-            f'afterwards: GRANT USAGE ON SCHEMA "{target.schema}" and ALL on its tables and '
-            "sequences), or run `tokenline migrate` as a role that has it"
+            f"{target.schema!r} of {target.where}: {exc}. Grant it what a worker needs "
+            f'(GRANT USAGE ON SCHEMA "{target.schema}"; SELECT, INSERT, UPDATE, DELETE ON '
+            "ALL TABLES IN SCHEMA it; USAGE, SELECT ON ALL SEQUENCES IN SCHEMA it), or "
+            "use a role that has them"
         ) from exc
     except (pg.UndefinedTable, pg.UndefinedFunction, pg.InvalidSchemaName) as exc:
         raise StoreCorruptError(

@@ -84,6 +84,7 @@ from ._errors import (
     is_read_only,
     map_postgres_errors,
     maybe_made,
+    migration_refused,
     read_only_message,
 )
 from ._lent import read_only_by_default, read_only_by_default_async
@@ -543,7 +544,10 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
                     raise too_old(version, self.target)
                 # The version read above was read without the lock: another process
                 # may have migrated since. What this one did is what it found under it.
-                before, version = await apply_migrations(conn, self.target)
+                try:
+                    before, version = await apply_migrations(conn, self.target)
+                except psycopg.errors.InsufficientPrivilege as exc:
+                    raise migration_refused(self.target, version, SCHEMA_VERSION, exc) from exc
                 if before < version:
                     self.migrated = (before, version)
             # The version says which migrations ran, not that what they made is there.
