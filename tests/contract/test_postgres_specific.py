@@ -34,7 +34,15 @@ from tokenline._errors import (
     StoreError,
     StoreUnavailableError,
 )
-from tokenline._jobs import ALLOWED_TRANSITIONS, Finish, JobState, Lease, NewJob, Outcome
+from tokenline._jobs import (
+    ALLOWED_TRANSITIONS,
+    Finish,
+    JobState,
+    Lease,
+    NewJob,
+    Outcome,
+    WorkerRecord,
+)
 from tokenline.stores import store_from_url
 from tokenline.stores.postgres import SCHEMA_VERSION, PostgresStore
 from tokenline.stores.postgres._arrays import BinaryArray
@@ -451,6 +459,12 @@ async def test_a_role_that_may_not_migrate_is_told_to_migrate_as_the_owner(
     store = PostgresStore(dml_role, timeout=5, migrate=False)
     await store.open()
     try:
+        record = WorkerRecord("w", "host", 1, ("default",), 4, "ready", 0, 0.0, 0.0, 0.0)
+        member = await store.worker_register(record=record, ttl=60)
+        beat = await store.worker_heartbeat(
+            worker_id="w", token=member.token, state="ready", in_flight=0, ttl=60
+        )
+        assert beat is not None
         (jid,) = await store.jobs_enqueue(jobs=[new()])
         (claimed,) = await store.jobs_claim(owner="w", queues=["default"], limit=1, ttl=60)
         assert await store.job_leases_renew(owner="w", leases=[claimed.lease], ttl=60)
@@ -465,6 +479,7 @@ async def test_a_role_that_may_not_migrate_is_told_to_migrate_as_the_owner(
         assert held is not None
         assert await store.resource_lease_release(lease=held)
         await store.jobs_rescue()
+        await store.worker_deregister(worker_id="w", token=member.token)
     finally:
         await store.close()
 
