@@ -352,8 +352,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
                     (f"{ms}ms",),
                 )
                 row = await cur.fetchone()
-                assert row is not None  # one row, always
-                if row[1]:
+                if row is not None and row[1]:  # one row, always
                     raise ReadOnlyServerError(
                         read_only_message(
                             self.target,
