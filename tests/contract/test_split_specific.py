@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 
-from sabotage import number_trusting_ledger
+from sabotage import number_trusting_ledger, without_fences
 from tokenline import App
 from tokenline._clock import FakeClock
 from tokenline._config import Settings, load_settings
 from tokenline._errors import ConfigError, StaleTokenError, StoreUnavailableError
 from tokenline._jobs import Finish, JobState, Lease, NewJob, Outcome
+from tokenline._records import Fence
 from tokenline.stores import split_url, store_from_url
 from tokenline.stores.redis.store import LEDGER_DONE
 from tokenline.stores.split import SplitStore
@@ -63,6 +64,58 @@ async def test_without_the_owner_check_the_reused_token_writes(split: SplitStore
     reused = Lease(lease.job_id, "w2", lease.token, lease.expires_at)
     await _write(split, reused, "from the reused token")
     assert await _biz(split) == [(lease.job_id, "from the reused token")]
+
+
+async def _lease_twice(split: SplitStore) -> tuple[list[Any], list[Fence]]:
+    """Two jobs claimed by one worker, each given the token of the same resource lease:
+    its Redis key lost in between (evicted, deleted by hand), the number is issued
+    again. Returns the two claims and their fences."""
+    await split.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")] * 2)
+    claimed = await split.jobs_claim(owner="w1", queues=Q, limit=2, ttl=60)
+    fences = []
+    for c in claimed:
+        owner = f"w1/job{c.job.id}/t{c.lease.token}"
+        held = await split.resource_lease_acquire(resource="acct:2", owner=owner, ttl=60)
+        assert held is not None
+        fences.append(Fence("acct:2", held.token, "acct:2", owner))
+        await split.redis._redis().delete(split.redis.prefix + "rl:acct:2")
+    assert fences[0].token == fences[1].token  # the same number, to two holders
+    return claimed, fences
+
+
+async def _fenced_write(split: SplitStore, lease: Lease, fence: Fence, value: str) -> None:
+    """A business write under ``fence``, through the ledger alone: as a sync handler's
+    ``ctx.transaction(fence=…)``, which does not ask Redis first."""
+    async with split.ledger.fenced_transaction(lease=lease, fences=[fence]) as conn:
+        await conn.execute("CREATE TABLE IF NOT EXISTS biz (job bigint, value text)")
+        await conn.execute("INSERT INTO biz VALUES (%s, %s)", (lease.job_id, value))
+
+
+async def test_a_resource_token_issued_twice_writes_for_one_holder_only(
+    split: SplitStore,
+) -> None:
+    """The ledger let an equal resource token through from any job of the same worker
+    (the same holder writing again, it took it for): after the lease's key was lost,
+    two jobs of one worker held token 1 of the same lease, and both wrote under it.
+    The second holder's write is refused (the same holder writing again still passes:
+    test_a_fence_keeps_the_highest_token_of_each_issuer)."""
+    (a, b), (fence_a, fence_b) = await _lease_twice(split)
+    await _fenced_write(split, b.lease, fence_b, "b")
+    with pytest.raises(StaleTokenError):
+        await _fenced_write(split, a.lease, fence_a, "a")
+    assert await _biz(split) == [(b.job.id, "b")]
+
+
+async def test_without_the_holder_check_a_token_issued_twice_writes_twice(
+    split: SplitStore,
+) -> None:
+    """Control experiment: with the holder check of fence_advance removed, both holders
+    of the token issued twice write: that check is what refuses the second above."""
+    split.ledger._queries["fence_advance"] = without_fences(split.ledger._queries["fence_advance"])
+    (a, b), (fence_a, fence_b) = await _lease_twice(split)
+    await _fenced_write(split, b.lease, fence_b, "b")
+    await _fenced_write(split, a.lease, fence_a, "a")
+    assert sorted(await _biz(split)) == sorted([(b.job.id, "b"), (a.job.id, "a")])
 
 
 class _LostAck(SplitStore):

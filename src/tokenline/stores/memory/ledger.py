@@ -70,7 +70,8 @@ class MemoryLedger:
     def _ledger_init(self) -> None:
         self._unique: dict[str, _UniqueKey] = {}
         self._effects: dict[str, EffectRecord] = {}
-        self._fences: dict[tuple[str, str], int] = {}
+        # Per (key, issuer): the highest token that wrote, with its job and owner.
+        self._fences: dict[tuple[str, str], tuple[int, int | None, str | None]] = {}
         self._duplicates: list[Duplicate] = []
 
     # -- unique enqueue (called under the lock by jobs_enqueue) ---------------------------
@@ -200,7 +201,12 @@ class MemoryLedger:
             ):
                 return False
         slot = (fence.key, fence.issuer(lease.job_id))
-        return self._fences.get(slot, 0) <= fence.token
+        token, job_id, owner = self._fences.get(slot, (0, None, None))
+        # An equal token passes only from the same holder writing again (see
+        # fence_advance in the PostgreSQL ledger's queries).
+        return token < fence.token or (
+            token == fence.token and (job_id, owner) == (lease.job_id, lease.owner)
+        )
 
     def _fences_apply(self, lease: Lease, fences: Sequence[Fence], now: float) -> Fence | None:
         """Advance every fence, or none: the first refused one, else ``None``."""
@@ -209,7 +215,8 @@ class MemoryLedger:
                 self._duplicate(fence.key, DuplicateKind.STALE, "fence", lease, now)
                 return fence
         for fence in fences:
-            self._fences[(fence.key, fence.issuer(lease.job_id))] = fence.token
+            slot = (fence.key, fence.issuer(lease.job_id))
+            self._fences[slot] = (fence.token, lease.job_id, lease.owner)
         return None
 
     async def fence_write(self, *, lease: Lease, fence: Fence) -> bool:

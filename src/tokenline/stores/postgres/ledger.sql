@@ -86,14 +86,17 @@ WHERE resource = %(resource)s AND owner = %(owner)s AND token = %(token)s
 FOR KEY SHARE;
 
 -- name: fence_advance
--- Per (key, issuer) the highest token that wrote: an equal token (the same holder
--- writing again) passes, a lower one matches nothing.
+-- Per (key, issuer) the highest token that wrote: a lower one matches nothing, and an
+-- equal one passes only from the same holder writing again (the same job, on the same
+-- worker). A resource lease's token issued twice (its Redis key lost: evicted, deleted)
+-- is refused from the second holder, even one on the same worker.
 INSERT INTO {schema}.fences AS f (key, issuer, token, job_id, owner, updated_at)
 VALUES (%(key)s, %(issuer)s, %(token)s, %(job_id)s, %(owner)s, {schema}.now_epoch(%(now)s))
 ON CONFLICT (key, issuer) DO UPDATE
 SET token = excluded.token, job_id = excluded.job_id, owner = excluded.owner,
     updated_at = excluded.updated_at
 WHERE f.token <= excluded.token
+  AND (f.token < excluded.token OR (f.job_id, f.owner) IS NOT DISTINCT FROM (excluded.job_id, excluded.owner))  -- fence
 RETURNING token;
 
 -- name: duplicate_insert

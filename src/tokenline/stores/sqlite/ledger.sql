@@ -110,14 +110,17 @@ WHERE (:job_id IS NULL OR job_id = :job_id) AND (:key IS NULL OR key = :key)
 ORDER BY updated_at DESC LIMIT :limit;
 
 -- name: fence_advance
--- Per (key, issuer) the highest token that wrote: an equal token (the same holder
--- writing again) passes, a lower one matches nothing.
+-- Per (key, issuer) the highest token that wrote: a lower one matches nothing, and an
+-- equal one passes only from the same holder writing again (the same job, on the same
+-- worker), as on PostgreSQL.
 INSERT INTO tokenline_fences (key, issuer, token, job_id, owner, updated_at)
 VALUES (:key, :issuer, :token, :job_id, :owner, :now)
 ON CONFLICT (key, issuer) DO UPDATE
 SET token = excluded.token, job_id = excluded.job_id, owner = excluded.owner,
     updated_at = excluded.updated_at
 WHERE tokenline_fences.token <= excluded.token
+  AND (tokenline_fences.token < excluded.token
+       OR (tokenline_fences.job_id, tokenline_fences.owner) IS (excluded.job_id, excluded.owner))  -- fence
 RETURNING token;
 
 -- name: duplicate_insert
