@@ -118,6 +118,23 @@ async def test_without_the_holder_check_a_token_issued_twice_writes_twice(
     assert sorted(await _biz(split)) == sorted([(b.job.id, "b"), (a.job.id, "a")])
 
 
+async def test_the_audit_lists_a_refused_write_whose_job_is_gone_from_redis(
+    split: SplitStore,
+) -> None:
+    """`tokenline audit duplicates` failed with "no job with id N" once a job whose
+    refused write Redis kept was gone (its hash evicted, deleted, a flushed prefix):
+    the audit an operator needs after such an incident could not be read."""
+    await split.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+    (c,) = await split.jobs_claim(owner="w1", queues=Q, limit=1, ttl=60)
+    stale = Lease(c.job.id, "w1", c.lease.token + 5, c.lease.expires_at)
+    assert await split.jobs_finish(finishes=[Finish(stale, Outcome.SUCCEEDED)]) == [False]
+    await split.redis._redis().delete(f"{split.redis.prefix}job:{c.job.id}")
+    found = await split.duplicates_list()
+    assert [(d.key, d.job_id, d.token) for d in found if d.kind.value == "stale"] == [
+        (f"job:{c.job.id}", c.job.id, stale.token)
+    ]
+
+
 class _LostAck(SplitStore):
     """A split store whose Redis loses the next acknowledgements (the ack after the
     ledger commit): they raise as a connection cut mid-call would."""

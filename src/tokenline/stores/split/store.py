@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..._clock import Clock
-from ..._errors import StaleTokenError, StoreError, StoreUnavailableError
+from ..._errors import JobNotFoundError, StaleTokenError, StoreError, StoreUnavailableError
 from ..._jobs import (
     Attempt,
     ClaimedJob,
@@ -515,7 +515,9 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
             try:
                 job = await self.redis.job_get(job_id=s.job_id)
                 key = job.idempotency_key or f"job:{s.job_id}"
-            except StoreError:
+            except (StoreError, JobNotFoundError):
+                # A job gone from Redis (pruned, its hash evicted or deleted, a flushed
+                # database) still has its refused write in the audit.
                 key = f"job:{s.job_id}"
             found.append(
                 Duplicate(key, DuplicateKind.STALE, s.operation, s.job_id, s.token, s.owner, s.at)
