@@ -143,7 +143,7 @@ async def test_a_dependency_that_times_out_then_heals(url: str) -> None:
             api.sick = True
             sick_at = time.monotonic()
             ids = [await app.enqueue_async("t.charge", store=store) for _ in range(80)]
-            opened_at = await until("the breaker opens", breaker_open)
+            await until("the breaker opens", breaker_open)
             await asyncio.sleep(3.0)
             sick_until = time.monotonic()
             api.sick = False
@@ -156,13 +156,26 @@ async def test_a_dependency_that_times_out_then_heals(url: str) -> None:
     dead = await store.jobs_list(state=JobState.DEAD, limit=100)
     await store.close()
 
-    # The breaker opened within its window of the first timeout.
-    assert opened_at - sick_at < WINDOW
-    # Calls per second fell once it opened: from every slot of both workers to a
-    # trial now and then.
-    before = api.rate(sick_at, opened_at)
-    after = api.rate(opened_at + 0.5, sick_until)
-    assert after < before / 4, (before, after)
+    # The breaker opened within its window of the first timeout: both read from the
+    # workers' own events, so the test's own enqueues and polls, slow on a loaded
+    # machine, are not counted in.
+    first_timeout = min(
+        t
+        for t, e in heard
+        if isinstance(e, events.DependencyCall) and e.outcome == "timeout" and t >= sick_at
+    )
+    first_open = min(
+        t
+        for t, e in heard
+        if isinstance(e, events.BreakerChanged) and e.new == "open" and t >= sick_at
+    )
+    assert first_open - first_timeout < WINDOW
+    # Calls fell once it opened, from every slot of both workers to a trial now and
+    # then: at most one per worker per OPEN_FOR (twice that, for slack). A bound set by
+    # the breaker, not by the machine's speed: a slow machine only calls less.
+    before = api.rate(sick_at, first_open)
+    after = api.rate(first_open + 0.5, sick_until)
+    assert after <= 2 * 2 / OPEN_FOR, (before, after)
     # No job went dead, and attempts were spent only by calls that timed out: a job
     # held back by the breaker (given back before it ran, or refused in its handler)
     # kept its attempt.
@@ -184,7 +197,8 @@ async def test_a_dependency_that_times_out_then_heals(url: str) -> None:
         e.outcome for _, e in heard if isinstance(e, events.DependencyCall)
     )
     print(
-        f"\n{url.split(':')[0]}: opened {opened_at - sick_at:.2f}s after the first hang; "
+        f"\n{url.split(':')[0]}: opened {first_open - first_timeout:.2f}s after the first "
+        "timeout; "
         f"calls/s {before:.1f} before it opened, {after:.2f} while open; "
         f"{sum(timed_out.values())} attempts spent on timeouts for {len(ids)} jobs; "
         f"{deferred} deferrals; all done {done_at - healed_at:.2f}s after healing; "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import math
 import threading
@@ -467,9 +468,12 @@ async def test_a_lost_resource_lease_ends_only_its_own_attempt(
 
     hold_id = await app.enqueue_async("t.hold", store=store)
     other_id = await app.enqueue_async("t.other", store=store)
-    worker = Worker(app, FAST)
+    # Job leases long enough that a stalled loop on a loaded machine never fences the
+    # worker by its own clock (this is about a resource lease lost, not a job's): the
+    # renewal that finds the resource lease gone still comes every 0.15 s.
+    worker = Worker(app, dataclasses.replace(FAST, lease_ttl=6.0))
     async with running(worker):
-        assert await asyncio.to_thread(holding.wait, DEADLINE)
+        assert await asyncio.to_thread(holding.wait, DEADLINE), worker.counters
         (lease,) = [r for r in await store.resource_leases_list() if r.resource == "account:42"]
         assert await store.resource_lease_release(lease=lease)
         held = await job_in(store, hold_id, JobState.SUCCEEDED)

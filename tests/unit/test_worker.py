@@ -676,7 +676,8 @@ async def test_threads_held_past_their_attempt_keep_jobs_from_the_pool_queue(
     def stuck(ctx: JobContext) -> None:
         release.wait(DEADLINE * 3)  # ignores ctx: its thread runs on after the timeout
 
-    @app.task(name="t.quick", timeout=0.2, max_attempts=1)
+    # A timeout a loaded machine can start a thread within, once one is free.
+    @app.task(name="t.quick", timeout=1.0, max_attempts=1)
     def quick(ctx: JobContext) -> None:
         ran.append(ctx.job_id)
 
@@ -699,7 +700,7 @@ async def test_threads_held_past_their_attempt_keep_jobs_from_the_pool_queue(
             await eventually(lambda: worker.concurrency_limit == 0, "no thread is left")
             # Long enough for the quick job's timeout to pass several times over, had it
             # been claimed and left waiting for a thread.
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(3.0)
             waiting = await store.job_get(job_id=quick_id)
             assert (waiting.state, waiting.attempt) == (JobState.QUEUED, 0)
             release.set()
@@ -960,13 +961,15 @@ async def test_an_async_handler_step_that_holds_the_loop_is_logged_and_counted(
                 await job_in(store, jid, JobState.SUCCEEDED)
     finally:
         events.remove_hook(hook)
-    assert worker.counters.loop_held == 2
-    assert [(e.job_id, e.task, e.queue) for e in seen] == [(jid, "t.blocks", "default")] * 2
-    assert all(e.seconds >= 0.3 for e in seen), seen
+    # The two blocking steps; on a loaded machine a short step can pass 0.1 s too.
+    held = worker.counters.loop_held
+    assert held >= 2
+    assert [(e.job_id, e.task, e.queue) for e in seen] == [(jid, "t.blocks", "default")] * held
+    assert sum(e.seconds >= 0.3 for e in seen) == 2, seen
     said = [r.getMessage() for r in caplog.records if "held the event loop" in r.getMessage()]
     assert len(said) == 1, said
     assert f"job {jid} (t.blocks)" in said[0]
-    assert "2 async handler steps held the event loop" in worker.counters.summary()
+    assert f"{held} async handler steps held the event loop" in worker.counters.summary()
 
 
 async def test_sync_handler_runs_in_a_worker_thread(app: App, store: Store) -> None:
