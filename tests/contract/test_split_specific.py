@@ -4,6 +4,7 @@ the topology is named (App, settings, URL)."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import pytest
@@ -133,6 +134,34 @@ async def test_the_audit_lists_a_refused_write_whose_job_is_gone_from_redis(
     assert [(d.key, d.job_id, d.token) for d in found if d.kind.value == "stale"] == [
         (f"job:{c.job.id}", c.job.id, stale.token)
     ]
+
+
+async def test_a_second_ledger_on_the_same_redis_prefix_is_refused(
+    split: SplitStore, redis_url: str, postgres_url: str, postgres_server: str, clock: FakeClock
+) -> None:
+    """Two apps with ledgers of their own on one Redis prefix took each other's jobs,
+    and each ledger issued the same epoch: a job paused past its lease ran again under
+    the other app's ledger, its effect written twice. A store whose ledger is not the
+    one the prefix serves is now refused at open, naming both; the prefix's own ledger
+    opens as before."""
+    import psycopg
+
+    other_schema = f"tl_test_{uuid.uuid4().hex[:12]}"
+    other = SplitStore(
+        broker=redis_url, ledger=f"{postgres_server}?schema={other_schema}", clock=clock
+    )
+    try:
+        with pytest.raises(ConfigError, match="already serves another ledger") as refused:
+            await other.open()
+        assert split.ledger.schema in str(refused.value)
+        assert other_schema in str(refused.value)
+        again = SplitStore(broker=redis_url, ledger=postgres_url, clock=clock)
+        await again.open()  # the prefix's own ledger, from another process
+        await again.close()
+    finally:
+        await other.close()
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {other_schema} CASCADE")  # type: ignore[arg-type]
 
 
 class _LostAck(SplitStore):

@@ -46,6 +46,7 @@ never for safety.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -101,6 +102,9 @@ class SplitLedger(PostgresStore):
 
     def __init__(self, url: str, **options: Any) -> None:
         super().__init__(url, **options)
+        #: A random id this ledger keeps for good, read by :meth:`open`: the split store
+        #: records it in Redis, so that a second ledger on the same prefix is refused.
+        self.identity: str | None = None
         for name, text in _SPLIT_Q.items():
             self._queries[name] = compose(text, self.schema)
 
@@ -115,6 +119,7 @@ class SplitLedger(PostgresStore):
         await super().open()
         lock, create = self._q("migrate_lock"), self._q("split_schema")
         current, upgrade = self._q("split_schema_current"), self._q("split_schema_upgrade")
+        take, identity = self._q("ledger_identity_take"), self._q("ledger_identity")
 
         async def run(conn: AsyncConnection[Any]) -> None:
             async with conn.transaction():
@@ -126,6 +131,12 @@ class SplitLedger(PostgresStore):
                 # would wait behind any ledger transaction holding a fence row.
                 if row is None or not row[0]:
                     await conn.execute(upgrade)
+                await conn.execute(take, {"id": secrets.token_hex(16), "now": self._now()})
+                cur = await conn.execute(identity)
+                row = await cur.fetchone()
+                if row is None:  # taken just above, under the lock
+                    raise StoreError(f"the ledger {self.target.where} has no identity")
+                self.identity = str(row[0])
 
         await self._call(run)
 

@@ -19,6 +19,13 @@ CREATE TABLE IF NOT EXISTS {schema}.redis_epochs (
 );
 -- Epoch 0 first: tokens equal Redis's counters until the first failover.
 CREATE SEQUENCE IF NOT EXISTS {schema}.redis_epoch_seq MINVALUE 0 START 0;
+-- This ledger's identity, one row: Redis keeps the identity of the ledger its prefix
+-- serves, so that a second ledger on the same prefix is refused (split/store.py).
+CREATE TABLE IF NOT EXISTS {schema}.ledger_identity (
+    one         boolean PRIMARY KEY DEFAULT true CHECK (one),
+    id          text NOT NULL,
+    created_at  double precision NOT NULL
+);
 
 -- name: split_schema_current
 -- Whether the columns and the index added after job_fences came are all there. Asked
@@ -38,7 +45,10 @@ SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute AS a
    AND EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c
                JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
                WHERE n.nspname = %(schema)s AND c.relname = 'job_fences_unsettled'
-                 AND c.relkind = 'i') AS current;
+                 AND c.relkind = 'i')
+   AND EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c
+               JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+               WHERE n.nspname = %(schema)s AND c.relname = 'ledger_identity') AS current;
 
 -- name: split_schema_upgrade
 -- When the reconciler found the job gone from Redis, not done (added after the table).
@@ -49,6 +59,21 @@ ALTER TABLE {schema}.job_fences ADD COLUMN IF NOT EXISTS pruned_at double precis
 -- The rows the lost-job check reads: the settled ones (done, lost, pruned) are most.
 CREATE INDEX IF NOT EXISTS job_fences_unsettled ON {schema}.job_fences (job_id)
 WHERE done_token IS NULL AND lost_at IS NULL AND pruned_at IS NULL;
+-- The ledger's identity (added after the tables): see split_schema.
+CREATE TABLE IF NOT EXISTS {schema}.ledger_identity (
+    one         boolean PRIMARY KEY DEFAULT true CHECK (one),
+    id          text NOT NULL,
+    created_at  double precision NOT NULL
+);
+
+-- name: ledger_identity_take
+-- The ledger's identity, made on its first open (under the migration lock).
+INSERT INTO {schema}.ledger_identity (id, created_at)
+VALUES (%(id)s, {schema}.now_epoch(%(now)s))
+ON CONFLICT (one) DO NOTHING;
+
+-- name: ledger_identity
+SELECT id FROM {schema}.ledger_identity;
 
 -- name: fence_check
 -- First statement of a ledger write's transaction: advances the job's fence to the

@@ -30,7 +30,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..._clock import Clock
-from ..._errors import JobNotFoundError, StaleTokenError, StoreError, StoreUnavailableError
+from ..._errors import (
+    ConfigError,
+    JobNotFoundError,
+    StaleTokenError,
+    StoreError,
+    StoreUnavailableError,
+)
 from ..._jobs import (
     Attempt,
     ClaimedJob,
@@ -132,14 +138,47 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
             failed["broker"] = failed["leases"] = exc
         if not failed:
             try:
+                await self._claim_prefix()
                 await self.redis.refresh_epoch()
             except StoreError as exc:
                 failed["broker"] = failed["leases"] = exc
+            except ConfigError:
+                with contextlib.suppress(StoreError):
+                    await self.close()
+                raise
         self.roles_down = {**failed}
         if failed:
             with contextlib.suppress(StoreError):
                 await self.close()
             raise RolesUnavailableError(failed)
+
+    async def _claim_prefix(self) -> None:
+        """Record this ledger as the one the Redis prefix serves, or refuse a prefix
+        another ledger serves. Two apps with their own ledgers on one prefix took each
+        other's jobs, and each ledger, knowing nothing of the other's writes, issued
+        the same epoch: a job paused past its lease ran again under the other app's
+        ledger, its effect applied twice."""
+        mine = self.ledger.identity
+        if mine is None:  # the ledger was opened without its set-up
+            return
+        key = self.redis.prefix + "ledger"
+        where = f"{self.ledger.target.where}, schema {self.ledger.schema!r}"
+        await self.redis._cmd("SET", key, f"{mine} {where}", "NX")
+        held = await self.redis._cmd("GET", key)
+        if isinstance(held, bytes):
+            held = held.decode("utf-8", "replace")
+        if held is None:  # the prefix's keys lost meanwhile: the next open records it
+            return
+        theirs, _, their_where = str(held).partition(" ")
+        if theirs != mine:
+            raise ConfigError(
+                "ledger",
+                f"the Redis prefix {self.redis.prefix!r} at {self.redis.where} already "
+                f"serves another ledger ({their_where or 'unnamed'}), not this one "
+                f"({where}): apps with ledgers of their own need Redis prefixes of their "
+                "own (?prefix=… in the broker URL). If this ledger replaced that one (its "
+                f"data moved here), delete the key {key!r}",
+            )
 
     async def open_broker(self) -> None:
         """Open Redis alone, for an operator's command that reads or changes only what
