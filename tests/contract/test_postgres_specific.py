@@ -815,6 +815,14 @@ def test_schema_name_is_validated(schema: str) -> None:
         PostgresStore(f"postgresql://app@db.example/app?schema={schema}")
 
 
+@pytest.mark.parametrize("schema", ["information_schema", "pg_jobs", "pg_temp"])
+def test_a_system_schema_is_refused(schema: str) -> None:
+    """``?schema=information_schema`` was accepted: tokenline's tables went into it,
+    and pg_dump, which leaves that schema out, left every job out of the backup."""
+    with pytest.raises(ConfigError, match="one of PostgreSQL's own"):
+        PostgresStore(f"postgresql://app@db.example/app?schema={schema}")
+
+
 def test_store_from_url_builds_a_postgres_store() -> None:
     """postgresql:// URLs reach this store, with the schema taken from the URL and
     every other parameter left to libpq."""

@@ -76,6 +76,14 @@ def _split_schema(url: str) -> tuple[str, str]:
             f"schema {schema!r} is not a valid tokenline schema name: use 1 to 50 "
             "lower-case letters, digits or underscores, not starting with a digit",
         )
+    if schema == "information_schema" or schema.startswith("pg_"):
+        # PostgreSQL's own: pg_dump leaves information_schema out of every dump (the
+        # jobs with it), and refuses pg_ names only when the schema is created.
+        raise ConfigError(
+            "url",
+            f"schema {schema!r} is one of PostgreSQL's own (information_schema and pg_… "
+            "are the system's, and backups leave them out): name a schema of your own",
+        )
     return base + ("?" + "&".join(kept) if kept else ""), schema
 
 
