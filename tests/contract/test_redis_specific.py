@@ -3,13 +3,20 @@ unreachable server is a clear error, and each test's keys stay under its prefix.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import socket
+import subprocess
+import time
+from collections.abc import Iterator
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
-from tokenline._errors import ConfigError, StoreUnavailableError
+from tokenline._errors import ConfigError, StoreError, StoreUnavailableError
 from tokenline._jobs import JobState, NewJob
 from tokenline.stores.redis import RedisStore
 
@@ -271,3 +278,82 @@ async def test_a_unique_key_held_by_a_job_whose_hash_is_gone_is_released(
     finally:
         await store.close()
         client.close()
+
+
+@pytest.fixture
+def own_redis(redis_server_binary: str, tmp_path: Path) -> Iterator[int]:
+    """A ``redis-server`` of this test's own on a free loopback port (its memory
+    settings are the test's to change); killed afterwards."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    args = [
+        redis_server_binary,
+        "--port", str(port),
+        "--bind", "127.0.0.1",
+        "--save", "",
+        "--appendonly", "no",
+        "--dir", str(tmp_path),
+        "--logfile", str(tmp_path / "redis.log"),
+    ]  # fmt: skip
+    proc = subprocess.Popen(args)
+    try:
+        client = redis.Redis(port=port, socket_timeout=5)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+        yield port
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+async def test_an_evicting_memory_policy_is_warned_of_and_fails_the_status_probe(
+    own_redis: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Redis with a maxmemory and an evicting policy deleted job hashes and a whole
+    queue's index under pressure, and nothing said so: its workers sat idle beside
+    a full queue. Connecting now warns, and status's broker probe fails, naming the
+    policy; without a maxmemory the policy never applies and nothing is said."""
+    client = redis.Redis(port=own_redis, socket_timeout=5)
+    store = RedisStore(f"redis://127.0.0.1:{own_redis}/0")
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    await store.connect()
+    try:
+        await store.broker_write_probe(1.0)  # no maxmemory: nothing to say
+        client.config_set("maxmemory", str(64 * 1024 * 1024))
+        with caplog.at_level(logging.WARNING, logger="tokenline.store.redis"):
+            await store.close()
+            await store.connect()
+        assert "maxmemory-policy allkeys-lru" in caplog.text
+        with pytest.raises(StoreError, match="evicts keys under memory pressure"):
+            await store.broker_write_probe(1.0)
+        client.config_set("maxmemory-policy", "noeviction")
+        await store.broker_write_probe(1.0)
+    finally:
+        await store.close()
+
+
+async def test_a_full_redis_fails_the_status_probe_though_reads_answer(own_redis: int) -> None:
+    """With noeviction, a Redis at its maxmemory refuses every write while reads
+    answer: status said the broker was ok while claims and renewals failed."""
+    client = redis.Redis(port=own_redis, socket_timeout=5)
+    client.config_set("maxmemory-policy", "noeviction")
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory", str(used + 256 * 1024))
+    with contextlib.suppress(redis.ResponseError):  # fill it: OOM ends the loop
+        for i in range(10_000):
+            client.set(f"filler:{i}", b"x" * 4096)
+    store = RedisStore(f"redis://127.0.0.1:{own_redis}/0?prefix=full")
+    await store.connect()
+    try:
+        assert await store.queues_stats() == []  # a read answers
+        with pytest.raises(StoreError, match="is full"):
+            await store.broker_write_probe(1.0)
+    finally:
+        await store.close()

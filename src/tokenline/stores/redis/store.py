@@ -94,6 +94,8 @@ from .retention import RedisRetention
 __all__ = ["LEDGER_DONE", "EpochSource", "RedisStore"]
 
 log = logging.getLogger("tokenline.store.redis")
+#: The memory problems already logged by this process (see RedisStore.connect).
+_MEMORY_WARNED: set[str] = set()
 
 #: Where a store gets its fencing epoch: called with the Redis server's replication id,
 #: it returns the epoch for that server (a new, higher one for an id it has not seen).
@@ -198,6 +200,56 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
             self._client = client
             self._scripts = {name: client.register_script(t) for name, t in _TEXT.items()}
         await self._cmd("PING")
+        problem = await self.memory_problem()
+        if problem is not None and problem not in _MEMORY_WARNED:
+            _MEMORY_WARNED.add(problem)  # once per process: every command connects
+            log.warning("%s", problem)
+
+    async def memory_problem(self) -> str | None:
+        """What the server's memory settings do to tokenline's keys, or ``None``: a
+        ``maxmemory`` with an evicting ``maxmemory-policy`` deletes job hashes, queues
+        and leases under pressure (a whole queue stalled behind its evicted index,
+        seen); with ``noeviction``, a server at its ``maxmemory`` refuses every write
+        (enqueues, claims, renewals) while reads answer. ``None`` too when the server
+        does not say (INFO refused)."""
+        try:
+            info = await self._cmd("INFO", "memory")
+        except StoreUnavailableError:
+            raise
+        except StoreError:
+            return None
+        if not isinstance(info, dict):
+            return None
+        limit = int(info.get("maxmemory") or 0)
+        policy = info.get("maxmemory_policy", "noeviction")
+        if isinstance(policy, bytes):
+            policy = policy.decode("ascii", "replace")
+        if not limit:
+            return None  # no limit: the policy never applies
+        if policy != "noeviction":
+            return (
+                f"Redis at {self.where} evicts keys under memory pressure "
+                f"(maxmemory {limit} bytes, maxmemory-policy {policy}): it can delete job "
+                "hashes, queue indexes and leases, and jobs with them; run tokenline's "
+                "Redis with maxmemory-policy noeviction"
+            )
+        used = int(info.get("used_memory") or 0)
+        if used >= limit:
+            return (
+                f"Redis at {self.where} is full (used {used} of maxmemory {limit} bytes, "
+                "maxmemory-policy noeviction): it refuses every write (enqueues, claims, "
+                "lease renewals) until memory is freed or maxmemory raised"
+            )
+        return None
+
+    async def broker_write_probe(self, timeout: float) -> None:  # noqa: ASYNC109
+        """For ``tokenline status``: raise :class:`~tokenline.StoreError` when the
+        server's memory settings refuse or lose the broker's writes (see
+        :meth:`memory_problem`), though every read answers. ``timeout``: unused, each
+        command has the store's own."""
+        problem = await self.memory_problem()
+        if problem is not None:
+            raise StoreError(problem)
 
     def _client_options(self) -> dict[str, Any]:
         """redis-py's keyword arguments for a client: the store's timeout, then the

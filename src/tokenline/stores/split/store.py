@@ -180,6 +180,10 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
                 f"data moved here), delete the key {key!r}",
             )
 
+    async def broker_write_probe(self, timeout: float) -> None:  # noqa: ASYNC109
+        """For ``tokenline status``: the broker's Redis, as its own probe says."""
+        await self.redis.broker_write_probe(timeout)
+
     async def open_broker(self) -> None:
         """Open Redis alone, for an operator's command that reads or changes only what
         Redis keeps (queues and their pauses, jobs, workers, leases): it works while the
