@@ -4,6 +4,7 @@ the topology is named (App, settings, URL)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from typing import Any
 
@@ -162,6 +163,24 @@ async def test_a_second_ledger_on_the_same_redis_prefix_is_refused(
         await other.close()
         with psycopg.connect(postgres_server, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {other_schema} CASCADE")  # type: ignore[arg-type]
+
+
+async def test_lost_redis_keys_are_said_when_the_new_epoch_is_taken(
+    split: SplitStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A FLUSHDB took the queued jobs with it and nothing said so: the only trace was
+    a refused renewal. The process that takes the new epoch now warns that the prefix's
+    keys were lost, and which jobs the reconciler can and cannot report."""
+    await split.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+    client = split.redis._redis()
+    keys = [k async for k in client.scan_iter(match=split.redis.prefix + "*")]
+    await client.delete(*keys)  # a FLUSHDB, for this prefix alone
+    with caplog.at_level(logging.WARNING, logger="tokenline.store.split"):
+        await split.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+    said = [r.getMessage() for r in caplog.records if "new identity" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert "this prefix's keys were lost" in said[0]
+    assert "job_lost_from_broker" in said[0]
 
 
 class _LostAck(SplitStore):

@@ -46,6 +46,7 @@ never for safety.
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -82,6 +83,8 @@ from ..postgres._steps import AsyncDriver, Steps, fetch_one
 from ..postgres._transaction import PostgresFencedTransaction
 
 __all__ = ["SplitLedger"]
+
+log = logging.getLogger("tokenline.store.split")
 
 _SPLIT_Q = load_queries(__name__.rpartition(".")[0])
 #: The PostgreSQL store's query deleting a batch of each audit kind.
@@ -380,8 +383,36 @@ class SplitLedger(PostgresStore):
         for _ in range(3):
             rows = await self._tuples(self._q("epoch_take"), {"replid": replid})
             if rows:
-                return int(rows[0][0])
+                epoch, previous = int(rows[0][0]), rows[0][1]
+                if previous is not None:
+                    _identity_changed(str(previous), replid, epoch)
+                return epoch
         raise StoreError(f"the ledger issued no epoch for Redis replication id {replid!r}")
+
+
+def _identity_changed(previous: str, current: str, epoch: int) -> None:
+    """Say, once (to the process that took the new epoch), that the broker's Redis is
+    another server or lost its keys: what it held only in memory may be gone, and
+    nothing else says so (queued jobs vanish without a trace)."""
+    old_server, _, old_keys = previous.partition("/")
+    new_server, _, new_keys = current.partition("/")
+    if old_keys != new_keys:
+        why = (
+            "this prefix's keys were lost (FLUSHDB, keys deleted or evicted, or a server "
+            "back without its data): the jobs it held are gone"
+        )
+    else:
+        why = (
+            f"its replication id changed ({old_server} to {new_server}): a failover or a "
+            "restart, which loses the writes that had not reached the replica or the disk"
+        )
+    log.warning(
+        "the broker's Redis has a new identity, fencing epoch %d: %s. Jobs the ledger had "
+        "seen are reported by the reconciler (job_lost_from_broker); jobs enqueued and "
+        "never run are not: enqueue them again if they must run",
+        epoch,
+        why,
+    )
 
 
 class SplitFencedTransaction(PostgresFencedTransaction):

@@ -201,15 +201,20 @@ LIMIT %(limit)s;
 -- The epoch of a Redis server, by its replication id: a new id gets a number above
 -- every epoch issued before (the sequence never goes back, even across a rollback).
 -- No row only when another session inserted the same id concurrently: ask again.
+-- With a new epoch comes the identity whose epoch it follows (NULL for the first, and
+-- for an epoch taken before), so that the change can be told to the operator.
 WITH taken AS (
     INSERT INTO {schema}.redis_epochs (replid, epoch, first_seen)
     VALUES (%(replid)s, nextval('{schema}.redis_epoch_seq'), {schema}.now_epoch(NULL))
     ON CONFLICT (replid) DO NOTHING
     RETURNING epoch
 )
-SELECT epoch FROM taken
+SELECT t.epoch,
+       (SELECT e.replid FROM {schema}.redis_epochs AS e
+        WHERE e.epoch < t.epoch ORDER BY e.epoch DESC LIMIT 1) AS previous
+FROM taken AS t
 UNION ALL
-SELECT epoch FROM {schema}.redis_epochs WHERE replid = %(replid)s;
+SELECT epoch, NULL FROM {schema}.redis_epochs WHERE replid = %(replid)s;
 
 -- name: reconcile_pending_effects
 -- Effect keys pending past the deadline. Whether their attempt's lease is gone is
