@@ -144,6 +144,9 @@ class StoreError(TokenlineError):
     #: The kind of server that failed (``"PostgreSQL"``, ``"Redis"``, ``"SQLite"``),
     #: where the store knows it: on the split topology it says which role failed.
     server: str | None = None
+    #: Whether the store is known to have changed nothing (the server refused the
+    #: request whole): an operator's command then does not say it may have.
+    changed_nothing: bool = False
 
 
 class StoreUnavailableError(StoreError):

@@ -170,6 +170,23 @@ def test_status_says_the_broker_refuses_on_a_server_that_takes_no_writes(
         assert f"default_transaction_read_only is on for role {own_role.name!r}" in text, text
 
 
+def test_a_command_refused_as_read_only_does_not_say_it_may_have_changed_anything(
+    own_role: OwnRole,
+) -> None:
+    """`tokenline pause` on a read-only server printed "the store may have made the
+    change before its answer was lost": the server refused the write whole, and the
+    error says nothing was written."""
+    asyncio.run(PostgresStore(own_role.url, timeout=5).migrate())
+    own_role.read_only(True)
+    env = {"COLUMNS": None, "FORCE_COLOR": None, "TTY_COMPATIBLE": None}
+    result = CliRunner().invoke(
+        main, ["pause", "billing", "--url", own_role.url], env=env, catch_exceptions=False
+    )
+    assert result.exit_code == 1, result.output
+    assert "accepts no writes" in result.output, result.output
+    assert "may have made the change" not in result.output, result.output
+
+
 @pytest.mark.parametrize("blocking", [False, True])
 async def test_the_store_writes_again_once_the_server_takes_writes(
     own_role: OwnRole, blocking: bool

@@ -345,7 +345,12 @@ def report_error(exc: TokenlineError, *, unsure: str | None = None) -> NoReturn:
         err_console.print(f"[bold red]error:[/] {escape(config_problem(exc))}", highlight=False)
         raise SystemExit(2) from None
     err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-    if unsure is not None and isinstance(exc, StoreUnavailableError) and exc not in _UNOPENED:
+    if (
+        unsure is not None
+        and isinstance(exc, StoreUnavailableError)
+        and not exc.changed_nothing
+        and exc not in _UNOPENED
+    ):
         # An OutcomeUnknownError says itself that the change may have been made.
         maybe = (
             ""

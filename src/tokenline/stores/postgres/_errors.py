@@ -47,6 +47,7 @@ class ReadOnlyServerError(StoreUnavailableError):
 
     #: As the server says it, for whoever reads the code off the error (status does).
     sqlstate = READ_ONLY_SQLSTATE
+    changed_nothing = True
 
 
 def read_only_message(target: Target, detail: str, *, standby: bool | None = None) -> str:
