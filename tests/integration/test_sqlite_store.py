@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -45,6 +46,17 @@ async def test_newer_schema_is_refused_with_a_hint(tmp_path: Path) -> None:
     with sqlite3.connect(path) as conn:
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     with pytest.raises(SchemaVersionError, match="upgrade tokenline"):
+        await SQLiteStore(f"sqlite:///{path}").open()
+
+
+@pytest.mark.parametrize("which", ["", "-coord"])
+async def test_a_directory_in_place_of_a_file_is_named(tmp_path: Path, which: str) -> None:
+    """A store path that is a directory was said "unable to open database file (check
+    that the directory exists and is writable)", sending the operator to look at the
+    directory's rights."""
+    path = tmp_path / "jobs.db"
+    os.mkdir(f"{path}{which}")
+    with pytest.raises(StoreUnavailableError, match="is a directory, not a file"):
         await SQLiteStore(f"sqlite:///{path}").open()
 
 

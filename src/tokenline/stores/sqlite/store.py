@@ -410,6 +410,14 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                 f"cannot open SQLite store {str(self.path)!r}: "
                 f"directory {str(parent)!r} does not exist"
             )
+        for path in (self.path, self.coord_path):
+            if path.is_dir():
+                # SQLite says only "unable to open database file", and its hint would
+                # send the operator to the directory's permissions.
+                raise StoreUnavailableError(
+                    f"cannot open SQLite store {str(self.path)!r}: {str(path)!r} is a "
+                    "directory, not a file: name a file in the URL"
+                )
         main, coord = Lane("tokenline-sqlite"), Lane("tokenline-sqlite-coord")
         try:
             main.conns = await main.run(lambda: self._while_busy(self._open_main))
