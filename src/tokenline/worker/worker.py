@@ -44,7 +44,9 @@ from .._errors import (
     EffectPendingError,
     FencedError,
     LeaseBusyError,
+    SchemaVersionError,
     StaleTokenError,
+    StoreCorruptError,
     StoreError,
     StoreUnavailableError,
     TokenlineError,
@@ -1110,6 +1112,8 @@ class Worker:
             # with the worker's own failed calls: the summary and the metric agree.
             self.counters.coordination_errors += 1
             self._note_channel(f"job {job.id}", exc, "ledger")
+        if isinstance(exc, StoreCorruptError | SchemaVersionError):
+            self._store_damaged(exc)
         if isinstance(exc, FencedError):
             if exc.held_resource is None or self.clock.monotonic() >= slot.valid_until:
                 self._note_fenced(slot, exc)
@@ -1130,6 +1134,24 @@ class Worker:
                 *(self.id, job.id, exc.held_resource, exc),
             )
         return self._after_failure(slot, decision, task.retry)
+
+    def _store_damaged(self, exc: StoreError) -> None:
+        """A handler met a damaged store (a table of tokenline's gone under the running
+        worker): its job was given back, attempt intact, and so would every other job
+        that needs what is missing, again and again, and nothing an operator does
+        while it runs repairs it. The worker stops (as on SIGTERM: the jobs in flight
+        finish or go back); started again, it refuses the store, naming what it lacks,
+        until the store is repaired."""
+        if self._stop_requested:
+            return
+        log.error(
+            "worker %s: the store is damaged (%s); stopping: repair the store (`tokenline "
+            "status` names what it lacks), then start the worker again",
+            self.id,
+            exc,
+            extra={"worker_id": self.id},
+        )
+        self.request_shutdown()
 
     async def _await_within(self, awaitable: Awaitable[T], limit: float, late: str = "") -> T:
         """``await awaitable`` under a hard timeout of ``limit`` seconds, as ``async with

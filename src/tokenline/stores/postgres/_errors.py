@@ -217,7 +217,8 @@ def _translated(target: Target, timeout: float) -> Iterator[None]:
     except (pg.UndefinedTable, pg.UndefinedFunction, pg.InvalidSchemaName) as exc:
         raise StoreCorruptError(
             f"the tokenline schema {target.schema!r} of {target.where} is missing or "
-            f"incomplete ({exc}): run `tokenline migrate`"
+            f"incomplete ({exc}): run `tokenline migrate`, which installs a missing schema "
+            "and names what a damaged one lacks"
         ) from exc
     except pg.TransactionRollback as exc:
         # Deadlock or serialization failure: nothing was applied; trying again is safe.
