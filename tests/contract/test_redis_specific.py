@@ -357,3 +357,13 @@ async def test_a_full_redis_fails_the_status_probe_though_reads_answer(own_redis
             await store.broker_write_probe(1.0)
     finally:
         await store.close()
+
+
+async def test_a_tls_url_to_a_plain_server_suggests_tls(redis_server: str) -> None:
+    """rediss:// against a server without TLS never completes the handshake: the
+    error said only that the server did not answer, with no hint of TLS."""
+    host, _, port = redis_server.partition("//")[2].partition("/")[0].rpartition(":")
+    store = RedisStore(f"rediss://{host}:{port}/0?socket_connect_timeout=1&socket_timeout=1")
+    with pytest.raises(StoreUnavailableError, match=r"with TLS on \(the URL is rediss://\)"):
+        await store.connect()
+    await store.close()

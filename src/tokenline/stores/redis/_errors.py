@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from redis import exceptions as rx
 
 from ..._errors import StoreError, StoreUnavailableError, TokenlineError, from_server
+from ._url import TLS_MARK
 
 __all__ = ["map_redis_errors", "maybe_sent"]
 
@@ -37,9 +38,11 @@ def _translated(where: str, operation: str) -> Iterator[None]:
             f"Redis at {where} refused the credentials in the URL: {exc}"
         ) from exc
     except (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError) as exc:
+        # A server without TLS, asked for it, never answers the handshake: a timeout.
+        tls = ", with TLS on (the URL is rediss://)," if where.endswith(TLS_MARK) else ""
         raise StoreUnavailableError(
-            f"cannot reach Redis at {where} ({operation}): is the server running, and the "
-            f"host and port in the URL right? ({exc})"
+            f"cannot reach Redis at {where} ({operation}): is the server running{tls} and "
+            f"are the host and port in the URL right? ({exc})"
         ) from exc
     except rx.ReadOnlyError as exc:
         # A replica, or a primary demoted by a failover: writes must go elsewhere.

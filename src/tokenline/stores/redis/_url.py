@@ -23,6 +23,9 @@ from ..._errors import ConfigError
 
 __all__ = ["DEFAULT_PREFIX", "OPTIONS", "RedisTarget", "parse_redis_url"]
 
+#: What a TLS target's ``where`` ends with.
+TLS_MARK = " (TLS)"
+
 DEFAULT_PREFIX = "tokenline"
 
 _WHOLE = re.compile(r"[0-9]+")
@@ -81,6 +84,7 @@ class RedisTarget:
     #: The start of every key of the store, ``{name}:`` (one Redis Cluster hash slot).
     prefix: str
     #: ``host:port/db``, for messages (never the password).
+    #: ``host:port/db``, and `` (TLS)`` for ``rediss://``: for messages, never a password.
     where: str
     #: The URL's connection options, typed, as keyword arguments of redis-py's client.
     options: Mapping[str, Any]
@@ -106,6 +110,8 @@ def parse_redis_url(url: str) -> RedisTarget:
     db = _db(urllib.parse.unquote(parts.path), options.pop("db", None))
     connect = urllib.parse.urlunsplit((parts.scheme, parts.netloc, f"/{db}", "", ""))
     where = f"{parts.hostname or '127.0.0.1'}:{port}/{db}"
+    if parts.scheme == "rediss":
+        where += TLS_MARK  # said in errors: a plain server never finishes the handshake
     return RedisTarget(connect=connect, prefix="{" + name + "}:", where=where, options=options)
 
 
