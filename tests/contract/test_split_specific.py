@@ -19,7 +19,7 @@ from tokenline._jobs import Finish, JobState, Lease, NewJob, Outcome
 from tokenline._records import Fence
 from tokenline.stores import split_url, store_from_url
 from tokenline.stores.redis.store import LEDGER_DONE
-from tokenline.stores.split import SplitStore
+from tokenline.stores.split.store import RolesUnavailableError, SplitStore
 
 Q = ["default"]
 
@@ -181,6 +181,54 @@ async def test_lost_redis_keys_are_said_when_the_new_epoch_is_taken(
     assert len(said) == 1, caplog.text
     assert "this prefix's keys were lost" in said[0]
     assert "job_lost_from_broker" in said[0]
+
+
+async def _ddl(url: str, statement: str) -> None:
+    """``statement`` on a connection of its own to the ledger's database."""
+    import psycopg
+
+    base = url.split("?")[0]
+    async with await psycopg.AsyncConnection.connect(base, autocommit=True) as conn:
+        await conn.execute(statement)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dropped", ["job_fences", "redis_epochs"])
+async def test_a_split_ledger_missing_a_table_is_refused_not_made_again_empty(
+    split: SplitStore, redis_url: str, postgres_url: str, clock: FakeClock, dropped: str
+) -> None:
+    """A dropped job_fences was made again, empty, by the next open: the ledger forgot
+    which jobs were done and which tokens stale, and status, migrate and enqueue all
+    said nothing. The next open now refuses it, naming what it lacks."""
+    await split.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+    (c,) = await split.jobs_claim(owner="w1", queues=Q, limit=1, ttl=60)
+    await _write(split, c.lease, "done once")
+    await _ddl(postgres_url, f"DROP TABLE {split.ledger.schema}.{dropped} CASCADE")
+    again = SplitStore(broker=redis_url, ledger=postgres_url, clock=clock)
+    try:
+        with pytest.raises(RolesUnavailableError, match=f"damaged: it lacks {dropped}"):
+            await again.open()
+    finally:
+        await again.close()
+    rows = await split.ledger._tuples(
+        "SELECT count(*) FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n "
+        "ON n.oid = c.relnamespace WHERE n.nspname = %(s)s AND c.relname = %(t)s",
+        {"s": split.ledger.schema, "t": dropped},
+    )
+    assert rows == [(0,)]  # not made again
+
+
+async def test_a_ledger_whose_identity_changed_is_told_so(
+    split: SplitStore, redis_url: str, postgres_url: str, clock: FakeClock
+) -> None:
+    """A ledger_identity table dropped and made again gave the ledger a new identity,
+    and the refusal named the same ledger twice as "another ledger"."""
+    await _ddl(postgres_url, f"DROP TABLE {split.ledger.schema}.ledger_identity")
+    again = SplitStore(broker=redis_url, ledger=postgres_url, clock=clock)
+    try:
+        with pytest.raises(ConfigError, match="same name whose identity differs"):
+            await again.open()
+    finally:
+        await again.close()
 
 
 class _LostAck(SplitStore):

@@ -54,7 +54,7 @@ from typing import Any, TypeVar
 from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import dict_row
 
-from ..._errors import StoreError
+from ..._errors import StoreCorruptError, StoreError
 from ..._jobs import Finish, Lease
 from ..._records import (
     Duplicate,
@@ -85,6 +85,8 @@ from ..postgres._transaction import PostgresFencedTransaction
 __all__ = ["SplitLedger"]
 
 log = logging.getLogger("tokenline.store.split")
+#: The split ledger's first objects (see split_core_present): all there, or none.
+_CORE = frozenset({"job_fences", "redis_epochs", "redis_epoch_seq"})
 
 _SPLIT_Q = load_queries(__name__.rpartition(".")[0])
 #: The PostgreSQL store's query deleting a batch of each audit kind.
@@ -123,10 +125,21 @@ class SplitLedger(PostgresStore):
         lock, create = self._q("migrate_lock"), self._q("split_schema")
         current, upgrade = self._q("split_schema_current"), self._q("split_schema_upgrade")
         take, identity = self._q("ledger_identity_take"), self._q("ledger_identity")
+        core = self._q("split_core_present")
 
         async def run(conn: AsyncConnection[Any]) -> None:
             async with conn.transaction():
                 await conn.execute(lock, {"schema": self.schema})
+                cur = await conn.execute(core, {"schema": self.schema})
+                present = {str(r[0]) for r in await cur.fetchall()}
+                if present and present != _CORE:
+                    lacks = ", ".join(sorted(_CORE - present))
+                    raise StoreCorruptError(
+                        f"the split ledger in schema {self.schema!r} of {self.target.where} "
+                        f"is damaged: it lacks {lacks}. Made again empty, they would forget "
+                        "which jobs are done and which tokens are stale; nothing was "
+                        "changed: restore them from a backup"
+                    )
                 await conn.execute(create)
                 cur = await conn.execute(current, {"schema": self.schema})
                 row = await cur.fetchone()

@@ -27,6 +27,15 @@ CREATE TABLE IF NOT EXISTS {schema}.ledger_identity (
     created_at  double precision NOT NULL
 );
 
+-- name: split_core_present
+-- Which of the split ledger's first objects exist: none (a new ledger) or all. Some
+-- but not all is damage, which CREATE … IF NOT EXISTS would hide by making them again,
+-- empty: job_fences is what keeps a job done and an older token refused.
+SELECT c.relname FROM pg_catalog.pg_class AS c
+     JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema)s
+  AND c.relname IN ('job_fences', 'redis_epochs', 'redis_epoch_seq');
+
 -- name: split_schema_current
 -- Whether the columns and the index added after job_fences came are all there. Asked
 -- first, because ALTER TABLE … IF NOT EXISTS and CREATE INDEX IF NOT EXISTS lock the

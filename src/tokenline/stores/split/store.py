@@ -170,15 +170,23 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
         if held is None:  # the prefix's keys lost meanwhile: the next open records it
             return
         theirs, _, their_where = str(held).partition(" ")
-        if theirs != mine:
-            raise ConfigError(
-                "ledger",
-                f"the Redis prefix {self.redis.prefix!r} at {self.redis.where} already "
-                f"serves another ledger ({their_where or 'unnamed'}), not this one "
-                f"({where}): apps with ledgers of their own need Redis prefixes of their "
-                "own (?prefix=… in the broker URL). If this ledger replaced that one (its "
-                f"data moved here), delete the key {key!r}",
+        if theirs == mine:
+            return
+        if their_where == where:
+            other = (
+                "a ledger of the same name whose identity differs (its ledger_identity "
+                "table was dropped or replaced, or the schema recreated)"
             )
+        else:
+            other = f"another ledger ({their_where or 'unnamed'})"
+        raise ConfigError(
+            "ledger",
+            f"the Redis prefix {self.redis.prefix!r} at {self.redis.where} already serves "
+            f"{other}, not this one ({where}): apps with ledgers of their own need Redis "
+            "prefixes of their own (?prefix=… in the broker URL). Only if this ledger "
+            "replaces that one for good: stop every process that uses the other, then "
+            f"delete the key {key!r}",
+        )
 
     async def broker_write_probe(self, timeout: float) -> None:  # noqa: ASYNC109
         """For ``tokenline status``: the broker's Redis, as its own probe says."""
