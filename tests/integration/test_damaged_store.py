@@ -102,6 +102,27 @@ async def test_another_applications_file_is_refused_and_left_as_it_was(
     assert not path.with_name(f"{path.name}-coord").exists()
 
 
+@pytest.mark.parametrize("version", [0, 3])
+async def test_a_store_whose_user_version_was_changed_is_refused_and_left_as_it_was(
+    tmp_path: Path, version: int
+) -> None:
+    """A real store whose user_version was set lower (by hand, by another application
+    sharing the file) was said to hold no tokenline schema (0), and migrating it failed
+    with "duplicate column name": both now say what happened, and nothing changes."""
+    path = tmp_path / "store.db"
+    await SQLiteStore(f"sqlite:///{path}").migrate()
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"PRAGMA user_version = {version}")
+    before = path.read_bytes()
+    for attempt in (
+        SQLiteStore(f"sqlite:///{path}").open,
+        SQLiteStore(f"sqlite:///{path}").migrate,
+    ):
+        with pytest.raises(StoreCorruptError, match=f"its user_version, .* says {version}"):
+            await attempt()
+    assert path.read_bytes() == before
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def damaged_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
     """A fresh store's URL and the statement that drops its effects table."""

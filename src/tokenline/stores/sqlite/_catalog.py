@@ -22,7 +22,14 @@ from pathlib import Path
 
 from ..._errors import StoreCorruptError
 
-__all__ = ["COORD", "MAIN", "check_objects", "foreign_file", "holds_tokenline_tables"]
+__all__ = [
+    "COORD",
+    "MAIN",
+    "check_objects",
+    "foreign_file",
+    "holds_tokenline_tables",
+    "version_lost",
+]
 
 #: What the main file's migrations make, by kind. A test compares it with a freshly
 #: migrated file: a migration that adds or drops an object updates it.
@@ -91,6 +98,18 @@ def foreign_file(path: Path, version: int) -> StoreCorruptError:
         "tokenline keeps its schema version in the file's user_version, so an "
         "application that sets user_version for its own tables cannot share the file: "
         "give tokenline a file of its own"
+    )
+
+
+def version_lost(path: Path, version: int) -> StoreCorruptError:
+    """The error for a tokenline store whose ``user_version`` (``version``) is lower
+    than its tables say: set by hand or by another application sharing the file."""
+    return StoreCorruptError(
+        f"{str(path)!r} holds tokenline's tables, but its user_version, where tokenline "
+        f"keeps its schema version, says {version}: set by hand or by another "
+        "application? Nothing was changed. Restore the file from a backup, or set "
+        "PRAGMA user_version back to the version this store had; an application that "
+        "sets user_version cannot share tokenline's file"
     )
 
 

@@ -52,7 +52,7 @@ import os
 import sqlite3
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -99,7 +99,14 @@ from ._callers import (
     held_by_this_thread,
     own_lock_refused,
 )
-from ._catalog import COORD, MAIN, check_objects, foreign_file, holds_tokenline_tables
+from ._catalog import (
+    COORD,
+    MAIN,
+    check_objects,
+    foreign_file,
+    holds_tokenline_tables,
+    version_lost,
+)
 from ._claim import claim_candidates
 from ._clock import Anchor, MachineClock, Uptime, WallClock, boot_id
 from ._connection import (
@@ -188,6 +195,20 @@ def finish_params(fin: Finish, now: float) -> dict[str, Any]:
         "owner": fin.lease.owner,
         "outcome": fin.outcome.value,
     }
+
+
+@contextlib.contextmanager
+def _version_trusted(path: Path, version: int) -> Iterator[None]:
+    """Around a migration from ``version``: a step that finds what it makes already
+    there says that the file's user_version is lower than its tables (set by hand or
+    by another application), not that the file is broken. Nothing was changed: the
+    migration's transaction rolls back."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        if "duplicate column" in str(exc) or "already exists" in str(exc):
+            raise version_lost(path, version) from exc
+        raise
 
 
 class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger, Store):
@@ -568,11 +589,13 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
             # The version says which migrations ran, not that what they made is there.
             check_objects(conn, "main", self.path, MAIN, version)
             return
+        if version == 0 and holds_tokenline_tables(conn):
+            raise version_lost(self.path, version)
         if not self._migrating:
             raise self._too_old(self.path, version)
         # Schema and version in one transaction: a crash (or a failing statement) leaves
         # the file as it was; a concurrent starter waits for the lock, then finds it done.
-        with self._write(conn):
+        with self._write(conn), _version_trusted(self.path, version):
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version >= SCHEMA_VERSION:
                 return
