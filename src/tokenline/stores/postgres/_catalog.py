@@ -25,51 +25,42 @@ from ._target import Target
 
 __all__ = ["OBJECTS", "check_objects", "damage_error", "missing_objects"]
 
+#: The tables with a primary key (open_blocks has none: see its migration).
+_KEYED_TABLES = frozenset(
+    {
+        "attempts",
+        "duplicates",
+        "effects",
+        "fences",
+        "jobs",
+        "leases",
+        "paused_queues",
+        "schedules",
+        "schema_version",
+        "stale_commits",
+        "unique_keys",
+        "workers",
+    }
+)
+#: Their primary keys: each is a constraint and the index it made.
+_PRIMARY_KEYS = frozenset(f"{table}_pkey" for table in _KEYED_TABLES)
+
 #: What the migrations up to this code's version make, by kind. A test compares it with
 #: a freshly migrated schema: a migration that adds or drops an object updates it.
 OBJECTS: Mapping[str, frozenset[str]] = {
-    "table": frozenset(
-        {
-            "attempts",
-            "duplicates",
-            "effects",
-            "fences",
-            "jobs",
-            "leases",
-            "open_blocks",
-            "paused_queues",
-            "schedules",
-            "schema_version",
-            "stale_commits",
-            "unique_keys",
-            "workers",
-        }
-    ),
+    "table": _KEYED_TABLES | {"open_blocks"},
     "sequence": frozenset({"duplicates_id_seq", "job_ids", "stale_commits_id_seq"}),
-    "index": frozenset(
-        {
-            "attempts_pkey",
-            "duplicates_at",
-            "duplicates_pkey",
-            "effects_job",
-            "effects_pkey",
-            "fences_pkey",
-            "jobs_expiry",
-            "jobs_finished",
-            "jobs_pkey",
-            "jobs_queue_state",
-            "jobs_ready",
-            "jobs_ready_age",
-            "leases_pkey",
-            "open_blocks_xact",
-            "paused_queues_pkey",
-            "schedules_pkey",
-            "schema_version_pkey",
-            "stale_commits_pkey",
-            "unique_keys_pkey",
-            "workers_pkey",
-        }
-    ),
+    "index": _PRIMARY_KEYS
+    | {
+        "duplicates_at",
+        "effects_job",
+        "jobs_expiry",
+        "jobs_finished",
+        "jobs_queue_state",
+        "jobs_ready",
+        "jobs_ready_age",
+        "open_blocks_xact",
+    },
     "function": frozenset(
         {
             "block_closed",
@@ -81,27 +72,14 @@ OBJECTS: Mapping[str, frozenset[str]] = {
         }
     ),
     "trigger": frozenset({"jobs_monotonic", "open_blocks_closed"}),
-    "constraint": frozenset(
-        {
-            "attempts_job_id_fkey",
-            "attempts_pkey",
-            "duplicates_kind_check",
-            "duplicates_pkey",
-            "effects_pkey",
-            "effects_status_check",
-            "fences_pkey",
-            "jobs_pkey",
-            "jobs_state_check",
-            "leases_pkey",
-            "open_blocks_closed",
-            "paused_queues_pkey",
-            "schedules_pkey",
-            "schema_version_pkey",
-            "stale_commits_pkey",
-            "unique_keys_pkey",
-            "workers_pkey",
-        }
-    ),
+    "constraint": _PRIMARY_KEYS
+    | {
+        "attempts_job_id_fkey",
+        "duplicates_kind_check",
+        "effects_status_check",
+        "jobs_state_check",
+        "open_blocks_closed",
+    },
 }
 
 _Q = load_queries(__name__.rpartition(".")[0])
