@@ -70,7 +70,12 @@ def test_split_url_round_trips_through_its_parser() -> None:
         ("redis://h/", "{tokenline}:", "h:6379/0", "redis://h/0"),
         ("redis://h:7000/15", "{tokenline}:", "h:7000/15", "redis://h:7000/15"),
         ("redis://h/?db=4", "{tokenline}:", "h:6379/4", "redis://h/4"),
-        ("rediss://u:pw@h:6380/1?prefix=a.b-c", "{a.b-c}:", "h:6380/1", "rediss://u:pw@h:6380/1"),
+        (
+            "rediss://u:pw@h:6380/1?prefix=a.b-c",
+            "{a.b-c}:",
+            "h:6380/1 (TLS)",
+            "rediss://u:pw@h:6380/1",
+        ),
     ],
 )
 def test_good_redis_urls_parse(url: str, prefix: str, where: str, connect: str) -> None:
