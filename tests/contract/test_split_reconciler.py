@@ -298,3 +298,49 @@ def test_tokenline_reconcile_runs_against_a_split_store(redis_url: str, postgres
     assert asyncio.run(state(job_id)) is JobState.SUCCEEDED
     clean = runner.invoke(main, ["reconcile", "--url", url, "--json"])
     assert clean.exit_code == 0, clean.output
+
+
+def test_tokenline_reconcile_lists_the_jobs_found_gone_from_redis_earlier(
+    redis_url: str, postgres_url: str
+) -> None:
+    """A worker's reconciler flagged a job the ledger had seen and Redis lost; after
+    that, `tokenline reconcile` said "nothing to repair" and `tokenline job` "no job
+    with id": the flag was in the worker's log alone. reconcile now lists the job, in
+    text and in --json, and still exits 0 (nothing to repair now)."""
+    import asyncio
+
+    from click.testing import CliRunner
+
+    from tokenline.cli import main
+    from tokenline.stores import split_url
+
+    async def lose_one() -> int:
+        store = SplitStore(broker=redis_url, ledger=postgres_url)
+        await store.open()
+        try:
+            await store.jobs_enqueue(jobs=[new()])
+            (claimed,) = await store.jobs_claim(owner="w1", queues=Q, limit=1, ttl=60)
+            assert (await store.effect_begin(lease=claimed.lease, key="k")).start is Start.RUN
+            await _drop_from_redis(store, claimed.job.id)
+            leader = await store.resource_lease_acquire(
+                resource=MAINTENANCE_LEASE, owner="a worker", ttl=60
+            )
+            service = Reconciler(store, interval=1.0, pending_deadline=DEADLINE)
+            report = await service.run_once(leader=leader)
+            await store.resource_lease_release(lease=leader)
+            assert report.counts == {Drift.JOB_LOST.value: 1}  # the worker's pass
+            return int(claimed.job.id)
+        finally:
+            await store.close()
+
+    job_id = asyncio.run(lose_one())
+    url = split_url(redis_url, postgres_url)
+    runner = CliRunner()
+    text = runner.invoke(main, ["reconcile", "--url", url, "--dry-run"])
+    assert text.exit_code == 0, text.output
+    assert "nothing to repair" in text.output
+    assert f"jobs found gone from the broker (job_lost_from_broker): {job_id};" in " ".join(
+        text.output.split()
+    )
+    as_json = runner.invoke(main, ["reconcile", "--url", url, "--dry-run", "--json"])
+    assert [j["job_id"] for j in json.loads(as_json.output)["lost_from_broker"]] == [job_id]

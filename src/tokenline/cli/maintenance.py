@@ -211,13 +211,18 @@ def reconcile(
 
     --json: {dry_run, leader (owner or null), term (or null), leader_expires_in
     (seconds until the lease of the leader that refused this pass expires, by the
-    store's clock, else null), refused, counts: {kind: n}, repairs: [line]}.
+    store's clock, else null), refused, counts: {kind: n}, repairs: [line],
+    lost_from_broker: [{job_id, at}]}. On the split topology it also lists the jobs
+    found gone from Redis by this pass or an earlier one (a worker's, usually), newest
+    first: the ledger had seen them, and nothing else lists them.
     """
     with reporting_errors():
         settings = _settings(config)
         app = resolve_app(app_spec, url, existing=True)
         store = app.open_store(timeout=settings.call_timeout)
-        report, lease, busy, now = asyncio.run(_reconcile(store, settings, dry_run, app.clock))
+        report, lease, busy, now, lost = asyncio.run(
+            _reconcile(store, settings, dry_run, app.clock)
+        )
     expires_in = None if busy is None else max(0.0, busy.expires_at - now)
     if as_json:
         print_json(
@@ -229,6 +234,7 @@ def reconcile(
                 "refused": report.refused,
                 "counts": dict(sorted(report.counts.items())),
                 "repairs": report.lines,
+                "lost_from_broker": [{"job_id": j, "at": at} for j, at in lost],
             }
         )
     elif busy is not None and expires_in is not None:
@@ -241,6 +247,7 @@ def reconcile(
         )
     else:
         _show(report)
+        _show_lost(lost)
     if busy is not None or report.refused:
         raise SystemExit(EXIT_CANNOT_ACT)
     raise SystemExit(EXIT_REPAIRED if report.total else EXIT_CLEAN)
@@ -248,35 +255,71 @@ def reconcile(
 
 async def _reconcile(
     store: Store, settings: WorkerSettings, dry_run: bool, clock: Clock
+) -> tuple[
+    ServiceReport, ResourceLease | None, ResourceLease | None, float, list[tuple[int, float]]
+]:
+    """The pass's report, the lease it ran under, the lease of the leader that refused
+    it, the store's time when it was refused (else 0), and the jobs found gone from
+    the broker by this pass or an earlier one (split topology)."""
+    await store.open()
+    try:
+        report, lease, busy, now = await _reconcile_pass(store, settings, dry_run, clock)
+        return report, lease, busy, now, await _flagged_lost(store)
+    finally:
+        await store.close()
+
+
+async def _flagged_lost(store: Store) -> list[tuple[int, float]]:
+    """The jobs a reconciler flagged lost from the broker, on a split store (their
+    Redis hash is gone, so nothing else lists them); else none."""
+    flagged = getattr(store, "jobs_flagged_lost", None)
+    return [] if flagged is None else list(await flagged(limit=_LOST_SHOWN))
+
+
+#: How many jobs flagged lost from the broker `tokenline reconcile` lists, newest first.
+_LOST_SHOWN = 100
+
+
+async def _reconcile_pass(
+    store: Store, settings: WorkerSettings, dry_run: bool, clock: Clock
 ) -> tuple[ServiceReport, ResourceLease | None, ResourceLease | None, float]:
     """The pass's report, the lease it ran under, the lease of the leader that refused
-    it, and the store's time when it was refused (else 0)."""
+    it, and the store's time when it was refused (else 0), on the open ``store``."""
     service = Reconciler(
         store,
         interval=settings.reconcile_interval,
         pending_deadline=settings.effect_pending_deadline,
     )
-    await store.open()
+    if dry_run:
+        return await service.run_once(leader=None, dry_run=True), None, None, 0.0
+    leadership = Leadership(
+        store,
+        owner=_owner("reconcile"),
+        ttl=settings.lease_ttl,
+        margin=settings.margin,
+        clock=clock,
+    )
+    lease = await leadership.elect()
+    if lease is None:
+        holder, now = await current_leader(store)
+        return ServiceReport(service.name, refused=True), None, holder, now
     try:
-        if dry_run:
-            return await service.run_once(leader=None, dry_run=True), None, None, 0.0
-        leadership = Leadership(
-            store,
-            owner=_owner("reconcile"),
-            ttl=settings.lease_ttl,
-            margin=settings.margin,
-            clock=clock,
-        )
-        lease = await leadership.elect()
-        if lease is None:
-            holder, now = await current_leader(store)
-            return ServiceReport(service.name, refused=True), None, holder, now
-        try:
-            return await service.run_once(leader=lease), lease, None, 0.0
-        finally:
-            await leadership.resign()
+        return await service.run_once(leader=lease), lease, None, 0.0
     finally:
-        await store.close()
+        await leadership.resign()
+
+
+def _show_lost(lost: list[tuple[int, float]]) -> None:
+    """The jobs flagged lost from the broker, by this pass or an earlier one."""
+    if not lost:
+        return
+    ids = ", ".join(str(job_id) for job_id, _ in lost)
+    more = f" (the {_LOST_SHOWN} newest)" if len(lost) >= _LOST_SHOWN else ""
+    console.print(
+        f"jobs found gone from the broker (job_lost_from_broker){more}: {ids}; the "
+        "ledger had seen them, not completed: enqueue them again if they must run",
+        highlight=False,
+    )
 
 
 def _show(report: ServiceReport) -> None:

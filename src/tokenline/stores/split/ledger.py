@@ -390,6 +390,12 @@ class SplitLedger(PostgresStore):
             return cur.rowcount == 1
         raise ValueError(f"not a repair the ledger makes: {item.kind.value}")
 
+    async def jobs_flagged_lost(self, *, limit: int = 100) -> list[tuple[int, float]]:
+        """The jobs found gone from Redis (``job_lost_from_broker``), with when, newest
+        first."""
+        rows = await self._tuples(self._q("jobs_flagged_lost"), {"limit": limit})
+        return [(int(job_id), float(at)) for job_id, at in rows]
+
     async def epoch_for(self, replid: str) -> int:
         """The fencing epoch of the Redis server with replication id ``replid``: a new
         id gets a number above every epoch issued before."""

@@ -276,6 +276,14 @@ WHERE job_id = %(job_id)s AND token = %(token)s AND owner = %(owner)s
   AND done_token IS NULL AND lost_at IS NULL AND pruned_at IS NULL
 RETURNING job_id;
 
+-- name: jobs_flagged_lost
+-- The jobs the reconciler found gone from Redis, newest first: for `tokenline
+-- reconcile`, which reports them after they were flagged (a worker's pass, usually).
+SELECT job_id, lost_at FROM {schema}.job_fences
+WHERE lost_at IS NOT NULL
+ORDER BY lost_at DESC, job_id
+LIMIT %(limit)s;
+
 -- name: leader_fence
 -- First statement of the reconciler's ledger repairs: the maintenance lease's own fence
 -- (in fences, job_id 0) advanced to the leader's term, and locked until commit. As the

@@ -117,6 +117,12 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
             return "broker"
         return channel
 
+    async def jobs_flagged_lost(self, *, limit: int = 100) -> list[tuple[int, float]]:
+        """The jobs the reconciler found gone from Redis (``job_lost_from_broker``),
+        with when (the ledger's clock), newest first: a worker's reconciler flags them
+        once, and afterwards they are found only here (their Redis hash is gone)."""
+        return await self.ledger.jobs_flagged_lost(limit=limit)
+
     async def open(self) -> None:
         """Open both sides, then take Redis's fencing epoch from the ledger.
 
