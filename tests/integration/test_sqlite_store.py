@@ -410,3 +410,54 @@ def test_a_damaged_or_deleted_coordination_file_is_named(tmp_path: Path) -> None
         _read_coord(main, coord)
     assert f"its coordination file {str(coord)!r} is missing" in str(gone.value)
     assert "Restart the processes that use this store" in str(gone.value)
+
+
+@pytest.mark.parametrize("reading", [1, 2])
+async def test_a_migration_committed_between_two_reads_is_not_a_lost_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reading: int
+) -> None:
+    """The opener reads the file's version, then whether it holds tokenline's tables.
+    Another process that migrates the new file between those two reads must not make
+    it look like a store whose version was lost (tables there, version 0): both reads
+    come from one snapshot. Here the other process tries at that exact moment, in the
+    opener's first reading (before the switch to WAL) or its second (in migrating)."""
+    from tokenline.stores.sqlite import _catalog
+
+    path = tmp_path / "between.db"
+    real = _catalog.holds_tokenline_tables
+    other: list[BaseException | None] = []
+    started = threading.Event()
+    calls: list[int] = []
+
+    def migrate_elsewhere() -> None:
+        async def go() -> None:
+            store = SQLiteStore(f"sqlite:///{path}", timeout=0.3)
+            try:
+                await store.open()
+            finally:
+                await store.close()
+
+        try:
+            asyncio.run(go())
+            other.append(None)
+        except BaseException as exc:  # the snapshot's lock may keep it out: fine
+            other.append(exc)
+
+    def between(conn: sqlite3.Connection) -> bool:
+        if threading.current_thread().name != "other-opener":
+            calls.append(1)
+        if len(calls) == reading and not started.is_set():
+            started.set()
+            thread = threading.Thread(target=migrate_elsewhere, name="other-opener")
+            thread.start()
+            thread.join()
+        return real(conn)
+
+    monkeypatch.setattr(_catalog, "holds_tokenline_tables", between)
+    store = SQLiteStore(f"sqlite:///{path}", timeout=5)
+    await store.open()
+    try:
+        assert other, "the other opener never ran between the two reads"
+        assert await store.queues_stats() == []
+    finally:
+        await store.close()

@@ -28,6 +28,7 @@ __all__ = [
     "check_objects",
     "foreign_file",
     "holds_tokenline_tables",
+    "version_and_tables",
     "version_lost",
 ]
 
@@ -87,6 +88,19 @@ def _objects(conn: sqlite3.Connection, schema: str) -> dict[str, set[str]]:
 def holds_tokenline_tables(conn: sqlite3.Connection) -> bool:
     """Whether the main file of ``conn`` holds any of tokenline's tables."""
     return bool(MAIN["table"] & _objects(conn, "main").get("table", set()))
+
+
+def version_and_tables(conn: sqlite3.Connection) -> tuple[int, bool]:
+    """The main file's ``user_version`` and whether it holds any of tokenline's
+    tables, read in one transaction: read apart, another process's migration could
+    commit between the two reads, and a new file would look like one whose version was
+    lost (tables there, version 0)."""
+    conn.execute("BEGIN")
+    try:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        return version, holds_tokenline_tables(conn)
+    finally:
+        conn.execute("ROLLBACK")
 
 
 def foreign_file(path: Path, version: int) -> StoreCorruptError:

@@ -104,7 +104,7 @@ from ._catalog import (
     MAIN,
     check_objects,
     foreign_file,
-    holds_tokenline_tables,
+    version_and_tables,
     version_lost,
 )
 from ._claim import claim_candidates
@@ -509,8 +509,8 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
             conn = connect_main(self.path, busy_timeout=self.timeout)
             try:
                 # Before anything is changed (WAL is a change to the file's header).
-                version = conn.execute("PRAGMA user_version").fetchone()[0]
-                if version and not holds_tokenline_tables(conn):
+                version, ours = version_and_tables(conn)
+                if version and not ours:
                     raise foreign_file(self.path, version)
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if str(mode).lower() != "wal":
@@ -579,7 +579,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
             return (connect_coord(self.coord_path, busy_timeout=self.timeout),)
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        version, ours = version_and_tables(conn)
         if version > SCHEMA_VERSION:
             raise SchemaVersionError(
                 f"{str(self.path)!r} has schema version {version}, newer than this "
@@ -589,7 +589,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
             # The version says which migrations ran, not that what they made is there.
             check_objects(conn, "main", self.path, MAIN, version)
             return
-        if version == 0 and holds_tokenline_tables(conn):
+        if version == 0 and ours:
             raise version_lost(self.path, version)
         if not self._migrating:
             raise self._too_old(self.path, version)
