@@ -520,6 +520,8 @@ async def test_the_object_list_is_what_the_migrations_make(
         ("ALTER TABLE {}.jobs DROP CONSTRAINT jobs_state_check", "constraint jobs_state_check"),
         ("ALTER TABLE {}.unique_keys DROP CONSTRAINT unique_keys_pkey", "index unique_keys_pkey"),
         ("DROP FUNCTION {}.unique_key_released", "function unique_key_released"),
+        ("ALTER TABLE {}.jobs DROP COLUMN max_lease_expiries", "column jobs.max_lease_expiries"),
+        ("ALTER TABLE {}.workers DROP COLUMN clock_skew", "column workers.clock_skew"),
     ],
 )
 async def test_a_damaged_schema_is_refused_by_open_and_migrate_naming_what_it_lacks(
@@ -530,7 +532,7 @@ async def test_a_damaged_schema_is_refused_by_open_and_migrate_naming_what_it_la
     damage: str,
     lacks: str,
 ) -> None:
-    """A table, index, trigger, constraint or function dropped by hand went unnoticed:
+    """A table, column, index, trigger, constraint or function dropped by hand went unnoticed:
     `tokenline migrate` said the schema was up to date, status said ok, and every job
     that needed the missing table spent its attempts until it was dead (or, for the
     state trigger, a safety check was gone). Opening the store and migrating now refuse
@@ -540,7 +542,11 @@ async def test_a_damaged_schema_is_refused_by_open_and_migrate_naming_what_it_la
     for attempt in (PostgresStore(postgres_url).open, PostgresStore(postgres_url).migrate):
         with pytest.raises(StoreCorruptError, match=f"damaged: it lacks .*{lacks}"):
             await attempt()
-    assert (await pg.job_get(job_id=jid)).state is JobState.QUEUED
+    cur = await admin.execute(
+        sql.SQL("SELECT state FROM {}.jobs WHERE id = %s").format(sql.Identifier(postgres_schema)),
+        (jid,),
+    )
+    assert await cur.fetchall() == [("queued",)]
 
 
 async def test_wrong_database_name_is_named_in_the_error(postgres_server: str) -> None:

@@ -28,9 +28,15 @@ def _objects(path: Path, schema: str = "main") -> dict[str, set[str]]:
         rows = conn.execute(
             f"SELECT type, name FROM {schema}.sqlite_master WHERE name NOT LIKE 'sqlite_%'"
         ).fetchall()
+        columns = conn.execute(
+            f"SELECT m.name, c.name FROM {schema}.sqlite_master AS m, "
+            f"pragma_table_info(m.name, '{schema}') AS c "
+            "WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%'"
+        ).fetchall()
     found: dict[str, set[str]] = {}
     for kind, name in rows:
         found.setdefault(kind, set()).add(name)
+    found["column"] = {f"{table}.{column}" for table, column in columns}
     return found
 
 
@@ -51,12 +57,14 @@ async def test_the_object_lists_are_what_the_migrations_make(tmp_path: Path) -> 
         ("DROP TRIGGER tokenline_jobs_monotonic", "trigger tokenline_jobs_monotonic"),
         ("DROP INDEX coord.job_leases_expiry", "index job_leases_expiry"),
         ("DROP TABLE coord.resource_leases", "table resource_leases"),
+        ("ALTER TABLE tokenline_effects DROP COLUMN runs", "column tokenline_effects.runs"),
+        ("ALTER TABLE coord.workers DROP COLUMN clock_skew", "column workers.clock_skew"),
     ],
 )
 async def test_a_damaged_store_is_refused_naming_what_it_lacks(
     tmp_path: Path, damage: str, lacks: str
 ) -> None:
-    """A dropped table, index or trigger went unnoticed: `tokenline migrate` said the
+    """A dropped table, column, index or trigger went unnoticed: `tokenline migrate` said the
     store was up to date while every job that needed the table failed until dead (and
     a dropped trigger silently removed a check). Opening and migrating now refuse it,
     and the jobs stay as they were."""

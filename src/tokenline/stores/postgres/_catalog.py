@@ -1,7 +1,7 @@
 """What a migrated schema holds, and what a damaged one lacks.
 
 The schema's version says which migrations ran, not that what they made is still
-there: a table, index, trigger or constraint dropped by hand (a clean-up script run
+there: a table, column, index, trigger or constraint dropped by hand (a clean-up script run
 against the wrong schema, a restore that left one out) went unnoticed while its
 absence failed every job that needed it, each failure spending an attempt, or, for a
 trigger or constraint, silently removed a safety check. Opening the store, and
@@ -20,6 +20,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import tuple_row
 
 from ..._errors import StoreCorruptError
+from .._columns import RESOURCE_LEASES, SHARED, WORKERS, column_names, lacking
 from .._sql import load_queries
 from ._target import Target
 
@@ -72,6 +73,15 @@ OBJECTS: Mapping[str, frozenset[str]] = {
         }
     ),
     "trigger": frozenset({"jobs_monotonic", "open_blocks_closed"}),
+    "column": column_names(
+        [
+            *SHARED.items(),
+            ("leases", RESOURCE_LEASES),
+            ("workers", WORKERS),
+            ("open_blocks", ("xact",)),
+            ("schema_version", ("version", "name", "applied_at")),
+        ]
+    ),
     "constraint": _PRIMARY_KEYS
     | {
         "attempts_job_id_fkey",
@@ -97,12 +107,7 @@ async def schema_objects(conn: AsyncConnection[Any], schema: str) -> dict[str, s
 
 async def missing_objects(conn: AsyncConnection[Any], schema: str) -> list[str]:
     """What of :data:`OBJECTS` ``schema`` lacks, as "kind name", sorted by kind."""
-    found = await schema_objects(conn, schema)
-    return [
-        f"{kind} {name}"
-        for kind, names in OBJECTS.items()
-        for name in sorted(names - found.get(kind, set()))
-    ]
+    return lacking(OBJECTS, await schema_objects(conn, schema))
 
 
 def damage_error(missing: list[str], version: int, target: Target) -> StoreCorruptError:

@@ -885,7 +885,8 @@ WHERE resource = %(key)s AND token = %(token)s AND owner = %(owner)s
 
 -- name: schema_objects
 -- Every object of the schema tokenline's checks look for (_catalog.py), as kind and
--- name: relations (tables, sequences, indexes), functions, triggers and constraints.
+-- name: relations (tables, sequences, indexes), functions, triggers, constraints and
+-- the tables' columns (as table.column).
 WITH ns AS (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s)
 SELECT CASE c.relkind WHEN 'S' THEN 'sequence' WHEN 'i' THEN 'index' ELSE 'table' END,
        c.relname
@@ -901,4 +902,10 @@ WHERE c.relnamespace = ns.oid AND NOT t.tgisinternal
 UNION ALL
 SELECT 'constraint', k.conname
 FROM pg_catalog.pg_constraint AS k, ns
-WHERE k.connamespace = ns.oid;
+WHERE k.connamespace = ns.oid
+UNION ALL
+SELECT 'column', c.relname || '.' || a.attname
+FROM pg_catalog.pg_attribute AS a
+     JOIN pg_catalog.pg_class AS c ON c.oid = a.attrelid, ns
+WHERE c.relnamespace = ns.oid AND c.relkind IN ('r', 'p') AND a.attnum > 0
+  AND NOT a.attisdropped;

@@ -1,7 +1,7 @@
 """What a migrated SQLite store holds, and what a damaged one lacks.
 
 The files' ``user_version`` says which migrations ran, not that what they made is
-still there: a table, index or trigger dropped by hand went unnoticed while every job
+still there: a table, column, index or trigger dropped by hand went unnoticed while every job
 that needed it failed, each failure spending an attempt (a dropped trigger silently
 removed a safety check). Opening the store, and ``tokenline migrate``, compare both
 files with :data:`MAIN` and :data:`COORD` and refuse a store that lacks any of them.
@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..._errors import StoreCorruptError
+from .._columns import RESOURCE_LEASES, SHARED, WORKERS, column_names, lacking
 
 __all__ = [
     "COORD",
@@ -67,11 +68,25 @@ MAIN: Mapping[str, frozenset[str]] = {
             "tokenline_jobs_types_update",
         }
     ),
+    "column": column_names(
+        [
+            *((f"tokenline_{table}", columns) for table, columns in SHARED.items()),
+            ("tokenline_lease_tokens", ("resource", "token")),
+        ]
+    ),
 }
 #: What the coordination file's migrations make.
 COORD: Mapping[str, frozenset[str]] = {
     "table": frozenset({"clock", "job_leases", "resource_leases", "workers"}),
     "index": frozenset({"job_leases_expiry"}),
+    "column": column_names(
+        [
+            ("clock", ("id", "boot_id", "wall", "uptime")),
+            ("job_leases", ("job_id", "token", "owner", "expires_at")),
+            ("resource_leases", RESOURCE_LEASES),
+            ("workers", WORKERS),
+        ]
+    ),
 }
 
 
@@ -82,12 +97,19 @@ def _objects(conn: sqlite3.Connection, schema: str) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for kind, name in rows:
         found.setdefault(str(kind), set()).add(str(name))
+    columns = conn.execute(
+        f"SELECT m.name || '.' || c.name FROM {schema}.sqlite_master AS m, "
+        f"pragma_table_info(m.name, '{schema}') AS c "
+        "WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%'"
+    ).fetchall()
+    found["column"] = {str(name) for (name,) in columns}
     return found
 
 
 def holds_tokenline_tables(conn: sqlite3.Connection) -> bool:
     """Whether the main file of ``conn`` holds any of tokenline's tables."""
-    return bool(MAIN["table"] & _objects(conn, "main").get("table", set()))
+    rows = conn.execute("SELECT name FROM main.sqlite_master WHERE type = 'table'").fetchall()
+    return bool(MAIN["table"] & {str(name) for (name,) in rows})
 
 
 def version_and_tables(conn: sqlite3.Connection) -> tuple[int, bool]:
@@ -136,12 +158,7 @@ def check_objects(
 ) -> None:
     """Refuse ``schema`` ("main" or "coord", on ``conn``) when it lacks any of
     ``expected``, naming what it lacks."""
-    found = _objects(conn, schema)
-    missing = [
-        f"{kind} {name}"
-        for kind, names in expected.items()
-        for name in sorted(names - found.get(kind, set()))
-    ]
+    missing = lacking(expected, _objects(conn, schema))
     if missing:
         raise StoreCorruptError(
             f"{str(path)!r} is at schema version {version} but damaged: it lacks "
