@@ -358,7 +358,15 @@ async def read_status(
             await probe(timeout * 0.8)
         return await store.queues_stats(), await store.stale_commits(limit=5)
 
+    async def writable(target: Store, channel: str) -> None:
+        # Reads answer on a server that takes no writes (a standby, a read-only
+        # role): the channel must be able to write too.
+        probe = getattr(getattr(target, "inner", target), "write_probe", None)
+        if probe is not None:
+            await probe(channel)
+
     async def leases() -> tuple[float, Any, Any]:
+        await writable(store, "leases")
         named = await store.resource_leases_list() if dependencies else []
         records = await store.workers_list()
         # The clock after the rows it ages (see cli/maintenance.py current_leader).
@@ -370,6 +378,7 @@ async def read_status(
             # would make a Redis outage look like a ledger one.
             ledger_store = getattr(store, "ledger", None)
             target = ledger_store if isinstance(ledger_store, Store) else store
+            await writable(target, "ledger")
             await target.duplicates_list(limit=1)
 
     try:

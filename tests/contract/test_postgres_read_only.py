@@ -144,30 +144,42 @@ async def test_a_refused_write_is_a_coordination_failure_that_says_why(own_role:
         await store.close()
 
 
-def test_status_says_the_broker_refuses_on_a_server_that_takes_no_writes(
+def test_status_says_every_channel_refuses_on_a_server_that_takes_no_writes(
     own_role: OwnRole,
 ) -> None:
     """Reads answer and the jobs table's lock is granted to a read-only transaction, so
-    the broker looked ok while every enqueue failed: it is reported refusing, saying the
-    server accepts no writes, and status exits 1."""
+    the channels looked ok while every enqueue, renewal and ledger write failed: each
+    is reported refusing, saying the server accepts no writes and what it refuses, and
+    status exits 1."""
     asyncio.run(PostgresStore(own_role.url, timeout=5).migrate())
     own_role.read_only(True)
     env = {"COLUMNS": None, "FORCE_COLOR": None, "TTY_COMPATIBLE": None}
+    refused = {
+        "broker": "enqueues, claims and finishes are refused",
+        "leases": "lease renewals, heartbeats and worker registration are refused",
+        "ledger": "the ledger's writes (effects, fences, fenced transactions) are refused",
+    }
     for args in ([], ["--json"]):
         result = CliRunner().invoke(
             main, ["status", "--url", own_role.url, *args], env=env, catch_exceptions=False
         )
         assert result.exit_code == 1, result.output
+        texts = []
         if args:
-            broker = json.loads(result.output)["channels"]["broker"]
-            assert (broker["ok"], broker["failure"]) == (False, "refusing"), broker
-            text = broker["error"]
+            for name in refused:
+                channel = json.loads(result.output)["channels"][name]
+                assert (channel["ok"], channel["failure"]) == (False, "refusing"), channel
+                texts.append(channel["error"])
         else:
             text = " ".join(result.output.split())
-            assert "broker FAILING refusing" in text, text
-        assert f"on {urlsplit(own_role.url).hostname}:" in text, text
-        assert "accepts no writes" in text, text
-        assert f"default_transaction_read_only is on for role {own_role.name!r}" in text, text
+            for name in refused:
+                assert f"{name} FAILING refusing" in text, text
+            texts.append(text)
+        for text in texts:
+            assert f"on {urlsplit(own_role.url).hostname}:" in text, text
+            assert "accepts no writes" in text, text
+            assert f"default_transaction_read_only is on for role {own_role.name!r}" in text
+        assert all(what in " ".join(texts) for what in refused.values()), texts
 
 
 def test_a_command_refused_as_read_only_does_not_say_it_may_have_changed_anything(

@@ -254,6 +254,13 @@ def with_claim_limit(text: str, limit: int) -> str:
     return text.replace("%(limit)s", str(int(limit)))
 
 
+#: What a server that takes no writes refuses, by the channel ``status`` probes.
+_REFUSED_ON_READ_ONLY = {
+    "leases": "lease renewals, heartbeats and worker registration are refused",
+    "ledger": "the ledger's writes (effects, fences, fenced transactions) are refused",
+}
+
+
 class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Store):
     """A store in a PostgreSQL schema (``postgresql://user@host/db?schema=name``).
 
@@ -328,6 +335,27 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
 
     def _now(self) -> float | None:
         return self.clock.now() if self._clock_given else None
+
+    async def write_probe(self, channel: str) -> None:
+        """For ``tokenline status``: raise :class:`ReadOnlyServerError` when this role's
+        sessions can write nothing, saying what of ``channel`` ("leases" or "ledger")
+        it refuses. Reads answer on such a server, so the channel looked ok while every
+        renewal, or every ledger write, failed. Writes nothing."""
+        refused = _REFUSED_ON_READ_ONLY.get(channel, f"the {channel} channel's writes are refused")
+
+        async def run(conn: AsyncConnection[Any]) -> None:
+            async with conn.transaction():
+                cur = conn.cursor(row_factory=tuple_row)
+                await cur.execute(
+                    "SELECT current_setting('transaction_read_only') = 'on', pg_is_in_recovery()"
+                )
+                row = await cur.fetchone()
+                if row is not None and row[0]:
+                    raise ReadOnlyServerError(
+                        read_only_message(self.target, refused, standby=bool(row[1]))
+                    )
+
+        await self._call(run)
 
     async def broker_write_probe(self, timeout: float) -> None:  # noqa: ASYNC109
         """Take, and give straight back, the lock every enqueue, claim and finish takes
