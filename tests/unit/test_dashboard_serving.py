@@ -1,4 +1,5 @@
-"""The dashboard's server closes connections that never send a complete request."""
+"""The dashboard's server closes connections that never send a complete request, head
+or body."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ async def _hello(scope: dict[str, Any], receive: Any, send: Any) -> None:
         return
     if scope["path"] == "/slow":  # longer than the head timeout the tests set
         await asyncio.sleep(1.5)
+    if scope["method"] == "POST":  # a form: read whole before answering
+        while (await receive()).get("more_body"):
+            pass
     headers = [(b"content-length", b"5")]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": b"hello"})
@@ -30,6 +34,7 @@ def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
     import uvicorn
 
     monkeypatch.setattr(serving, "REQUEST_HEAD_TIMEOUT", 0.5)
+    monkeypatch.setattr(serving, "REQUEST_BODY_TIMEOUT", 0.5)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     config = serving.server_config(_hello)
@@ -101,4 +106,22 @@ def test_requests_in_time_are_answered_and_a_request_under_way_is_not_cut(
     with socket.create_connection(("127.0.0.1", served), timeout=30) as conn:
         for path in (b"/", b"/slow", b"/"):
             conn.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert _answer(conn).endswith(b"hello")
+
+
+def test_a_request_whose_body_never_completes_is_closed(served: int) -> None:
+    """A complete head, then a body sent a byte now and then (or never finished), kept
+    the connection for as long as the client liked."""
+    with socket.create_connection(("127.0.0.1", served), timeout=5) as conn:
+        conn.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
+        assert _closed_within(conn, 20)
+
+
+def test_a_whole_form_is_answered_even_when_its_response_is_slow(served: int) -> None:
+    """The body's timeout bounds its arrival, not the answer: a complete POST is
+    answered, on a connection kept alive, however long the response takes."""
+    with socket.create_connection(("127.0.0.1", served), timeout=30) as conn:
+        for path in (b"/", b"/slow", b"/"):
+            head = b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n"
+            conn.sendall(head + b"a=1")
             assert _answer(conn).endswith(b"hello")
