@@ -159,10 +159,36 @@ async def test_a_second_ledger_on_the_same_redis_prefix_is_refused(
         again = SplitStore(broker=redis_url, ledger=postgres_url, clock=clock)
         await again.open()  # the prefix's own ledger, from another process
         await again.close()
+        # Status with the other ledger said every channel was ok: it answers, and
+        # Redis answers; the broker now fails, saying why.
+        for ledger, ok in (
+            (f"{postgres_server}?schema={other_schema}", False),
+            (postgres_url, True),
+        ):
+            broker = await asyncio.to_thread(_status_broker, redis_url, ledger)
+            assert broker["ok"] is ok, broker
+            if not ok:
+                assert "already serves another ledger" in broker["error"], broker
+                assert other_schema in broker["error"], broker
     finally:
         await other.close()
         with psycopg.connect(postgres_server, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {other_schema} CASCADE")  # type: ignore[arg-type]
+
+
+def _status_broker(broker: str, ledger: str) -> dict[str, Any]:
+    """`tokenline status --json`'s broker channel for the split store of the two URLs."""
+    import json
+
+    from click.testing import CliRunner
+
+    from tokenline.cli import main
+
+    args = ["status", "--json", "--timeout", "5", "--broker", broker, "--ledger", ledger]
+    result = CliRunner().invoke(main, args)
+    assert result.stdout, (result.output, result.exception)
+    channels: dict[str, dict[str, Any]] = json.loads(result.stdout)["channels"]
+    return channels["broker"]
 
 
 async def test_lost_redis_keys_are_said_when_the_new_epoch_is_taken(

@@ -156,6 +156,22 @@ class SplitLedger(PostgresStore):
 
         await self._call(run)
 
+    async def read_identity(self) -> str | None:
+        """The ledger's identity, read without its set-up (for ``tokenline status``);
+        None when it has none yet (no worker opened it since its tables were made)."""
+        present, identity = self._q("ledger_identity_present"), self._q("ledger_identity")
+
+        async def run(conn: AsyncConnection[Any]) -> str | None:
+            cur = await conn.execute(present, {"schema": self.schema})
+            row = await cur.fetchone()
+            if row is None or not row[0]:
+                return None
+            cur = await conn.execute(identity)
+            row = await cur.fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._call(run)
+
     def _finish_steps(self, finishes: Sequence[Finish]) -> Steps[list[bool]]:
         """Inside a fenced transaction: record the job done, fenced by its token (the
         broker's acknowledgement comes after the commit, from the worker)."""

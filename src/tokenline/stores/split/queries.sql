@@ -84,6 +84,10 @@ ON CONFLICT (one) DO NOTHING;
 -- name: ledger_identity
 SELECT id FROM {schema}.ledger_identity;
 
+-- name: ledger_identity_present
+-- Whether the identity's table is there (status reads it without the ledger's set-up).
+SELECT to_regclass(format('%%I.ledger_identity', %(schema)s::text)) IS NOT NULL;
+
 -- name: fence_check
 -- First statement of a ledger write's transaction: advances the job's fence to the
 -- token presented and locks the row until commit. Accepted: a token above every token

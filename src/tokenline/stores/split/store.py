@@ -168,16 +168,26 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
         if mine is None:  # the ledger was opened without its set-up
             return
         key = self.redis.prefix + "ledger"
-        where = f"{self.ledger.target.where}, schema {self.ledger.schema!r}"
-        await self.redis._cmd("SET", key, f"{mine} {where}", "NX")
-        held = await self.redis._cmd("GET", key)
+        await self.redis._cmd("SET", key, f"{mine} {self._ledger_where()}", "NX")
+        problem = self._served_by_another(mine, await self.redis._cmd("GET", key))
+        if problem is not None:
+            raise ConfigError("ledger", problem)
+
+    def _ledger_where(self) -> str:
+        return f"{self.ledger.target.where}, schema {self.ledger.schema!r}"
+
+    def _served_by_another(self, mine: str, held: Any) -> str | None:
+        """What is wrong when the prefix's ledger key (``held``, as Redis answered)
+        names a ledger other than ``mine``, else None (also when the key is gone: the
+        prefix's keys were lost, and the next open records it again)."""
         if isinstance(held, bytes):
             held = held.decode("utf-8", "replace")
-        if held is None:  # the prefix's keys lost meanwhile: the next open records it
-            return
+        if held is None:
+            return None
         theirs, _, their_where = str(held).partition(" ")
         if theirs == mine:
-            return
+            return None
+        where = self._ledger_where()
         if their_where == where:
             other = (
                 "a ledger of the same name whose identity differs (its ledger_identity "
@@ -185,18 +195,31 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
             )
         else:
             other = f"another ledger ({their_where or 'unnamed'})"
-        raise ConfigError(
-            "ledger",
+        key = self.redis.prefix + "ledger"
+        return (
             f"the Redis prefix {self.redis.prefix!r} at {self.redis.where} already serves "
             f"{other}, not this one ({where}): apps with ledgers of their own need Redis "
             "prefixes of their own (?prefix=… in the broker URL). Only if this ledger "
             "replaces that one for good: stop every process that uses the other, then "
-            f"delete the key {key!r}",
+            f"delete the key {key!r}"
         )
 
     async def broker_write_probe(self, timeout: float) -> None:  # noqa: ASYNC109
-        """For ``tokenline status``: the broker's Redis, as its own probe says."""
+        """For ``tokenline status``: the broker's Redis, as its own probe says, and,
+        when the ledger answers, whether the prefix serves this ledger (a
+        :class:`~tokenline.StoreError` if it serves another: every worker of this
+        pair of URLs is refused at open). Writes nothing."""
         await self.redis.broker_write_probe(timeout)
+        if "ledger" in self.roles_down:
+            return
+        mine = await self.ledger.read_identity()
+        if mine is None:  # no identity yet: the first worker's open records it
+            return
+        problem = self._served_by_another(
+            mine, await self.redis._cmd("GET", self.redis.prefix + "ledger")
+        )
+        if problem is not None:
+            raise StoreError(problem)
 
     async def open_broker(self) -> None:
         """Open Redis alone, for an operator's command that reads or changes only what
