@@ -927,3 +927,33 @@ def test_status_and_migrate_show_no_password(postgres_server: str, absent_schema
         assert result.exit_code == 0, result.output
         assert secret not in result.output, result.output
     assert json.loads(outputs[2].stdout)["url"].startswith("postgresql://postgres:***@")
+
+
+@pytest.mark.parametrize(
+    ("variable", "good", "option", "bad", "said"),
+    [
+        ("TOKENLINE_URL", "sqlite:///elsewhere.db", "--url", "sqlite:///", "names no file"),
+        ("TOKENLINE_RENEW_INTERVAL", "5", "--renew-interval", "20", "at most lease_ttl / 3"),
+    ],
+)
+def test_a_bad_option_is_not_blamed_on_a_good_variable(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    variable: str,
+    good: str,
+    option: str,
+    bad: str,
+    said: str,
+) -> None:
+    """The option wins over the variable; its bad value was reported as the variable's,
+    quoting the variable's good value, and the operator fixed the wrong thing."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(variable, good)
+    args = ["worker", "--app", "tokenline.cli.bench:app", option, bad]
+    if option != "--url":
+        args += ["--url", f"sqlite:///{tmp_path / 'store.db'}"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert said in line, line
+    assert variable not in line and good not in line, line

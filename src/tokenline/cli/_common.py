@@ -331,9 +331,20 @@ def config_problem(exc: ConfigError) -> str:
     that is where it came from: the reader fixes the variable, not a setting name."""
     variable = f"TOKENLINE_{exc.setting.upper()}"
     raw = os.environ.get(variable)
-    if raw is None:
+    if raw is None or _given_on_command_line(exc.setting):
         return str(exc)
     return f"{variable}={raw!r} is invalid (setting {exc.setting}): {exc.reason}"
+
+
+def _given_on_command_line(setting: str) -> bool:
+    """Whether the running command's option for ``setting`` was given on its command
+    line, which wins over the variable: the variable is then not what was wrong."""
+    ctx = click.get_current_context(silent=True)
+    while ctx is not None:
+        if ctx.get_parameter_source(setting) is click.core.ParameterSource.COMMANDLINE:
+            return True
+        ctx = ctx.parent
+    return False
 
 
 def report_error(exc: TokenlineError, *, unsure: str | None = None) -> NoReturn:
