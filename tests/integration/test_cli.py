@@ -956,4 +956,5 @@ def test_a_bad_option_is_not_blamed_on_a_good_variable(
     assert result.exit_code == 2, result.output
     line = result.output.strip().splitlines()[-1]
     assert said in line, line
-    assert variable not in line and good not in line, line
+    assert variable not in line, line
+    assert good not in line, line
