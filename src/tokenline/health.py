@@ -360,10 +360,12 @@ async def read_status(
 
     async def writable(target: Store, channel: str) -> None:
         # Reads answer on a server that takes no writes (a standby, a read-only
-        # role): the channel must be able to write too.
+        # role), and while another session holds a table against writes: the
+        # channel must be able to write too.
         probe = getattr(getattr(target, "inner", target), "write_probe", None)
         if probe is not None:
-            await probe(channel)
+            # Within the channel's time, leaving it room to say why it is slow.
+            await probe(channel, timeout * 0.8)
 
     async def leases() -> tuple[float, Any, Any]:
         await writable(store, "leases")

@@ -442,6 +442,41 @@ def test_status_calls_a_broker_whose_writes_wait_slow_on_postgres(
     assert json.loads(out)["channels"]["broker"]["ok"] is True, out
 
 
+@pytest.mark.parametrize(
+    ("table", "channel"),
+    [
+        ("attempts", "broker"),
+        ("unique_keys", "broker"),
+        ("workers", "leases"),
+        ("open_blocks", "ledger"),
+        ("effects", "ledger"),
+    ],
+)
+def test_status_calls_a_channel_slow_when_any_table_it_writes_is_held(
+    postgres_server: str, absent_schema: str, table: str, channel: str
+) -> None:
+    """Claims and finishes also write attempts, every fenced transaction open_blocks,
+    heartbeats workers: a lock held on one of them (a VACUUM FULL, a CLUSTER, a LOCK
+    TABLE) stalled the channel while status said every channel was ok. The channel is
+    now slow, naming the table; the others stay ok."""
+    import psycopg
+
+    u = f"{postgres_server}?schema={absent_schema}"
+    assert cli("migrate", "--url", u)[0] == 0
+    with psycopg.connect(postgres_server) as holder:
+        holder.execute(f"LOCK TABLE {absent_schema}.{table} IN EXCLUSIVE MODE")
+        code, out = cli("status", "--url", u, "--timeout", "1", "--json")
+        holder.rollback()
+    assert code == 1
+    channels = json.loads(out)["channels"]
+    slow = channels[channel]
+    assert (slow["ok"], slow["failure"]) == (False, "slow"), channels
+    assert f"the {table} table" in slow["error"], slow
+    assert all(c["ok"] for name, c in channels.items() if name != channel), channels
+    code, out = cli("status", "--url", u, "--timeout", "5", "--json")
+    assert all(c["ok"] for c in json.loads(out)["channels"].values()), out
+
+
 def test_status_leaves_a_sqlite_file_of_other_tables_as_it_was(tmp_path: Path) -> None:
     """A database of the user's own tables: status says it holds no tokenline store and
     writes nothing into it."""

@@ -29,7 +29,7 @@ import re
 import threading
 import zlib
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection, AsyncRawCursor, sql
@@ -254,13 +254,6 @@ def with_claim_limit(text: str, limit: int) -> str:
     return text.replace("%(limit)s", str(int(limit)))
 
 
-#: What a server that takes no writes refuses, by the channel ``status`` probes.
-_REFUSED_ON_READ_ONLY = {
-    "leases": "lease renewals, heartbeats and worker registration are refused",
-    "ledger": "the ledger's writes (effects, fences, fenced transactions) are refused",
-}
-
-
 class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Store):
     """A store in a PostgreSQL schema (``postgresql://user@host/db?schema=name``).
 
@@ -336,12 +329,22 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
     def _now(self) -> float | None:
         return self.clock.now() if self._clock_given else None
 
-    async def write_probe(self, channel: str) -> None:
-        """For ``tokenline status``: raise :class:`ReadOnlyServerError` when this role's
-        sessions can write nothing, saying what of ``channel`` ("leases" or "ledger")
-        it refuses. Reads answer on such a server, so the channel looked ok while every
-        renewal, or every ledger write, failed. Writes nothing."""
-        refused = _REFUSED_ON_READ_ONLY.get(channel, f"the {channel} channel's writes are refused")
+    async def write_probe(self, channel: str, timeout: float) -> None:  # noqa: ASYNC109
+        """For ``tokenline status``: whether ``channel`` ("broker", "leases" or
+        "ledger") can write now, not only read. Writes nothing.
+
+        Raises :class:`ReadOnlyServerError` when this role's sessions can write nothing
+        (a hot standby, or ``default_transaction_read_only`` on): reads answer there,
+        so the channel looked ok while every write failed. Then takes, and gives
+        straight back, the lock the channel's writes take on each of its tables
+        (:attr:`probed_tables`), waiting at most ``timeout`` seconds in all, and raises
+        TimeoutError naming the table that stayed locked (a ``LOCK TABLE``, a ``VACUUM
+        FULL`` or a ``CLUSTER`` holding it): reads pass while those writes queue. The
+        lock is the one ordinary writes take, so other transactions' writes, however
+        long, do not hold it against the probe."""
+        tables, what = self.probed_tables[channel]
+        deadline = asyncio.get_running_loop().time() + timeout
+        locked: list[str] = []
 
         async def run(conn: AsyncConnection[Any]) -> None:
             async with conn.transaction():
@@ -350,55 +353,56 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
                     "SELECT current_setting('transaction_read_only') = 'on', pg_is_in_recovery()"
                 )
                 row = await cur.fetchone()
-                if row is not None and row[0]:
+                if row is not None and row[0]:  # one row, always
                     raise ReadOnlyServerError(
-                        read_only_message(self.target, refused, standby=bool(row[1]))
+                        read_only_message(self.target, f"{what} are refused", standby=bool(row[1]))
                     )
-
-        await self._call(run)
-
-    async def broker_write_probe(self, timeout: float) -> None:  # noqa: ASYNC109
-        """Take, and give straight back, the lock every enqueue, claim and finish takes
-        on the jobs table, waiting at most ``timeout`` seconds; raise TimeoutError when
-        it is not free by then. For ``tokenline status``, whose reads pass while every
-        write queues behind another connection's lock on the table. Writes nothing.
-
-        Raises :class:`ReadOnlyServerError` when this role's sessions can write nothing
-        (a hot standby, or ``default_transaction_read_only`` on): the lock is granted
-        to a read-only transaction all the same, and the reads answer."""
-        ms = max(1, int(timeout * 1000))
-        table = sql.SQL("{}.jobs").format(sql.Identifier(self.target.schema))
-
-        async def run(conn: AsyncConnection[Any]) -> None:
-            async with conn.transaction():
-                cur = conn.cursor(row_factory=tuple_row)
-                # The transaction as every write's would be, asked in the statement that
-                # sets the lock's wait: no round trip more than before.
+                # Those there: the split ledger's own tables are made by the first
+                # worker's open, which status does not do.
                 await cur.execute(
-                    "SELECT set_config('lock_timeout', %s, true), "
-                    "current_setting('transaction_read_only') = 'on', pg_is_in_recovery()",
-                    (f"{ms}ms",),
+                    "SELECT c.relname FROM pg_catalog.pg_class AS c "
+                    "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
+                    "WHERE n.nspname = %s AND c.relname = ANY(%s)",
+                    (self.target.schema, list(tables)),
                 )
-                row = await cur.fetchone()
-                if row is not None and row[1]:  # one row, always
-                    raise ReadOnlyServerError(
-                        read_only_message(
-                            self.target,
-                            "enqueues, claims and finishes are refused",
-                            standby=bool(row[2]),
-                        )
+                there = {str(r[0]) for r in await cur.fetchall()}
+                for table in (t for t in tables if t in there):
+                    left = deadline - asyncio.get_running_loop().time()
+                    ms = max(1, int(left * 1000))
+                    await cur.execute("SELECT set_config('lock_timeout', %s, true)", (f"{ms}ms",))
+                    locked[:] = [table]
+                    name = sql.SQL("{}.{}").format(
+                        sql.Identifier(self.target.schema), sql.Identifier(table)
                     )
-                await conn.execute(sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE").format(table))
+                    await conn.execute(sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE").format(name))
 
         try:
             await self._call(run)
         except StoreError as exc:
             if isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
                 raise TimeoutError(
-                    f"the jobs table of {self.target.where} stayed locked against writes "
-                    f"for {timeout:g}s: enqueues, claims and finishes wait"
+                    f"the {locked[0]} table of {self.target.where} stayed locked against "
+                    f"writes for {timeout:g}s: {what} wait"
                 ) from exc
             raise
+
+    #: The tables each channel's writes lock, and what those writes are: the
+    #: channels :meth:`write_probe` asks of.
+    probed_tables: ClassVar[dict[str, tuple[tuple[str, ...], str]]] = {
+        "broker": (("jobs", "attempts", "unique_keys"), "enqueues, claims and finishes"),
+        "leases": (
+            ("jobs", "workers", "leases"),
+            "lease renewals, heartbeats and worker registration",
+        ),
+        "ledger": (
+            ("open_blocks", "effects", "fences"),
+            "the ledger's writes (effects, fences, fenced transactions)",
+        ),
+    }
+
+    async def broker_write_probe(self, timeout: float) -> None:  # noqa: ASYNC109
+        """For ``tokenline status``: :meth:`write_probe` of the broker channel."""
+        await self.write_probe("broker", timeout)
 
     def _translate(self) -> contextlib.AbstractContextManager[None]:
         return map_postgres_errors(self.target, self.timeout)

@@ -49,7 +49,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import dict_row
@@ -104,6 +104,14 @@ class SplitLedger(PostgresStore):
     Only its ledger methods (and :meth:`jobs_done`, :meth:`epoch_for`) are used: the
     split store takes the broker and leases roles from Redis.
     """
+
+    #: The ledger's writes also record jobs done, fenced by their tokens, in job_fences.
+    probed_tables: ClassVar[dict[str, tuple[tuple[str, ...], str]]] = {
+        "ledger": (
+            ("job_fences", "open_blocks", "effects", "fences"),
+            "the ledger's writes (jobs done, effects, fences, fenced transactions)",
+        ),
+    }
 
     def __init__(self, url: str, **options: Any) -> None:
         super().__init__(url, **options)
