@@ -196,3 +196,58 @@ async def test_a_timed_out_attempt_is_retried_by_the_tasks_own_policy() -> None:
     async with running(Worker(app, dataclasses.replace(FAST, concurrency_control="fixed"))):
         await eventually_dead(store, jid)
     assert attempts == [1, 2, 3]
+
+
+@pytest.mark.parametrize("handler", ["sync", "async"])
+async def test_pausing_on_the_error_rate_with_prefetched_jobs_strands_none(handler: str) -> None:
+    """A handler returning while the worker had paused on its error rate started a
+    prefetched job in DRAINING: the state machine refused it after the slot was counted
+    running, so the job held its lease for as long as the worker lived without running
+    (or the watchdog crashed and the worker exited). Now no job starts while the worker
+    claims nothing; the waiting ones go back unrun, and every job ends."""
+    app, store = _app()
+    failures: list[BaseException] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: failures.append(context["exception"]))
+
+    def flaky_sync(ctx: JobContext, n: int) -> None:
+        time.sleep(0.002)
+        if n % 10 < 7 and ctx.attempt < 3:
+            raise RuntimeError("transient boom")
+
+    async def flaky_async(ctx: JobContext, n: int) -> None:
+        await asyncio.sleep(0.002)
+        if n % 10 < 7 and ctx.attempt < 3:
+            raise RuntimeError("transient boom")
+
+    app.task(name="t.bp_flaky", max_attempts=100, retry=NO_BACKOFF)(
+        flaky_sync if handler == "sync" else flaky_async
+    )
+    settings = dataclasses.replace(
+        FAST,
+        concurrency=4,
+        prefetch=8,
+        pause_error_rate=0.5,
+        pause_window=1.0,
+        pause_min_jobs=5,
+        retry_budget=1.0,
+        retry_budget_window=1.0,
+    )
+    worker = Worker(app, settings)
+    ids = [await app.enqueue_async("t.bp_flaky", n, store=store) for n in range(30)]
+    async with running(worker) as states:
+        await eventually(lambda: WorkerState.DRAINING in states, "the worker to pause")
+
+        async def all_ended() -> bool:
+            jobs = [await store.job_get(job_id=i) for i in ids]
+            return all(j.state is JobState.SUCCEEDED for j in jobs)
+
+        # Paused a window at a time while failures dominate: longer than one wait.
+        async with asyncio.timeout(90):
+            while not await all_ended():
+                assert worker.state is not WorkerState.STOPPED, failures
+                await asyncio.sleep(0.05)
+    assert failures == []
+    assert WorkerState.STOPPED in states
+    jobs = [await store.job_get(job_id=i) for i in ids]
+    assert all(j.lease_expiries == 0 for j in jobs), [(j.id, j.lease_expiries) for j in jobs]

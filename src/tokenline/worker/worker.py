@@ -825,8 +825,13 @@ class Worker:
     def _start(self, claimed: ClaimedJob, sent_at: float) -> None:
         slot = Slot(claimed=claimed, lease=claimed.lease, valid_until=self._valid_until(sent_at))
         self._slots[(claimed.job.id, claimed.lease.token)] = slot
-        if self.settings.prefetch != 0 and (self._waiting or self._handlers >= self._run_limit()):
-            # Prefetched: it waits, under its lease, for a handler to return.
+        if not self.state.may_fetch or (
+            self.settings.prefetch != 0 and (self._waiting or self._handlers >= self._run_limit())
+        ):
+            # Prefetched: it waits, under its lease, for a handler to return. So does a
+            # job whose claim was answered after the worker stopped claiming (a high
+            # error rate, a store failing): it goes back unrun when its patience runs
+            # out, or at the drain, unless the worker may start jobs again by then.
             slot.waiting_since = self.clock.monotonic()
             self._waiting.append(slot)
             return
@@ -837,7 +842,12 @@ class Worker:
         return min(self._limiter.limit, self._capacity())
 
     def _promote(self) -> None:
-        """Start prefetched jobs while handlers are fewer than the limit."""
+        """Start prefetched jobs while handlers are fewer than the limit, in a state
+        that may start jobs. A worker that stopped claiming (DRAINING on a high error
+        rate or a store failing, FENCED) starts none: its waiting jobs go back when
+        their patience runs out, or at the drain, as every prefetched job does."""
+        if not self.state.may_fetch:
+            return
         while self._waiting and self._handlers < self._run_limit():
             slot = self._waiting.popleft()
             slot.waiting_since = None
@@ -906,6 +916,9 @@ class Worker:
 
     def _launch(self, slot: Slot) -> None:
         claimed = slot.claimed
+        # First: a state that may not start a job raises here, before the slot is
+        # counted running with no task to end it (it would hold its lease for good).
+        self._fire(WorkerEvent.JOB_STARTED)
         slot.running = True
         self._handlers += 1
         self.counters.started += 1
@@ -925,7 +938,6 @@ class Worker:
                     waited=_waited(job),
                 )
             )
-        self._fire(WorkerEvent.JOB_STARTED)
         slot.task = asyncio.create_task(self._execute(slot), name=f"tokenline-job-{claimed.job.id}")
 
     def _free(self, slot: Slot) -> None:
