@@ -22,6 +22,7 @@ import pytest
 from tokenline._errors import StoreError
 from tokenline._jobs import Finish, JobState, NewJob, Outcome
 from tokenline.stores.sqlite import SQLiteStore
+from tokenline.stores.sqlite import _connection as sqlite_connection
 from tokenline.stores.sqlite import store as sqlite_store
 from tokenline.stores.sqlite._connection import coord_path
 from tokenline.stores.sqlite._lanes import Lane
@@ -215,3 +216,54 @@ async def test_a_call_that_meets_the_store_closing_is_a_clear_store_error(
     await store.close()
     with pytest.raises(StoreError, match="not open"):
         await call
+
+
+@pytest.mark.parametrize("cut", [True, False], ids=["cut-back", "control"])
+async def test_a_log_grown_past_its_limit_is_started_again_and_cut_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cut: bool
+) -> None:
+    """With other processes reading all the time (several workers on one file), the
+    log could not be written again from its start, and it kept the size it reached for
+    as long as the file was in use: hundreds of MB. Here a reader holds its snapshot
+    while jobs run, and the log grows; once it lets go, the store's checkpoint of a log
+    past its limit has it started again (RESTART) and cut back. The control run,
+    without the limit, keeps the log at its largest."""
+    monkeypatch.setattr(sqlite_store, "_CHECKPOINT_ROWS", 200)
+    monkeypatch.setattr(sqlite_store, "_WAL_LOOK_EVERY", 0.0)
+    threshold = 512 * 1024
+    monkeypatch.setattr(sqlite_store, "_WAL_RESTART_BYTES", threshold if cut else 10**12)
+    monkeypatch.setattr(sqlite_connection, "WAL_SIZE_LIMIT", 256 * 1024 if cut else -1)
+    path = tmp_path / "busy.db"
+    wal = path.with_name(path.name + "-wal")
+    store = SQLiteStore(f"sqlite:///{path}", timeout=5.0)
+    await store.open()
+    reader = sqlite3.connect(path, isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM tokenline_jobs").fetchone()  # its snapshot
+        await _churn(store, 100)
+        await store._flush()
+        grown = wal.stat().st_size
+        assert grown > 6 * threshold, grown  # 100 jobs: about 7 MB of log
+        tried, kept = store.wal_restarts
+        if cut:
+            # Tried, kept from finishing by the reader, and tried again less and less
+            # often (each try holds the store's calls briefly), not at every call.
+            assert kept >= 1, store.wal_restarts
+            assert tried < 20, store.wal_restarts
+        reader.execute("COMMIT")
+        # The next look at the log may be a few seconds off (the back-off): jobs go on
+        # meanwhile, as they would.
+        async with asyncio.timeout(60):
+            while True:
+                await _churn(store, 10)
+                await store._flush()
+                after = wal.stat().st_size
+                if not cut or after < 2 * threshold:
+                    break
+    finally:
+        reader.close()
+        await store.close()
+    if not cut:
+        assert after >= grown
+        assert store.wal_restarts == [0, 0]

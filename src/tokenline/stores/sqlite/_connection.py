@@ -97,6 +97,9 @@ def _uri(path: Path, *, readonly: bool = False) -> str:
 #: same hot index pages back again and again inside the committing call: half of a
 #: claim's cost. Ten times that coalesces them (about 40 MB of log on disk).
 WAL_AUTOCHECKPOINT = 10_000
+#: Bytes a write-ahead log is cut back to when it starts again from its beginning: it
+#: otherwise keeps the size it once reached, for as long as the file is in use.
+WAL_SIZE_LIMIT = 32 * 1024 * 1024
 
 
 def _tune(conn: sqlite3.Connection) -> sqlite3.Connection:
@@ -104,6 +107,7 @@ def _tune(conn: sqlite3.Connection) -> sqlite3.Connection:
     conn.execute("PRAGMA synchronous = NORMAL")
     conn.execute("PRAGMA foreign_keys = ON")
     conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT:d}")
+    conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT:d}")
     return conn
 
 
@@ -164,6 +168,7 @@ def connect_coord(path: Path, *, busy_timeout: float, same_thread: bool = True) 
         _tune(conn)
         attach_coord(conn, path, readonly=False)
         conn.execute("PRAGMA coord.synchronous = NORMAL")
+        conn.execute(f"PRAGMA coord.journal_size_limit = {WAL_SIZE_LIMIT:d}")
     except BaseException:
         conn.close()
         raise

@@ -110,6 +110,7 @@ from ._catalog import (
 from ._claim import claim_candidates
 from ._clock import Anchor, MachineClock, Uptime, WallClock, boot_id
 from ._connection import (
+    Connection,
     attach_coord,
     connect_coord,
     connect_main,
@@ -149,12 +150,33 @@ _POLL = 0.05
 #: as often as WAL_AUTOCHECKPOINT pages would (a job's enqueue, claim and finish write
 #: 5 rows and about 17 pages, when each is its own transaction).
 _CHECKPOINT_ROWS = 2_500
+#: A write-ahead log larger than this has its checkpoint made to start it again from
+#: its beginning (RESTART, waiting briefly for readers), and seconds between two looks
+#: at its size. A passive checkpoint copies the log into the file but cannot start it
+#: again while any other connection reads from it, which, with several worker
+#: processes at work, is always: the log grew by the whole run (hundreds of MB).
+_WAL_RESTART_BYTES = 40 * 1024 * 1024
+_WAL_LOOK_EVERY = 0.25
+#: A RESTART kept from copying the whole log by a reader of an old snapshot (a long
+#: read, an outside tool's open transaction) is tried again after twice as long as the
+#: last time, from this, up to :data:`_WAL_LOOK_MAX`: each try holds this process's
+#: calls, and other processes' writes, for its wait.
+_WAL_BACKOFF_MIN = 0.5
+_WAL_LOOK_MAX = 2.0
 #: What a call on the event loop's thread answers when it would have had to wait.
 _BUSY = object()
 #: Calls of up to this many jobs may run on the event loop's thread (see _on_main):
 #: about a millisecond of SQLite's time at most, as short as a claim's round trip to
 #: the lane's thread and back; bigger ones go to the lane.
 _HERE_MAX_ROWS = 64
+
+
+def _too_big(path: Path) -> bool:
+    """Whether the write-ahead log of ``path`` has grown past :data:`_WAL_RESTART_BYTES`."""
+    try:
+        return os.stat(f"{path}-wal").st_size > _WAL_RESTART_BYTES
+    except OSError:  # not there: nothing written since it was last cut
+        return False
 
 
 def path_from_url(url: str) -> Path:
@@ -266,6 +288,12 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         #: Rows those connections had written at the last checkpoint.
         self._checkpointed = 0
         self._checkpointing = False
+        #: When the logs' sizes were last looked at (the event loop's monotonic clock),
+        #: and how long until the next look.
+        self._wal_looked = 0.0
+        self._wal_wait = _WAL_LOOK_EVERY
+        #: RESTART checkpoints tried, and those a reader kept from finishing.
+        self.wal_restarts = [0, 0]
         # SQLite's busy timeout (``timeout``) ends a wait for a lock first; this is the
         # last resort against a thread that stops answering (see Lane).
         self._deadline = 2 * timeout + 1
@@ -336,22 +364,56 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         connections have written ``_CHECKPOINT_ROWS`` rows since the last time: they
         never checkpoint on their own, which would write pages back to the files and
         fsync them on the event loop."""
+        if self._checkpointing:
+            return
         written = sum(conn.total_changes for conn in here.conns)
-        if written - self._checkpointed < _CHECKPOINT_ROWS or self._checkpointing:
+        due = written - self._checkpointed >= _CHECKPOINT_ROWS
+        restart: tuple[bool, ...] = (False, False)
+        now = time.monotonic()
+        if now - self._wal_looked >= self._wal_wait:
+            self._wal_looked = now
+            restart = tuple(_too_big(p) for p in (self.path, self.coord_path))
+        if not due and not any(restart):
             return
         self._checkpointed = written
         self._checkpointing = True
         lane = self._lane(self._main)
 
-        def run(abandoned: Callable[[], bool]) -> None:
-            main, coord = lane.conns
-            main.execute("PRAGMA main.wal_checkpoint(PASSIVE)")
-            coord.execute("PRAGMA coord.wal_checkpoint(PASSIVE)")
+        def run(abandoned: Callable[[], bool]) -> bool:
+            """Checkpoint both logs; whether a RESTART was kept from finishing."""
+            kept = False
+            for conn, schema, big in zip(lane.conns, ("main", "coord"), restart, strict=True):
+                if not big:
+                    conn.execute(f"PRAGMA {schema}.wal_checkpoint(PASSIVE)")
+                    continue
+                # Waiting for the readers briefly, as a claim waits for a lock: the
+                # calls of this process queue behind it meanwhile.
+                before = conn.busy_ms if isinstance(conn, Connection) else None
+                set_busy_timeout(conn, round(_POLL * 1000))
+                try:
+                    row = conn.execute(f"PRAGMA {schema}.wal_checkpoint(RESTART)").fetchone()
+                finally:
+                    if before is not None:
+                        set_busy_timeout(conn, before)
+                # (busy, frames in the log, frames copied): kept from finishing by a
+                # reader of an old snapshot, which keeps frames from being copied. A
+                # reader of the newest one only was there at the wrong moment.
+                kept = kept or (row is not None and row[0] != 0 and row[2] < row[1])
+            return kept
 
         async def checkpoint() -> None:
             try:
                 with map_sqlite_errors(self.path):
-                    await lane.call(run, deadline=self._deadline, path=self.path)
+                    kept = await lane.call(run, deadline=self._deadline, path=self.path)
+                if any(restart):
+                    self.wal_restarts[0] += 1
+                    self.wal_restarts[1] += kept
+                    if kept:
+                        self._wal_wait = min(
+                            max(2 * self._wal_wait, _WAL_BACKOFF_MIN), _WAL_LOOK_MAX
+                        )
+                    else:
+                        self._wal_wait = _WAL_LOOK_EVERY
             except StoreError as exc:
                 log.debug("checkpoint of %s not done: %s", str(self.path), exc)
             finally:
