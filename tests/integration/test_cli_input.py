@@ -174,6 +174,10 @@ def test_worker_refuses_an_empty_name_in_its_queues(
         ("sqlite://relative.db", "not a SQLite URL: 'sqlite://relative.db'"),
         ("sqlite:relative.db", "not a SQLite URL: 'sqlite:relative.db'"),
         ("sqlite:///", "'sqlite:///' names no file"),
+        ("sqlite:////", "'sqlite:////' names a directory, not a file"),
+        ("sqlite:///.", "'sqlite:///.' names a directory, not a file"),
+        ("sqlite:///sub/..", "'sqlite:///sub/..' names a directory, not a file"),
+        (f"sqlite:///{'n' * 250}.db", f"the file name in 'sqlite:///{'n' * 250}.db' is 253"),
         ("foo://x", "unsupported store URL 'foo://x'"),  # as it was: the same kind
     ],
 )
@@ -181,8 +185,10 @@ def test_worker_refuses_an_empty_name_in_its_queues(
 def test_a_malformed_sqlite_url_is_a_bad_setting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str], url: str, said: str
 ) -> None:
-    """A SQLite URL that names no file failed as the store opened, exit status 1, while
-    every other malformed URL is a bad setting, exit status 2."""
+    """A SQLite URL that names no file failed as the store opened, exit status 1 (or,
+    naming a directory or a name too long for the store's files beside it, with a
+    Python traceback), while every other malformed URL is a bad setting, exit
+    status 2."""
     monkeypatch.chdir(tmp_path)
     code, out = cli(*command, "--url", url)
     assert code == 2, out

@@ -189,7 +189,34 @@ def path_from_url(url: str) -> Path:
             f"{url!r} names no file; worker processes must share one file "
             "(use memory:// for a single-process store)"
         )
-    return Path(raw)
+    path = Path(raw)
+    if path.name in ("", ".", ".."):
+        raise StoreError(
+            f"{url!r} names a directory, not a file: name a file in it (sqlite:///path/to/file.db)"
+        )
+    # The longest name the store writes beside the file is its coordination file's
+    # log: a file name the filesystem takes could still fail there, mid-way.
+    longest = len(os.fsencode(f"{path.name}-coord-wal"))
+    limit = _name_max(path.parent)
+    if longest > limit:
+        raise StoreError(
+            f"the file name in {url!r} is {len(os.fsencode(path.name))} bytes long; the "
+            f"store keeps files named after it with up to {longest - len(os.fsencode(path.name))} "
+            f"bytes more ('-coord-wal'), and this filesystem takes names of at most {limit}: "
+            "give a shorter name"
+        )
+    return path
+
+
+def _name_max(directory: Path) -> int:
+    """The longest file name the filesystem of ``directory`` (or of its nearest parent
+    that exists) takes, in bytes; 255, the usual one, where it cannot be asked."""
+    for place in (directory, *directory.parents):
+        try:
+            return os.pathconf(place if str(place) else ".", "PC_NAME_MAX")
+        except (OSError, ValueError):
+            continue
+    return 255
 
 
 def _job(row: sqlite3.Row) -> Job:
