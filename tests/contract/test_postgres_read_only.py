@@ -1,5 +1,5 @@
 """PostgreSQL that accepts no writes: a hot standby, or ``default_transaction_read_only``
-on for the store's role.
+on for the store's role; and one that refuses the role new connections (its limit).
 
 Each test runs as a role of its own that owns the test's schema, made read-only (and
 writable again) with ``ALTER ROLE``; only that role's sessions are ever terminated.
@@ -224,5 +224,32 @@ async def test_the_store_writes_again_once_the_server_takes_writes(
         # The pool may have opened a read-only connection before the reset: a few tries.
         assert await tries(enqueue, None) <= 3
         assert own_role.jobs() == 2
+    finally:
+        await store.close()
+
+
+async def test_a_connection_the_server_refuses_is_said_with_its_reason(
+    own_role: OwnRole,
+) -> None:
+    """The role's connection limit reached: a call that needed one more connection
+    waited out the pool and said "the server is unreachable, or every connection of
+    the pool is busy", while the server answered, naming its reason, in psycopg's log
+    only. The error now gives the server's reason."""
+    await PostgresStore(own_role.url, timeout=5).migrate()
+    with psycopg.connect(own_role.server, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("ALTER ROLE {} CONNECTION LIMIT 1").format(sql.Identifier(own_role.name))
+        )
+    store = PostgresStore(own_role.url, timeout=1)
+    await store.open()  # its pool's one connection: the role's limit
+    try:
+        pool = store._require_pool()
+        async with pool.connection():  # held: the next call needs another
+            with pytest.raises(StoreUnavailableError) as refused:
+                await store.queues_stats()
+        text = str(refused.value)
+        assert "the server refused new connections" in text, text
+        assert "too many connections for role" in text, text
+        assert "every connection of the pool is busy" not in text, text
     finally:
         await store.close()

@@ -22,6 +22,7 @@ from ..._errors import (
     TokenlineError,
     from_server,
 )
+from ._connect import last_failure
 from ._target import Target
 
 __all__ = [
@@ -187,9 +188,14 @@ def _translated(target: Target, timeout: float) -> Iterator[None]:
     except TokenlineError:
         raise
     except PoolTimeout as exc:
+        why = last_failure(target.conninfo, within=max(2 * timeout, 10.0))
         raise StoreUnavailableError(
             f"no connection to PostgreSQL {target.where} within {timeout:g}s "
-            "(the server is unreachable, or every connection of the pool is busy)"
+            + (
+                f"(the server refused new connections: {why})"
+                if why is not None
+                else "(the server is unreachable, or every connection of the pool is busy)"
+            )
         ) from exc
     except PoolClosed as exc:
         raise StoreError("the PostgreSQL store is closed; call open() first") from exc

@@ -77,6 +77,7 @@ from ..base import (
 )
 from ._arrays import ADAPTERS, BinaryArray, float_array
 from ._catalog import check_objects
+from ._connect import RecordingAsyncConnection, RecordingConnection
 from ._cutoff import Cutoffs
 from ._deadline import run_bounded
 from ._errors import (
@@ -503,6 +504,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
             if pool is None:
                 pool = ConnectionPool(
                     self.target.conninfo,
+                    connection_class=RecordingConnection,
                     kwargs={"autocommit": True, "context": ADAPTERS},
                     configure=read_only_by_default if lent else None,
                     # No connection until one is asked for; then at most as many as the
@@ -596,6 +598,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
             await run_bounded(self._schema_check(migrate=self.migrate_on_open), self._deadline)
             pool: AsyncConnectionPool[AsyncConnection[TupleRow]] = AsyncConnectionPool(
                 self.target.conninfo,
+                connection_class=RecordingAsyncConnection,
                 kwargs={"autocommit": True, "context": ADAPTERS},
                 min_size=1,
                 max_size=self.max_connections,
@@ -609,6 +612,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
             )
             lent: AsyncConnectionPool[AsyncConnection[TupleRow]] = AsyncConnectionPool(
                 self.target.conninfo,
+                connection_class=RecordingAsyncConnection,
                 kwargs={"autocommit": True, "context": ADAPTERS},
                 configure=read_only_by_default_async,
                 # No connection until an async handler opens a transaction.

@@ -1,0 +1,66 @@
+"""Connections that remember why the last try to connect failed.
+
+A pool that cannot open a connection (the role's ``CONNECTION LIMIT`` reached, the
+server's ``max_connections``, a password changed) retries in the background and logs
+the server's answer under psycopg's own logger; the caller waiting for a connection
+only sees the pool's timeout, which said "the server is unreachable, or every
+connection of the pool is busy" while the server was answering, and saying why. The
+pools here connect through these classes, which keep the last failure per connection
+string, so that the timeout's message can give the server's reason.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+
+__all__ = ["RecordingAsyncConnection", "RecordingConnection", "last_failure"]
+
+#: The last failure to connect, by connection string: when, and what the server said.
+_FAILURES: dict[str, tuple[float, str]] = {}
+
+
+def _record(conninfo: str, exc: BaseException) -> None:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    _FAILURES[conninfo] = (time.monotonic(), text)
+
+
+def last_failure(conninfo: str, within: float) -> str | None:
+    """What the last failed try to connect with ``conninfo`` said, if it failed within
+    the last ``within`` seconds and no try has succeeded since."""
+    found = _FAILURES.get(conninfo)
+    if found is None or time.monotonic() - found[0] > within:
+        return None
+    return found[1]
+
+
+class RecordingAsyncConnection(psycopg.AsyncConnection[Any]):
+    """An async connection whose failures to connect are kept (see :func:`last_failure`)."""
+
+    @classmethod
+    async def connect(cls, conninfo: str = "", **kwargs: Any) -> Any:
+        """Connect as psycopg does, keeping the reason of a failure."""
+        try:
+            conn = await super().connect(conninfo, **kwargs)
+        except psycopg.OperationalError as exc:
+            _record(conninfo, exc)
+            raise
+        _FAILURES.pop(conninfo, None)
+        return conn
+
+
+class RecordingConnection(psycopg.Connection[Any]):
+    """A blocking connection whose failures to connect are kept."""
+
+    @classmethod
+    def connect(cls, conninfo: str = "", **kwargs: Any) -> Any:
+        """Connect as psycopg does, keeping the reason of a failure."""
+        try:
+            conn = super().connect(conninfo, **kwargs)
+        except psycopg.OperationalError as exc:
+            _record(conninfo, exc)
+            raise
+        _FAILURES.pop(conninfo, None)
+        return conn
