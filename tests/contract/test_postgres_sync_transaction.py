@@ -540,3 +540,51 @@ async def test_what_a_kept_reference_or_a_block_leaves_on_the_connection_costs_n
         assert await marks() == [1, 2]
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("form", ["sync", "async"])
+async def test_a_block_whose_connection_is_lost_is_a_store_failure_not_the_jobs(
+    pg: PostgresStore,
+    admin: psycopg.AsyncConnection[Any],
+    marks: Callable[[], Awaitable[list[int]]],
+    form: str,
+) -> None:
+    """The server ended the block's session (pg_terminate_backend, a failover, a cut
+    network): the user's next statement raised psycopg's AdminShutdown out of the
+    block, classified as the job's transient failure, and each such loss spent an
+    attempt, up to dead. It is now the store's failure (coordination: the attempt is
+    given back), chained from psycopg's error; nothing of the block committed."""
+    from tokenline.classify import ErrorClass, classify
+
+    c = await claim(pg)
+    if form == "sync":
+
+        def run() -> None:
+            with pg.fenced_transaction(lease=c.lease, timeout=30) as conn:
+                conn.execute(INSERT, (1,))
+                asyncio.run_coroutine_threadsafe(
+                    admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,)),
+                    loop,
+                ).result(30)
+                conn.execute(INSERT, (2,))
+
+        loop = asyncio.get_running_loop()
+        with pytest.raises(StoreUnavailableError, match="was lost") as lost:
+            await asyncio.to_thread(run)
+    else:
+
+        async def arun() -> None:
+            async with pg.fenced_transaction(lease=c.lease, timeout=30) as aconn:
+                await aconn.execute(INSERT, (1,))
+                await admin.execute("SELECT pg_terminate_backend(%s)", (aconn.info.backend_pid,))
+                await aconn.execute(INSERT, (2,))
+
+        with pytest.raises(StoreUnavailableError, match="was lost") as lost:
+            await arun()
+    assert isinstance(lost.value.__cause__, psycopg.OperationalError)
+    assert classify(lost.value).error_class is ErrorClass.COORDINATION
+    assert (await marks(), await state_of(pg, c.job.id)) == ([], JobState.RUNNING)
+    # The store goes on: a new block of the same attempt, on another connection, commits.
+    async with pg.fenced_transaction(lease=c.lease, timeout=30) as again:
+        await again.execute(INSERT, (3,))
+    assert (await marks(), await state_of(pg, c.job.id)) == ([3], JobState.SUCCEEDED)

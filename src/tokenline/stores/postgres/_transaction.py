@@ -57,7 +57,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 
-from ..._errors import NotSupportedError, StaleTokenError, StoreError
+from ..._errors import NotSupportedError, StaleTokenError, StoreError, StoreUnavailableError
 from ..._jobs import Finish, Lease, Outcome
 from ..._records import DuplicateKind, Fence, by_attempt
 from ..base import FencedTransaction
@@ -141,14 +141,18 @@ class PostgresFencedTransaction(FencedTransaction):
             block.__exit__(None, None, None)
         error = _error(exc_type, exc)
         discard = error is not None and is_read_only(error)
+        lost = self._lost(conn, error)
         try:
             with self._store._translate(), self._store._cutoffs.arm(conn, self._store._deadline):
                 driver.run(self._closing(error))
         except BaseException as failed:
             discard = discard or is_read_only(failed)
-            raise
+            if lost is None:
+                raise
         finally:
             self._give_back_sync(pool, conn, reset=not self._session_reset, discard=discard)
+        if lost is not None:
+            raise lost from error
 
     def _give_back_sync(
         self,
@@ -200,14 +204,33 @@ class PostgresFencedTransaction(FencedTransaction):
         (conn, driver), self._async = self._async, None
         error = _error(exc_type, exc)
         discard = error is not None and is_read_only(error)
+        lost = self._lost(conn, error)
         try:
             with self._store._translate():
                 await driver.run(self._closing(error))
         except BaseException as failed:
             discard = discard or is_read_only(failed)
-            raise
+            if lost is None:
+                raise
         finally:
             await _give_back(self._store, conn, reset=not self._session_reset, discard=discard)
+        if lost is not None:
+            raise lost from error
+
+    def _lost(
+        self, conn: psycopg.Connection[Any] | AsyncConnection[Any], error: BaseException | None
+    ) -> StoreUnavailableError | None:
+        """The error to raise instead of ``error`` when it says the block's connection
+        itself was lost (the server ended the session, the network dropped it): the
+        store failed, not the job, so its attempt is given back rather than spent. The
+        server rolled the transaction back with the session: nothing of it committed."""
+        if not isinstance(error, psycopg.OperationalError) or not conn.broken:
+            return None
+        return StoreUnavailableError(
+            f"the connection of job {self._lease.job_id}'s fenced transaction to PostgreSQL "
+            f"{self._store.target.where} was lost ({error}); nothing of the block was "
+            "committed"
+        )
 
     def _enter_once(self) -> None:
         if self._entered:
