@@ -642,8 +642,9 @@ async def test_worker_drain_marks_a_live_membership_and_the_heartbeat_returns_it
     store: Any, clock: FakeClock
 ) -> None:
     """worker_drain marks a live worker's membership (True), which its next heartbeat
-    and the workers listing return; asking again is harmless; a new registration starts
-    without the mark."""
+    and the workers listing return; asking again is harmless. The same worker
+    registering again (fenced, or its membership lapsed while it was paused) keeps the
+    mark: the operator's drain was lost there, and the worker went on claiming."""
     rec = await store.worker_register(record=_record(), ttl=10)
     assert rec.drain_requested is False
     beat = {"worker_id": rec.id, "token": rec.token, "state": "ready", "in_flight": 0, "ttl": 10}
@@ -654,10 +655,13 @@ async def test_worker_drain_marks_a_live_membership_and_the_heartbeat_returns_it
     assert (hb.drain_requested, hb.state, hb.token) == (True, "draining", rec.token)
     (listed,) = await store.workers_list()
     assert listed.drain_requested is True
+    clock.advance(11)  # the membership lapses (a paused process), then re-registers
     again = await store.worker_register(record=_record(), ttl=10)
-    assert again.drain_requested is False
+    assert (again.drain_requested, again.token) == (True, rec.token + 1)
     (listed,) = await store.workers_list()
-    assert listed.drain_requested is False
+    assert listed.drain_requested is True
+    other = await store.worker_register(record=_record("other"), ttl=10)
+    assert other.drain_requested is False
 
 
 async def test_worker_drain_refuses_an_unknown_or_no_longer_live_worker(

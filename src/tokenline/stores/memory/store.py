@@ -420,7 +420,8 @@ class MemoryStore(MemoryMaintenance, MemoryRetention, MemoryLedger, Store):
                 heartbeat_at=now,
                 expires_at=now + ttl,
                 started_at=old.started_at if old else now,
-                drain_requested=False,
+                # An operator's drain, asked before this re-registration, still holds.
+                drain_requested=old.drain_requested if old else False,
             )
             self._workers[record.id] = rec
             return rec

@@ -648,7 +648,8 @@ SET token = w.token + 1,
     heartbeat_at = excluded.heartbeat_at,
     expires_at = excluded.expires_at,
     in_flight = 0,
-    drain_requested = false,
+    -- drain_requested kept: an operator's drain, asked before the process re-registered
+    -- (fenced, or its membership lapsed while paused), still holds.
     concurrency_limit = excluded.concurrency_limit
 RETURNING *;
 

@@ -113,10 +113,12 @@ INSERT INTO coord.workers (id, host, pid, queues, concurrency, state, token,
                            concurrency_limit)
 VALUES (:id, :host, :pid, :queues, :concurrency, :state, 1, :now, :now, :now + :ttl, 0,
         :concurrency_limit)
+-- drain_requested kept on a re-registration: an operator's drain, asked before the
+-- process re-registered (fenced, or its membership lapsed while paused), still holds.
 ON CONFLICT (id) DO UPDATE
 SET token = workers.token + 1, state = excluded.state,
     heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at, in_flight = 0,
-    drain_requested = 0, concurrency_limit = excluded.concurrency_limit
+    concurrency_limit = excluded.concurrency_limit
 RETURNING *;
 
 -- name: worker_heartbeat

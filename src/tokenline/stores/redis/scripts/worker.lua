@@ -19,11 +19,12 @@ local token, expires, state = tonumber(cur[1]), num(cur[2]), cur[3]
 local ok = false
 if action == 'register' then
   local ttl = tonumber(ARGV[4])
-  if not cur[1] then redis.call('HSET', key, 'started_at', f(now)) end
+  -- drain_requested kept on a re-registration: an operator's drain, asked before the
+  -- process re-registered (fenced, or its membership lapsed while paused), still holds.
+  if not cur[1] then redis.call('HSET', key, 'started_at', f(now), 'drain_requested', 0) end
   redis.call('HSET', key, 'id', id, 'host', ARGV[5], 'pid', ARGV[6], 'queues', ARGV[7],
              'concurrency', ARGV[8], 'state', ARGV[9], 'token', (token or 0) + 1,
-             'heartbeat_at', f(now), 'expires_at', f(now + ttl), 'in_flight', 0,
-             'drain_requested', 0)
+             'heartbeat_at', f(now), 'expires_at', f(now + ttl), 'in_flight', 0)
   redis.call('HDEL', key, 'clock_skew')
   hset_opt(key, 'concurrency_limit', num(ARGV[10]))
   redis.call('SADD', P .. 'workers', id)
