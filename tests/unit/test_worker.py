@@ -810,6 +810,67 @@ async def test_a_stop_closes_a_handler_that_ignores_its_cancellation(
     assert job.attempt == 0  # given back, attempt refunded
 
 
+def _collected(worker: Worker) -> Worker:
+    """``worker``, after a garbage collection: a task that ended with an error nobody
+    retrieved is reported (to the loop's exception handler) when it is collected."""
+    import gc
+
+    drainer = worker._drainer
+    worker._drainer = None
+    del drainer
+    gc.collect()
+    return worker
+
+
+async def test_a_second_stop_during_the_drains_cancellation_gives_back_once(
+    app: App, store: Store
+) -> None:
+    """The drain's timeout cancelled handlers that caught it, and while it waited for
+    them a second stop came: the drain then fired its timeout in STOPPED (an
+    InvalidTransitionError no one saw), and the stop's own cancellation gave the same
+    jobs back again, which the store recorded as stale writes. Each job is now given
+    back once, and the worker stops cleanly."""
+    failures: list[BaseException] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: failures.append(context["exception"]))
+    over = asyncio.Event()
+
+    @app.task(name="t.stubborn", timeout=DEADLINE * 10)
+    async def stubborn(ctx: JobContext) -> None:
+        while not over.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.05)
+
+    ids = [await app.enqueue_async("t.stubborn", store=store) for _ in range(2)]
+    settings = dataclasses.replace(
+        FAST, lease_ttl=6.0, renew_interval=0.5, drain_timeout=0.1, store_timeout=1.0
+    )
+    worker = Worker(app, settings)
+    task = asyncio.create_task(worker.run())
+    try:
+        await eventually(
+            lambda: worker.sync_handlers_running + len(worker._slots) == 2, "both running"
+        )
+        worker.request_shutdown()  # the drain: its timeout cancels, they catch it
+        await eventually(
+            lambda: any(s.cancel_reason == "drain timeout" for s in worker._slots.values()),
+            "the drain's timeout to cancel the handlers",
+        )
+        worker.request_shutdown()  # the second request, while the drain waits for them
+        await asyncio.wait_for(asyncio.shield(task), DEADLINE)
+        await asyncio.sleep(0.1)  # the drain's task ends
+        worker = _collected(worker)  # its error, if any, reported as never retrieved
+    finally:
+        over.set()
+    assert failures == []
+    assert worker.state is WorkerState.STOPPED
+    assert worker.counters.stale_refused == 0
+    assert (await store.stale_commits())[0] == 0
+    for jid in ids:
+        job = await job_in(store, jid, JobState.QUEUED)
+        assert job.attempt == 0  # given back, attempt refunded
+
+
 async def test_a_ctx_kept_past_its_attempt_refuses(app: App, store: Store) -> None:
     """A JobContext used after its attempt ended (kept by a thread or a global) raises
     JobCancelled from check() and from the ledger calls that check first."""

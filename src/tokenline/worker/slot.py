@@ -49,6 +49,9 @@ class Slot:
     done_in_ledger: bool = False
     #: Its outcome is being committed: a renewal refused meanwhile means nothing.
     finishing: bool = False
+    #: Given back to the store by the worker's cancellation (a drain's timeout, a
+    #: fencing, a stop): never twice, which the store would record as a stale write.
+    released: bool = False
     #: Resource leases held through ``ctx.lease``; the control plane renews them.
     resources: list[HeldLease] = field(default_factory=list)
     #: Monotonic time of the attempt's hard timeout.

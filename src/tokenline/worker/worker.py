@@ -569,7 +569,12 @@ class Worker:
             return
         if self._slots:
             await self._cancel_all("drain timeout", release=True)
-            self._fire(WorkerEvent.DRAIN_TIMEOUT, f"drain timeout {self.settings.drain_timeout:g}s")
+            # A second stop request, or a fencing, may have moved on while the handlers
+            # were waited for: that state stands.
+            if self.state is WorkerState.DRAINING:
+                self._fire(
+                    WorkerEvent.DRAIN_TIMEOUT, f"drain timeout {self.settings.drain_timeout:g}s"
+                )
         else:
             self._fire(WorkerEvent.DRAINED, "all in-flight jobs finished")
 
@@ -1585,20 +1590,29 @@ class Worker:
         # refused as stale.
         # Nor is a job whose sync handler's thread runs an effect: given back, its next
         # attempt would take the effect's key over while the callee still runs here.
+        # Nor one an earlier cancellation gave back already (a second stop while a
+        # drain's cancellation still waits for its handlers).
         keep = (
             [
                 s
                 for s in slots
-                if now_mono < s.valid_until and not s.finishing and s.effect_key is None
+                if now_mono < s.valid_until
+                and not s.finishing
+                and s.effect_key is None
+                and not s.released
             ]
             if release
             else []
         )
         # Started, cancelled, and neither given back nor being committed: they lapse.
         self.counters.lapsed += sum(
-            1 for s in slots if s.task is not None and not s.finishing and s not in keep
+            1
+            for s in slots
+            if s.task is not None and not s.finishing and not s.released and s not in keep
         )
         if keep:
+            for s in keep:
+                s.released = True
             await self._release(keep, reason)
         waiting = {s.task for s in slots if s.task is not None and s.task is not current}
         if waiting:
