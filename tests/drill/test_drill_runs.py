@@ -242,11 +242,25 @@ def test_the_drill_catches_a_lost_ack_without_transactional_completion(
     # 17 jobs out of its reach and its retried finish fences it, so in some runs too few
     # of its commits remain for the fault to strike (measured on SQLite: 1 of 3 runs
     # caught with auto, against 3 of 3 without).
-    result = _run(
-        url, "lost_ack", tmp_path, app="sabotage:split", TOKENLINE_PREFETCH="0", **NO_LOCAL_FENCING
-    )
-    assert not result.report.ok, _explain(result)
-    assert result.report.duplicate_effects > 0, _explain(result)
+    # The faults strike at random (30 % of the struck worker's commits while they last):
+    # on a loaded machine a run can see too few of them to re-run a completed job. The
+    # sabotage must show in one of three runs; with the completion in the transaction,
+    # no run may (the test_scenario_keeps_every_invariant_… tests).
+    runs = []
+    for attempt in range(3):
+        result = _run(
+            url,
+            "lost_ack",
+            tmp_path / str(attempt),
+            app="sabotage:split",
+            TOKENLINE_PREFETCH="0",
+            **NO_LOCAL_FENCING,
+        )
+        runs.append(result)
+        if result.report.duplicate_effects > 0:
+            break
+    assert not result.report.ok, "\n".join(_explain(r) for r in runs)
+    assert result.report.duplicate_effects > 0, "\n".join(_explain(r) for r in runs)
 
 
 @pytest.mark.parametrize("store", _stores())
