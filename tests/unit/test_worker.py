@@ -871,6 +871,61 @@ async def test_a_second_stop_during_the_drains_cancellation_gives_back_once(
         assert job.attempt == 0  # given back, attempt refunded
 
 
+class _SlowReleases(MemoryStore):
+    """Takes half a second to give jobs back (finishes with the RELEASE outcome)."""
+
+    async def jobs_finish(self, *, finishes: Any) -> list[bool]:
+        if any(f.outcome is Outcome.RELEASE for f in finishes):
+            await asyncio.sleep(0.5)
+        return await super().jobs_finish(finishes=finishes)
+
+
+async def test_a_second_stop_waits_for_the_drains_give_back_under_way(app: App) -> None:
+    """The drain's timeout was giving its jobs back when a second stop came: the process
+    ended without waiting for that call, which its event loop's end cut off, and the
+    jobs stayed leased to a stopped worker until their leases ran out, an expiry
+    counted against each. The stop now waits for it (within the call timeout)."""
+    store = _SlowReleases()
+    over = asyncio.Event()
+
+    @app.task(name="t.stubborn2", timeout=DEADLINE * 10)
+    async def stubborn(ctx: JobContext) -> None:
+        cancels = 0  # deaf to the drain's cancellation, not to the stop's
+        while not over.is_set():
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                cancels += 1
+                if cancels > 1:
+                    raise
+
+    ids = [await app.enqueue_async("t.stubborn2", store=store) for _ in range(2)]
+    settings = dataclasses.replace(
+        FAST, lease_ttl=6.0, renew_interval=0.5, drain_timeout=0.1, store_timeout=2.0
+    )
+    worker = Worker(app, settings, store=store)
+    task = asyncio.create_task(worker.run())
+    try:
+        await eventually(lambda: len(worker._slots) == 2, "both running")
+        worker.request_shutdown()
+        await eventually(
+            lambda: any(s.released for s in worker._slots.values()),
+            "the drain to be giving the jobs back",
+        )
+        worker.request_shutdown()
+        await asyncio.wait_for(asyncio.shield(task), DEADLINE)
+        # As the end of the process's event loop would: whatever is left is cut off.
+        if worker._drainer is not None:
+            worker._drainer.cancel()
+            await asyncio.gather(worker._drainer, return_exceptions=True)
+    finally:
+        over.set()
+    for jid in ids:
+        job = await store.job_get(job_id=jid)
+        assert (job.state, job.attempt) == (JobState.QUEUED, 0)
+    assert worker.counters.released == 2
+
+
 async def test_a_ctx_kept_past_its_attempt_refuses(app: App, store: Store) -> None:
     """A JobContext used after its attempt ended (kept by a thread or a global) raises
     JobCancelled from check() and from the ledger calls that check first."""

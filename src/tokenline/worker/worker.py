@@ -407,6 +407,12 @@ class Worker:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._cancel_all("worker stopping", release=True)
+            if self._drainer is not None and not self._drainer.done():
+                # A second stop while the drain gave its jobs back: that call is under
+                # way (its jobs are marked given back, so the stop skipped them). Cut
+                # off by the store's closing, it would leave them leased to a stopped
+                # worker until their leases ran out, an expiry counted against each.
+                await asyncio.wait({self._drainer}, timeout=self.settings.call_timeout)
             await self._completer.stop()
             with contextlib.suppress(TokenlineError):
                 await self._store.worker_deregister(worker_id=self.id, token=self._membership_token)
