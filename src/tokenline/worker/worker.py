@@ -1533,11 +1533,11 @@ class Worker:
         now = self.clock.monotonic()
         if self._errors.exceeded(now):
             if "error rate" not in self._unhealthy:
-                detail = f"error rate {self._errors.describe(now)}"
+                detail = self._errors.describe(now)
                 log.warning("worker %s: pausing: %s", self.id, detail)
                 self._unhealthy_because("error rate", detail)
         elif "error rate" in self._unhealthy:
-            self._healthy_again("error rate", f"error rate {self._errors.describe(now)}")
+            self._healthy_again("error rate", self._errors.describe(now))
 
     def _stale_commit(self, claimed: ClaimedJob, operation: str) -> None:
         """The store refused this attempt's write: its view of its own lease (still
