@@ -810,6 +810,14 @@ async def test_a_stop_closes_a_handler_that_ignores_its_cancellation(
     assert job.attempt == 0  # given back, attempt refunded
 
 
+def gc_collect() -> None:
+    """A garbage collection: a task that ended with an error nobody retrieved is then
+    reported to the loop's exception handler."""
+    import gc
+
+    gc.collect()
+
+
 def _collected(worker: Worker) -> Worker:
     """``worker``, after a garbage collection: a task that ended with an error nobody
     retrieved is reported (to the loop's exception handler) when it is collected."""
@@ -2249,6 +2257,59 @@ async def test_a_commit_made_whose_answer_was_lost_is_not_made_again() -> None:
     assert (worker.counters.stale_refused, worker.counters.fenced) == (0, 0)
     assert WorkerState.FENCED not in states
     assert await store.stale_commits() == (0, [])
+
+
+class _AnswerLostThenJobGone(MemoryStore):
+    """A store that makes a success's commit, loses its answer, and then loses the job
+    itself (a broker whose keys were lost: a Redis restarted without its data)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lose = 1
+
+    async def jobs_finish(self, *, finishes: Sequence[Finish]) -> list[bool]:
+        done = await super().jobs_finish(finishes=finishes)
+        if self.lose and any(f.outcome is Outcome.SUCCEEDED for f in finishes):
+            self.lose -= 1
+            for f in finishes:
+                del self._jobs[f.lease.job_id]
+            raise StoreUnavailableError("connection reset after the commit")
+        return done
+
+
+async def test_a_job_gone_from_the_store_while_its_commit_is_retried_is_said(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The retried commit's first question, whether the lost answer's commit was made,
+    raised JobNotFoundError for a job the broker had lost meanwhile: the job's task died
+    with it, unlogged until asyncio reported it as never retrieved, and the worker's
+    summary left the job out. It is now said at once and counted as unanswered; the
+    worker goes on."""
+    store = _AnswerLostThenJobGone()
+    app = App("memory://")
+    failures: list[BaseException] = []
+    asyncio.get_running_loop().set_exception_handler(
+        lambda _loop, context: failures.append(context["exception"])
+    )
+
+    @app.task(name="t.gone")
+    async def handler(ctx: JobContext) -> None:
+        pass
+
+    worker = Worker(app, dataclasses.replace(QUIET, renew_interval=0.3), store=store)
+    with caplog.at_level(logging.WARNING, logger="tokenline.worker"):
+        async with running(worker) as states:
+            jid = await app.enqueue_async("t.gone", store=store)
+            await eventually(lambda: worker.counters.unanswered == 1, "the loss counted")
+            second = await app.enqueue_async("t.gone", store=store)
+            await job_in(store, second, JobState.SUCCEEDED)
+    gc_collect()
+    assert failures == []
+    said = [r.getMessage() for r in caplog.records if "is gone from the store" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert f"job {jid} " in said[0]
+    assert WorkerState.FENCED not in states
+    assert worker.counters.succeeded == 1
 
 
 async def _rescued_while_running(

@@ -43,6 +43,7 @@ from .._errors import (
     DependencyOpenError,
     EffectPendingError,
     FencedError,
+    JobNotFoundError,
     LeaseBusyError,
     SchemaVersionError,
     StaleTokenError,
@@ -1412,6 +1413,9 @@ class Worker:
                     ok = True
                     break
                 ok = await self._completer.submit(finish)
+            except JobNotFoundError as exc:
+                self._job_gone(slot, finish, exc)
+                return
             except StoreError as exc:
                 # The outcome is not lost: retry while the lease is still ours.
                 unsure = True
@@ -1437,6 +1441,18 @@ class Worker:
         else:
             self.counters.released += 1
         self._finished(slot, finish)
+
+    def _job_gone(self, slot: Slot, finish: Finish, exc: JobNotFoundError) -> None:
+        """The store no longer has the job whose outcome this worker was committing (a
+        broker that lost its keys: a Redis restarted without its data, a FLUSHDB): there
+        is nothing left to record it on. Said, and counted as unanswered; what the
+        attempt committed in a ledger stays, and the reconciler reports the job."""
+        self.counters.unanswered += 1
+        log.warning(
+            "worker %s: job %s is gone from the store (%s): its outcome %s is recorded "
+            "nowhere; what its transaction committed stays committed",
+            *(self.id, slot.claimed.job.id, exc, finish.outcome.value),
+        )
 
     async def _made(self, finish: Finish) -> bool:
         """Whether the store already holds ``finish``: its attempt (this token, this
