@@ -14,7 +14,7 @@ from sabotage import number_trusting_ledger, without_fences
 from tokenline import App
 from tokenline._clock import FakeClock
 from tokenline._config import Settings, load_settings
-from tokenline._errors import ConfigError, StaleTokenError, StoreUnavailableError
+from tokenline._errors import ConfigError, StaleTokenError, StoreError, StoreUnavailableError
 from tokenline._jobs import Finish, JobState, Lease, NewJob, Outcome
 from tokenline._records import Fence
 from tokenline.stores import split_url, store_from_url
@@ -170,6 +170,47 @@ async def test_a_second_ledger_on_the_same_redis_prefix_is_refused(
             if not ok:
                 assert "already serves another ledger" in broker["error"], broker
                 assert other_schema in broker["error"], broker
+    finally:
+        await other.close()
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {other_schema} CASCADE")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("first", ["running", "other"])
+async def test_a_prefix_whose_keys_were_lost_stays_with_its_ledger(
+    split: SplitStore,
+    redis_url: str,
+    postgres_server: str,
+    clock: FakeClock,
+    first: str,
+) -> None:
+    """The prefix's keys lost (a Redis restarted without its data, a FLUSHDB) took its
+    ledger key with them, and only an open wrote it: the next process to open, with any
+    ledger, took the prefix while this ledger's processes ran on, and the two ledgers
+    shared it, a job's effect written twice. The running process claims the prefix
+    again as it takes its new epoch. Whichever comes first keeps it: another ledger
+    opening after that is refused; one that opened first refuses the running process
+    every call that needs the new epoch, saying why."""
+    import psycopg
+
+    await split.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+    client = split.redis._redis()
+    keys = [k async for k in client.scan_iter(match=split.redis.prefix + "*")]
+    await client.delete(*keys)  # a FLUSHDB, for this prefix alone
+    other_schema = f"tl_test_{uuid.uuid4().hex[:12]}"
+    other = SplitStore(
+        broker=redis_url, ledger=f"{postgres_server}?schema={other_schema}", clock=clock
+    )
+    try:
+        if first == "running":
+            await split.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+            with pytest.raises(ConfigError, match="already serves another ledger"):
+                await other.open()
+        else:
+            await other.open()
+            with pytest.raises(StoreError, match="already serves another ledger") as refused:
+                await split.jobs_claim(owner="w1", queues=Q, limit=1, ttl=60)
+            assert other_schema in str(refused.value)
     finally:
         await other.close()
         with psycopg.connect(postgres_server, autocommit=True) as conn:

@@ -173,6 +173,9 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
         self._epoch_source = epoch_source
         #: The fencing epoch this store's tokens carry (0 without an epoch source).
         self.epoch = 0
+        #: The id of the ledger that issues the epochs (the split store sets it): the
+        #: scripts check it with the epoch, whose numbers each ledger counts alone.
+        self.epoch_ledger = ""
         self._epoch_taken = epoch_source is None
         self._client: aioredis.Redis | None = None
         self._scripts: dict[str, AsyncScript] = {}
@@ -310,7 +313,9 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
         return "" if self.clock is None else _f(self.clock.now())
 
     def _epoch_arg(self) -> str:
-        return "" if self._epoch_source is None else str(self.epoch)
+        if self._epoch_source is None:
+            return ""
+        return f"{self.epoch}/{self.epoch_ledger}" if self.epoch_ledger else str(self.epoch)
 
     async def replication_id(self) -> str:
         """The server's replication id: it changes when a replica is promoted or the
@@ -342,7 +347,7 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
             identity = await self.server_identity()
             epoch = await self._epoch_source(identity)
             try:
-                await self._eval("epoch", [epoch, identity])
+                await self._eval("epoch", [epoch, identity, self.epoch_ledger])
                 break
             except StoreError as exc:
                 # The keys were lost again between the read and the record.

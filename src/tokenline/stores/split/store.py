@@ -97,9 +97,7 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
         #: The ledger role: business truth, the job fences and the Redis epochs.
         self.ledger = SplitLedger(ledger, clock=clock, timeout=timeout, migrate=migrate)
         #: The broker and leases roles; its tokens carry the ledger's epoch.
-        self.redis = RedisStore(
-            broker, clock=clock, timeout=timeout, epoch_source=self.ledger.epoch_for
-        )
+        self.redis = RedisStore(broker, clock=clock, timeout=timeout, epoch_source=self._epoch_for)
         self.clock = clock
         #: Jobs the claim found completed in the ledger and acknowledged in Redis.
         self.acknowledged_from_ledger = 0
@@ -157,6 +155,24 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
             with contextlib.suppress(StoreError):
                 await self.close()
             raise RolesUnavailableError(failed)
+
+    async def _epoch_for(self, identity: str) -> int:
+        """The ledger's epoch for Redis's ``identity``, the prefix claimed again for
+        this ledger first. A new epoch is taken when the prefix's keys were lost (a
+        Redis restarted without its data, a FLUSHDB), its ledger key with them: left
+        unclaimed, the next process to open, with any ledger, took the prefix, and two
+        ledgers then shared it, each blind to the other's writes. A prefix another
+        ledger claimed meanwhile is refused (a :class:`~tokenline.StoreError` to every
+        call of this process that needs the new epoch), as an open would refuse it."""
+        mine = self.ledger.identity
+        if mine is not None:
+            self.redis.epoch_ledger = mine
+            key = self.redis.prefix + "ledger"
+            await self.redis._cmd("SET", key, f"{mine} {self._ledger_where()}", "NX")
+            problem = self._served_by_another(mine, await self.redis._cmd("GET", key))
+            if problem is not None:
+                raise StoreError(problem)
+        return await self.ledger.epoch_for(identity)
 
     async def _claim_prefix(self) -> None:
         """Record this ledger as the one the Redis prefix serves, or refuse a prefix

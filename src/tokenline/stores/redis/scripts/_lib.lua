@@ -270,19 +270,27 @@ end
 -- evicted alone) is a loss too: the incarnation goes with it, so that the new epoch
 -- is a new one and raises the sequence above every id issued before.
 --
+-- ``expected`` may name the ledger that issued the epoch (``epoch/ledger id``): epochs
+-- are numbered by each ledger, so another ledger's epoch recorded here (the prefix's
+-- keys lost, and taken by a process of another app) can carry the same number; it
+-- must not pass for this ledger's.
+--
 -- Tokens handed out are ``epoch * 2^32 + counter``: the job and lease hashes keep the
 -- counter; BASE is what a script adds to compare with, or return, a caller's token.
 local BASE = 0
 local function check_epoch(expected)
   if expected == '' then return end
-  BASE = tonumber(expected) * 4294967296
+  local number, ledger = string.match(expected, '^(%d+)/(.+)$')
+  number = number or expected
+  BASE = tonumber(number) * 4294967296
   local cur = redis.call('MGET', P .. 'epoch', P .. 'epoch_replid', P .. 'incarnation',
-                         P .. 'seq')
+                         P .. 'seq', P .. 'epoch_ledger')
   if cur[1] and not cur[4] then
     redis.call('DEL', P .. 'incarnation')
     cur[3] = false
   end
-  if cur[1] ~= expected or cur[2] ~= server_identity(cur[3]) then
+  if cur[1] ~= number or cur[2] ~= server_identity(cur[3])
+     or (ledger ~= nil and cur[5] ~= ledger) then
     error(redis.error_reply('TLEPOCH this Redis server holds epoch ' .. tostring(cur[1]) ..
                             ', the store expected ' .. expected))
   end

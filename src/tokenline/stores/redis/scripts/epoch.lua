@@ -3,7 +3,8 @@
 --
 -- KEYS[1]  the store's prefix; touches epoch, epoch_replid, seq; reads incarnation
 -- ARGV[1]  the epoch (a whole number >= 0) the ledger issued for this server's
---          identity;  ARGV[2] that identity (see server_identity in _lib.lua)
+--          identity;  ARGV[2] that identity (see server_identity in _lib.lua);
+--          ARGV[3] the ledger's own id ('' none), which check_epoch compares too
 -- Returns  the job id sequence after the raise.
 --
 -- Why ids are never handed out twice: a new epoch is issued whenever the server's
@@ -25,5 +26,6 @@ if seq < floor then
   seq = floor
   redis.call('SET', P .. 'seq', f(floor))
 end
-redis.call('MSET', P .. 'epoch', ARGV[1], P .. 'epoch_replid', ARGV[2])
+redis.call('MSET', P .. 'epoch', ARGV[1], P .. 'epoch_replid', ARGV[2],
+           P .. 'epoch_ledger', ARGV[3] or '')
 return seq
