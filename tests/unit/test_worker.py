@@ -2259,22 +2259,18 @@ async def test_a_commit_made_whose_answer_was_lost_is_not_made_again() -> None:
     assert await store.stale_commits() == (0, [])
 
 
-class _AnswerLostThenJobGone(MemoryStore):
-    """A store that makes a success's commit, loses its answer, and then loses the job
-    itself (a broker whose keys were lost: a Redis restarted without its data)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lose = 1
+class _AnswerLostThenJobGone(_AnswerLost):
+    """:class:`_AnswerLost`, whose job is then lost too, with the answer (a broker
+    whose keys were lost: a Redis restarted without its data)."""
 
     async def jobs_finish(self, *, finishes: Sequence[Finish]) -> list[bool]:
-        done = await super().jobs_finish(finishes=finishes)
-        if self.lose and any(f.outcome is Outcome.SUCCEEDED for f in finishes):
-            self.lose -= 1
-            for f in finishes:
-                del self._jobs[f.lease.job_id]
-            raise StoreUnavailableError("connection reset after the commit")
-        return done
+        losing = self.lose and any(f.outcome is Outcome.SUCCEEDED for f in finishes)
+        try:
+            return await super().jobs_finish(finishes=finishes)
+        finally:
+            if losing:
+                for f in finishes:
+                    del self._jobs[f.lease.job_id]
 
 
 async def test_a_job_gone_from_the_store_while_its_commit_is_retried_is_said(
