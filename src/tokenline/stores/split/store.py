@@ -167,9 +167,7 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
         mine = self.ledger.identity
         if mine is not None:
             self.redis.epoch_ledger = mine
-            key = self.redis.prefix + "ledger"
-            await self.redis._cmd("SET", key, f"{mine} {self._ledger_where()}", "NX")
-            problem = self._served_by_another(mine, await self.redis._cmd("GET", key))
+            problem = await self._claim(mine)
             if problem is not None:
                 raise StoreError(problem)
         return await self.ledger.epoch_for(identity)
@@ -183,11 +181,16 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
         mine = self.ledger.identity
         if mine is None:  # the ledger was opened without its set-up
             return
-        key = self.redis.prefix + "ledger"
-        await self.redis._cmd("SET", key, f"{mine} {self._ledger_where()}", "NX")
-        problem = self._served_by_another(mine, await self.redis._cmd("GET", key))
+        problem = await self._claim(mine)
         if problem is not None:
             raise ConfigError("ledger", problem)
+
+    async def _claim(self, mine: str) -> str | None:
+        """Record ledger ``mine`` as the prefix's unless another is recorded; what is
+        wrong if another is (see :meth:`_served_by_another`)."""
+        key = self.redis.prefix + "ledger"
+        await self.redis._cmd("SET", key, f"{mine} {self._ledger_where()}", "NX")
+        return self._served_by_another(mine, await self.redis._cmd("GET", key))
 
     def _ledger_where(self) -> str:
         return f"{self.ledger.target.where}, schema {self.ledger.schema!r}"
