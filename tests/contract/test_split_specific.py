@@ -250,6 +250,71 @@ async def test_lost_redis_keys_are_said_when_the_new_epoch_is_taken(
     assert "job_lost_from_broker" in said[0]
 
 
+async def test_a_second_prefix_of_one_ledger_is_not_said_to_have_lost_its_keys(
+    split: SplitStore,
+    redis_server: str,
+    postgres_url: str,
+    clock: FakeClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A ledger serving a second Redis prefix took a new epoch for it, and its process
+    warned that the prefix's keys were lost and its jobs gone, of a prefix that had
+    never held a job. The epoch follows only the earlier epochs of its own prefix: a
+    new prefix takes one without a warning, and a prefix whose keys go is still told."""
+    await split.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+    name = f"tl_test_{uuid.uuid4().hex[:12]}"
+    sep = "&" if "?" in redis_server else "?"
+    second = SplitStore(
+        broker=f"{redis_server}{sep}prefix={name}", ledger=postgres_url, clock=clock
+    )
+    client = split.redis._redis()
+    try:
+        with caplog.at_level(logging.WARNING, logger="tokenline.store.split"):
+            await second.open()
+            await second.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+        assert "new identity" not in caplog.text
+        assert second.redis.epoch > split.redis.epoch
+        keys = [k async for k in client.scan_iter(match=second.redis.prefix + "*")]
+        await client.delete(*keys)  # the second prefix's keys lost: that is still said
+        with caplog.at_level(logging.WARNING, logger="tokenline.store.split"):
+            await second.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+        said = [r.getMessage() for r in caplog.records if "new identity" in r.getMessage()]
+        assert len(said) == 1, caplog.text
+        assert "this prefix's keys were lost" in said[0]
+    finally:
+        await second.close()
+        keys = [k async for k in client.scan_iter(match=f"{{{name}}}:*")]
+        if keys:
+            await client.delete(*keys)
+
+
+async def test_a_ledger_from_before_the_epochs_prefixes_gains_the_column(
+    split: SplitStore, redis_url: str, postgres_url: str, clock: FakeClock
+) -> None:
+    """A ledger made before the epochs named their prefix is brought up to date at
+    open, its epochs kept; the prefix of each epoch taken since is recorded."""
+    schema = split.ledger.schema
+    (before,) = await split.ledger._tuples(f"SELECT epoch FROM {schema}.redis_epochs", {})
+    await _ddl(postgres_url, f"ALTER TABLE {schema}.redis_epochs DROP COLUMN prefix")
+    again = SplitStore(broker=redis_url, ledger=postgres_url, clock=clock)
+    try:
+        await again.open()
+        rows = await again.ledger._tuples(
+            f"SELECT epoch, prefix FROM {schema}.redis_epochs ORDER BY epoch", {}
+        )
+        assert rows == [(before[0], None)]
+        client = again.redis._redis()
+        keys = [k async for k in client.scan_iter(match=again.redis.prefix + "*")]
+        await client.delete(*keys)
+        await again.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+        rows = await again.ledger._tuples(
+            f"SELECT prefix FROM {schema}.redis_epochs ORDER BY epoch", {}
+        )
+        assert rows == [(None,), (again.redis.prefix,)]
+    finally:
+        await again.close()
+
+
 async def _ddl(url: str, statement: str) -> None:
     """``statement`` on a connection of its own to the ledger's database."""
     import psycopg

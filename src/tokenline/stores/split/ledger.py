@@ -420,11 +420,12 @@ class SplitLedger(PostgresStore):
         rows = await self._tuples(self._q("jobs_flagged_lost"), {"limit": limit})
         return [(int(job_id), float(at)) for job_id, at in rows]
 
-    async def epoch_for(self, replid: str) -> int:
-        """The fencing epoch of the Redis server with replication id ``replid``: a new
-        id gets a number above every epoch issued before."""
+    async def epoch_for(self, replid: str, prefix: str) -> int:
+        """The fencing epoch of the Redis server with replication id ``replid`` (its
+        identity), for the key prefix ``prefix``: a new id gets a number above every
+        epoch issued before."""
         for _ in range(3):
-            rows = await self._tuples(self._q("epoch_take"), {"replid": replid})
+            rows = await self._tuples(self._q("epoch_take"), {"replid": replid, "prefix": prefix})
             if rows:
                 epoch, previous = int(rows[0][0]), rows[0][1]
                 if previous is not None:

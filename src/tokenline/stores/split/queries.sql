@@ -15,7 +15,8 @@ CREATE TABLE IF NOT EXISTS {schema}.job_fences (
 CREATE TABLE IF NOT EXISTS {schema}.redis_epochs (
     replid      text PRIMARY KEY,
     epoch       bigint NOT NULL UNIQUE,
-    first_seen  double precision NOT NULL
+    first_seen  double precision NOT NULL,
+    prefix      text
 );
 -- Epoch 0 first: tokens equal Redis's counters until the first failover.
 CREATE SEQUENCE IF NOT EXISTS {schema}.redis_epoch_seq MINVALUE 0 START 0;
@@ -57,7 +58,12 @@ SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute AS a
                  AND c.relkind = 'i')
    AND EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c
                JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
-               WHERE n.nspname = %(schema)s AND c.relname = 'ledger_identity') AS current;
+               WHERE n.nspname = %(schema)s AND c.relname = 'ledger_identity')
+   AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute AS a
+               JOIN pg_catalog.pg_class AS c ON c.oid = a.attrelid
+               JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+               WHERE n.nspname = %(schema)s AND c.relname = 'redis_epochs'
+                 AND a.attname = 'prefix' AND NOT a.attisdropped) AS current;
 
 -- name: split_schema_upgrade
 -- When the reconciler found the job gone from Redis, not done (added after the table).
@@ -74,6 +80,10 @@ CREATE TABLE IF NOT EXISTS {schema}.ledger_identity (
     id          text NOT NULL,
     created_at  double precision NOT NULL
 );
+-- The Redis key prefix each epoch was taken for (added after the table; NULL for the
+-- epochs taken before): a prefix new to the ledger is told apart from one whose keys
+-- were lost (see epoch_take).
+ALTER TABLE {schema}.redis_epochs ADD COLUMN IF NOT EXISTS prefix text;
 
 -- name: ledger_identity_take
 -- The ledger's identity, made on its first open (under the migration lock).
@@ -214,17 +224,21 @@ LIMIT %(limit)s;
 -- The epoch of a Redis server, by its replication id: a new id gets a number above
 -- every epoch issued before (the sequence never goes back, even across a rollback).
 -- No row only when another session inserted the same id concurrently: ask again.
--- With a new epoch comes the identity whose epoch it follows (NULL for the first, and
--- for an epoch taken before), so that the change can be told to the operator.
+-- With a new epoch comes the identity whose epoch it follows on the same key prefix
+-- (or on one not recorded, taken before the prefix was), so that the change can be told
+-- to the operator: NULL for the first epoch of a prefix new to this ledger, whose keys
+-- nobody lost, and for an epoch taken before.
 WITH taken AS (
-    INSERT INTO {schema}.redis_epochs (replid, epoch, first_seen)
-    VALUES (%(replid)s, nextval('{schema}.redis_epoch_seq'), {schema}.now_epoch(NULL))
+    INSERT INTO {schema}.redis_epochs (replid, epoch, first_seen, prefix)
+    VALUES (%(replid)s, nextval('{schema}.redis_epoch_seq'), {schema}.now_epoch(NULL),
+            %(prefix)s)
     ON CONFLICT (replid) DO NOTHING
     RETURNING epoch
 )
 SELECT t.epoch,
        (SELECT e.replid FROM {schema}.redis_epochs AS e
-        WHERE e.epoch < t.epoch ORDER BY e.epoch DESC LIMIT 1) AS previous
+        WHERE e.epoch < t.epoch AND (e.prefix = %(prefix)s OR e.prefix IS NULL)
+        ORDER BY e.epoch DESC LIMIT 1) AS previous
 FROM taken AS t
 UNION ALL
 SELECT epoch, NULL FROM {schema}.redis_epochs WHERE replid = %(replid)s;

@@ -170,7 +170,7 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
             problem = await self._claim(mine)
             if problem is not None:
                 raise StoreError(problem)
-        return await self.ledger.epoch_for(identity)
+        return await self.ledger.epoch_for(identity, self.redis.prefix)
 
     async def _claim_prefix(self) -> None:
         """Record this ledger as the one the Redis prefix serves, or refuse a prefix
