@@ -89,6 +89,24 @@ def test_reconcile_dry_run_then_repair_then_nothing(url: str) -> None:
     assert (code, out.strip()) == (0, "nothing to repair")
 
 
+@pytest.mark.parametrize("args", [[], ["--dry-run"], ["--json"], ["--dry-run", "--json"]])
+def test_reconcile_that_cannot_reach_its_store_says_it_could_not_act(args: list[str]) -> None:
+    """A store that did not answer made reconcile exit 1, its status for "something
+    was repaired": a cron job read the outage as repairs made. It is 2, could not act,
+    with the error on stderr and nothing on stdout, --json too."""
+    pytest.importorskip("psycopg")
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    url = f"postgresql://postgres@127.0.0.1:{closed_port}/test?schema=x&connect_timeout=2"
+    result = CliRunner().invoke(main, ["reconcile", "--url", url, *args])
+    assert result.exit_code == 2, result.output
+    assert f"127.0.0.1:{closed_port}" in result.stderr
+    assert result.stdout == ""
+
+
 def test_reconcile_cannot_act_while_another_process_leads(url: str) -> None:
     """With the maintenance lease held elsewhere, reconcile repairs nothing, names the
     leader and exits 2; the dry run still reports."""

@@ -347,11 +347,12 @@ def _given_on_command_line(setting: str) -> bool:
     return False
 
 
-def report_error(exc: TokenlineError, *, unsure: str | None = None) -> NoReturn:
+def report_error(exc: TokenlineError, *, unsure: str | None = None, failed: int = 1) -> NoReturn:
     """Print ``exc`` as one line on stderr and exit: status 2 for a bad setting (nothing
-    was done), 1 for any other tokenline error. ``unsure``: what to look at when the
-    store was lost during a change (it may have made the change before its answer was
-    lost), said after the error."""
+    was done), ``failed`` (1 unless the command gives 1 a meaning of its own) for any
+    other tokenline error. ``unsure``: what to look at when the store was lost during a
+    change (it may have made the change before its answer was lost), said after the
+    error."""
     if isinstance(exc, ConfigError):
         err_console.print(f"[bold red]error:[/] {escape(config_problem(exc))}", highlight=False)
         raise SystemExit(2) from None
@@ -369,7 +370,7 @@ def report_error(exc: TokenlineError, *, unsure: str | None = None) -> NoReturn:
             else ("the store may have made the change before its answer was lost; ")
         )
         err_console.print(f"note: {maybe}{unsure}", highlight=False, markup=False)
-    raise SystemExit(1) from None
+    raise SystemExit(failed) from None
 
 
 #: Errors of opening a store (see :func:`opening`): nothing was asked of it yet, so no
@@ -395,9 +396,9 @@ _QUIET_LIBRARIES = ("psycopg", "redis")
 
 
 @contextlib.contextmanager
-def reporting_errors(*, unsure: str | None = None) -> Iterator[None]:
+def reporting_errors(*, unsure: str | None = None, failed: int = 1) -> Iterator[None]:
     """Turn tokenline errors into a one-line message: exit status 2 for a bad setting,
-    1 for the others (see :func:`report_error`, and its ``unsure``). Where logging is
+    ``failed`` for the others (see :func:`report_error`, and its ``unsure``). Where logging is
     not configured (every command but the long-running ones), the drivers' warnings
     are not printed."""
     if not logging.getLogger().handlers:
@@ -408,7 +409,7 @@ def reporting_errors(*, unsure: str | None = None) -> Iterator[None]:
     try:
         yield
     except TokenlineError as exc:
-        report_error(exc, unsure=unsure)
+        report_error(exc, unsure=unsure, failed=failed)
 
 
 def plural(n: int, noun: str, nouns: str | None = None) -> str:

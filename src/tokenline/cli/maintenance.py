@@ -205,7 +205,9 @@ def reconcile(
     fenced by that term), and cannot act while another process leads.
 
     Exit code: 0 nothing to repair, 1 something was (with --dry-run: would be)
-    repaired, 2 it could not act (another process leads, or a newer term refused it).
+    repaired, 2 it could not act (another process leads, a newer term refused it, or
+    the store could not be opened or failed during the pass: the error on stderr,
+    nothing on stdout, --json too).
     A leader that died keeps its lease until the lease expires: the refusal says when
     (by the store's clock), and reconcile can act from then on.
 
@@ -216,7 +218,8 @@ def reconcile(
     found gone from Redis by this pass or an earlier one (a worker's, usually), newest
     first: the ledger had seen them, and nothing else lists them.
     """
-    with reporting_errors():
+    # Not 1 for an outage: 1 says that something was repaired.
+    with reporting_errors(failed=EXIT_CANNOT_ACT):
         settings = _settings(config)
         app = resolve_app(app_spec, url, existing=True)
         store = app.open_store(timeout=settings.call_timeout)
