@@ -460,7 +460,9 @@ def resume(app_spec: str | None, url: str | None, queue: str) -> None:
         refuse_memory_store(app, "resume")
         paused = with_store(app, run, ledger=False)
     if queue not in paused:
+        # Nothing on stdout: a script reading it must not be told the queue was resumed.
         _warn(f"queue {queue!r} was not paused (paused queues: {_listed(paused)}); nothing changed")
+        return
     console.print(f"resumed {queue}", highlight=False, markup=False)
 
 
