@@ -24,6 +24,7 @@ from tokenline import App, JobState
 from tokenline._errors import StaleTokenError
 from tokenline._jobs import WorkerRecord
 from tokenline.cli import main
+from tokenline.cli._common import print_table
 from tokenline.cli.drill import results_table
 from tokenline.drill.checker import Report
 from tokenline.drill.runner import ScenarioResult
@@ -133,6 +134,37 @@ def test_drill_results_count_one_job_in_the_singular() -> None:
     assert "(1 job)" in out
     assert "(1 idle worker)" in out
     assert "1 jobs" not in out
+
+
+@pytest.mark.parametrize("env", [PIPED, NARROW], ids=["piped", "80 columns"])
+def test_drill_tables_are_whole_when_piped(
+    env: dict[str, str | None], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Piped (into a file, a ticket, `| cat`), the drill's table was cut to 80 columns:
+    "kil…", "los…", headers wrapped over lines. Piped, it is printed as wide as it needs,
+    as listings are; on a terminal, it still fits the terminal."""
+    for name, value in env.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    report = Report(jobs=2000, affected=3, recovery=12.5, idle_workers=1)
+    results = [
+        ScenarioResult(name, "postgres", report, lease_ttl=2.0, elapsed=3.0)
+        for name in ("partition_lease_store", "lost_ack", "kill9")
+    ]
+    print_table(results_table(results, title="tokenline drill — postgres, lease TTL 2s, seed 7"))
+    lines = capsys.readouterr().out.splitlines()
+    if env is NARROW:
+        assert max(len(line) for line in lines) <= 80
+        return
+    assert max(len(line) for line in lines) > 80
+    header = next(line for line in lines if "scenario" in line)
+    for name in ("dup. effects", "early rescues", "dup. executions", "rescued (bound)", "verdict"):
+        assert name in header
+    for name in ("partition_lease_store", "lost_ack", "kill9"):
+        assert any(name in line and "12.5s (3 jobs)" in line for line in lines), name
+    assert not any("…" in line for line in lines)
 
 
 def test_counts_in_messages_read_as_prose(url: str) -> None:

@@ -813,6 +813,30 @@ def _widths(col: Col, texts: list[Text]) -> tuple[int, int]:
     return natural, _widest(texts, words=True) if col.kind == "wrap" else natural
 
 
+def _print_at(table: Table, width: int) -> None:
+    """Print ``table`` ``width`` columns wide: wider than the console, every line whole,
+    not cropped at its edge."""
+    if width <= console.width:
+        console.print(table)
+        return
+    lines = console.render_lines(table, console.options.update_width(width), new_lines=True)
+    console.print(Segments(list(chain.from_iterable(lines))), crop=False, soft_wrap=True)
+
+
+#: Widest a table printed to a pipe or a file is measured at (columns).
+_UNBOUNDED = 10_000
+
+
+def print_table(table: Table) -> None:
+    """Print a table as wide as it needs to a pipe or a file, where nothing is narrowed
+    (see :func:`output_width`); to a terminal, as wide as it is."""
+    if output_width() is not None:
+        console.print(table)
+        return
+    natural = console.measure(table, options=console.options.update_width(_UNBOUNDED))
+    _print_at(table, natural.maximum)
+
+
 def show(title: str, cols: Sequence[Col], rows: Iterable[Sequence[str | Text]]) -> None:
     """Print a listing that keeps every key whole.
 
@@ -865,12 +889,7 @@ def show(title: str, cols: Sequence[Col], rows: Iterable[Sequence[str | Text]]) 
         )
     for row in data:
         table.add_row(*(row[i] for i in shown))
-    width = needed(widths)
-    if width <= console.width:
-        console.print(table)
-    else:  # wider than the console: print every line whole, not cropped at its edge
-        lines = console.render_lines(table, console.options.update_width(width), new_lines=True)
-        console.print(Segments(list(chain.from_iterable(lines))), crop=False, soft_wrap=True)
+    _print_at(table, needed(widths))
     if left_out:
         console.print(
             f"(not shown, too narrow: {', '.join(left_out)}; see --json)",

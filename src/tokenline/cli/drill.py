@@ -16,7 +16,15 @@ from ..drill.dependency import TIMEOUT
 from ..drill.runner import Drill, DrillError, ScenarioResult
 from ..drill.scenarios import DRILL_SCENARIOS
 from ..stores.base import Role
-from ._common import Whole, console, err_console, interrupt_on_sigterm, plural, print_json
+from ._common import (
+    Whole,
+    console,
+    err_console,
+    interrupt_on_sigterm,
+    plural,
+    print_json,
+    print_table,
+)
 
 __all__ = ["dependency_table", "drill", "periodic_table", "results_table", "status_table"]
 
@@ -297,16 +305,16 @@ def drill(
         title = f"tokenline drill — {runner.scheme}, lease TTL {ttl:g}s, seed {seed}"
         if not runner.breakers:
             title += ", breakers off"
-        console.print(results_table(results, title=title))
+        print_table(results_table(results, title=title))
         dependency = dependency_table(results)
         if dependency is not None:
-            console.print(dependency)
+            print_table(dependency)
         periodic = periodic_table(results)
         if periodic is not None:
-            console.print(periodic)
+            print_table(periodic)
         statuses = status_table(results)
         if statuses is not None:
-            console.print(statuses)
+            print_table(statuses)
         for res in failed:
             console.print(f"[bold red]{res.scenario}[/]:", highlight=False)
             for line in res.report.violations:
