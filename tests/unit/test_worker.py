@@ -1148,6 +1148,39 @@ async def test_shutdown_drains_in_flight_job_then_stops(app: App, store: Store) 
     assert state_of(worker) is WorkerState.STOPPED
 
 
+async def test_a_drain_is_reported_at_once_not_a_renew_interval_later(
+    app: App, store: Store
+) -> None:
+    """`tokenline workers` showed a draining worker as ready, its job in flight, until
+    its next heartbeat: up to renew_interval (10 s by default) after the SIGTERM or the
+    `tokenline drain`. The drain's first heartbeat goes out at once."""
+    started = asyncio.Event()
+    finish = asyncio.Event()
+
+    @app.task(name="t.long")
+    async def long(ctx: JobContext) -> None:
+        started.set()
+        await finish.wait()
+
+    await app.enqueue_async("t.long", store=store)
+    worker = Worker(app, QUIET)  # renew_interval 10 s: no heartbeat of its own meanwhile
+    async with running(worker):
+        await asyncio.wait_for(started.wait(), DEADLINE)
+        worker.request_shutdown()
+
+        async def reported() -> bool:
+            (rec,) = await store.workers_list()
+            return rec.state == WorkerState.DRAINING.value and rec.in_flight == 1
+
+        # Well under renew_interval: only the drain's own heartbeat can report it.
+        async def within() -> None:
+            while not await reported():  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(within(), QUIET.renew_interval / 2)
+        finish.set()
+
+
 async def test_second_shutdown_stops_at_once_and_releases_job(app: App, store: Store) -> None:
     """A second shutdown request cancels the handler and gives the job back, attempt refunded."""
     started = asyncio.Event()

@@ -255,6 +255,8 @@ class Worker:
         self._coordination_failures = 0
         #: Monotonic time of the last membership heartbeat the store accepted.
         self._last_beat = self.clock.monotonic()
+        #: Set to cut the control loop's wait short: the next heartbeat goes out now.
+        self._beat_soon = asyncio.Event()
         #: Monotonic time the watchdog last ran: the event loop is turning.
         self._last_tick = self.clock.monotonic()
         self._running = False
@@ -491,6 +493,9 @@ class Worker:
         self._fire(WorkerEvent.SHUTDOWN, "shutdown requested")
         if self.state is WorkerState.DRAINING:
             self._drainer = asyncio.get_running_loop().create_task(self._drain())
+            # The next heartbeat now: an operator watching `tokenline workers` (after a
+            # `drain`, a SIGTERM) sees the drain begin, not a renew interval later.
+            self._beat_soon.set()
 
     async def _join(self, store: Store) -> bool:
         """Open ``store`` and register this worker's membership. While the store is
@@ -1703,7 +1708,10 @@ class Worker:
     # -- control plane --------------------------------------------------------------------
     async def _control_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.settings.renew_period)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.renew_period):
+                    await self._beat_soon.wait()
+            self._beat_soon.clear()
             if self.state in (WorkerState.STOPPED, WorkerState.FENCED):
                 continue
             await self._renew_once()
