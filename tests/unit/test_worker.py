@@ -1148,6 +1148,32 @@ async def test_shutdown_drains_in_flight_job_then_stops(app: App, store: Store) 
     assert state_of(worker) is WorkerState.STOPPED
 
 
+@pytest.mark.parametrize(
+    ("queues", "warned"), [(("default",), True), (("billing",), False), (("x", "billing"), False)]
+)
+async def test_a_worker_on_queues_no_task_uses_says_so(
+    queues: tuple[str, ...], warned: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Quick start's task is on `billing`: a worker started without --queues served
+    `default`, idled while the jobs piled up, and said nothing. It now warns, naming
+    the tasks' queues and the option; a worker that serves one of them does not."""
+    store = MemoryStore()
+    app = App("memory://")
+    app.task(name="t.invoice", queue="billing")(lambda ctx: None)
+    app.task(name="t.mail", queue="mail")(lambda ctx: None)
+    worker = Worker(app, dataclasses.replace(FAST, queues=queues), store=store)
+    with caplog.at_level("WARNING", logger="tokenline.worker"):
+        async with running(worker):
+            await eventually(lambda: worker.state is WorkerState.READY, "the worker to start")
+    said = [r.getMessage() for r in caplog.records if "none of its app's tasks" in r.getMessage()]
+    if warned:
+        assert len(said) == 1, caplog.text
+        assert "theirs: billing, mail" in said[0]
+        assert "--queues billing,mail" in said[0]
+    else:
+        assert said == []
+
+
 async def test_a_drain_is_reported_at_once_not_a_renew_interval_later(
     app: App, store: Store
 ) -> None:

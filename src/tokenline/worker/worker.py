@@ -340,6 +340,7 @@ class Worker:
         A task depending on a dependency the app did not register is a
         :class:`~tokenline.ConfigError` here, before the store is opened."""
         self.app.dependencies.check_tasks(self.app.tasks.values())
+        self._warn_unserved()
         self._stopped = asyncio.Event()
         self._slot_freed = asyncio.Event()
         if self._store is None:
@@ -471,6 +472,24 @@ class Worker:
         if silent > self.settings.lease_ttl:
             return False, f"no heartbeat accepted for {silent:.1f}s"
         return True, state.value
+
+    def _warn_unserved(self) -> None:
+        """Say so when none of this worker's queues is one its app's tasks are declared
+        on: the Quick start's task is on ``billing``, and a worker started on the
+        default queue idled while the jobs piled up, saying nothing. A warning, not an
+        error: jobs enqueued with ``queue=`` may be meant for these queues."""
+        declared = {t.queue for t in self.app.tasks.values()}
+        served = set(self.settings.queues)
+        if declared and not declared & served:
+            log.warning(
+                "worker %s serves queues %s, on which none of its app's tasks is declared "
+                "(theirs: %s): it runs only jobs enqueued there with queue=; to run the "
+                "tasks' jobs, start it with --queues %s",
+                self.id,
+                ", ".join(sorted(served)),
+                ", ".join(sorted(declared)),
+                ",".join(sorted(declared)),
+            )
 
     def request_shutdown(self) -> None:
         """First call: drain (finish in-flight jobs within ``drain_timeout``), then stop.
