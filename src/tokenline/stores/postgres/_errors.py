@@ -192,7 +192,9 @@ def _translated(target: Target, timeout: float) -> Iterator[None]:
         raise StoreUnavailableError(
             f"no connection to PostgreSQL {target.where} within {timeout:g}s "
             + (
-                f"(the server refused new connections: {why})"
+                # Not "refused": a connection that timed out (a black hole, a slow
+                # link) fails this way too, and the reason says which it was.
+                f"(the last try to connect failed: {why})"
                 if why is not None
                 else "(the server is unreachable, or every connection of the pool is busy)"
             )
