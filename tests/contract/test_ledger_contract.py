@@ -199,7 +199,9 @@ async def test_pending_effect_is_taken_over_only_with_a_newer_token(
     store: Any, clock: FakeClock
 ) -> None:
     """After the owner lost its lease the newer attempt takes the key; the old token can
-    neither record the outcome nor take the key back, and both refusals are recorded."""
+    neither record the outcome nor take the key back, and both refusals are recorded.
+    So is the takeover, as a rerun: the old run's outcome is unknown, and the audit
+    must show that the effect may have happened twice."""
     (jid,) = await store.jobs_enqueue(jobs=[new()])
     old = await claim_one(store, "w1", ttl=5)
     assert (await store.effect_begin(lease=old.lease, key="k")).start is Start.RUN
@@ -220,6 +222,7 @@ async def test_pending_effect_is_taken_over_only_with_a_newer_token(
     )
     stale = [d for d in await store.duplicates_list() if d.key == "k"]
     assert {(d.kind, d.operation, d.token) for d in stale} == {
+        (DuplicateKind.REPEAT, "effect_rerun", cur.lease.token),
         (DuplicateKind.STALE, "effect_complete", old.lease.token),
         (DuplicateKind.STALE, "effect_begin", old.lease.token),
     }
@@ -237,9 +240,19 @@ async def test_a_key_pending_under_a_live_lease_is_busy_until_that_lease_is_lost
     assert (await store.effect_begin(lease=x.lease, key="k")).start is Start.RUN
     busy = await store.effect_begin(lease=y.lease, key="k")
     assert (busy.start, busy.record.owner) == (Start.BUSY, "w1")
+    assert await store.duplicates_list() == []  # busy is no duplicate
     clock.advance(5)
     taken = await store.effect_begin(lease=y.lease, key="k")
     assert (taken.start, taken.record.job_id) == (Start.RUN, y.job.id)
+    # The first run's outcome is unknown: the takeover is a rerun, in the audit.
+    (rerun,) = await store.duplicates_list()
+    assert (rerun.key, rerun.kind, rerun.operation, rerun.job_id, rerun.token) == (
+        "k",
+        DuplicateKind.REPEAT,
+        "effect_rerun",
+        y.job.id,
+        y.lease.token,
+    )
 
 
 @pytest.mark.ledger
@@ -253,6 +266,8 @@ async def test_a_failed_effect_may_run_again(store: Any) -> None:
     assert (record.status, record.error, record.result) == (EffectStatus.FAILED, "boom", None)
     again = await store.effect_begin(lease=x.lease, key="k")
     assert (again.start, again.record.runs) == (Start.RUN, 2)
+    # Its failure said how the first run ended: running it again is no rerun to audit.
+    assert await store.duplicates_list() == []
 
 
 @pytest.mark.ledger

@@ -21,8 +21,10 @@ from rich.console import Console
 
 from pg_schema import schema_exists
 from tokenline import App, JobState
+from tokenline._clock import FakeClock
 from tokenline._errors import StaleTokenError
-from tokenline._jobs import WorkerRecord
+from tokenline._jobs import NewJob, WorkerRecord
+from tokenline._records import Start
 from tokenline.cli import main
 from tokenline.cli._common import print_table
 from tokenline.cli.drill import results_table
@@ -172,7 +174,10 @@ def test_counts_in_messages_read_as_prose(url: str) -> None:
     and no message hedges with "(s)"."""
     outputs = [cli("dlq", "retry", "--url", url, "2"), cli("audit", "duplicates", "--url", url)]
     assert "requeued 1 dead job: 2" in outputs[0][1]
-    assert "0 duplicate executions, 1 stale write refused, 1 key" in outputs[1][1]
+    assert (
+        "0 duplicate executions, 0 reruns after an unknown outcome, 1 stale write refused, 1 key"
+        in outputs[1][1]
+    )
     outputs.append(cli("dlq", "discard", "--url", url, "3"))
     assert "discarded 1 dead job: 3" in outputs[2][1]
     for _code, out in outputs:
@@ -316,10 +321,59 @@ def test_every_listing_prints_json_with_the_stored_data(url: str) -> None:
     assert status["stale_commits"]["total"] == 1
     assert status["stale_commits"]["recent"][0]["job_id"] == 4
     audit = loads("audit", "duplicates", "--url", url, "--json")
-    assert (audit["repeats"], audit["stale"]) == (0, 1)
+    assert (audit["repeats"], audit["reruns"], audit["stale"]) == (0, 0, 1)
     assert [(k["key"], k["jobs"], k["workers"]) for k in audit["keys"]] == [
         ("invoice:44", [4], ["w-2"])
     ]
+
+
+def test_audit_lists_an_effect_rerun_after_an_unknown_outcome_first(tmp_path: Path) -> None:
+    """An effect whose attempt lost its lease while the callee ran was taken over and
+    run again, and `audit duplicates` did not list it, while it listed the repeats
+    that returned a stored result: the one place the effect may have happened twice
+    was missing. Reruns have a column, a count and come first."""
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    clock = FakeClock()
+
+    async def scene(store: Store) -> None:
+        def job() -> NewJob:
+            return NewJob(queue="default", task="t", args="[]")
+
+        await store.jobs_enqueue(jobs=[job(), job(), job()])
+        lost, done, again = [
+            (await store.jobs_claim(owner=o, queues=["default"], limit=1, ttl=t))[0]
+            for o, t in (("w1", 5), ("w2", 60), ("w3", 60))
+        ]
+        assert (await store.effect_begin(lease=lost.lease, key="charge:9")).start is Start.RUN
+        assert (await store.effect_begin(lease=done.lease, key="mail:1")).start is Start.RUN
+        assert await store.effect_finish(lease=done.lease, key="mail:1", result="1")
+        assert (await store.effect_begin(lease=again.lease, key="mail:1")).start is Start.DONE
+        clock.advance(6)  # w1's lease is gone, its callee's outcome unknown
+        assert (await store.effect_begin(lease=again.lease, key="charge:9")).start is Start.RUN
+
+    async def run() -> None:
+        store = store_from_url(url, clock=clock)
+        await store.open()
+        try:
+            await scene(store)
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+    audit = json.loads(cli("audit", "duplicates", "--url", url, "--json")[1])
+    assert (audit["repeats"], audit["reruns"], audit["stale"]) == (1, 1, 0)
+    assert [(k["key"], k["repeats"], k["reruns"]) for k in audit["keys"]] == [
+        ("charge:9", 0, 1),
+        ("mail:1", 1, 0),
+    ]
+    code, out = cli("audit", "duplicates", "--url", url, env={**PIPED, "COLUMNS": "200"})
+    assert code == 0, out
+    assert "1 duplicate execution, 1 rerun after an unknown outcome" in out
+    lines = out.splitlines()
+    header = next(line for line in lines if "reruns" in line)
+    assert header.split()[:4] == ["key", "repeats", "reruns", "stale"]
+    rows = [line.split()[:4] for line in lines if line.split()[:1] in (["charge:9"], ["mail:1"])]
+    assert rows == [["charge:9", "0", "1", "0"], ["mail:1", "1", "0", "0"]]
 
 
 def test_workers_show_their_adaptive_limit_and_a_drain_request_not_yet_begun(

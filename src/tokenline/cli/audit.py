@@ -1,9 +1,10 @@
 """``tokenline audit``: what the ledger says happened more than once, or was refused.
 
 ``tokenline audit duplicates [--since 1h]`` groups by key every execution of an effect
-that had already completed (``repeat``) and every write refused for a stale token
-(``stale``: ledger writes, resource-lease renewals, and job commits, keyed by the job's
-idempotency key or ``job:<id>``).
+that had already completed (``repeat``), every start of an effect's callee again after
+a run of unknown outcome (``rerun``: the effect may have happened twice) and every
+write refused for a stale token (``stale``: ledger writes, resource-lease renewals, and
+job commits, keyed by the job's idempotency key or ``job:<id>``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import click
 
 from .._records import Duplicate, DuplicateKind
 from ..stores import Store
+from ..stores._repairs import RERUN
 from ._common import (
     Col,
     CommandGroup,
@@ -87,6 +89,7 @@ def _iso_time(value: str) -> float:
 class _Group:
     key: str
     repeats: int = 0
+    reruns: int = 0
     stale: int = 0
     jobs: set[int] = field(default_factory=set)
     workers: set[str] = field(default_factory=set)
@@ -95,7 +98,9 @@ class _Group:
     last: float = 0.0
 
     def add(self, d: Duplicate) -> None:
-        if d.kind is DuplicateKind.REPEAT:
+        if d.kind is DuplicateKind.REPEAT and d.operation == RERUN:
+            self.reruns += 1
+        elif d.kind is DuplicateKind.REPEAT:
             self.repeats += 1
         else:
             self.stale += 1
@@ -119,7 +124,8 @@ def group_by_key(duplicates: Sequence[Duplicate]) -> list[_Group]:
     for d in duplicates:
         key = _text(d.key)
         groups.setdefault(key, _Group(key)).add(d)
-    return sorted(groups.values(), key=lambda g: (-(g.repeats + g.stale), g.key))
+    # Reruns first: they are where an effect may have happened twice.
+    return sorted(groups.values(), key=lambda g: (-g.reruns, -(g.repeats + g.stale), g.key))
 
 
 def _short(items: set[str] | set[int], limit: int = 3) -> str:
@@ -152,14 +158,18 @@ def audit() -> None:
 def duplicates(
     app_spec: str | None, url: str | None, since: str | None, limit: int, as_json: bool
 ) -> None:
-    """Duplicates grouped by key, the most affected first.
+    """Duplicates grouped by key, keys with reruns first, then the most affected.
 
-    A repeat is a run of an effect that had already completed; a stale write is one the
-    store refused because its token was no longer current.
+    A repeat is a run of an effect that had already completed (its callee did not run
+    again: the stored result was returned). A rerun is a start of an effect's callee
+    again after a run whose outcome is unknown (its attempt lost its lease while the
+    callee ran, or the reconciler gave the key up): that run may have had its effect,
+    so the effect may have happened twice; check it where it landed. A stale write is
+    one the store refused because its token was no longer current.
 
-    --json: {since (epoch seconds, or null), repeats, stale, keys: a list of {key,
-    repeats, stale, jobs, workers, operations, first, last}} (first and last: epoch
-    seconds; jobs, workers and operations: every one, sorted).
+    --json: {since (epoch seconds, or null), repeats, reruns, stale, keys: a list of
+    {key, repeats, reruns, stale, jobs, workers, operations, first, last}} (first and
+    last: epoch seconds; jobs, workers and operations: every one, sorted).
     """
     if since is not None:
         # Bad input is refused before the store is opened; a duration is measured
@@ -175,12 +185,14 @@ def duplicates(
         start, found = with_store(resolve_app(app_spec, url, existing=True), gather)
     groups = group_by_key(found)
     repeats = sum(g.repeats for g in groups)
+    reruns = sum(g.reruns for g in groups)
     stale = sum(g.stale for g in groups)
     if as_json:
         print_json(
             {
                 "since": start,
                 "repeats": repeats,
+                "reruns": reruns,
                 "stale": stale,
                 "keys": [_group_json(g) for g in groups],
             }
@@ -189,6 +201,7 @@ def duplicates(
     cols = [
         Col("key"),
         Col("repeats", justify="right"),
+        Col("reruns", justify="right"),
         Col("stale", justify="right"),
         Col("jobs", "wrap"),
         Col("workers", "wrap"),
@@ -200,6 +213,7 @@ def duplicates(
         [
             g.key,
             str(g.repeats),
+            str(g.reruns),
             str(g.stale),
             _short(g.jobs),
             _short(g.workers, 2),
@@ -212,8 +226,9 @@ def duplicates(
     show("duplicates by key", cols, rows)
     scope = f" since {when(start)}" if start is not None else ""
     console.print(
-        f"{plural(repeats, 'duplicate execution')}, {plural(stale, 'stale write')} refused, "
-        f"{plural(len(groups), 'key')}{scope}",
+        f"{plural(repeats, 'duplicate execution')}, "
+        f"{plural(reruns, 'rerun')} after an unknown outcome, "
+        f"{plural(stale, 'stale write')} refused, {plural(len(groups), 'key')}{scope}",
         highlight=False,
         markup=False,
     )
@@ -223,6 +238,7 @@ def _group_json(g: _Group) -> dict[str, Any]:
     return {
         "key": g.key,
         "repeats": g.repeats,
+        "reruns": g.reruns,
         "stale": g.stale,
         "jobs": sorted(g.jobs),
         "workers": sorted(g.workers),

@@ -13,7 +13,9 @@ __all__ = [
     "ACKNOWLEDGED_ERROR",
     "LOST",
     "LOST_ERROR",
+    "RERUN",
     "repair_params",
+    "reruns",
 ]
 
 #: The outcome and error of an attempt the reconciler closes.
@@ -24,6 +26,18 @@ ACKNOWLEDGED = "acknowledged"
 ACKNOWLEDGED_ERROR = "acknowledged by the reconciler: its work had already committed"
 #: The error of a pending effect the reconciler marks failed.
 ABANDONED = "abandoned: pending past the deadline after its attempt lost its lease"
+#: The operation of the duplicate recorded when an effect's callee starts again under a
+#: key whose earlier run has no known outcome: its attempt lost its lease while the
+#: callee ran (or the reconciler gave the key up, ABANDONED). That run may have had its
+#: effect: the effect may have happened twice. Recorded as a repeat, in the audit.
+RERUN = "effect_rerun"
+
+
+def reruns(prior_status: str | None, prior_error: str | None) -> bool:
+    """Whether taking a key whose row was ``prior_status`` (``None``: no row) with
+    ``prior_error`` starts its callee again after a run of unknown outcome (see
+    :data:`RERUN`); a run that failed on its own said how it ended."""
+    return prior_status == "pending" or (prior_status == "failed" and prior_error == ABANDONED)
 
 
 def repair_params(item: Inconsistency, now: float | None) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from ..._records import (
     Fence,
     Start,
 )
+from .._repairs import RERUN, reruns
 from ..base import ResourceLease, possible_job_id
 
 if TYPE_CHECKING:
@@ -140,6 +141,8 @@ class MemoryLedger:
                     completed_at=None,
                 )
                 self._effects[key] = taken
+                if cur is not None and reruns(cur.status.value, cur.error):
+                    self._duplicate(key, DuplicateKind.REPEAT, RERUN, lease, now)
                 return EffectBegin(Start.RUN, taken)
             if cur.status is EffectStatus.COMPLETED:
                 self._duplicate(key, DuplicateKind.REPEAT, "effect", lease, now)

@@ -28,6 +28,7 @@ from ..._records import (
     Start,
     by_attempt,
 )
+from .._repairs import ABANDONED, RERUN
 from .._rows import duplicate_from_row, effect_from_row
 from ..base import ResourceLease, possible_job_id
 from ._steps import AsyncDriver, Steps, execute, fetch_one
@@ -113,7 +114,12 @@ class PostgresLedger:
     async def effect_begin(self, *, lease: Lease, key: str) -> EffectBegin:
         """Take ``key`` for this attempt if allowed; see :meth:`Store.effect_begin`."""
 
-        params = {"key": key, **_lease_params(lease, self._now())}
+        params = {
+            "key": key,
+            **_lease_params(lease, self._now()),
+            "rerun": RERUN,
+            "abandoned": ABANDONED,
+        }
 
         async def run(conn: AsyncConnection[Any]) -> EffectBegin:
             cur = conn.cursor(row_factory=dict_row)

@@ -14,7 +14,10 @@
 -- The owner of a pending key is live while its job runs under that token, unexpired; our
 -- snapshot of another job can only be older than the truth, and an older view of a lease
 -- is never less live (an expired lease is never renewed back), so a live owner is never
--- taken over.
+-- taken over. A take that starts the callee again after a run of unknown outcome (the
+-- key pending, or given up by the reconciler) is recorded for the audit in the same
+-- statement (reruns() in stores/_repairs.py): the key's row as this statement's snapshot
+-- saw it tells how its last run ended.
 WITH fenced AS MATERIALIZED (
     SELECT id FROM {schema}.jobs
     WHERE id = %(job_id)s
@@ -22,7 +25,9 @@ WITH fenced AS MATERIALIZED (
       AND state = 'running'
     FOR NO KEY UPDATE
 ),
-clock AS (SELECT {schema}.now_epoch(%(now)s) AS now)
+clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
+prior AS (SELECT status, error FROM {schema}.effects WHERE key = %(key)s),
+taken AS (
 INSERT INTO {schema}.effects AS e (key, status, job_id, token, owner, runs, created_at,
                                    updated_at)
 SELECT %(key)s, 'pending', f.id, %(token)s, %(owner)s, 1, c.now, c.now
@@ -42,7 +47,15 @@ WHERE e.status <> 'completed' AND (
                   AND j.state = 'running'
                   AND j.lease_token = e.token
                   AND j.lease_expires_at > excluded.updated_at))))
-RETURNING e.*;
+RETURNING e.*
+),
+rerun AS (
+    INSERT INTO {schema}.duplicates (key, kind, operation, job_id, token, owner, at)
+    SELECT t.key, 'repeat', %(rerun)s, t.job_id, t.token, t.owner, t.updated_at
+    FROM taken AS t, prior AS p
+    WHERE p.status = 'pending' OR (p.status = 'failed' AND p.error = %(abandoned)s)
+)
+SELECT * FROM taken;
 
 -- name: effect_get
 SELECT * FROM {schema}.effects WHERE key = %(key)s;

@@ -66,7 +66,7 @@ from ..._records import (
     Start,
     by_attempt,
 )
-from .._repairs import ABANDONED
+from .._repairs import ABANDONED, RERUN
 from .._rows import effect_from_row
 from .._sql import load_queries
 from ..base import (
@@ -251,6 +251,8 @@ class SplitLedger(PostgresStore):
             "token": lease.token,
             "owner": lease.owner,
             "now": self._now(),
+            "rerun": RERUN,
+            "abandoned": ABANDONED,
         }
         stale = by_attempt(key, DuplicateKind.STALE, "effect_begin", lease, 0.0)
 

@@ -165,7 +165,10 @@ WHERE job_id = ANY(%(job_ids)s::bigint[]) AND done_token IS NOT NULL;
 -- owner's own commit (its job fence and its effect row commit together, here). The
 -- split ledger decides that case in a later statement (effect_owner_live), under the
 -- key row's lock, which ON CONFLICT … DO UPDATE takes even when its WHERE is false.
-WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now)
+-- A rerun after a run of unknown outcome is recorded as by the PostgreSQL store's.
+WITH clock AS (SELECT {schema}.now_epoch(%(now)s) AS now),
+prior AS (SELECT status, error FROM {schema}.effects WHERE key = %(key)s),
+taken AS (
 INSERT INTO {schema}.effects AS e (key, status, job_id, token, owner, runs, created_at,
                                    updated_at)
 SELECT %(key)s, 'pending', %(job_id)s, %(token)s, %(owner)s, 1, c.now, c.now FROM clock AS c
@@ -177,7 +180,15 @@ WHERE e.status <> 'completed' AND (
        (e.job_id = excluded.job_id AND (
             e.token < excluded.token OR (e.status = 'failed' AND e.token = excluded.token)))
     OR (e.job_id <> excluded.job_id AND e.status = 'failed'))
-RETURNING e.*;
+RETURNING e.*
+),
+rerun AS (
+    INSERT INTO {schema}.duplicates (key, kind, operation, job_id, token, owner, at)
+    SELECT t.key, 'repeat', %(rerun)s, t.job_id, t.token, t.owner, t.updated_at
+    FROM taken AS t, prior AS p
+    WHERE p.status = 'pending' OR (p.status = 'failed' AND p.error = %(abandoned)s)
+)
+SELECT * FROM taken;
 
 -- name: effect_owner_live
 -- Whether the owner of a pending key, another job's attempt, may still be running it:
@@ -191,13 +202,22 @@ WHERE j.job_id = %(job_id)s AND j.token = %(token)s AND j.done_token IS NULL
 
 -- name: effect_take_over
 -- Takes a pending key from another job's attempt that effect_owner_live found gone;
--- the key row is locked by this transaction since effect_take.
+-- the key row is locked by this transaction since effect_take. The run it takes over
+-- has no known outcome: recorded for the audit as a rerun.
+WITH taken AS (
 UPDATE {schema}.effects AS e
 SET status = 'pending', job_id = %(job_id)s, token = %(token)s, owner = %(owner)s,
     runs = e.runs + 1, result = NULL, error = NULL,
     updated_at = {schema}.now_epoch(%(now)s), completed_at = NULL
 WHERE e.key = %(key)s AND e.status = 'pending'
-RETURNING e.*;
+RETURNING e.*
+),
+rerun AS (
+    INSERT INTO {schema}.duplicates (key, kind, operation, job_id, token, owner, at)
+    SELECT t.key, 'repeat', %(rerun)s, t.job_id, t.token, t.owner, t.updated_at
+    FROM taken AS t
+)
+SELECT * FROM taken;
 
 -- name: lease_lost
 -- The broker says this attempt's lease is gone (expired, finished or taken over): its

@@ -24,6 +24,7 @@ from ..._records import (
     Start,
     by_attempt,
 )
+from .._repairs import RERUN, reruns
 from .._rows import duplicate_from_row, effect_from_row
 from .._sql import load_queries
 from ..base import ResourceLease, possible_job_id
@@ -154,10 +155,16 @@ class SQLiteLedger:
                     )
                     return EffectBegin(Start.STALE, None)
                 params = {"key": key, **_lease_params(lease, now)}
+                # Read first: the take overwrites how the key's last run ended.
+                prior = conn.execute(LQ["effect_get"], {"key": key}).fetchone()
                 taken = conn.execute(LQ["effect_take"], params).fetchall()
                 if taken:
+                    if prior is not None and reruns(prior["status"], prior["error"]):
+                        self.record_duplicate(
+                            conn, by_attempt(key, DuplicateKind.REPEAT, RERUN, lease, now)
+                        )
                     return EffectBegin(Start.RUN, effect_from_row(taken[0]))
-                cur = effect_from_row(conn.execute(LQ["effect_get"], {"key": key}).fetchone())
+                cur = effect_from_row(prior)
                 if cur.status is EffectStatus.COMPLETED:
                     self.record_duplicate(
                         conn, by_attempt(key, DuplicateKind.REPEAT, "effect", lease, now)
