@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import re
+import stat
 import tomllib
 import types
 import typing
@@ -478,11 +479,35 @@ _TABLES: dict[str, tuple[type[Any], frozenset[str]]] = {
 }
 
 
+#: The largest config file read (bytes): a settings file is a few hundred.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _read_text(path: Path, shown: str) -> str:
+    """The text of the regular file ``path``, at most :data:`MAX_CONFIG_BYTES`.
+
+    Opened without blocking and checked before it is read: ``/dev/zero`` was read until
+    memory ran out, and a FIFO held the command until something wrote to it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(shown)
+        if not stat.S_ISREG(mode):
+            raise ConfigError("config", f"{shown} is not a regular file, not a TOML file")
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            "config", f"{shown} is larger than {MAX_CONFIG_BYTES:,} bytes: not a settings file"
+        )
+    return data.decode("utf-8")
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
     """The parsed file, or :class:`ConfigError` naming it and why it cannot be read."""
     shown = repr(str(path))
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_text(path, shown)
     except FileNotFoundError:
         raise ConfigError("config", f"file {shown} does not exist") from None
     except IsADirectoryError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -56,14 +57,40 @@ def test_a_file_that_may_not_be_read_is_a_config_error(
 ) -> None:
     """A file the process may not read (permissions) raised PermissionError."""
     path = _toml(tmp_path, "[tokenline]\n")
+    real_open = os.open
 
-    def refuse(self: Path, *args: object, **kwargs: object) -> str:
-        raise PermissionError(13, "Permission denied", str(self))
+    def refuse(name: Any, *args: Any, **kwargs: Any) -> int:
+        if str(name) == str(path):
+            raise PermissionError(13, "Permission denied", str(name))
+        return real_open(name, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_text", refuse)
+    monkeypatch.setattr(os, "open", refuse)
     err = _refused(path)
     assert err.setting == "config"
     assert "cannot be read: Permission denied" in err.reason
+
+
+def test_a_device_is_refused_not_read_until_memory_runs_out() -> None:
+    """`--config /dev/zero` read zeros until the process ran out of memory (a
+    traceback under a memory limit). Anything but a regular file is refused."""
+    err = _refused(Path("/dev/zero"))
+    assert err.setting == "config"
+    assert "not a regular file" in err.reason
+
+
+def test_a_fifo_is_refused_at_once_not_waited_on(tmp_path: Path) -> None:
+    """`--config` naming a FIFO held the command until something wrote to it."""
+    fifo = tmp_path / "c.toml"
+    os.mkfifo(fifo)
+    err = _refused(fifo)  # returns: the open does not wait for a writer
+    assert "not a regular file" in err.reason
+
+
+def test_a_file_too_large_for_settings_is_refused(tmp_path: Path) -> None:
+    """A settings file is a few hundred bytes: past a megabyte it is not one."""
+    path = _toml(tmp_path, "[tokenline]\n" + "# filler\n" * 200_000)
+    err = _refused(path)
+    assert "larger than 1,048,576 bytes" in err.reason
 
 
 def test_toml_nested_too_deeply_is_a_config_error(tmp_path: Path) -> None:
