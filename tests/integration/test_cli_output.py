@@ -219,6 +219,28 @@ def test_square_brackets_in_job_data_print_as_written(url: str) -> None:
     assert "w-[1]" in out
 
 
+def test_a_line_break_in_a_stored_error_cannot_forge_a_line_of_the_job_view(
+    tmp_path: Path,
+) -> None:
+    """A handler's error holding a line break printed, in `tokenline job ID`, a second
+    line of the handler's choosing under "last error", one that read as tokenline's own.
+    The break is written as \\x0a, as in the listings and the logs."""
+    u = f"sqlite:///{tmp_path / 'forged.db'}"
+    app = task_app(u)
+    forged = "boom\n2026-12-05 10:00:00 INFO tokenline.worker: job 1 succeeded"
+
+    async def seed(store: Store) -> None:
+        await store.jobs_enqueue(jobs=[app.build_job("report", ["x"])])
+        (c,) = await store.jobs_claim(owner="w-1", queues=["billing"], limit=1, ttl=30)
+        await store.job_dead(lease=c.lease, error=forged)
+
+    store_run(u, seed)
+    code, out = cli("job", "--url", u, "1", env={**PIPED, "COLUMNS": "300"})
+    assert code == 0, out
+    assert not any(line.startswith("2026-12-05") for line in out.splitlines()), out
+    assert "last error boom\\x0a2026-12-05 10:00:00 INFO tokenline.worker" in out
+
+
 def test_an_error_quoting_user_input_prints_it_as_written() -> None:
     """An error that quotes what the user typed shows it whole, markup-like text and
     all."""

@@ -15,6 +15,7 @@ import click
 from rich.markup import escape
 
 from .._jobs import Attempt, Job, JobState, QueueStats, StaleCommit, WorkerRecord
+from .._logging import printable
 from .._records import Duplicate, EffectRecord
 from ..health import alive, live, worker_state
 from ..stores import Store
@@ -412,7 +413,10 @@ def _attempt_line(j: Job, earlier: int) -> str:
 
 def _show_job(j: Job, attempts: list[Attempt], effects: list[Any], dups: list[Any]) -> None:
     def e(value: object) -> str:
-        return escape(bytes_text(value) if isinstance(value, bytes) else str(value))
+        # A stored line break (a handler's error says what it likes) would start a line
+        # of its own here, one that reads as tokenline's: written as \x0a, as in logs.
+        text = bytes_text(value) if isinstance(value, bytes) else str(value)
+        return escape(printable(text, newlines=False))
 
     earlier = earlier_attempts(j, attempts)
     console.print(
