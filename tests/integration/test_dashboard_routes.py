@@ -434,6 +434,19 @@ async def test_a_read_only_dashboard_refuses_every_action_and_says_how_to_enable
     assert await fingerprint(state.url) == before
 
 
+async def test_a_confirmation_url_giving_a_field_twice_is_refused(
+    client: httpx.AsyncClient, state: State
+) -> None:
+    """`GET /actions/retry-job?job=1&job=2` showed "Retry dead job 2" and carried 2 on,
+    where a log or a link's reader sees 1. It answers 400 naming the field, as the
+    form itself does."""
+    answer = await client.get(f"/actions/retry-job?job={state.dead}&job={state.dead + 1}")
+    assert answer.status_code == 400, answer.text
+    assert "the URL gives &#39;job&#39; more than once" in answer.text
+    once = await client.get(f"/actions/retry-job?job={state.dead}")
+    assert once.status_code == 200, once.text
+
+
 @pytest.mark.parametrize("field", ["queue", "csrf", "operator_token"])
 async def test_a_form_giving_a_field_twice_is_refused(
     client: httpx.AsyncClient, state: State, field: str

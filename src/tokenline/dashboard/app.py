@@ -15,6 +15,7 @@ be read; each with a readable page.
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -279,6 +280,11 @@ async def confirm(dash: _Dashboard, request: Request) -> Response:
     action = _action(dash, request)
     if isinstance(action, Response):
         return action
+    why = _given_twice(request.query_params.multi_items(), "URL")
+    if why is not None:
+        # The confirmation would name one value and the form carry it on: neither is
+        # the server's to guess, as for the form itself.
+        return dash.problem(request, 400, "Bad request", why)
     try:
         params = parse(action, request.query_params)
     except BadInput as exc:
@@ -290,6 +296,16 @@ async def confirm(dash: _Dashboard, request: Request) -> Response:
         "csrf": dash.guard.csrf_token,
     }
     return dash.page(request, "confirm.html", context)
+
+
+def _given_twice(items: Iterable[tuple[str, object]], where: str) -> str | None:
+    """What is wrong when a field appears more than once in ``items`` (a form's or a
+    URL's): which of two values counts would be the server's guess, so none does."""
+    counts = collections.Counter(k for k, _ in items)
+    repeated = sorted(k for k, n in counts.items() if n > 1)
+    if not repeated:
+        return None
+    return f"the {where} gives {', '.join(map(repr, repeated))} more than once"
 
 
 def _client(request: Request) -> str:
@@ -337,12 +353,10 @@ async def act(dash: _Dashboard, request: Request) -> Response:
     form: dict[str, str] = {}
     if refusal is None:
         raw = await request.form()
-        repeated = sorted({k for k in raw if len(raw.getlist(k)) > 1})
-        if repeated:
-            # Which of two values would count is the server's guess: none does.
-            why = f"the form gives {', '.join(map(repr, repeated))} more than once"
-            logger.warning("action %s by %s refused: %s", action.name, who, why)
-            return dash.problem(request, 400, "Bad request", why)
+        twice = _given_twice(raw.multi_items(), "form")
+        if twice is not None:
+            logger.warning("action %s by %s refused: %s", action.name, who, twice)
+            return dash.problem(request, 400, "Bad request", twice)
         form = {k: v for k, v in raw.items() if isinstance(v, str)}
         refusal = dash.guard.check_csrf(form.get("csrf"))
     if refusal is None:
