@@ -258,3 +258,43 @@ def test_a_second_sigterm_as_the_worker_exits_leaves_a_clean_exit(
     done = _stop_worker_after(tmp_path, url, jid, gap)
     assert done.returncode == 0, (done.stdout, done.stderr)
     assert "worker stopped" in done.stdout, (done.stdout, done.stderr)
+
+
+STOPPER_MODULE = """
+import asyncio
+
+from tokenline import App
+
+app = App({url!r})
+
+
+@app.task(name="shop.stop")
+async def stop(ctx):
+    asyncio.get_running_loop().stop()
+
+
+@app.task(name="shop.bill")
+def bill(ctx, n):
+    return n
+"""
+
+
+def test_a_handler_that_stops_the_event_loop_does_not_end_the_worker(tmp_path: Path) -> None:
+    """An async handler calling loop.stop() ended the worker with a traceback ("Event
+    loop stopped before Future completed"), its other jobs held until their leases
+    expired. The worker now runs on, says so, runs the jobs after it and stops cleanly."""
+    url = f"sqlite:///{tmp_path / 'stop.db'}"
+    (tmp_path / "appmod.py").write_text(textwrap.dedent(STOPPER_MODULE.format(url=url)))
+    app = App(url)
+    app.task(name="shop.stop")(lambda ctx: None)
+    app.task(name="shop.bill")(lambda ctx, n: n)
+    app.enqueue("shop.stop")
+    ids = [app.enqueue("shop.bill", [n]) for n in range(3)]
+    app.close()
+
+    done = _run_worker_until(tmp_path, url, ids[-1], "--poll-interval", "0.2")
+    assert done.returncode == 0, done.stderr
+    assert "a job's handler stopped the event loop" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert all(_job_state(url, jid) is JobState.SUCCEEDED for jid in ids)
+    assert "worker stopped: started 4 jobs: 4 succeeded" in done.stdout

@@ -54,7 +54,7 @@ def run_worker(
     with contextlib.ExitStack() as stack:
         if metrics_port is not None:
             stack.enter_context(_metrics(worker, metrics_port, metrics_host))
-        asyncio.run(worker.run(install_signal_handlers=True))
+        _run_on_through_stops(worker)
     if worker.sync_handlers_running:
         logging.getLogger("tokenline.worker").warning(
             "worker %s: exiting with sync handlers still running (their jobs were given "
@@ -66,6 +66,28 @@ def run_worker(
         sys.stderr.flush()
         os._exit(0)
     return worker.counters
+
+
+def _run_on_through_stops(worker: Worker) -> None:
+    """Run ``worker`` on an event loop of its own until it stops, as ``asyncio.run``
+    would, but not end it when a job's handler stops the loop (``loop.stop()``): the
+    process exited with a traceback, its other jobs held until their leases expired and
+    its maintenance lease with them. The loop runs on, and the worker says so."""
+    with asyncio.Runner() as runner:
+        loop = runner.get_loop()
+        task = loop.create_task(worker.run(install_signal_handlers=True))
+        while True:
+            try:
+                loop.run_until_complete(task)
+                return
+            except RuntimeError:
+                if task.done():  # the worker's own error, not a stopped loop
+                    raise
+                logging.getLogger("tokenline.worker").error(
+                    "worker %s: a job's handler stopped the event loop (loop.stop()); "
+                    "the worker runs on. A handler must not stop the loop it runs on",
+                    worker.id,
+                )
 
 
 @contextlib.contextmanager
