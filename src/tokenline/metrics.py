@@ -427,7 +427,7 @@ async def _read(store: Store, since: float | None) -> _Reading:
     depth = await store.jobs_depth()
     queues = await store.queues_stats()
     workers = await store.workers_list()
-    running = await store.jobs_list(state=JobState.RUNNING, limit=_RUNNING_LIMIT)
+    running = await store.jobs_list(state=JobState.RUNNING, limit=_RUNNING_LIMIT, args_limit=0)
     # After the rows it ages: read first, on a slow link it dated them before they
     # were read (negative ages, leases not yet expired that had).
     now = await store.store_time()

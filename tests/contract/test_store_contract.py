@@ -50,6 +50,22 @@ async def test_enqueue_many_is_all_or_nothing_and_empty_is_noop(store: Any) -> N
     assert await store.jobs_list() == []
 
 
+async def test_a_listing_may_ask_each_jobs_arguments_cut(store: Any) -> None:
+    """Listings that show no arguments read each job's whole payload: eight dashboard
+    requests for a queue of 30 MB jobs held 4.8 GB. A listing asks them cut to what it
+    shows, never half a character; without a limit they are whole."""
+    big = '["' + "é" * 3000 + '"]'
+    (jid,) = await store.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args=big)])
+    (whole,) = await store.jobs_list()
+    assert whole.args == big
+    (none,) = await store.jobs_list(args_limit=0)
+    assert (none.id, none.args, none.task) == (jid, "", "t")
+    (cut,) = await store.jobs_list(args_limit=101)
+    assert 0 < len(cut.args) <= 101
+    assert big.startswith(cut.args)
+    assert (await store.job_get(job_id=jid)).args == big  # nothing stored was changed
+
+
 @pytest.mark.parametrize("size", [2, 100])
 async def test_whole_and_fractional_seconds_mix_in_one_batch(store: Any, size: int) -> None:
     """Seconds given as ``int`` beside ``float`` in one batch (a task's ``timeout=30``

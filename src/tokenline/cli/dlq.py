@@ -57,7 +57,9 @@ def dlq_list(
     with reporting_errors():
         items = with_store(
             resolve_app(app_spec, url, existing=True, ledger=False),
-            lambda s: s.jobs_list(state=JobState.DEAD, queue=queue, limit=limit),
+            lambda s: s.jobs_list(
+                state=JobState.DEAD, queue=queue, limit=limit, args_limit=None if as_json else 0
+            ),
             ledger=False,
         )
     if as_json:
@@ -72,7 +74,8 @@ async def _sort_out(
     """The dead jobs among ``ids`` (every dead job with ``take_all``), and each other id
     with the reason it cannot be acted on."""
     if take_all:
-        return [j.id for j in await store.jobs_list(state=JobState.DEAD, limit=1_000_000)], []
+        listed = await store.jobs_list(state=JobState.DEAD, limit=1_000_000, args_limit=0)
+        return [j.id for j in listed], []
     dead: list[int] = []
     refused: list[tuple[int, str]] = []
     for jid in dict.fromkeys(ids):  # each id once, in the order given

@@ -384,7 +384,11 @@ def jobs(
         items = with_store(
             resolve_app(app_spec, url, existing=True, ledger=False),
             lambda s: s.jobs_list(
-                state=JobState(state) if state else None, queue=queue, limit=limit
+                state=JobState(state) if state else None,
+                queue=queue,
+                limit=limit,
+                # The table shows no arguments; --json shows them whole.
+                args_limit=None if as_json else 0,
             ),
             ledger=False,
         )

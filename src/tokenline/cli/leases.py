@@ -49,7 +49,7 @@ class _JobLease:
 
 
 async def _job_leases(store: Store, limit: int) -> list[_JobLease]:
-    running = await store.jobs_list(state=JobState.RUNNING, limit=limit)
+    running = await store.jobs_list(state=JobState.RUNNING, limit=limit, args_limit=0)
 
     async def claimed_at(job: Job) -> float | None:
         try:

@@ -189,7 +189,7 @@ async def queue_view(dash: _Dashboard, request: Request) -> Response:
         return dash.problem(request, 400, "Not a queue name", str(exc))
     async with data.opened(dash.app) as store:
         stats = [s for s in await store.queues_stats() if s.queue == name]
-        jobs = await store.jobs_list(queue=name, limit=50)
+        jobs = await store.jobs_list(queue=name, limit=50, args_limit=0)
     if not stats and not jobs:
         return dash.problem(request, 404, "No such queue", f"no queue named {name!r} has jobs")
     row = data.queue_row(stats[0]) if stats else None
@@ -225,7 +225,7 @@ async def worker_view(dash: _Dashboard, request: Request) -> Response:
         found = [w for w in await store.workers_list() if w.id == wid]
         if not found:
             return dash.problem(request, 404, "No such worker", f"no worker has id {wid!r}")
-        running = await store.jobs_list(state=JobState.RUNNING, limit=1000)
+        running = await store.jobs_list(state=JobState.RUNNING, limit=1000, args_limit=0)
         now = await store.store_time()  # after the rows it ages (a slow link)
     w = found[0]
     held = [j for j in running if j.lease_owner == wid]
@@ -236,7 +236,7 @@ async def worker_view(dash: _Dashboard, request: Request) -> Response:
 async def leases_view(dash: _Dashboard, request: Request) -> Response:
     """Job leases (running jobs) and resource leases, by the store's clock."""
     async with data.opened(dash.app) as store:
-        running = await store.jobs_list(state=JobState.RUNNING, limit=1000)
+        running = await store.jobs_list(state=JobState.RUNNING, limit=1000, args_limit=0)
         named = await store.resource_leases_list()
         now = await store.store_time()  # after the rows it ages (a slow link)
     context = {"now": now, "running": running, "named": named}
@@ -246,7 +246,7 @@ async def leases_view(dash: _Dashboard, request: Request) -> Response:
 async def dlq_view(dash: _Dashboard, request: Request) -> Response:
     """Dead jobs, newest first, with their reasons."""
     async with data.opened(dash.app) as store:
-        dead = await store.jobs_list(state=JobState.DEAD, limit=200)
+        dead = await store.jobs_list(state=JobState.DEAD, limit=200, args_limit=0)
     return dash.page(request, "dlq.html", {"dead": dead}, refresh=True)
 
 

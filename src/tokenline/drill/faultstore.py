@@ -397,11 +397,19 @@ class FaultStore(Store):
         return await self._run("job_get", lambda: self.inner.job_get(job_id=job_id))
 
     async def jobs_list(
-        self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
+        self,
+        *,
+        state: JobState | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        args_limit: int | None = None,
     ) -> list[Job]:
         """The inner store's, with the broker role's faults."""
         return await self._run(
-            "jobs_list", lambda: self.inner.jobs_list(state=state, queue=queue, limit=limit)
+            "jobs_list",
+            lambda: self.inner.jobs_list(
+                state=state, queue=queue, limit=limit, args_limit=args_limit
+            ),
         )
 
     async def job_attempts(self, *, job_id: int) -> list[Attempt]:

@@ -417,8 +417,14 @@ class Broker(abc.ABC):
         state: JobState | None = None,
         queue: str | None = None,
         limit: int = 100,
+        args_limit: int | None = None,
     ) -> list[Job]:
-        """Jobs filtered by state and queue, newest first."""
+        """Jobs filtered by state and queue, newest first.
+
+        ``args_limit``: each job's ``args`` cut to at most that many characters (0: none
+        of them), for a listing that does not show them whole: a payload may be
+        megabytes, and a listing of many read whole held as many in memory. ``None``:
+        whole."""
 
     @abc.abstractmethod
     async def job_attempts(self, *, job_id: int) -> list[Attempt]:

@@ -346,16 +346,24 @@ class MemoryStore(MemoryMaintenance, MemoryRetention, MemoryLedger, Store):
                 raise JobNotFoundError(f"no job with id {job_id}") from None
 
     async def jobs_list(
-        self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
+        self,
+        *,
+        state: JobState | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        args_limit: int | None = None,
     ) -> list[Job]:
-        """Jobs filtered by state and queue, newest first."""
+        """Jobs filtered by state and queue, newest first (``args`` cut to ``args_limit``)."""
         with self._lock:
             jobs = [
                 j
                 for j in self._jobs.values()
                 if (state is None or j.state is state) and (queue is None or j.queue == queue)
             ]
-            return sorted(jobs, key=lambda j: -j.id)[:limit]
+            listed = sorted(jobs, key=lambda j: -j.id)[:limit]
+        if args_limit is None:
+            return listed
+        return [dataclasses.replace(j, args=j.args[:args_limit]) for j in listed]
 
     async def job_attempts(self, *, job_id: int) -> list[Attempt]:
         """Attempts of the job, oldest first."""

@@ -589,7 +589,15 @@ ORDER BY j.queue, j.task, depth_state;
 SELECT * FROM {schema}.jobs WHERE id = %(job_id)s;
 
 -- name: jobs_list
-SELECT * FROM {schema}.jobs
+-- Every column of a job but args, which a listing that does not show it whole asks cut
+-- (%(args_limit)s characters; NULL: whole): a payload may be megabytes.
+SELECT id, queue, task,
+       CASE WHEN %(args_limit)s::integer IS NULL THEN args
+            ELSE left(args, %(args_limit)s::integer) END AS args,
+       idempotency_key, priority, run_at, attempt, max_attempts, state, lease_owner,
+       lease_token, lease_expires_at, last_error, error_class, created_at, updated_at,
+       finished_at, timeout, lease_expiries, max_lease_expiries
+FROM {schema}.jobs
 WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
 ORDER BY id DESC

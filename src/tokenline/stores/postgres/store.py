@@ -1277,10 +1277,20 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         return job_from_row(rows[0])
 
     async def jobs_list(
-        self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
+        self,
+        *,
+        state: JobState | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        args_limit: int | None = None,
     ) -> list[Job]:
-        """Jobs filtered by state and queue, newest first."""
-        params = {"state": state.value if state else None, "queue": queue, "limit": limit}
+        """Jobs filtered by state and queue, newest first (``args`` cut to ``args_limit``)."""
+        params = {
+            "state": state.value if state else None,
+            "queue": queue,
+            "limit": limit,
+            "args_limit": args_limit,
+        }
         return [job_from_row(r) for r in await self._rows(self._q("jobs_list"), params)]
 
     async def job_attempts(self, *, job_id: int) -> list[Attempt]:

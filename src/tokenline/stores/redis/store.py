@@ -662,12 +662,18 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
             ) from None
 
     async def jobs_list(
-        self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
+        self,
+        *,
+        state: JobState | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        args_limit: int | None = None,
     ) -> list[Job]:
-        """Jobs filtered by state and queue, newest first."""
+        """Jobs filtered by state and queue, newest first (``args`` cut to ``args_limit``)."""
+        cut = "" if args_limit is None else args_limit
         out = await self._run(
             "inspect",
-            [self._now(), "list", "" if state is None else state.value, queue or "", limit],
+            [self._now(), "list", "" if state is None else state.value, queue or "", limit, cut],
         )
         jobs = []
         for i in range(1, len(out), 2):

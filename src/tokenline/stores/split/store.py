@@ -432,10 +432,17 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
         return await self.redis.job_get(job_id=job_id)
 
     async def jobs_list(
-        self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
+        self,
+        *,
+        state: JobState | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        args_limit: int | None = None,
     ) -> list[Job]:
         """Jobs from Redis."""
-        return await self.redis.jobs_list(state=state, queue=queue, limit=limit)
+        return await self.redis.jobs_list(
+            state=state, queue=queue, limit=limit, args_limit=args_limit
+        )
 
     async def job_attempts(self, *, job_id: int) -> list[Attempt]:
         """Attempts from Redis."""

@@ -289,7 +289,15 @@ LEFT JOIN coord.job_leases AS l
 WHERE j.id = :job_id;
 
 -- name: jobs_list
-SELECT j.*, l.expires_at AS live_expires_at
+-- Every column of a job but args, which a listing that does not show it whole asks cut
+-- (:args_limit characters; NULL: whole): a payload may be megabytes.
+SELECT j.id, j.queue, j.task,
+       CASE WHEN :args_limit IS NULL THEN j.args ELSE substr(j.args, 1, :args_limit) END
+           AS args,
+       j.idempotency_key, j.priority, j.run_at, j.attempt, j.max_attempts, j.state,
+       j.lease_owner, j.lease_token, j.lease_expires_at, j.last_error, j.error_class,
+       j.created_at, j.updated_at, j.finished_at, j.timeout, j.lease_expiries,
+       j.max_lease_expiries, l.expires_at AS live_expires_at
 FROM tokenline_jobs AS j
 LEFT JOIN coord.job_leases AS l
        ON l.job_id = j.id AND l.token = j.lease_token AND j.state = 'running'

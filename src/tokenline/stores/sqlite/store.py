@@ -1226,10 +1226,20 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         return _job(row)
 
     async def jobs_list(
-        self, *, state: JobState | None = None, queue: str | None = None, limit: int = 100
+        self,
+        *,
+        state: JobState | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        args_limit: int | None = None,
     ) -> list[Job]:
-        """Jobs filtered by state and queue, newest first."""
-        params = {"state": state.value if state else None, "queue": queue, "limit": limit}
+        """Jobs filtered by state and queue, newest first (``args`` cut to ``args_limit``)."""
+        params = {
+            "state": state.value if state else None,
+            "queue": queue,
+            "limit": limit,
+            "args_limit": args_limit,
+        }
         rows = await self._call(lambda c: c.execute(Q["jobs_list"], params).fetchall())
         return [_job(r) for r in rows]
 

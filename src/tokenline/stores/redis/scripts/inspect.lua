@@ -9,9 +9,10 @@
 --          runnable run_at ('' = none)}
 --   depth: returns {now, per queue and task: "<queue>\t<task>", runnable, scheduled,
 --          running}
---   list:  ARGV[3] state ('' = any), ARGV[4] queue ('' = any), ARGV[5] limit;
---          returns {now, then 2 per job, newest first: its id, its hash's flat field
---          list}. A job the index names whose hash is missing comes with an empty
+--   list:  ARGV[3] state ('' = any), ARGV[4] queue ('' = any), ARGV[5] limit,
+--          ARGV[6] the most bytes of args to return ('' = all; cut at a character's
+--          start, a payload may be megabytes); returns {now, then 2 per job, newest
+--          first: its id, its hash's flat field list}. A job the index names whose hash is missing comes with an empty
 --          list (with any queue asked for), so that the caller can name it; a
 --          malformed hash comes as it is: the caller checks every field.
 local now = now_of(ARGV[1])
@@ -41,6 +42,7 @@ elseif what == 'depth' then
   end
 elseif what == 'list' then
   local state, queue, limit = ARGV[3], ARGV[4], tonumber(ARGV[5])
+  local cut = tonumber(ARGV[6] or '')
   local index = P .. 'all'
   if state ~= '' then index = P .. 'st:' .. state end
   local start = 0
@@ -52,6 +54,19 @@ elseif what == 'list' then
       local h = redis.call('HGETALL', job_key(id))
       local q = redis.call('HGET', job_key(id), 'queue')
       if found < limit and (queue == '' or q == queue or #h == 0) then
+        if cut ~= nil then
+          for i = 1, #h - 1, 2 do
+            if h[i] == 'args' and #h[i + 1] > cut then
+              -- Back to the start of a UTF-8 character: never half of one.
+              local n = cut
+              while n > 0 and string.byte(h[i + 1], n + 1) >= 0x80
+                  and string.byte(h[i + 1], n + 1) < 0xC0 do
+                n = n - 1
+              end
+              h[i + 1] = string.sub(h[i + 1], 1, n)
+            end
+          end
+        end
         table.insert(out, id)
         table.insert(out, h)
         found = found + 1
