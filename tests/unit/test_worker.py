@@ -1057,6 +1057,40 @@ async def test_the_sync_dependency_call_in_an_async_handler_names_call_async(
     assert "await ctx.dependency('psp').call_async(...)" in (job.last_error or "")
 
 
+async def test_a_job_that_stalls_its_worker_each_time_takes_no_other_job_to_the_dlq(
+    app: App, store: Store
+) -> None:
+    """An async handler that blocked the loop past the lease, each time: every job
+    claimed with it lost its lease with it, each time, and all went to the dead-letter
+    queue, though none of them had run. A job one lost lease from the dead-letter queue
+    now runs alone: only the staller goes there, and the others run."""
+    ran: list[int] = []
+
+    @app.task(name="t.staller")
+    async def staller(ctx: JobContext) -> None:
+        time.sleep(1.0)  # noqa: ASYNC251 - the blocking call under test: past the lease
+
+    @app.task(name="t.innocent")
+    def innocent(ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    bad = await app.enqueue_async("t.staller", store=store)
+    good = [await app.enqueue_async("t.innocent", store=store) for _ in range(3)]
+    worker = Worker(app, dataclasses.replace(FAST, prefetch=0))
+    async with running(worker):
+        dead = await asyncio.wait_for(job_in(store, bad, JobState.DEAD), 60)
+        done = [
+            await asyncio.wait_for(job_in(store, j, JobState.SUCCEEDED, JobState.DEAD), 60)
+            for j in good
+        ]
+    assert [j.state for j in done] == [JobState.SUCCEEDED] * 3, [j.last_error for j in done]
+    assert dead.lease_expiries == dead.max_lease_expiries
+    assert "lost its lease" in (dead.last_error or "")
+    assert sorted(set(ran)) == good
+    # Claimed beside the staller, they lost leases with it, but never their last.
+    assert all(0 < j.lease_expiries < j.max_lease_expiries for j in done), done
+
+
 async def test_an_async_handler_step_that_holds_the_loop_is_logged_and_counted(
     app: App, store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -244,6 +244,9 @@ class Worker:
         self._waiting: deque[Slot] = deque()
         #: Handlers running now: started and not yet returned.
         self._handlers = 0
+        #: A job whose earlier attempt lost its lease, running (or waiting to run) with no
+        #: other job beside it on this worker; nothing is claimed meanwhile (see take).
+        self._alone: Slot | None = None
         #: Handler run times, which ``prefetch = "auto"`` follows.
         self._run_times = RunTimes()
         self._fencing = False
@@ -699,6 +702,8 @@ class Worker:
         ``probe``: a claim of the fetch loop while it drains for failed claims alone."""
         if not (self.state.may_fetch or probe) or self._stop_requested or self._fencing:
             return 0
+        if self._alone is not None:
+            return 0  # a job runs alone: nothing joins it
         in_flight = len(self._slots) - freeing + self._claiming
         # Prefetch rides only on a batch of finishes: the fetch loop claims for free
         # slots, so a long job never has the worker claim and give back over and over.
@@ -766,6 +771,9 @@ class Worker:
             claimed, sent_at = await self._refreshed(claimed)
         if claimed and self._may_start() and self._board.active:
             claimed = await self._defer_held_back(claimed)
+        alone: ClaimedJob | None = None
+        if claimed and self._may_start():
+            claimed, alone = await self._isolate_suspect(claimed)
         if claimed and not self._may_start():
             # The worker fenced or began draining while the claim, or the renewal or
             # deferral above, was in flight: asked after the last await, with no await
@@ -773,7 +781,41 @@ class Worker:
             await self._release_unstarted(claimed)
             return
         for c in claimed:
-            self._start(c, sent_at)
+            self._start(c, sent_at, alone=c is alone)
+
+    async def _isolate_suspect(
+        self, claimed: list[ClaimedJob]
+    ) -> tuple[list[ClaimedJob], ClaimedJob | None]:
+        """Of a claim holding a job one lost lease from the dead-letter queue (see
+        :func:`runs_alone`), keep that job alone, and give back unrun the rest and the
+        jobs prefetched here: every job in flight on a worker that a job stalls (an
+        async handler that blocks the loop past the lease) or kills loses its lease with
+        it, and a job that did that each time took the jobs claimed with it each time to
+        the dead-letter queue, unrun. Alone, its last lease can be lost only by its own
+        doing. It starts once the handlers running here have returned (its lease renewed
+        meanwhile); nothing is claimed until it is over. A claim answered while such a
+        job is here goes back whole. Returns the jobs to start and that job among them
+        (``None``: none)."""
+        if self._alone is not None:
+            # Claimed before the gate closed (a claim in flight beside the one that
+            # brought the job that runs alone): none of them joins it.
+            await self._release_unstarted(
+                claimed, f"given back unrun: job {self._alone.claimed.job.id} runs alone here"
+            )
+            return [], None
+        suspect = next((c for c in claimed if runs_alone(c.job)), None)
+        if suspect is None:
+            return claimed, None
+        others = [c for c in claimed if c is not suspect]
+        why = (
+            f"given back unrun: job {suspect.job.id}, one lost lease from the dead-letter "
+            "queue, runs alone first"
+        )
+        if others:
+            await self._release_unstarted(others, why)
+        if self._waiting:
+            await self._give_back(list(self._waiting), why)
+        return [suspect], suspect
 
     def _may_start(self) -> bool:
         """Jobs may start now: the worker fetches, is not stopping and not fencing."""
@@ -797,11 +839,10 @@ class Worker:
         ]
         return kept, sent_at
 
-    async def _release_unstarted(self, claimed: list[ClaimedJob]) -> None:
-        finishes = [
-            Finish(c.lease, Outcome.RELEASE, 0.0, "worker stopped fetching", "coordination")
-            for c in claimed
-        ]
+    async def _release_unstarted(
+        self, claimed: list[ClaimedJob], why: str = "worker stopped fetching"
+    ) -> None:
+        finishes = [Finish(c.lease, Outcome.RELEASE, 0.0, why, "coordination") for c in claimed]
         try:
             results = await self.store.jobs_finish(finishes=finishes)
         except StoreError as exc:
@@ -858,9 +899,16 @@ class Worker:
             )
         return run
 
-    def _start(self, claimed: ClaimedJob, sent_at: float) -> None:
+    def _start(self, claimed: ClaimedJob, sent_at: float, *, alone: bool = False) -> None:
         slot = Slot(claimed=claimed, lease=claimed.lease, valid_until=self._valid_until(sent_at))
         self._slots[(claimed.job.id, claimed.lease.token)] = slot
+        if alone:
+            self._alone = slot
+            if self._handlers and self.state.may_fetch:
+                # Handlers still run here: it waits, under its lease, for them to return.
+                slot.waiting_since = self.clock.monotonic()
+                self._waiting.append(slot)
+                return
         if not self.state.may_fetch or (
             self.settings.prefetch != 0 and (self._waiting or self._handlers >= self._run_limit())
         ):
@@ -883,6 +931,16 @@ class Worker:
         rate or a store failing, FENCED) starts none: its waiting jobs go back when
         their patience runs out, or at the drain, as every prefetched job does."""
         if not self.state.may_fetch:
+            return
+        alone = self._alone
+        if alone is not None:
+            # It starts once no other handler runs here, and nothing starts beside it.
+            if alone.waiting_since is not None and not self._handlers:
+                with contextlib.suppress(ValueError):
+                    self._waiting.remove(alone)
+                alone.waiting_since = None
+                if alone.cancel_reason is None:
+                    self._launch(alone)
             return
         while self._waiting and self._handlers < self._run_limit():
             slot = self._waiting.popleft()
@@ -980,6 +1038,8 @@ class Worker:
         key = (slot.claimed.job.id, slot.claimed.lease.token)
         if self._slots.get(key) is slot:
             del self._slots[key]
+        if self._alone is slot:
+            self._alone = None
         if not slot.cancelled:
             # A ctx kept past its attempt (a thread the handler started, a global) must
             # refuse from now on, as it does once the worker cancelled the attempt.
@@ -1897,7 +1957,11 @@ class Worker:
         next one here while other workers are free."""
         patience = self._patience()
         limit = self.clock.monotonic() - patience
-        overdue = [s for s in self._waiting if (s.waiting_since or 0.0) <= limit]
+        # The job that runs alone waits for the handlers here, not for a slot: it keeps
+        # its place, or it would be claimed and given back over and over meanwhile.
+        overdue = [
+            s for s in self._waiting if (s.waiting_since or 0.0) <= limit and s is not self._alone
+        ]
         if overdue:
             why = f"prefetched job waited {patience:g}s for a slot: not run"
             await self._give_back(overdue, why)
@@ -1954,6 +2018,14 @@ class Worker:
         self.counters.rescued += requeued + dead
         if requeued + dead and events.enabled():
             events.emit(events.JobsRescued(self.id, requeued, dead))
+
+
+def runs_alone(job: Job) -> bool:
+    """Whether ``job`` runs with no other job beside it on its worker: its earlier
+    attempts lost their lease, and one more such loss sends it to the dead-letter
+    queue. Every job in flight on a worker that is killed, stalled or cut off loses its
+    lease together; alone, a job's last one can be lost only by its own doing."""
+    return job.lease_expiries >= max(1, job.max_lease_expiries - 1)
 
 
 def _not_awaited(calls: list[str]) -> str | None:
