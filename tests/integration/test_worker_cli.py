@@ -298,3 +298,110 @@ def test_a_handler_that_stops_the_event_loop_does_not_end_the_worker(tmp_path: P
     assert "Traceback" not in done.stderr
     assert all(_job_state(url, jid) is JobState.SUCCEEDED for jid in ids)
     assert "worker stopped: started 4 jobs: 4 succeeded" in done.stdout
+
+
+FORKER_MODULE = """
+import os
+import time
+
+from tokenline import App
+
+app = App({url!r})
+
+
+@app.task(name="shop.fork_returns")
+def fork_returns(ctx):
+    pid = os.fork()
+    if pid == 0:
+        with open({returned!r}, "w") as f:
+            f.write(str(os.getpid()))
+    return None
+
+
+@app.task(name="shop.fork_sleeps")
+def fork_sleeps(ctx):
+    pid = os.fork()
+    if pid == 0:
+        with open({sleeping!r}, "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(120)
+        os._exit(0)
+    return None
+
+
+@app.task(name="shop.bill")
+def bill(ctx, n):
+    return n
+"""
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (gone, or a zombie its parent has not reaped yet)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "State:\tZ" in status
+
+
+def _wait_for_file(path: Path) -> int:
+    deadline = time.monotonic() + DEADLINE
+    while not (path.exists() and path.read_text()):
+        assert time.monotonic() < deadline, f"{path} never written"
+        time.sleep(0.05)
+    return int(path.read_text())
+
+
+def test_a_handlers_forked_child_neither_lingers_nor_signals_the_worker(
+    tmp_path: Path,
+) -> None:
+    """A sync handler's forked child that returned from the handler went back into the
+    worker's thread pool and waited there for ever, ignoring SIGTERM; and SIGTERM sent
+    to a forked child woke the worker itself, through the signal pipe they shared, and
+    it began to drain. The child that returns now exits, and a SIGTERM ends a child
+    and no one else."""
+    url = f"sqlite:///{tmp_path / 'fork.db'}"
+    returned, sleeping = tmp_path / "returned.pid", tmp_path / "sleeping.pid"
+    module = FORKER_MODULE.format(url=url, returned=str(returned), sleeping=str(sleeping))
+    (tmp_path / "appmod.py").write_text(textwrap.dedent(module))
+    app = App(url)
+    for name in ("shop.fork_returns", "shop.fork_sleeps"):
+        app.task(name=name)(lambda ctx: None)
+    app.task(name="shop.bill")(lambda ctx, n: n)
+    app.enqueue("shop.fork_returns")
+    app.enqueue("shop.fork_sleeps")
+    app.close()
+
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env.pop("TOKENLINE_URL", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tokenline", "worker", "--app", "appmod:app", "--poll-interval", "0.2"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        child = _wait_for_file(returned)
+        deadline = time.monotonic() + DEADLINE
+        while not _gone(child):
+            assert time.monotonic() < deadline, "the child that returned still runs"
+            time.sleep(0.05)
+        sleeper = _wait_for_file(sleeping)
+        os.kill(sleeper, signal.SIGTERM)
+        deadline = time.monotonic() + DEADLINE
+        while not _gone(sleeper):
+            assert time.monotonic() < deadline, "the sleeping child ignored SIGTERM"
+            time.sleep(0.05)
+        # The worker took no part in the child's signal: it still claims and runs jobs.
+        app = App(url)
+        app.task(name="shop.bill")(lambda ctx, n: n)
+        jid = app.enqueue("shop.bill", [1])
+        app.close()
+        _wait_until_done(url, jid, proc, lambda: str(proc.communicate()))
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=DEADLINE)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert err.count("-> draining") == 1, err  # the SIGTERM sent to the worker, at the end
+    assert "returned into the worker; it exits" in err

@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from .. import events
 from .._config import AUTO, WorkerSettings
@@ -350,6 +350,7 @@ class Worker:
             self._store = self.app.open_store(timeout=self.settings.call_timeout)
         loop = asyncio.get_running_loop()
         if install_signal_handlers:
+            _forget_signals_in_forked_children()
             # Before the store opens: a worker waiting for its store stops when told to.
             # The handlers they replace come back after, not the defaults: a process
             # that ignores these signals while it exits keeps doing so.
@@ -1379,6 +1380,7 @@ class Worker:
         """Run a sync handler on a pool thread, counted while it runs."""
         with self._sync_lock:
             self._sync_running += 1
+        pid = os.getpid()
         try:
             return fn(*args, **kwargs)
         except Exception:
@@ -1390,6 +1392,8 @@ class Worker:
             # are classified like any other failure of the handler.
             raise _RaisedInThread(exc) from exc
         finally:
+            if os.getpid() != pid:
+                _forked_child_returned(fn)
             with self._sync_lock:
                 self._sync_running -= 1
 
@@ -2018,6 +2022,46 @@ class Worker:
         self.counters.rescued += requeued + dead
         if requeued + dead and events.enabled():
             events.emit(events.JobsRescued(self.id, requeued, dead))
+
+
+_FORK_HOOKED = False
+
+
+def _forget_signals_in_forked_children() -> None:
+    """Once per process: a child forked from a worker's process (a handler's
+    ``os.fork``, ``multiprocessing`` with fork) leaves SIGTERM and SIGINT to their
+    defaults and writes no signal to the worker's event loop. It kept the worker's:
+    SIGTERM to the child was ignored by it, and woke the *worker*, which began to drain,
+    through the signal pipe the two shared."""
+    global _FORK_HOOKED
+    if not _FORK_HOOKED:
+        os.register_at_fork(after_in_child=_child_signals)
+        _FORK_HOOKED = True
+
+
+def _child_signals() -> None:
+    for reset in (
+        lambda: signal.set_wakeup_fd(-1),
+        lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL),
+        lambda: signal.signal(signal.SIGINT, signal.default_int_handler),
+    ):
+        with contextlib.suppress(ValueError, OSError):  # each on its own: one failing
+            reset()
+
+
+def _forked_child_returned(fn: Callable[..., object]) -> NoReturn:
+    """A sync handler forked, and the child returned from it into the worker's thread
+    pool, where it would wait for work for ever, a copy of the worker that no signal
+    ends. It exits here."""
+    with contextlib.suppress(Exception):
+        name = getattr(fn, "__qualname__", repr(fn))
+        os.write(
+            2,
+            f"tokenline: a child process forked by the handler {name} returned into the "
+            f"worker; it exits (pid {os.getpid()}). A forked child must end with "
+            "os._exit()\n".encode(),
+        )
+    os._exit(70)
 
 
 def runs_alone(job: Job) -> bool:
