@@ -374,8 +374,9 @@ def test_a_handlers_forked_child_neither_lingers_nor_signals_the_worker(
 
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     env.pop("TOKENLINE_URL", None)
+    command = ["worker", "--app", "appmod:app", "--poll-interval", "0.2"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tokenline", "worker", "--app", "appmod:app", "--poll-interval", "0.2"],
+        [sys.executable, "-m", "tokenline", *command],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -397,7 +398,7 @@ def test_a_handlers_forked_child_neither_lingers_nor_signals_the_worker(
         app.close()
         _wait_until_done(url, jid, proc, lambda: str(proc.communicate()))
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=DEADLINE)
+        _, err = proc.communicate(timeout=DEADLINE)
     finally:
         if proc.poll() is None:
             proc.kill()
