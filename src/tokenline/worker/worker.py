@@ -2040,13 +2040,13 @@ def _forget_signals_in_forked_children() -> None:
 
 
 def _child_signals() -> None:
-    for reset in (
-        lambda: signal.set_wakeup_fd(-1),
-        lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL),
-        lambda: signal.signal(signal.SIGINT, signal.default_int_handler),
-    ):
-        with contextlib.suppress(ValueError, OSError):  # each on its own: one failing
-            reset()
+    # Each on its own: one that fails leaves the others to be done.
+    with contextlib.suppress(ValueError, OSError):
+        signal.set_wakeup_fd(-1)
+    with contextlib.suppress(ValueError, OSError):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    with contextlib.suppress(ValueError, OSError):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _forked_child_returned(fn: Callable[..., object]) -> NoReturn:
