@@ -289,30 +289,59 @@ async def test_a_second_prefix_of_one_ledger_is_not_said_to_have_lost_its_keys(
 
 
 async def test_a_ledger_from_before_the_epochs_prefixes_gains_the_column(
-    split: SplitStore, redis_url: str, postgres_url: str, clock: FakeClock
+    split: SplitStore,
+    redis_server: str,
+    redis_url: str,
+    postgres_url: str,
+    clock: FakeClock,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A ledger made before the epochs named their prefix is brought up to date at
-    open, its epochs kept; the prefix of each epoch taken since is recorded."""
+    open, its epochs kept, the prefix's current one labelled with it. An epoch that
+    names no prefix (the ledger's history, or one an older release's process takes
+    later) could be any prefix's, and is no one's previous: a new prefix on the
+    upgraded ledger is not told its keys were lost, and this prefix's loss still is."""
     schema = split.ledger.schema
     (before,) = await split.ledger._tuples(f"SELECT epoch FROM {schema}.redis_epochs", {})
     await _ddl(postgres_url, f"ALTER TABLE {schema}.redis_epochs DROP COLUMN prefix")
     again = SplitStore(broker=redis_url, ledger=postgres_url, clock=clock)
+    name = f"tl_test_{uuid.uuid4().hex[:12]}"
+    sep = "&" if "?" in redis_server else "?"
+    other = SplitStore(broker=f"{redis_server}{sep}prefix={name}", ledger=postgres_url, clock=clock)
+    client = split.redis._redis()
+
+    def told() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "new identity" in r.getMessage()]
+
     try:
         await again.open()
         rows = await again.ledger._tuples(
             f"SELECT epoch, prefix FROM {schema}.redis_epochs ORDER BY epoch", {}
         )
-        assert rows == [(before[0], None)]
-        client = again.redis._redis()
+        assert rows == [(before[0], again.redis.prefix)]
+        # An older release's process, on a prefix of another server, takes an epoch.
+        await _ddl(
+            postgres_url,
+            f"INSERT INTO {schema}.redis_epochs (replid, epoch, first_seen) "
+            f"VALUES ('elsewhere/abc', nextval('{schema}.redis_epoch_seq'), 0)",
+        )
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="tokenline.store.split"):
+            await other.open()
+            await other.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+        assert told() == [], caplog.text
         keys = [k async for k in client.scan_iter(match=again.redis.prefix + "*")]
         await client.delete(*keys)
-        await again.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
-        rows = await again.ledger._tuples(
-            f"SELECT prefix FROM {schema}.redis_epochs ORDER BY epoch", {}
-        )
-        assert rows == [(None,), (again.redis.prefix,)]
+        with caplog.at_level(logging.WARNING, logger="tokenline.store.split"):
+            await again.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+        (said,) = told()
+        assert "this prefix's keys were lost" in said
     finally:
         await again.close()
+        await other.close()
+        keys = [k async for k in client.scan_iter(match=f"{{{name}}}:*")]
+        if keys:
+            await client.delete(*keys)
 
 
 async def _ddl(url: str, statement: str) -> None:

@@ -244,20 +244,28 @@ LIMIT %(limit)s;
 -- The epoch of a Redis server, by its replication id: a new id gets a number above
 -- every epoch issued before (the sequence never goes back, even across a rollback).
 -- No row only when another session inserted the same id concurrently: ask again.
--- With a new epoch comes the identity whose epoch it follows on the same key prefix
--- (or on one not recorded, taken before the prefix was), so that the change can be told
--- to the operator: NULL for the first epoch of a prefix new to this ledger, whose keys
--- nobody lost, and for an epoch taken before.
+-- With a new epoch comes the identity whose epoch it follows on the same key prefix, so
+-- that the change can be told to the operator: NULL for the first epoch of a prefix new
+-- to this ledger, whose keys nobody lost, and for an epoch taken before. An epoch that
+-- names no prefix (taken before the ledger recorded them, or by a process of an older
+-- release) is no one's previous: it could be any prefix's. The current epoch of a
+-- prefix is labelled with it when it is asked for again (every open does), so that a
+-- prefix's history starts with its first open by this release.
 WITH taken AS (
     INSERT INTO {schema}.redis_epochs (replid, epoch, first_seen, prefix)
     VALUES (%(replid)s, nextval('{schema}.redis_epoch_seq'), {schema}.now_epoch(NULL),
             %(prefix)s)
     ON CONFLICT (replid) DO NOTHING
     RETURNING epoch
+),
+labelled AS (
+    UPDATE {schema}.redis_epochs SET prefix = %(prefix)s
+    WHERE replid = %(replid)s AND prefix IS NULL
+    RETURNING epoch
 )
 SELECT t.epoch,
        (SELECT e.replid FROM {schema}.redis_epochs AS e
-        WHERE e.epoch < t.epoch AND (e.prefix = %(prefix)s OR e.prefix IS NULL)
+        WHERE e.epoch < t.epoch AND e.prefix = %(prefix)s
         ORDER BY e.epoch DESC LIMIT 1) AS previous
 FROM taken AS t
 UNION ALL
