@@ -888,6 +888,43 @@ class _SlowReleases(MemoryStore):
         return await super().jobs_finish(finishes=finishes)
 
 
+class _HeldRegistration(MemoryStore):
+    """Holds a registration, once ``hold`` is set, until ``go`` is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold = False
+        self.held = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def worker_register(self, *, record: Any, ttl: float) -> Any:
+        if self.hold:
+            self.held.set()
+            await self.go.wait()
+        return await super().worker_register(record=record, ttl=ttl)
+
+
+async def test_a_stop_while_a_fenced_worker_registers_again_ends_cleanly(app: App) -> None:
+    """SIGTERM while a fenced worker registered again (an async handler had held the
+    loop past its lease): the stop came first, and the registration's end then fired
+    REREGISTERED in STOPPED, an InvalidTransitionError in a task nobody awaited, and
+    left the stopped worker's membership live. It now ends quietly, deregistered."""
+    store = _HeldRegistration()
+    worker = Worker(app, FAST, store=store)
+    async with running(worker):
+        await eventually(lambda: worker.state is WorkerState.READY, "the worker to start")
+        store.hold = True
+        fencing = asyncio.create_task(worker._lease_lost("a test's lost lease"))
+        await asyncio.wait_for(store.held.wait(), DEADLINE)
+        assert worker.state is WorkerState.FENCED
+        worker.request_shutdown()
+        await eventually(lambda: worker.state is WorkerState.STOPPED, "the worker to stop")
+        store.go.set()
+        await asyncio.wait_for(fencing, DEADLINE)  # raises if the fencing failed
+    (rec,) = await store.workers_list()
+    assert rec.state == "stopped"
+
+
 async def test_a_second_stop_waits_for_the_drains_give_back_under_way(app: App) -> None:
     """The drain's timeout was giving its jobs back when a second stop came: the process
     ended without waiting for that call, which its event loop's end cut off, and the

@@ -1681,6 +1681,14 @@ class Worker:
                     self._coordination_failed("re-register", exc, "leases")
                     await asyncio.sleep(self.settings.renew_period)
                     continue
+                if not self._is(WorkerState.FENCED):
+                    # Stopped while it registered (a SIGTERM during a stall): the stop's
+                    # deregistration may have gone first, and this one made it live again.
+                    with contextlib.suppress(TokenlineError):
+                        await self.store.worker_deregister(
+                            worker_id=self.id, token=self._membership_token
+                        )
+                    break
                 self._fire(WorkerEvent.REREGISTERED, "fresh membership lease")
         finally:
             self._fencing = False
