@@ -460,8 +460,8 @@ def rescue_transition(c: RescueCandidate) -> Rescue:
     if expiries >= c.max_lease_expiries:
         reason = (
             f"the worker lost its lease {expiries} times (max_lease_expiries "
-            f"{c.max_lease_expiries}; last holder {c.owner or 'unknown'}): a job that "
-            "crashes, stalls or partitions its worker every time"
+            f"{c.max_lease_expiries}; last holder {c.owner or 'unknown'}): its worker "
+            "crashed, stalled or was cut off during each of those attempts"
         )
         return Rescue(Transition(JobState.DEAD, None, 1, True), reason)
     reason = (

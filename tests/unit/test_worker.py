@@ -1128,6 +1128,63 @@ async def test_a_job_that_stalls_its_worker_each_time_takes_no_other_job_to_the_
     assert all(0 < j.lease_expiries < j.max_lease_expiries for j in done), done
 
 
+async def test_a_job_to_run_alone_waits_for_a_worker_with_nothing_else_running(
+    app: App, store: Store
+) -> None:
+    """A job one lost lease from the dead-letter queue waited, claimed, on a worker
+    still running another job: when that job killed the worker, the waiting one lost
+    its last lease without having run. It is given back instead, and the worker claims
+    nothing until its running job is over; then it runs that job alone, and the next."""
+    events_seen: list[str] = []
+    long_may_end = asyncio.Event()
+
+    @app.task(name="t.long")
+    async def long(ctx: JobContext) -> None:
+        events_seen.append("long started")
+        await long_may_end.wait()
+        events_seen.append("long ended")
+
+    @app.task(name="t.suspect", max_lease_expiries=2)
+    async def suspect(ctx: JobContext) -> None:
+        events_seen.append("suspect started")
+        await asyncio.sleep(0.05)
+        events_seen.append("suspect ended")
+
+    @app.task(name="t.plain")
+    async def plain(ctx: JobContext) -> None:
+        events_seen.append("plain started")
+
+    sid = await app.enqueue_async("t.suspect", store=store)
+    # Its first attempt's worker vanished: the lease it held expires, one of its two.
+    await store.jobs_claim(owner="ghost", queues=["default"], limit=1, ttl=0.3)
+    await app.enqueue_async("t.long", store=store)
+    worker = Worker(app, dataclasses.replace(FAST, concurrency=4, prefetch=0))
+    async with running(worker):
+        await eventually(lambda: "long started" in events_seen, "the long job to start")
+        await eventually_async(
+            lambda: _released_once(store, sid), "the rescued job to be given back unrun"
+        )
+        pid = await app.enqueue_async("t.plain", store=store)
+        await asyncio.sleep(0.3)  # several claim turns: nothing may start meanwhile
+        assert events_seen == ["long started"]
+        long_may_end.set()
+        await job_in(store, pid, JobState.SUCCEEDED)
+    assert events_seen == [
+        "long started",
+        "long ended",
+        "suspect started",
+        "suspect ended",
+        "plain started",
+    ]
+    job = await store.job_get(job_id=sid)
+    assert (job.state, job.lease_expiries) == (JobState.SUCCEEDED, 1)
+
+
+async def _released_once(store: Store, job_id: int) -> bool:
+    """Whether an attempt of ``job_id`` was given back unrun (released)."""
+    return any(a.outcome == "release" for a in await store.job_attempts(job_id=job_id))
+
+
 async def test_an_async_handler_step_that_holds_the_loop_is_logged_and_counted(
     app: App, store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:

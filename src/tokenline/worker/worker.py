@@ -244,9 +244,14 @@ class Worker:
         self._waiting: deque[Slot] = deque()
         #: Handlers running now: started and not yet returned.
         self._handlers = 0
-        #: A job whose earlier attempt lost its lease, running (or waiting to run) with no
-        #: other job beside it on this worker; nothing is claimed meanwhile (see take).
+        #: A job one lost lease from the dead-letter queue, running with no other job
+        #: beside it on this worker; nothing is claimed meanwhile (see _isolate_suspect).
         self._alone: Slot | None = None
+        #: Claim nothing until no job is here: such a job waits for a worker that has
+        #: nothing else running.
+        self._clearing = False
+        #: _isolate_suspect is giving jobs back: a claim that lands meanwhile goes back.
+        self._isolating = False
         #: Handler run times, which ``prefetch = "auto"`` follows.
         self._run_times = RunTimes()
         self._fencing = False
@@ -703,8 +708,12 @@ class Worker:
         ``probe``: a claim of the fetch loop while it drains for failed claims alone."""
         if not (self.state.may_fetch or probe) or self._stop_requested or self._fencing:
             return 0
-        if self._alone is not None:
-            return 0  # a job runs alone: nothing joins it
+        if self._alone is not None or self._isolating:
+            return 0  # a job runs alone, or is about to: nothing joins it
+        if self._clearing:
+            if self._slots:
+                return 0
+            self._clearing = False
         in_flight = len(self._slots) - freeing + self._claiming
         # Prefetch rides only on a batch of finishes: the fetch loop claims for free
         # slots, so a long job never has the worker claim and give back over and over.
@@ -788,35 +797,48 @@ class Worker:
         self, claimed: list[ClaimedJob]
     ) -> tuple[list[ClaimedJob], ClaimedJob | None]:
         """Of a claim holding a job one lost lease from the dead-letter queue (see
-        :func:`runs_alone`), keep that job alone, and give back unrun the rest and the
-        jobs prefetched here: every job in flight on a worker that a job stalls (an
-        async handler that blocks the loop past the lease) or kills loses its lease with
-        it, and a job that did that each time took the jobs claimed with it each time to
-        the dead-letter queue, unrun. Alone, its last lease can be lost only by its own
-        doing. It starts once the handlers running here have returned (its lease renewed
-        meanwhile); nothing is claimed until it is over. A claim answered while such a
-        job is here goes back whole. Returns the jobs to start and that job among them
-        (``None``: none)."""
-        if self._alone is not None:
-            # Claimed before the gate closed (a claim in flight beside the one that
-            # brought the job that runs alone): none of them joins it.
-            await self._release_unstarted(
-                claimed, f"given back unrun: job {self._alone.claimed.job.id} runs alone here"
-            )
+        :func:`runs_alone`), run that job alone. Every job in flight on a worker that a
+        job stalls (an async handler that blocks the loop past the lease) or kills loses
+        its lease with it, and a job that did that each time took the jobs claimed with
+        it each time to the dead-letter queue, unrun. Alone, its last lease can be lost
+        only by its own doing.
+
+        On a worker with nothing else here, the rest of the claim goes back unrun and
+        the job starts; nothing is claimed until it is over. On a worker still running
+        other jobs (any of which might crash it), the whole claim goes back unrun, and
+        the worker claims nothing until they are over: then it, or an idle worker,
+        claims the job again. A claim that lands meanwhile goes back whole. Returns the
+        jobs to start and the one that runs alone among them (``None``: none)."""
+        if self._alone is not None or self._isolating:
+            # Claimed beside the one that brought a job to run alone (two claims in
+            # flight at once): none of them joins it.
+            await self._release_unstarted(claimed, "given back unrun: a job runs alone here")
             return [], None
         suspect = next((c for c in claimed if runs_alone(c.job)), None)
         if suspect is None:
             return claimed, None
-        others = [c for c in claimed if c is not suspect]
-        why = (
-            f"given back unrun: job {suspect.job.id}, one lost lease from the dead-letter "
-            "queue, runs alone first"
-        )
-        if others:
-            await self._release_unstarted(others, why)
-        if self._waiting:
-            await self._give_back(list(self._waiting), why)
-        return [suspect], suspect
+        self._isolating = True
+        try:
+            if self._slots:
+                self._clearing = True
+                why = (
+                    f"given back unrun: job {suspect.job.id}, one lost lease from the "
+                    "dead-letter queue, runs alone, on a worker with nothing else running"
+                )
+                await self._release_unstarted(claimed, why)
+                if self._waiting:
+                    await self._give_back(list(self._waiting), why)
+                return [], None
+            others = [c for c in claimed if c is not suspect]
+            if others:
+                why = (
+                    f"given back unrun: job {suspect.job.id}, one lost lease from the "
+                    "dead-letter queue, runs alone first"
+                )
+                await self._release_unstarted(others, why)
+            return [suspect], suspect
+        finally:
+            self._isolating = False
 
     def _may_start(self) -> bool:
         """Jobs may start now: the worker fetches, is not stopping and not fencing."""
@@ -904,12 +926,7 @@ class Worker:
         slot = Slot(claimed=claimed, lease=claimed.lease, valid_until=self._valid_until(sent_at))
         self._slots[(claimed.job.id, claimed.lease.token)] = slot
         if alone:
-            self._alone = slot
-            if self._handlers and self.state.may_fetch:
-                # Handlers still run here: it waits, under its lease, for them to return.
-                slot.waiting_since = self.clock.monotonic()
-                self._waiting.append(slot)
-                return
+            self._alone = slot  # nothing else is here (see _isolate_suspect)
         if not self.state.may_fetch or (
             self.settings.prefetch != 0 and (self._waiting or self._handlers >= self._run_limit())
         ):
@@ -932,16 +949,6 @@ class Worker:
         rate or a store failing, FENCED) starts none: its waiting jobs go back when
         their patience runs out, or at the drain, as every prefetched job does."""
         if not self.state.may_fetch:
-            return
-        alone = self._alone
-        if alone is not None:
-            # It starts once no other handler runs here, and nothing starts beside it.
-            if alone.waiting_since is not None and not self._handlers:
-                with contextlib.suppress(ValueError):
-                    self._waiting.remove(alone)
-                alone.waiting_since = None
-                if alone.cancel_reason is None:
-                    self._launch(alone)
             return
         while self._waiting and self._handlers < self._run_limit():
             slot = self._waiting.popleft()
@@ -1969,11 +1976,7 @@ class Worker:
         next one here while other workers are free."""
         patience = self._patience()
         limit = self.clock.monotonic() - patience
-        # The job that runs alone waits for the handlers here, not for a slot: it keeps
-        # its place, or it would be claimed and given back over and over meanwhile.
-        overdue = [
-            s for s in self._waiting if (s.waiting_since or 0.0) <= limit and s is not self._alone
-        ]
+        overdue = [s for s in self._waiting if (s.waiting_since or 0.0) <= limit]
         if overdue:
             why = f"prefetched job waited {patience:g}s for a slot: not run"
             await self._give_back(overdue, why)
