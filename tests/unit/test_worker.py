@@ -35,6 +35,7 @@ from tokenline import (
     RetryPolicy,
     StoreError,
     StoreUnavailableError,
+    TokenlineError,
     Worker,
     WorkerSettings,
     WorkerState,
@@ -1183,6 +1184,37 @@ async def test_a_job_to_run_alone_waits_for_a_worker_with_nothing_else_running(
 async def _released_once(store: Store, job_id: int) -> bool:
     """Whether an attempt of ``job_id`` was given back unrun (released)."""
     return any(a.outcome == "release" for a in await store.job_attempts(job_id=job_id))
+
+
+async def test_a_worker_that_cannot_start_threads_gives_its_job_back_and_stops(
+    app: App, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker out of threads (or memory) went on claiming, and failed every sync job
+    it took with "can't start new thread", an attempt spent on each, innocent jobs too.
+    The job goes back unrun, nothing spent, and the worker stops with an error, for a
+    supervisor to start it afresh."""
+
+    @app.task(name="t.sync_job")
+    def sync_job(ctx: JobContext) -> None:
+        raise AssertionError("never runs: no thread")
+
+    jid = await app.enqueue_async("t.sync_job", store=store)
+    worker = Worker(app, FAST)
+
+    def no_thread(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("can't start new thread")
+
+    worker._pool.submit = no_thread  # type: ignore[method-assign]
+    with (
+        caplog.at_level(logging.ERROR, logger="tokenline.worker"),
+        pytest.raises(TokenlineError, match="cannot start a thread for a sync handler"),
+    ):
+        await asyncio.wait_for(worker.run(), DEADLINE)
+    job = await store.job_get(job_id=jid)
+    assert (job.state, job.attempt) == (JobState.QUEUED, 0)
+    (attempt,) = await store.job_attempts(job_id=jid)
+    assert attempt.outcome == "release"
+    assert "cannot start a thread" in caplog.text
 
 
 async def test_an_async_handler_step_that_holds_the_loop_is_logged_and_counted(

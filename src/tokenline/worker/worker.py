@@ -252,6 +252,9 @@ class Worker:
         self._clearing = False
         #: _isolate_suspect is giving jobs back: a claim that lands meanwhile goes back.
         self._isolating = False
+        #: Why the worker stopped on its own, unable to run its handlers: run() raises it
+        #: once stopped, so that the process exits with an error and a supervisor sees it.
+        self._fatal: TokenlineError | None = None
         #: Handler run times, which ``prefetch = "auto"`` follows.
         self._run_times = RunTimes()
         self._fencing = False
@@ -436,6 +439,8 @@ class Worker:
             log.info("worker %s stopped: %s", self.id, self.counters.summary())
         if failure is not None:
             raise failure
+        if self._fatal is not None:
+            raise self._fatal
 
     def _restore_signals(self, loop: asyncio.AbstractEventLoop) -> None:
         """Give SIGTERM and SIGINT back to the handlers :meth:`run` found."""
@@ -1117,7 +1122,11 @@ class Worker:
                 result = await self._run_async(slot, task.fn(ctx, *args, **kwargs), timeout)
             else:
                 call = functools.partial(self._in_thread, task.fn, ctx, *args, **kwargs)
-                result = await self._in_pool(call, timeout)
+                try:
+                    fut = self._pool.submit(call)
+                except RuntimeError as exc:  # "can't start new thread": out of threads
+                    return self._cannot_run(slot, exc)
+                result = await self._in_pool(fut, timeout)
         except asyncio.CancelledError as exc:
             current = asyncio.current_task()
             if slot.cancel_reason is not None or (current is not None and current.cancelling()):
@@ -1332,10 +1341,10 @@ class Worker:
                     own_clock=True,
                 )
 
-    async def _in_pool(self, call: Callable[[], object], limit: float) -> object:
-        """Run ``call`` on a pool thread under a hard timeout of ``limit`` seconds; a
-        thread that runs on past the attempt is counted until it returns."""
-        fut = self._pool.submit(call)
+    async def _in_pool(self, fut: concurrent.futures.Future[object], limit: float) -> object:
+        """Wait for ``fut``, a call given to a pool thread, under a hard timeout of
+        ``limit`` seconds; a thread that runs on past the attempt is counted until it
+        returns."""
         try:
             return await self._await_within(asyncio.wrap_future(fut), limit)
         finally:
@@ -1343,6 +1352,21 @@ class Worker:
             # next jobs until the handler returns, which no one can make it do.
             if not fut.cancel() and not fut.done():
                 self._thread_kept(fut)
+
+    def _cannot_run(self, slot: Slot, exc: RuntimeError) -> Finish:
+        """No thread could be started for a sync handler (the process is out of threads
+        or memory): its job goes back unrun, no attempt spent, and the worker stops, with
+        an error, for a supervisor to start it afresh. It claimed on and failed every
+        job it took, innocent ones too, each spending an attempt on the worker's fault."""
+        why = f"worker {self.id} cannot start a thread for a sync handler ({exc})"
+        if self._fatal is None:
+            self._fatal = TokenlineError(
+                f"{why}: the process is out of threads or memory; it stopped, giving its "
+                "jobs back unrun"
+            )
+            log.error("%s: stopping, its jobs given back unrun", why)
+            self.request_shutdown()
+        return Finish(slot.lease, Outcome.RELEASE, 0.0, f"{why}: not run", "coordination")
 
     def _thread_kept(self, fut: concurrent.futures.Future[object]) -> None:
         before = self.concurrency_limit
