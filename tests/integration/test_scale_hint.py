@@ -175,8 +175,9 @@ def test_ctrl_c_exits_130(tmp_path: Path) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        # Between its two looks scale-hint waits out the interval with the store open:
-        # interrupt once the process holds the store's file (Linux's /proc says so).
+        # Interrupt once the process is in its first look, which holds the store's file
+        # open (Linux's /proc says so); a look missed (a loaded machine) leaves it in the
+        # wait between its two looks, with the store closed, when the loop gives up.
         db = str(tmp_path / "ctrl-c.db")
         fds = Path(f"/proc/{proc.pid}/fd")
         deadline = time.monotonic() + 60
