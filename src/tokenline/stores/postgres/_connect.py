@@ -54,6 +54,11 @@ class RecordingAsyncConnection(psycopg.AsyncConnection[Any]):
 class RecordingConnection(psycopg.Connection[Any]):
     """A blocking connection whose failures to connect are kept."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: The statements ``_direct.run`` prepared on this connection, by name.
+        self.direct_prepared: set[bytes] = set()
+
     @classmethod
     def connect(cls, conninfo: str = "", **kwargs: Any) -> Any:
         """Connect as psycopg does, keeping the reason of a failure."""

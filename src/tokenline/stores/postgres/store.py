@@ -75,6 +75,7 @@ from ..base import (
     possible_job_id,
     possible_job_ids,
 )
+from . import _direct as direct
 from ._arrays import ADAPTERS, BinaryArray, float_array
 from ._catalog import check_objects
 from ._connect import RecordingAsyncConnection, RecordingConnection
@@ -298,6 +299,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         # subclass that rewrites that text rewrites this one too.
         self._finish_one_text: str | None = None
         self._guarded_finish_text: str | None = None
+        self._enqueue_one_raw: RawStatement | None = None
         # The claim statements by (fused with a finish, the size written in or 0), built once.
         self._claim_texts: dict[tuple[bool, bool, int], str] = {}
         # Statements too long for psycopg's cache, converted once (see _raw.py).
@@ -729,24 +731,32 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         """The enqueue statement for ``jobs`` and its parameters: a lone job without a
         unique key takes the single-row statement. ``notify``: in the statement's
         transaction (see ``_notifier.py``)."""
-        if len(jobs) == 1 and jobs[0].unique is None:
-            j = jobs[0]
-            return self._q("enqueue_one"), {
-                "queue": j.queue,
-                "task": j.task,
-                "args": j.args,
-                "idempotency_key": j.idempotency_key,
-                "priority": j.priority,
-                "run_at": j.run_at,
-                "delay": j.delay,
-                "max_attempts": j.max_attempts,
-                "max_lease_expiries": j.max_lease_expiries,
-                "timeout": j.timeout,
-                "now": self._now(),
-                "channel": self.target.channel,
-                "notify": notify,
-            }
+        if self._one_alone(jobs):
+            return self._q("enqueue_one"), self._enqueue_one_params(jobs[0], notify=notify)
         return self._q("enqueue"), self._enqueue_params(jobs, notify=notify)
+
+    @staticmethod
+    def _one_alone(jobs: Sequence[NewJob]) -> bool:
+        """Whether ``jobs`` take the single-row statement: one job, without a unique key."""
+        return len(jobs) == 1 and jobs[0].unique is None
+
+    def _enqueue_one_params(self, j: NewJob, *, notify: bool) -> dict[str, Any]:
+        """The ``enqueue_one`` statement's parameters; ``notify``: in its transaction."""
+        return {
+            "queue": j.queue,
+            "task": j.task,
+            "args": j.args,
+            "idempotency_key": j.idempotency_key,
+            "priority": j.priority,
+            "run_at": j.run_at,
+            "delay": j.delay,
+            "max_attempts": j.max_attempts,
+            "max_lease_expiries": j.max_lease_expiries,
+            "timeout": j.timeout,
+            "now": self._now(),
+            "channel": self.target.channel,
+            "notify": notify,
+        }
 
     def _enqueue_params(self, jobs: Sequence[NewJob], *, notify: bool) -> dict[str, Any]:
         """The ``enqueue`` statement's parameters; ``notify``: in its transaction."""
@@ -896,6 +906,10 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
                 if self._copies(jobs):
                     steps = self._enqueue_copy_steps(jobs, notify=later is None)
                     ids, ready = SyncDriver(conn).run(steps)
+                elif self._one_alone(jobs) and (
+                    answer := self._enqueue_one_direct(conn, jobs[0], notify=later is None)
+                ):
+                    ids, ready = answer
                 else:
                     query, params = self._enqueue_statement(jobs, notify=later is None)
                     cursor = conn.cursor(row_factory=tuple_row).execute(query, params)
@@ -912,6 +926,24 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         if later is not None:
             later.add(ready)
         return ids
+
+    def _enqueue_one_direct(
+        self, conn: psycopg.Connection[Any], job: NewJob, *, notify: bool
+    ) -> tuple[list[int], set[str]] | None:
+        """``enqueue_one`` for ``job`` through the connection's libpq handle (see
+        ``_direct.py``): its id and the queues made ready now, or ``None`` when one of
+        its values takes psycopg's path (nothing sent then)."""
+        statement = self._enqueue_one_raw
+        if statement is None:
+            # From _q's text on first use: a subclass that rewrites it rewrites this.
+            statement = self._enqueue_one_raw = RawStatement.convert(self._q("enqueue_one"))
+        params = self._enqueue_one_params(job, notify=notify)
+        rows = direct.run(conn, b"tokenline_enqueue_one", statement, params)
+        if rows is None:
+            return None
+        ((jid, ready, _),) = rows
+        assert jid is not None  # the jobs table's primary key
+        return [int(jid)], {job.queue} if ready == b"t" else set()
 
     async def wait_for_jobs(
         self,
