@@ -131,6 +131,16 @@ has not expired and that did not stop.
     gauge: 1 when the exporter's last read of the store succeeded, else 0. While the
     store is unreachable the last view is still served, with its age growing: judge
     the store metrics by this pair, never as fresh on their own.
+``tokenline_exporter_queues_omitted``
+    gauge: queues whose series were left out of the view served (0 when every queue
+    is served; see below).
+
+Per-queue label values stay bounded too: the series of at most 100 queues are served
+(``tokenline_queue_depth``, ``tokenline_queue_oldest_job_age_seconds``,
+``tokenline_queue_paused``, ``tokenline_dead_jobs``). Beyond that, the largest are
+kept: by unfinished jobs, then the age of the oldest runnable job, then dead jobs, ties
+by name. The others are counted in ``tokenline_exporter_queues_omitted`` and logged
+(a warning when queues start to be left out), never dropped unsaid.
 """
 
 from __future__ import annotations
@@ -139,6 +149,7 @@ import asyncio
 import collections
 import concurrent.futures
 import errno
+import heapq
 import logging
 import math
 import socket
@@ -196,6 +207,10 @@ _TIME_BUCKETS = (
 )  # fmt: skip
 PREFIX_LENGTH = 32
 MAX_PREFIXES = 100
+#: Queues whose series the exporter serves, the largest first. Each queue costs three
+#: series per task and three more: 3,000 queues made a scrape of 18,000 lines, a label
+#: cardinality that weighs on the Prometheus server.
+MAX_QUEUES = 100
 OTHER = "other"
 WORKER_STATES = tuple(s.value for s in WorkerState)
 _DEPTH_STATES = ("queued", "scheduled", "running")
@@ -509,6 +524,8 @@ class StoreCollector:
     seconds, however many scrapes ask, each read bounded by ``timeout`` seconds; a
     failed read is not tried again before ``max_age`` either. Ages are measured by
     ``clock``'s monotonic reading. Register it with ``registry.register(collector)``.
+    The per-queue series of at most :data:`MAX_QUEUES` queues are served, the largest;
+    ``tokenline_exporter_queues_omitted`` counts the others.
     """
 
     def __init__(
@@ -546,6 +563,7 @@ class StoreCollector:
         self._up = False
         self._error = "the store has not been read yet"
         self._duplicates = _DuplicateTally()
+        self._omitted = 0  # queues left out of the last view served, for the log
 
     # -- reading -------------------------------------------------------------------------
     def refresh(self) -> bool:
@@ -628,8 +646,27 @@ class StoreCollector:
         families["view_age"].add_metric([], age)
         families["store_up"].add_metric([], 1 if up else 0)
         if view is not None:
-            _fill(families, view, pairs, tally)
+            served, omitted = _largest_queues(view, pairs)
+            self._note_omitted(len(served) + omitted, omitted)
+            _fill(families, view, pairs, tally, served, omitted)
         return list(families.values())
+
+    def _note_omitted(self, queues: int, omitted: int) -> None:
+        """Log when queues start (a warning) or stop being left out, not at every
+        scrape: the gauge says how many at each one."""
+        with self._lock:
+            before, self._omitted = self._omitted, omitted
+        if omitted and not before:
+            log.warning(
+                "tokenline exporter: %d queues, more than %d: the series of the %d largest "
+                "are served, %d left out (tokenline_exporter_queues_omitted)",
+                queues,
+                MAX_QUEUES,
+                queues - omitted,
+                omitted,
+            )
+        elif before and not omitted:
+            log.info("tokenline exporter: %d queues, the series of every one are served", queues)
 
     @staticmethod
     def _families() -> Iterator[tuple[str, _Family]]:
@@ -656,7 +693,34 @@ _STORE_FAMILIES: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (
     ("breakers", "gauge", "breaker_open", "1 while the shared breaker is open.", ("dependency",)),
     ("view_age", "gauge", "exporter_view_age_seconds", "Age of the view served.", ()),
     ("store_up", "gauge", "exporter_store_up", "1 when the last read succeeded.", ()),
+    ("omitted", "gauge", "exporter_queues_omitted", "Queues whose series were left out.", ()),
 )
+
+
+def _largest_queues(view: _Reading, pairs: Iterable[tuple[str, str]]) -> tuple[set[str], int]:
+    """The queues whose series are served, at most :data:`MAX_QUEUES`, and how many
+    others there are.
+
+    The largest are kept: by unfinished jobs, then the oldest runnable job's age, then
+    dead jobs (the queues an alert would be about). Ties go by name, so that queues of
+    equal size do not trade places, and series, from one scrape to the next.
+    """
+    unfinished: collections.Counter[str] = collections.Counter()
+    for d in view.depth:
+        unfinished[d.queue] += d.count
+    stats = {q.queue: q for q in view.queues}
+    names = {queue for queue, _ in pairs} | set(stats) | set(unfinished)
+    if len(names) <= MAX_QUEUES:
+        return names, 0
+
+    def rank(queue: str) -> tuple[int, float, int, str]:
+        q = stats.get(queue)
+        age = (q.oldest_ready_age or 0.0) if q is not None else 0.0
+        dead = q.count(JobState.DEAD) if q is not None else 0
+        return -unfinished[queue], -age, -dead, queue
+
+    served = set(heapq.nsmallest(MAX_QUEUES, names, key=rank))
+    return served, len(names) - len(served)
 
 
 def _fill(
@@ -664,13 +728,21 @@ def _fill(
     view: _Reading,
     pairs: list[tuple[str, str]],
     duplicates: Mapping[str, int],
+    served: set[str],
+    omitted: int,
 ) -> None:
-    """Add the samples of one store view to ``families`` (built by ``_families``)."""
+    """Add the samples of one store view to ``families`` (built by ``_families``), the
+    per-queue ones of the ``served`` queues only (see :func:`_largest_queues`)."""
     depth = {(d.queue, d.task, d.state): d.count for d in view.depth}
     for queue, task in pairs:
+        if queue not in served:
+            continue
         for state in _DEPTH_STATES:
             families["depth"].add_metric([queue, task, state], depth.get((queue, task, state), 0))
+    families["omitted"].add_metric([], omitted)
     for q in view.queues:
+        if q.queue not in served:
+            continue
         families["oldest"].add_metric([q.queue], q.oldest_ready_age or 0.0)
         families["paused"].add_metric([q.queue], 1 if q.paused else 0)
         families["dead"].add_metric([q.queue], q.count(JobState.DEAD))

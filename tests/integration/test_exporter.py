@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import socket
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tokenline import App, FakeClock
@@ -28,7 +29,7 @@ from tokenline._jobs import Lease, NewJob, WorkerRecord
 from tokenline.cli.exporter import exporter
 from tokenline.drill.faultstore import FaultStore
 from tokenline.drill.storefaults import Role, RoleFaults
-from tokenline.metrics import StoreCollector, serve
+from tokenline.metrics import MAX_QUEUES, StoreCollector, serve
 from tokenline.stores import Store
 from tokenline.stores.sqlite import SQLiteStore
 
@@ -120,6 +121,70 @@ def test_the_store_view_on_sqlite(db_url: str) -> None:
         assert 0 <= view_age < 5
         # Read again, the same records are not counted twice.
         assert sample(registry, "tokenline_duplicates_recorded_total", kind="stale") == 1
+    finally:
+        collector.close()
+        app.close()
+
+
+def test_the_series_of_many_queues_are_capped_to_the_largest_and_the_rest_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """3,000 queues: the per-queue series of the 100 largest only (by unfinished jobs,
+    then the oldest runnable job), the others counted in a gauge of their own and
+    logged once, not at every scrape."""
+    small = [f"q{n:04d}" for n in range(3000)]
+
+    async def many(store: Store) -> None:
+        # One scheduled job each: equal depth and no runnable age, ranked by name.
+        await store.jobs_enqueue(jobs=[job("send", queue=q, delay=600) for q in small])
+        await store.jobs_enqueue(jobs=[job("send", queue="z-deep") for _ in range(5)])
+        await store.jobs_enqueue(jobs=[job("send", queue="z-old")])
+        await asyncio.sleep(0.05)  # z-old's job has waited, by the store's clock
+
+    url = f"sqlite:///{tmp_path / 'many.db'}"
+    with App(url) as seeder:
+        seeder.run(many)
+    app = App(url)
+    collector = StoreCollector(app, max_age=0)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tokenline.metrics"):
+            text = generate_latest(registry).decode()
+            generate_latest(registry)
+        per_queue = ("queue_depth", "queue_oldest_job_age_seconds", "queue_paused", "dead_jobs")
+        queues: dict[str, set[str]] = {}
+        for family in text_string_to_metric_families(text):
+            if family.name.removeprefix("tokenline_") in per_queue:
+                queues[family.name] = {s.labels["queue"] for s in family.samples}
+        assert set(queues) == {f"tokenline_{name}" for name in per_queue}
+        expected = {"z-deep", "z-old", *small[: MAX_QUEUES - 2]}
+        for name, seen in queues.items():
+            assert seen == expected, name
+        served = [line for line in text.splitlines() if 'queue="' in line]
+        assert len(served) == MAX_QUEUES * 6  # three depth states, age, paused, dead
+        omitted = len(small) + 2 - MAX_QUEUES
+        assert sample(registry, "tokenline_exporter_queues_omitted") == omitted
+        depth = {"queue": "z-deep", "task": "send", "state": "queued"}
+        assert registry.get_sample_value("tokenline_queue_depth", depth) == 5
+        warnings = [r.getMessage() for r in caplog.records if r.name == "tokenline.metrics"]
+        assert len(warnings) == 1, warnings
+        assert f"{omitted} left out" in warnings[0]
+    finally:
+        collector.close()
+        app.close()
+
+
+def test_no_queue_is_omitted_below_the_cap(db_url: str) -> None:
+    """Under the cap every queue is served and the omitted gauge says 0."""
+    app = App(db_url)
+    collector = StoreCollector(app, max_age=0)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    try:
+        assert sample(registry, "tokenline_exporter_queues_omitted") == 0
+        assert sample(registry, "tokenline_queue_paused", queue="billing") == 1
+        assert sample(registry, "tokenline_dead_jobs", queue="mail") == 1
     finally:
         collector.close()
         app.close()

@@ -10,8 +10,19 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tokenline import App, FakeClock, JobContext, JobState, Worker, events
-from tokenline.metrics import MAX_PREFIXES, WorkerMetrics, label_prefix, worker_health
+from tokenline import metrics as metrics_module
+from tokenline._jobs import QueueStats
+from tokenline.metrics import (
+    MAX_PREFIXES,
+    MAX_QUEUES,
+    WorkerMetrics,
+    _largest_queues,
+    _Reading,
+    label_prefix,
+    worker_health,
+)
 from tokenline.stores import Store
+from tokenline.stores.base import Depth
 from unit.test_worker import FAST, eventually, job_in, running
 
 
@@ -299,3 +310,41 @@ def test_the_metrics_server_bounds_its_connections_and_logs_no_client_gone(
         for sock in opened:
             sock.close()
         server.close()
+
+
+@pytest.mark.parametrize("cap", range(1, 10))
+def test_the_queues_served_are_the_largest_then_the_oldest_then_the_most_dead(
+    cap: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the cap, unfinished jobs rank first, then the oldest runnable job, then dead
+    jobs, then the name; a queue only registered (no job yet) ranks with the empty."""
+    monkeypatch.setattr(metrics_module, "MAX_QUEUES", cap)
+    depth = [
+        Depth("z-deep", "t", "queued", 2),
+        Depth("z-deep", "t", "running", 1),
+        Depth("z-old", "t", "queued", 1),
+        Depth("y-young", "t", "queued", 1),
+        Depth("f-later", "t", "scheduled", 1),
+    ]
+    stats = [
+        QueueStats("z-old", {"queued": 1}, oldest_ready_age=30.0),
+        QueueStats("y-young", {"queued": 1}, oldest_ready_age=1.0),
+        QueueStats("x-dead", {"dead": 4}),
+        QueueStats("v-dead", {"dead": 1}),
+        QueueStats("w-empty", {"succeeded": 9}),
+    ]
+    view = _Reading(0.0, depth, stats, [], 0, 0, None)
+    pairs = [("a-registered", "t")] + [(d.queue, d.task) for d in depth]
+    ranked = ["z-deep", "z-old", "y-young", "f-later", "x-dead", "v-dead", "a-registered"]
+    ranked.append("w-empty")
+    served, omitted = _largest_queues(view, pairs)
+    assert served == set(ranked[:cap])
+    assert omitted == max(0, len(ranked) - cap)
+
+
+def test_queues_up_to_the_cap_are_all_served() -> None:
+    """Exactly :data:`MAX_QUEUES` queues, however empty: all served, none left out."""
+    stats = [QueueStats(f"q{n}") for n in range(MAX_QUEUES)]
+    view = _Reading(0.0, [], stats, [], 0, 0, None)
+    served, omitted = _largest_queues(view, [])
+    assert (len(served), omitted) == (MAX_QUEUES, 0)
