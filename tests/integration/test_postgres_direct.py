@@ -121,6 +121,31 @@ async def test_a_statement_the_session_lost_is_prepared_again(store: PostgresSto
     assert count == 2
 
 
+async def test_a_connection_that_keeps_no_prepared_statement_takes_psycopgs_path(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prepared and lost again at once (as behind a pooler that hands each statement
+    to another session): the enqueue goes in once, through psycopg, and that connection
+    does not try the direct path again."""
+    # A prepare that the session does not keep: the name is noted, nothing is sent.
+    monkeypatch.setattr(
+        direct, "_prepare", lambda conn, name, statement, encoding: conn.direct_prepared.add(name)
+    )
+    calls = _direct_calls(store)
+    job = NewJob(queue="default", task="t", args="[1]")
+    (first,) = store.jobs_enqueue_blocking(jobs=[job])
+    (second,) = store.jobs_enqueue_blocking(jobs=[job])
+    assert calls == [False, False]
+    assert second == first + 1
+    pool, conn = store._checkout_sync()
+    try:
+        assert conn.direct_off
+        (count,) = conn.execute(f"SELECT count(*) FROM {store.schema}.jobs").fetchone() or (0,)
+    finally:
+        pool.putconn(conn)
+    assert count == 2
+
+
 async def test_an_error_answer_is_psycopgs_error_and_leaves_the_connection_usable(
     store: PostgresStore,
 ) -> None:

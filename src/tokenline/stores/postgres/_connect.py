@@ -58,6 +58,8 @@ class RecordingConnection(psycopg.Connection[Any]):
         super().__init__(*args, **kwargs)
         #: The statements ``_direct.run`` prepared on this connection, by name.
         self.direct_prepared: set[bytes] = set()
+        #: ``_direct.run`` found that this connection does not keep prepared statements.
+        self.direct_off = False
 
     @classmethod
     def connect(cls, conninfo: str = "", **kwargs: Any) -> Any:

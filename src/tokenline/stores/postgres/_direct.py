@@ -97,8 +97,11 @@ def run(
     """Execute ``statement`` (prepared on ``conn`` as ``name`` if it is not yet) with
     ``params`` on ``conn``, an idle autocommit connection of the caller's alone (a
     :class:`~._connect.RecordingConnection`, which keeps the names it prepared). The
-    rows, every value as the server's text (``None`` for NULL); ``None`` if a parameter
-    has no plain text form, before anything is sent."""
+    rows, every value as the server's text (``None`` for NULL). ``None``, the statement
+    not run, if a parameter has no plain text form, or if the connection does not keep
+    what it prepares (the caller then takes psycopg's path)."""
+    if conn.direct_off:
+        return None
     values = [_text(v) for v in statement.params(params)]
     if False in values:
         return None
@@ -116,7 +119,11 @@ def run(
             # dropped it) and nothing ran: prepared again, and sent once more.
             conn.direct_prepared.discard(name)
             if again:
-                raise
+                # Lost again at once: what stands between this connection and the
+                # server (a pooler that hands each statement to another session) does
+                # not keep prepared statements. psycopg's path from now on.
+                conn.direct_off = True
+                return None
             continue
         return [
             tuple(result.get_value(row, col) for col in range(result.nfields))
