@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tokenline import StoreUnavailableError
+from tokenline import InvalidInputError, StoreUnavailableError
 from tokenline._jobs import NewJob
 from tokenline.stores.postgres import PostgresStore
 from tokenline.stores.postgres import _direct as direct
@@ -211,3 +211,38 @@ async def test_a_direct_enqueue_wakes_a_listener(
         assert calls == [True]
         heard = [n.payload for n in listener.notifies(timeout=30, stop_after=1)]
     assert heard == ["mail"]
+
+
+async def test_a_session_in_another_client_encoding_stores_keys_exactly(
+    postgres_server: str,
+) -> None:
+    """A URL that asks for LATIN1 sessions: a key with accents is stored as given
+    (through psycopg, which encodes for the session), and one that LATIN1 cannot
+    write is refused, naming the characters, with nothing stored."""
+    schema = f"tl_direct_{uuid.uuid4().hex[:8]}"
+    s = PostgresStore(f"{postgres_server}?schema={schema}&client_encoding=LATIN1")
+    await s.open()
+    try:
+        calls = _direct_calls(s)
+        (jid,) = s.jobs_enqueue_blocking(
+            jobs=[NewJob(queue="default", task="t", args="[1]", idempotency_key="café")]
+        )
+        assert calls == [False]
+        with pytest.raises(
+            InvalidInputError, match=r"'😀' cannot be written in the client encoding .*\(latin-1\)"
+        ):
+            s.jobs_enqueue_blocking(
+                jobs=[NewJob(queue="default", task="t", args="[2]", idempotency_key="a😀")]
+            )
+        with pytest.raises(InvalidInputError, match="nothing was written"):
+            await s.jobs_enqueue(
+                jobs=[NewJob(queue="default", task="t", args="[3]", idempotency_key="b😀")]
+            )
+    finally:
+        await s.close()
+    async with await psycopg.AsyncConnection.connect(postgres_server, autocommit=True) as c:
+        try:
+            cur = await c.execute(f"SELECT id, idempotency_key FROM {schema}.jobs")
+            assert await cur.fetchall() == [(jid, "café")]
+        finally:
+            await c.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

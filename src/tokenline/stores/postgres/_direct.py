@@ -14,8 +14,9 @@ of its own, its parameters as text, its answer read as text, the socket waited o
 ``_cutoff.py``, whose shutdown of the socket wakes the wait). An error answer is raised
 as psycopg's own exception for it, so that callers translate it as any other; a
 connection that fails leaves libpq's status bad, and the pool discards it when it comes
-back. Only values whose text form is unambiguous are sent this way: for any other,
-:func:`run` answers ``None`` and the caller takes psycopg's path.
+back. Only values whose text form is unambiguous are sent this way, and only on a
+session whose client encoding is UTF-8: otherwise :func:`run` answers ``None`` and the
+caller takes psycopg's path.
 """
 
 from __future__ import annotations
@@ -98,15 +99,18 @@ def run(
     ``params`` on ``conn``, an idle autocommit connection of the caller's alone (a
     :class:`~._connect.RecordingConnection`, which keeps the names it prepared). The
     rows, every value as the server's text (``None`` for NULL). ``None``, the statement
-    not run, if a parameter has no plain text form, or if the connection does not keep
-    what it prepares (the caller then takes psycopg's path)."""
-    if conn.direct_off:
+    not run, if a parameter has no plain text form, if the session's client encoding is
+    not UTF-8, or if the connection does not keep what it prepares (the caller then
+    takes psycopg's path)."""
+    encoding = conn.info.encoding
+    if conn.direct_off or encoding != "utf-8":
+        # Strings are sent as UTF-8: a session in another client encoding (a URL's
+        # client_encoding, PGCLIENTENCODING) would store their bytes as its own.
         return None
     values = [_text(v) for v in statement.params(params)]
     if False in values:
         return None
     sent: list[bytes | None] = values  # type: ignore[assignment]  # False ruled out
-    encoding = conn.info.encoding
     pgconn = conn.pgconn
     for again in (False, True):
         if name not in conn.direct_prepared:

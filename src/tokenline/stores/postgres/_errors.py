@@ -17,6 +17,7 @@ from psycopg import errors as pg
 from psycopg_pool import PoolClosed, PoolTimeout
 
 from ..._errors import (
+    InvalidInputError,
     StoreCorruptError,
     StoreError,
     StoreUnavailableError,
@@ -267,6 +268,13 @@ def _translated(target: Target, timeout: float) -> Iterator[None]:
     except TimeoutError as exc:
         raise StoreUnavailableError(
             f"PostgreSQL {target.where} did not answer within the store timeout"
+        ) from exc
+    except UnicodeEncodeError as exc:
+        # Raised by psycopg while it encodes the parameters, before anything is sent.
+        raise InvalidInputError(
+            f"{exc.object[exc.start : exc.end]!r} cannot be written in the client encoding "
+            f"of the sessions with PostgreSQL {target.where} ({exc.encoding}); nothing was "
+            "written. Connect with client_encoding=UTF8 (in the URL, or PGCLIENTENCODING)"
         ) from exc
     except OSError as exc:
         raise StoreUnavailableError(describe_connect_failure(exc, target)) from exc
