@@ -169,7 +169,7 @@ class PostgresFencedTransaction(FencedTransaction):
         standby's session): the next one the pool opens may reach a writable server."""
         if discard:
             conn.close()
-            pool.putconn(conn)
+            self._store._checkin_sync(pool, conn)
             return
         try:
             # Disarmed before the pool may lend the connection to another caller.
@@ -178,7 +178,7 @@ class PostgresFencedTransaction(FencedTransaction):
         except psycopg.Error:
             conn.close()
         finally:
-            pool.putconn(conn)
+            self._store._checkin_sync(pool, conn)
 
     async def __aenter__(self) -> AsyncConnection[Any]:
         self._enter_once()

@@ -497,7 +497,46 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         fenced transaction, read-only until tokenline begins a transaction on it."""
         with self._translate():
             pool = self._require_sync_pool(lent=lent)
-            return pool, pool.getconn(timeout=self.timeout)
+            try:
+                return pool, pool.getconn(timeout=self.timeout)
+            except Exception:
+                raise
+            except BaseException:
+                self._retire_sync_pool(pool)
+                raise
+
+    def _checkin_sync(
+        self, pool: ConnectionPool[psycopg.Connection[TupleRow]], conn: psycopg.Connection[Any]
+    ) -> None:
+        """Give back a connection of :meth:`_checkout_sync` to ``pool``."""
+        try:
+            pool.putconn(conn)
+        except Exception:
+            raise
+        except BaseException:
+            self._retire_sync_pool(pool)
+            raise
+
+    def _retire_sync_pool(self, pool: ConnectionPool[psycopg.Connection[TupleRow]]) -> None:
+        """Replace ``pool`` by a new one on the next checkout, and close it.
+
+        psycopg_pool loses a connection when an exception that is not an ``Exception``
+        (a ``KeyboardInterrupt`` or ``SystemExit`` a signal handler raised) interrupts a
+        checkout while it waits: the abandoned place in its queue is handed the next
+        connection given back, which nobody takes, and the pool counts it out for good
+        (so can one interrupted while the pool takes a connection out or puts one back).
+        After as many losses as the pool has connections, every blocking enqueue waited
+        for the store timeout and failed, until the process ended. Connections still
+        out of the retired pool are closed when they come back to it."""
+        with self._sync_pool_lock:
+            if self._sync_pool is pool:
+                self._sync_pool = None
+            elif self._lent_sync_pool is pool:
+                self._lent_sync_pool = None
+            else:
+                return  # retired already
+        # Closing joins the pool's threads: not on the interrupted caller's way.
+        threading.Thread(target=pool.close, name=f"{pool.name}-retire", daemon=True).start()
 
     def _require_sync_pool(self, *, lent: bool) -> ConnectionPool[psycopg.Connection[TupleRow]]:
         with self._sync_pool_lock:
@@ -713,7 +752,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
                 conn.close()  # never to be reused: see _call
             raise
         finally:
-            pool.putconn(conn)
+            self._checkin_sync(pool, conn)
 
     def _notify_params(self, queues: Iterable[str]) -> dict[str, Any]:
         """``enqueue_notify``'s parameters: each of ``queues`` once, in order."""
@@ -922,7 +961,7 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
                 raise enqueue_outcome_unknown(exc, len(jobs)) from exc
             raise
         finally:
-            pool.putconn(conn)
+            self._checkin_sync(pool, conn)
         if later is not None:
             later.add(ready)
         return ids

@@ -1,0 +1,91 @@
+"""The PostgreSQL store's blocking pool after a checkout interrupted by an exception
+that is not an ``Exception`` (``store.py``, ``_retire_sync_pool``).
+
+psycopg_pool leaves the place in its queue of a checkout that a ``KeyboardInterrupt``
+interrupted while it waited, and hands that place the next connection given back: a
+connection nobody holds and the pool counts out for good. The store retires such a pool;
+the next checkout gets a connection from a new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+import pytest
+
+from tokenline._jobs import NewJob
+from tokenline.stores.postgres import PostgresStore
+
+JOB = NewJob(queue="default", task="t", args="[1]")
+
+
+@pytest.fixture
+async def store(postgres_server: str) -> AsyncIterator[PostgresStore]:
+    """An open store on a fresh schema whose blocking pool has one connection, waited
+    for 3 s at most."""
+    schema = f"tl_syncpool_{uuid.uuid4().hex[:8]}"
+    s = PostgresStore(f"{postgres_server}?schema={schema}", timeout=3.0, max_connections=1)
+    await s.open()
+    try:
+        yield s
+    finally:
+        await s.close()
+        async with await psycopg.AsyncConnection.connect(postgres_server, autocommit=True) as c:
+            await c.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@contextlib.contextmanager
+def interrupted_after(seconds: float) -> Iterator[None]:
+    """Raise KeyboardInterrupt in this (the main) thread ``seconds`` from now, as a
+    Ctrl-C does, within the block."""
+    assert threading.current_thread() is threading.main_thread()
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+
+
+async def test_an_enqueue_interrupted_while_it_waits_for_a_connection_loses_none(
+    store: PostgresStore,
+) -> None:
+    """The pool's one connection is out; an enqueue waiting for it is interrupted; the
+    connection comes back; the next enqueue gets one at once, not a pool timeout."""
+    store.jobs_enqueue_blocking(jobs=[JOB])  # the pool's one connection, made
+    pool, held = store._checkout_sync()
+    with pytest.raises(KeyboardInterrupt), interrupted_after(0.3):
+        store.jobs_enqueue_blocking(jobs=[JOB])  # waits: the one connection is held
+    store._checkin_sync(pool, held)
+    (second,) = store.jobs_enqueue_blocking(jobs=[JOB])
+    again, conn = store._checkout_sync()
+    try:
+        ids = [r[0] for r in conn.execute(f"SELECT id FROM {store.schema}.jobs ORDER BY id")]
+    finally:
+        store._checkin_sync(again, conn)
+    assert ids[-1] == second
+    assert len(ids) == 2  # the interrupted enqueue never reached the server
+    assert again is not pool  # the pool it was interrupted in was retired
+
+
+async def test_a_sync_transaction_interrupted_while_it_waits_for_a_connection_loses_none(
+    store: PostgresStore,
+) -> None:
+    """The same for the pool of sync fenced transactions."""
+    pool, held = store._checkout_sync(lent=True)
+    with pytest.raises(KeyboardInterrupt), interrupted_after(0.3):
+        store._checkout_sync(lent=True)
+    store._checkin_sync(pool, held)
+    again, conn = store._checkout_sync(lent=True)
+    store._checkin_sync(again, conn)
+    assert again is not pool
