@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 import psycopg
 import pytest
 
+from tokenline import StoreUnavailableError
 from tokenline._jobs import NewJob
 from tokenline.stores.postgres import PostgresStore
 
@@ -89,3 +90,24 @@ async def test_a_sync_transaction_interrupted_while_it_waits_for_a_connection_lo
     again, conn = store._checkout_sync(lent=True)
     store._checkin_sync(again, conn)
     assert again is not pool
+
+
+async def test_a_statement_timeout_from_the_url_is_not_reported_as_the_store_timeout(
+    postgres_server: str,
+) -> None:
+    """A URL whose options set a statement_timeout of 1 ms: a statement it cancels is
+    reported as canceled, with the server's reason, not as the store's 3 s passing."""
+    s = PostgresStore(
+        f"{postgres_server}?schema=tl_syncpool_absent&options=-c%20statement_timeout%3D1",
+        timeout=3.0,
+        migrate=False,
+    )
+    with (
+        psycopg.connect(s.target.conninfo, autocommit=True) as conn,
+        pytest.raises(StoreUnavailableError) as raised,
+        s._translate(),
+    ):
+        conn.execute("SELECT pg_sleep(0.5)")
+    text = str(raised.value)
+    assert "canceled a statement (canceling statement due to statement timeout)" in text
+    assert "within" not in text

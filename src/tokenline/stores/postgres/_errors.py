@@ -230,9 +230,12 @@ def _translated(target: Target, timeout: float) -> Iterator[None]:
     except PoolClosed as exc:
         raise StoreError("the PostgreSQL store is closed; call open() first") from exc
     except pg.QueryCanceled as exc:
+        # Not "within the store timeout": a statement_timeout in the URL's options wins
+        # over tokenline's, and an operator's pg_cancel_backend ends a statement too.
         raise StoreUnavailableError(
-            f"PostgreSQL {target.where} did not answer within {timeout:g}s "
-            f"(statement_timeout): {exc}"
+            f"PostgreSQL {target.where} canceled a statement ({' '.join(str(exc).split())}); "
+            f"tokenline's statement_timeout is the store timeout, {timeout:g}s, unless the "
+            "URL's options set another"
         ) from exc
     except (pg.ReadOnlySqlTransaction, pg.FeatureNotSupported) as exc:
         if not is_read_only(exc):
