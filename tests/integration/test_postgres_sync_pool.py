@@ -9,6 +9,7 @@ the next checkout gets a connection from a new one.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import threading
@@ -30,7 +31,11 @@ async def store(postgres_server: str) -> AsyncIterator[PostgresStore]:
     """An open store on a fresh schema whose blocking pool has one connection, waited
     for 3 s at most."""
     schema = f"tl_syncpool_{uuid.uuid4().hex[:8]}"
-    s = PostgresStore(f"{postgres_server}?schema={schema}", timeout=3.0, max_connections=1)
+    s = PostgresStore(
+        f"{postgres_server}?schema={schema}&application_name={schema}",
+        timeout=3.0,
+        max_connections=1,
+    )
     await s.open()
     try:
         yield s
@@ -111,3 +116,40 @@ async def test_a_statement_timeout_from_the_url_is_not_reported_as_the_store_tim
     text = str(raised.value)
     assert "canceled a statement (canceling statement due to statement timeout)" in text
     assert "within" not in text
+
+
+async def test_enqueues_go_in_after_the_server_ended_the_pools_idle_sessions(
+    store: PostgresStore, postgres_server: str
+) -> None:
+    """Every session of the store ended by the server while idle (as a restart or
+    idle_session_timeout ends them): the next blocking and async enqueues take fresh
+    connections instead of failing on the ended ones, and each goes in once."""
+    store.jobs_enqueue_blocking(jobs=[JOB])
+    await store.jobs_enqueue(jobs=[JOB])
+    name = store.schema  # the sessions' application_name (the fixture's URL)
+    async with await psycopg.AsyncConnection.connect(postgres_server, autocommit=True) as c:
+        cur = await c.execute(
+            "SELECT array_agg(pid) FROM pg_stat_activity WHERE application_name = %s", (name,)
+        )
+        (pids,) = await cur.fetchone() or (None,)
+        assert pids is not None
+        assert len(pids) >= 2  # the blocking pool's, the async pool's, ...
+        await c.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
+        for _ in range(600):
+            cur = await c.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)
+            )
+            if (await cur.fetchone() or (1,))[0] == 0:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the sessions were not ended")
+    (blocking,) = store.jobs_enqueue_blocking(jobs=[JOB])
+    (awaited,) = await store.jobs_enqueue(jobs=[JOB])
+    pool, conn = store._checkout_sync()
+    try:
+        ids = [r[0] for r in conn.execute(f"SELECT id FROM {store.schema}.jobs ORDER BY id")]
+    finally:
+        store._checkin_sync(pool, conn)
+    assert len(ids) == 4
+    assert ids[2:] == sorted([blocking, awaited])

@@ -11,12 +11,14 @@ string, so that the timeout's message can give the server's reason.
 
 from __future__ import annotations
 
+import select
 import time
 from typing import Any
 
 import psycopg
+from psycopg import pq
 
-__all__ = ["RecordingAsyncConnection", "RecordingConnection", "last_failure"]
+__all__ = ["RecordingAsyncConnection", "RecordingConnection", "ended_while_idle", "last_failure"]
 
 #: The last failure to connect, by connection string: when, and what the server said.
 _FAILURES: dict[str, tuple[float, str]] = {}
@@ -71,3 +73,24 @@ class RecordingConnection(psycopg.Connection[Any]):
             raise
         _FAILURES.pop(conninfo, None)
         return conn
+
+
+def ended_while_idle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether the server ended ``conn``'s session while it sat idle in its pool.
+
+    A server that restarts, an operator's ``pg_terminate_backend`` and
+    ``idle_session_timeout`` end idle sessions: the server writes why, and closes the
+    socket. The pool hands such a connection out all the same, and the first statement
+    sent on it failed, one call per connection the pool held. An idle connection has
+    nothing to read: anything there (or a socket already closed) says it was ended,
+    before anything was sent on it, so taking another connection instead is safe. One
+    ``poll`` that does not wait, about a microsecond."""
+    pgconn = conn.pgconn
+    if pgconn.status != pq.ConnStatus.OK:
+        return True
+    try:
+        poller = select.poll()
+        poller.register(pgconn.socket, select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError, psycopg.OperationalError):
+        return True  # no socket to look at: it was closed

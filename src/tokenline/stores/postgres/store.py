@@ -78,7 +78,7 @@ from ..base import (
 from . import _direct as direct
 from ._arrays import ADAPTERS, BinaryArray, float_array
 from ._catalog import check_objects
-from ._connect import RecordingAsyncConnection, RecordingConnection
+from ._connect import RecordingAsyncConnection, RecordingConnection, ended_while_idle
 from ._cutoff import Cutoffs
 from ._deadline import run_bounded
 from ._errors import (
@@ -446,6 +446,14 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         async def run() -> T:
             nonlocal sent
             conn = await pool.getconn(timeout=self.timeout)
+            for _ in range(self.max_connections):
+                if not ended_while_idle(conn):
+                    break
+                # Ended while it sat in the pool: put back closed, for the pool to
+                # replace (see ended_while_idle); nothing was sent on it.
+                await conn.close()
+                await pool.putconn(conn)
+                conn = await pool.getconn(timeout=self.timeout)
             try:
                 sent = True
                 return await fn(conn)
@@ -497,13 +505,21 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         fenced transaction, read-only until tokenline begins a transaction on it."""
         with self._translate():
             pool = self._require_sync_pool(lent=lent)
-            try:
-                return pool, pool.getconn(timeout=self.timeout)
-            except Exception:
-                raise
-            except BaseException:
-                self._retire_sync_pool(pool)
-                raise
+            # Sessions the server ended while they sat in the pool are put back closed,
+            # for the pool to replace, as many as it can hold; then the next is used.
+            for more in range(self.max_connections, -1, -1):
+                try:
+                    conn = pool.getconn(timeout=self.timeout)
+                except Exception:
+                    raise
+                except BaseException:
+                    self._retire_sync_pool(pool)
+                    raise
+                if not more or not ended_while_idle(conn):
+                    return pool, conn
+                conn.close()
+                self._checkin_sync(pool, conn)
+            raise AssertionError("unreachable")  # pragma: no cover
 
     def _checkin_sync(
         self, pool: ConnectionPool[psycopg.Connection[TupleRow]], conn: psycopg.Connection[Any]
