@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,20 +39,43 @@ class RedisServer:
     """A ``redis-server`` on a loopback port, keeping nothing on disk."""
 
     def __init__(self, program: str, tmp: Path, name: str, replica_of: int | None = None) -> None:
-        self.port = _free_port()
-        args = [
-            program,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", str(tmp),
-            "--logfile", str(tmp / f"{name}.log"),
-        ]  # fmt: skip
-        if replica_of is not None:
-            args += ["--replicaof", "127.0.0.1", str(replica_of)]
-        self.proc = subprocess.Popen(args)
+        # The free port may be taken by another process before the server binds it (the
+        # tests run in parallel): a server that could not bind exits, and a client on
+        # that port would talk to someone else's server. Each try checks that the
+        # server answering is this process.
+        for _ in range(5):
+            self.port = _free_port()
+            args = [
+                program,
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", str(tmp),
+                "--logfile", str(tmp / f"{name}.log"),
+            ]  # fmt: skip
+            if replica_of is not None:
+                args += ["--replicaof", "127.0.0.1", str(replica_of)]
+            self.proc = subprocess.Popen(args)
+            if self._answers_as_itself():
+                break
+            self.stop()
+        else:
+            pytest.fail(f"redis-server {name} did not start on a free port in 5 tries")
         self.url = f"redis://127.0.0.1:{self.port}/0?prefix=failover"
+
+    def _answers_as_itself(self) -> bool:
+        """Whether the server on ``port`` is this process (False: it exited, or
+        another process answers there)."""
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                pid = int(self.client().info("server")["process_id"])
+            except redis.RedisError:
+                time.sleep(0.05)
+                continue
+            return pid == self.proc.pid
+        return False
 
     def client(self) -> redis.Redis:
         return redis.Redis(port=self.port, socket_timeout=5)
@@ -61,6 +85,17 @@ class RedisServer:
             os.kill(self.proc.pid, signal.SIGCONT)
             self.proc.kill()
         self.proc.wait(timeout=10)
+
+
+def _replicated(primary: RedisServer) -> bool:
+    """Whether every write ``primary`` took so far reached its replica. WAIT counts the
+    acknowledgements of the writes of the connection it is sent on alone (on a fresh
+    one, it returns at once): a write of that connection goes first, and the replication
+    stream, one and in order, carries the store's writes before it."""
+    pipe = primary.client().pipeline(transaction=False)  # one connection for both
+    pipe.set("test:replicated", "1")
+    pipe.execute_command("WAIT", 1, 5000)
+    return bool(pipe.execute()[1] == 1)
 
 
 async def _until(what: str, check: Any) -> None:
@@ -101,7 +136,7 @@ async def test_a_token_reused_by_a_promoted_replica_is_refused_by_the_ledger(
     before = SplitStore(broker=primary.url, ledger=postgres_url, clock=clock)
     await before.open()
     await before.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
-    assert primary.client().wait(1, 5000) == 1  # the enqueue reached the replica
+    assert _replicated(primary)  # the enqueue reached the replica
     # The replica misses everything from here: stopped, and its link cut, so that not
     # even bytes left in a socket buffer reach it.
     os.kill(replica.proc.pid, signal.SIGSTOP)
@@ -156,7 +191,7 @@ async def test_a_job_id_lost_in_a_failover_is_never_handed_out_again(
     before = SplitStore(broker=primary.url, ledger=postgres_url, clock=clock)
     await before.open()
     (a,) = await before.jobs_enqueue(jobs=[NewJob(queue="default", task="kept", args="[]")])
-    assert primary.client().wait(1, 5000) == 1
+    assert _replicated(primary)
     os.kill(replica.proc.pid, signal.SIGSTOP)
     primary.client().execute_command("CLIENT", "KILL", "TYPE", "replica")
     (b,) = await before.jobs_enqueue(jobs=[NewJob(queue="default", task="lost", args="[]")])
