@@ -153,3 +153,43 @@ async def test_enqueues_go_in_after_the_server_ended_the_pools_idle_sessions(
         store._checkin_sync(pool, conn)
     assert len(ids) == 4
     assert ids[2:] == sorted([blocking, awaited])
+
+
+async def _end_sessions(postgres_server: str, pids: list[int]) -> None:
+    """End the sessions ``pids`` from another connection, and wait until they are gone."""
+    async with await psycopg.AsyncConnection.connect(postgres_server, autocommit=True) as c:
+        await c.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
+        for _ in range(600):
+            cur = await c.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)
+            )
+            if (await cur.fetchone() or (1,))[0] == 0:
+                return
+            await asyncio.sleep(0.05)
+    raise AssertionError("the sessions were not ended")
+
+
+async def test_fenced_transactions_take_a_live_session_after_the_server_ended_theirs(
+    store: PostgresStore, postgres_server: str
+) -> None:
+    """The pools lent to ``ctx.transaction()`` (sync and async forms): a session the
+    server ended while it sat there is replaced before the block gets it."""
+    pool, conn = store._checkout_sync(lent=True)
+    sync_pid = conn.info.backend_pid
+    store._checkin_sync(pool, conn)
+    aconn = await store._checkout()
+    async_pid = aconn.info.backend_pid
+    await store._checkin(aconn)
+    await _end_sessions(postgres_server, [sync_pid, async_pid])
+    pool, conn = store._checkout_sync(lent=True)
+    try:
+        assert conn.info.backend_pid != sync_pid
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        store._checkin_sync(pool, conn)
+    aconn = await store._checkout()
+    try:
+        assert aconn.info.backend_pid != async_pid
+        assert await (await aconn.execute("SELECT 1")).fetchone() == (1,)
+    finally:
+        await store._checkin(aconn)

@@ -485,9 +485,17 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         if pool is None or self._pool is None:
             raise StoreError("the PostgreSQL store is not open; call open() first")
         with self._translate():
-            return await run_bounded(
-                pool.getconn(timeout=self.timeout), self._deadline, discard=pool.putconn
-            )
+            for more in range(self.max_connections, -1, -1):
+                conn = await run_bounded(
+                    pool.getconn(timeout=self.timeout), self._deadline, discard=pool.putconn
+                )
+                if not more or not ended_while_idle(conn):
+                    return conn
+                # Ended while it sat in the pool (see ended_while_idle): put back closed,
+                # for the pool to replace; nothing was sent on it.
+                await conn.close()
+                await pool.putconn(conn)
+            raise AssertionError("unreachable")  # pragma: no cover
 
     async def _checkin(self, conn: AsyncConnection[Any]) -> None:
         pool = self._lent_pool
