@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tokenline import InvalidInputError, StoreUnavailableError
+from tokenline import InvalidInputError, OutcomeUnknownError, StoreError, StoreUnavailableError
 from tokenline._jobs import NewJob
 from tokenline.stores.postgres import PostgresStore
 from tokenline.stores.postgres import _direct as direct
@@ -246,3 +246,84 @@ async def test_a_session_in_another_client_encoding_stores_keys_exactly(
             assert await cur.fetchall() == [(jid, "café")]
         finally:
             await c.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+async def test_an_error_at_the_commit_after_the_rows_is_raised(store: PostgresStore) -> None:
+    """A deferred check that fails when the enqueue commits answers after the row the
+    statement returned: the enqueue raises, and returns no id of a job never stored."""
+    pool, conn = store._checkout_sync()
+    try:
+        conn.execute(
+            f"CREATE FUNCTION {store.schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'refused at commit'; END $$"
+        )
+        conn.execute(
+            f"CREATE CONSTRAINT TRIGGER refuse AFTER INSERT ON {store.schema}.jobs "
+            "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW "
+            f"EXECUTE FUNCTION {store.schema}.refuse()"
+        )
+    finally:
+        store._checkin_sync(pool, conn)
+    calls = _direct_calls(store)
+    with pytest.raises(StoreError, match="refused at commit") as raised:
+        store.jobs_enqueue_blocking(jobs=[NewJob(queue="default", task="t", args="[1]")])
+    assert not isinstance(raised.value, OutcomeUnknownError)  # the server said: rolled back
+    assert calls == []  # raised inside the direct path, before it answered
+    pool, conn = store._checkout_sync()
+    try:
+        (count,) = conn.execute(f"SELECT count(*) FROM {store.schema}.jobs").fetchone() or (1,)
+    finally:
+        store._checkin_sync(pool, conn)
+    assert count == 0
+
+
+class _Result:
+    """A libpq result as _direct reads it."""
+
+    def __init__(self, status: psycopg.pq.ExecStatus, fields: dict[int, bytes]) -> None:
+        self.status = status
+        self._fields = fields
+
+    def error_field(self, field: int) -> bytes | None:
+        return self._fields.get(field)
+
+    def get_error_message(self, encoding: str = "utf-8") -> str:
+        return (self._fields.get(psycopg.pq.DiagnosticField.MESSAGE_PRIMARY) or b"").decode()
+
+
+class _Answering:
+    """A libpq handle with the whole answer in, one part per get_result."""
+
+    def __init__(self, *parts: _Result) -> None:
+        self._parts = list(parts)
+        self.socket = 0
+
+    def flush(self) -> int:
+        return 0
+
+    def is_busy(self) -> bool:
+        return False
+
+    def get_result(self) -> _Result | None:
+        return self._parts.pop(0) if self._parts else None
+
+
+def test_a_session_ended_after_the_rows_leaves_the_outcome_unknown() -> None:
+    """The row came, then the server ended the session (FATAL): whether the statement
+    committed is not known, so no row is taken for an answer."""
+    field = psycopg.pq.DiagnosticField
+    rows = _Result(psycopg.pq.ExecStatus.TUPLES_OK, {})
+    ended = _Result(
+        psycopg.pq.ExecStatus.FATAL_ERROR,
+        {
+            field.SQLSTATE: b"57P01",
+            field.SEVERITY_NONLOCALIZED: b"FATAL",
+            field.MESSAGE_PRIMARY: b"terminating connection due to administrator command",
+        },
+    )
+    with pytest.raises(psycopg.OperationalError, match="ended after the statement") as raised:
+        direct._results(_Answering(rows, ended), "utf-8")  # type: ignore[arg-type]
+    assert raised.value.sqlstate is None  # so the store says: outcome unknown
+    with pytest.raises(psycopg.errors.AdminShutdown):  # before any row: the server's word
+        direct._results(_Answering(ended), "utf-8")  # type: ignore[arg-type]
+    assert direct._results(_Answering(rows), "utf-8") is rows  # type: ignore[arg-type]

@@ -57,7 +57,8 @@ def _text(value: Any) -> bytes | bool | None:
 
 
 def _wait(pgconn: pq.abc.PGconn) -> None:
-    """Send what is buffered, then read until the answer is complete."""
+    """Send what is buffered, then read until a result can be taken without waiting:
+    never a blocking ``get_result``, which would wait holding the thread."""
     fd = pgconn.socket
     poller = select.poll()
     while pgconn.flush():  # 1: more to send, once the socket can take it
@@ -65,25 +66,39 @@ def _wait(pgconn: pq.abc.PGconn) -> None:
         poller.poll()
         pgconn.consume_input()  # the server may answer early (an error) meanwhile
     poller.register(fd, select.POLLIN)
-    pgconn.consume_input()
     while pgconn.is_busy():
         poller.poll()
         pgconn.consume_input()
 
 
 def _results(pgconn: pq.abc.PGconn, encoding: str) -> pq.abc.PGresult:
-    """The statement's one result, raised as psycopg's exception if it is an error."""
-    _wait(pgconn)
-    result = None
-    while (more := pgconn.get_result()) is not None:
-        result = result or more
-    if result is None:  # the connection went away between the answer's parts
+    """The statement's result, once its whole answer is in: every part of it is read,
+    for an error may follow the rows. An error is raised as psycopg's exception for it
+    (the statement's transaction rolled back: a deferred check that failed at the
+    commit comes after the rows it refused). One that ended the session after the rows
+    came (``pg_terminate_backend``, a shutdown) is raised as a connection error, which
+    says that the statement's fate is unknown: taking the rows for a commit returned
+    ids of jobs that were never stored."""
+    results = []
+    while True:
+        _wait(pgconn)
+        if (more := pgconn.get_result()) is None:
+            break
+        results.append(more)
+    if not results:  # the connection went away between the answer's parts
         raise psycopg.OperationalError(
             pgconn.get_error_message(encoding) or "the server sent no answer"
         )
-    if result.status == pq.ExecStatus.FATAL_ERROR:
-        raise error_from_result(result, encoding)
-    return result
+    for n, result in enumerate(results):
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            error = error_from_result(result, encoding)
+            severity = result.error_field(pq.DiagnosticField.SEVERITY_NONLOCALIZED)
+            if n and severity in (b"FATAL", b"PANIC"):
+                raise psycopg.OperationalError(
+                    f"the session ended after the statement answered ({error})"
+                ) from error
+            raise error
+    return results[0]
 
 
 def _prepare(conn: Any, name: bytes, statement: RawStatement, encoding: str) -> None:
