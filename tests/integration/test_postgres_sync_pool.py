@@ -15,6 +15,7 @@ import signal
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -193,3 +194,30 @@ async def test_fenced_transactions_take_a_live_session_after_the_server_ended_th
         assert await (await aconn.execute("SELECT 1")).fetchone() == (1,)
     finally:
         await store._checkin(aconn)
+
+
+async def test_a_checkout_that_meets_a_pool_retired_meanwhile_takes_its_successor(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another thread's interrupt retired the pool between this checkout's look at it
+    and its getconn: the checkout takes the new pool, not "the store is closed"."""
+    retired = store._require_sync_pool(lent=False)
+    store._retire_sync_pool(retired)
+    for _ in range(600):
+        if retired.closed:
+            break
+        await asyncio.sleep(0.05)
+    assert retired.closed
+    require = store._require_sync_pool
+    stale = [retired]  # what the racing thread saw
+
+    def seen_first(*, lent: bool) -> Any:
+        return stale.pop() if stale else require(lent=lent)
+
+    monkeypatch.setattr(store, "_require_sync_pool", seen_first)
+    pool, conn = store._checkout_sync()
+    try:
+        assert pool is not retired
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        store._checkin_sync(pool, conn)

@@ -35,7 +35,7 @@ import psycopg
 from psycopg import AsyncConnection, AsyncRawCursor, sql
 from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, TupleRow, dict_row, tuple_row
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed
 
 from ..._clock import Clock, SystemClock
 from ..._errors import (
@@ -513,21 +513,30 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         fenced transaction, read-only until tokenline begins a transaction on it."""
         with self._translate():
             pool = self._require_sync_pool(lent=lent)
-            # Sessions the server ended while they sat in the pool are put back closed,
-            # for the pool to replace, as many as it can hold; then the next is used.
-            for more in range(self.max_connections, -1, -1):
+            ended = 0
+            while True:
                 try:
                     conn = pool.getconn(timeout=self.timeout)
+                except PoolClosed:
+                    # Retired by another thread meanwhile (see _retire_sync_pool): its
+                    # successor, unless the store itself was closed.
+                    successor = self._require_sync_pool(lent=lent)
+                    if successor is pool:
+                        raise
+                    pool = successor
+                    continue
                 except Exception:
                     raise
                 except BaseException:
                     self._retire_sync_pool(pool)
                     raise
-                if not more or not ended_while_idle(conn):
+                # Sessions the server ended while they sat in the pool are put back
+                # closed, for the pool to replace, as many as it can hold.
+                if ended >= self.max_connections or not ended_while_idle(conn):
                     return pool, conn
+                ended += 1
                 conn.close()
                 self._checkin_sync(pool, conn)
-            raise AssertionError("unreachable")  # pragma: no cover
 
     def _checkin_sync(
         self, pool: ConnectionPool[psycopg.Connection[TupleRow]], conn: psycopg.Connection[Any]
