@@ -1,9 +1,15 @@
 """PostgreSQL schemas in tests: one as an older tokenline left it (for the upgrade
-tests), and whether one exists at all."""
+tests), whether one exists at all, and a store on a fresh one."""
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tokenline.stores.postgres import PostgresStore
 
 
 def schema_at_version(conn: Any, schema: str, version: int) -> None:
@@ -36,3 +42,25 @@ def schema_exists(server: str, schema: str) -> bool:
     with psycopg.connect(server, autocommit=True) as conn:
         cur = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,))
         return cur.fetchone() == (1,)
+
+
+@contextlib.asynccontextmanager
+async def fresh_store(
+    server: str, prefix: str, query: str = "", **options: Any
+) -> AsyncIterator[PostgresStore]:
+    """An open PostgreSQL store on a fresh schema named ``prefix`` and a random suffix
+    (``query``: more of the URL's parameters, each after ``&``; ``{schema}`` in it is
+    the schema's name), closed and its schema dropped afterwards."""
+    import psycopg
+
+    from tokenline.stores.postgres import PostgresStore
+
+    schema = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    store = PostgresStore(f"{server}?schema={schema}{query.format(schema=schema)}", **options)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+        async with await psycopg.AsyncConnection.connect(server, autocommit=True) as c:
+            await c.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

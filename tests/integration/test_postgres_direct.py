@@ -6,13 +6,13 @@ and the wake-up sent.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
 import pytest
 
+from pg_schema import fresh_store
 from tokenline import InvalidInputError, OutcomeUnknownError, StoreError, StoreUnavailableError
 from tokenline._jobs import NewJob
 from tokenline.stores.postgres import PostgresStore
@@ -22,15 +22,8 @@ from tokenline.stores.postgres import _direct as direct
 @pytest.fixture
 async def store(postgres_server: str) -> AsyncIterator[PostgresStore]:
     """An open store on a fresh schema, dropped afterwards."""
-    schema = f"tl_direct_{uuid.uuid4().hex[:8]}"
-    s = PostgresStore(f"{postgres_server}?schema={schema}")
-    await s.open()
-    try:
+    async with fresh_store(postgres_server, "tl_direct") as s:
         yield s
-    finally:
-        await s.close()
-        async with await psycopg.AsyncConnection.connect(postgres_server, autocommit=True) as c:
-            await c.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 class _Name(str):
@@ -219,10 +212,7 @@ async def test_a_session_in_another_client_encoding_stores_keys_exactly(
     """A URL that asks for LATIN1 sessions: a key with accents is stored as given
     (through psycopg, which encodes for the session), and one that LATIN1 cannot
     write is refused, naming the characters, with nothing stored."""
-    schema = f"tl_direct_{uuid.uuid4().hex[:8]}"
-    s = PostgresStore(f"{postgres_server}?schema={schema}&client_encoding=LATIN1")
-    await s.open()
-    try:
+    async with fresh_store(postgres_server, "tl_direct", "&client_encoding=LATIN1") as s:
         calls = _direct_calls(s)
         (jid,) = s.jobs_enqueue_blocking(
             jobs=[NewJob(queue="default", task="t", args="[1]", idempotency_key="café")]
@@ -238,14 +228,9 @@ async def test_a_session_in_another_client_encoding_stores_keys_exactly(
             await s.jobs_enqueue(
                 jobs=[NewJob(queue="default", task="t", args="[3]", idempotency_key="b😀")]
             )
-    finally:
-        await s.close()
-    async with await psycopg.AsyncConnection.connect(postgres_server, autocommit=True) as c:
-        try:
-            cur = await c.execute(f"SELECT id, idempotency_key FROM {schema}.jobs")
+        async with await psycopg.AsyncConnection.connect(postgres_server, autocommit=True) as c:
+            cur = await c.execute(f"SELECT id, idempotency_key FROM {s.schema}.jobs")
             assert await cur.fetchall() == [(jid, "café")]
-        finally:
-            await c.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 async def test_an_error_at_the_commit_after_the_rows_is_raised(store: PostgresStore) -> None:

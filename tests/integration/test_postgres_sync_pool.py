@@ -13,13 +13,13 @@ import asyncio
 import contextlib
 import signal
 import threading
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
+from pg_schema import fresh_store
 from tokenline import StoreUnavailableError
 from tokenline._jobs import NewJob
 from tokenline.stores.postgres import PostgresStore
@@ -30,20 +30,12 @@ JOB = NewJob(queue="default", task="t", args="[1]")
 @pytest.fixture
 async def store(postgres_server: str) -> AsyncIterator[PostgresStore]:
     """An open store on a fresh schema whose blocking pool has one connection, waited
-    for 3 s at most."""
-    schema = f"tl_syncpool_{uuid.uuid4().hex[:8]}"
-    s = PostgresStore(
-        f"{postgres_server}?schema={schema}&application_name={schema}",
-        timeout=3.0,
-        max_connections=1,
-    )
-    await s.open()
-    try:
+    for 3 s at most; its sessions are named after the schema."""
+    query = "&application_name={schema}"
+    async with fresh_store(
+        postgres_server, "tl_syncpool", query, timeout=3.0, max_connections=1
+    ) as s:
         yield s
-    finally:
-        await s.close()
-        async with await psycopg.AsyncConnection.connect(postgres_server, autocommit=True) as c:
-            await c.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 @contextlib.contextmanager
@@ -133,18 +125,9 @@ async def test_enqueues_go_in_after_the_server_ended_the_pools_idle_sessions(
             "SELECT array_agg(pid) FROM pg_stat_activity WHERE application_name = %s", (name,)
         )
         (pids,) = await cur.fetchone() or (None,)
-        assert pids is not None
-        assert len(pids) >= 2  # the blocking pool's, the async pool's, ...
-        await c.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
-        for _ in range(600):
-            cur = await c.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)
-            )
-            if (await cur.fetchone() or (1,))[0] == 0:
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError("the sessions were not ended")
+    assert pids is not None
+    assert len(pids) >= 2  # the blocking pool's, the async pool's, ...
+    await _end_sessions(postgres_server, pids)
     (blocking,) = store.jobs_enqueue_blocking(jobs=[JOB])
     (awaited,) = await store.jobs_enqueue(jobs=[JOB])
     pool, conn = store._checkout_sync()
