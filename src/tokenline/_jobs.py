@@ -24,8 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._config import QUEUE_NAME_RE, validate_queue_name
-from ._errors import QueueNameError
+from ._config import validate_queue_name
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
@@ -194,12 +193,7 @@ def check_queue_name(name: object) -> str:
     The whole name must match: a trailing newline is no more a queue name than any other
     control character.
     """
-    validate_queue_name(name)
-    if not isinstance(name, str) or not QUEUE_NAME_RE.fullmatch(name):
-        raise QueueNameError(
-            f"invalid queue name {name!r}: use 1-64 characters from A-Z a-z 0-9 _ . : -"
-        )
-    return name
+    return validate_queue_name(name)
 
 
 class JobState(enum.StrEnum):
