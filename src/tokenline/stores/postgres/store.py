@@ -513,30 +513,35 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
         fenced transaction, read-only until tokenline begins a transaction on it."""
         with self._translate():
             pool = self._require_sync_pool(lent=lent)
-            ended = 0
-            while True:
-                try:
-                    conn = pool.getconn(timeout=self.timeout)
-                except PoolClosed:
-                    # Retired by another thread meanwhile (see _retire_sync_pool): its
-                    # successor, unless the store itself was closed.
-                    successor = self._require_sync_pool(lent=lent)
-                    if successor is pool:
-                        raise
-                    pool = successor
-                    continue
-                except Exception:
-                    raise
-                except BaseException:
-                    self._retire_sync_pool(pool)
-                    raise
-                # Sessions the server ended while they sat in the pool are put back
-                # closed, for the pool to replace, as many as it can hold.
-                if ended >= self.max_connections or not ended_while_idle(conn):
+            for _ in range(self.max_connections):
+                pool, conn = self._getconn_sync(pool, lent=lent)
+                if not ended_while_idle(conn):
                     return pool, conn
-                ended += 1
+                # A session the server ended while it sat in the pool: put back closed,
+                # for the pool to replace, as many times as the pool holds connections.
                 conn.close()
                 self._checkin_sync(pool, conn)
+            return self._getconn_sync(pool, lent=lent)
+
+    def _getconn_sync(
+        self, pool: ConnectionPool[psycopg.Connection[TupleRow]], *, lent: bool
+    ) -> tuple[ConnectionPool[psycopg.Connection[TupleRow]], psycopg.Connection[Any]]:
+        """A connection of ``pool``, or of the pool that replaced it, with that pool."""
+        while True:
+            try:
+                return pool, pool.getconn(timeout=self.timeout)
+            except PoolClosed:
+                # Retired by another thread meanwhile (see _retire_sync_pool): its
+                # successor, unless the store itself was closed.
+                successor = self._require_sync_pool(lent=lent)
+                if successor is pool:
+                    raise
+                pool = successor
+            except Exception:
+                raise
+            except BaseException:
+                self._retire_sync_pool(pool)
+                raise
 
     def _checkin_sync(
         self, pool: ConnectionPool[psycopg.Connection[TupleRow]], conn: psycopg.Connection[Any]
