@@ -94,6 +94,7 @@ __all__ = [
     "DEFAULT_EFFECT_WAIT",
     "EffectCall",
     "EffectRun",
+    "call_claimed",
     "current_effect",
     "decode_result",
     "encode_result",
@@ -374,6 +375,12 @@ async def run_effect_as(run: EffectRun, fn: Callable[..., Any], *args: Any, **kw
     if begin.start is Start.DONE:
         assert begin.record is not None
         return stored_result(run.key, begin.record)
+    return await call_claimed(run, fn, *args, **kwargs)
+
+
+async def call_claimed(run: EffectRun, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn`` (awaiting what it returns, if awaitable) for the key ``run`` has
+    claimed to run, and record its outcome: its result, or that it raised."""
     try:
         with running_effect(run.call):
             value = fn(*args, **kwargs)

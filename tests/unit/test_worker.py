@@ -2664,47 +2664,6 @@ async def test_an_effect_past_its_handlers_hard_timeout_never_runs_beside_itself
     assert (await outcomes(store, other))[-1] == "succeeded"
 
 
-@pytest.mark.parametrize("keep", ["on", "sabotaged"])
-async def test_a_stop_gives_back_no_job_whose_thread_runs_an_effect(
-    monkeypatch: pytest.MonkeyPatch, keep: str
-) -> None:
-    """A worker stopping past its drain timeout gave back every job still leased to it,
-    a sync handler's inside ``ctx.effect`` too: the job's next attempt could take the
-    key over while the callee still ran in this process. That job is now left to its
-    lease, which expires (then the rescue takes it), and the key with it."""
-    if keep == "sabotaged":  # the control: the worker no longer sees the effect
-        from tokenline.worker.slot import Slot
-
-        monkeypatch.setattr(Slot, "effect_key", property(lambda s: None, lambda s, v: None))
-    app = App("memory://")
-    store = app.open_store()
-    charging, done = threading.Event(), threading.Event()
-
-    def charge() -> int:
-        charging.set()
-        done.wait(DEADLINE)
-        return 1
-
-    @app.task(name="t.stop_in_effect")
-    def handler(ctx: JobContext) -> None:
-        ctx.effect("stop:1", charge)
-
-    worker = Worker(app, dataclasses.replace(QUIET, drain_timeout=0.2), store=store)
-    task = asyncio.create_task(worker.run())
-    try:
-        jid = await app.enqueue_async("t.stop_in_effect", store=store)
-        await asyncio.to_thread(charging.wait, DEADLINE)
-        worker.request_shutdown()
-        await asyncio.wait_for(task, DEADLINE)
-        job = await store.job_get(job_id=jid)
-    finally:
-        done.set()
-    if keep == "sabotaged":
-        assert job.state is JobState.QUEUED  # given back while the callee ran
-    else:
-        assert job.state is JobState.RUNNING  # its lease runs out; then the rescue
-
-
 async def test_jobs_contending_for_one_resource_lease_wait_their_turn() -> None:
     """Five jobs each take the lease on one account, tried once (no ``wait``), as the
     README's debit does. A job that found it held spent an attempt, and with a few

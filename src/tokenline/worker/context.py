@@ -30,10 +30,10 @@ from ..dependencies import BreakerBoard, Dependency
 from ..effects import (
     DEFAULT_EFFECT_WAIT,
     EffectRun,
+    call_claimed,
     decode_result,
     fence_for,
     record_failure,
-    run_effect_as,
     running_effect,
     stored_result,
 )
@@ -134,7 +134,9 @@ class JobContext:
 
         Long sync handlers should call it between steps; every ``ctx`` commit calls it.
         """
-        if self._slot.cancelled:
+        # A cancel reason alone: the worker ended the attempt, and lets its handler run on
+        # until the effect under way is over (a drain timeout).
+        if self._slot.cancelled or self._slot.cancel_reason is not None:
             why = self._slot.cancel_reason or self._slot.timed_out or "the attempt was stopped"
             raise JobCancelled(f"job {self.job_id} was cancelled by the worker: {why}")
         if self._local_fencing and self._clock.monotonic() >= self._slot.valid_until:
@@ -242,14 +244,17 @@ class JobContext:
         require_callable(f"ctx.effect({key!r}, ...)", fn)
         refuse_async_callee(f"ctx.effect({key!r}, ...)", fn)
         run = self._effect_run(key, wait)
-        begin = self.run_sync(run.claim(), "await ctx.effect_async(...)")
-        if begin.start is Start.DONE:
-            assert begin.record is not None
-            return stored_result(run.key, begin.record)
         slot = self._slot
+        # Marked from the claim on: once the claim is sent, the key may be pending under
+        # this attempt, and the worker must not give the job back meanwhile.
         slot.effect_key, slot.effect_since = run.key, self._clock.monotonic()
         try:
+            begin = self.run_sync(run.claim(), "await ctx.effect_async(...)")
+            if begin.start is Start.DONE:
+                assert begin.record is not None
+                return stored_result(run.key, begin.record)
             try:
+                self._unless_stopped_while_claiming()
                 with running_effect(run.call):
                     # Recorded as a failure, not a result: the awaitable never ran, so a
                     # later attempt may run the key.
@@ -276,7 +281,31 @@ class JobContext:
         self.check()
         self.refuse_inside_transaction("ctx.effect_async")
         require_callable(f"ctx.effect_async({key!r}, ...)", fn)
-        return await run_effect_as(self._effect_run(key, wait), fn, *args, **kwargs)
+        run = self._effect_run(key, wait)
+        slot = self._slot
+        # As the sync handler's effect_key: a drain timeout waits for this effect rather
+        # than cancel it (Worker._effects_over_at_drain).
+        slot.effect_awaited, slot.effect_since = run.key, self._clock.monotonic()
+        try:
+            begin = await run.claim()
+            if begin.start is Start.DONE:
+                assert begin.record is not None
+                return stored_result(run.key, begin.record)
+            try:
+                self._unless_stopped_while_claiming()
+            except BaseException as exc:
+                await record_failure(run, exc)
+                raise
+            return await call_claimed(run, fn, *args, **kwargs)
+        finally:
+            slot.effect_awaited = None
+
+    def _unless_stopped_while_claiming(self) -> None:
+        """Raise if the worker ended the attempt while its effect's key was being
+        claimed (a drain timeout, a hard timeout): the callee is then not started, and
+        the key, recorded failed, stays free to run."""
+        if self._slot.cancelled or self._slot.cancel_reason is not None:
+            self.check()
 
     def _effect_run(self, key: str, wait: float) -> EffectRun:
         return EffectRun(

@@ -72,11 +72,15 @@ class Slot:
     abandoned: bool = False
     #: A step of its async handler that held the event loop was logged (once per attempt).
     loop_held_said: bool = False
-    #: Its sync handler's thread is inside ``ctx.effect``: the callee runs, or its
-    #: outcome is being recorded. Written by that thread only. Past a hard timeout the
-    #: worker keeps the attempt (its lease renewed) until the effect is over, for the
-    #: key stays pending under this attempt until then, and an attempt that ended would
-    #: let the next one take the key over and run the callee beside this one.
+    #: Its sync handler's thread is inside ``ctx.effect``: its key is being claimed, the
+    #: callee runs, or its outcome is being recorded. Written by that thread only. Past
+    #: a hard timeout the worker keeps the attempt (its lease renewed) until the effect
+    #: is over, for the key stays pending under this attempt until then, and an attempt
+    #: that ended would let the next one take the key over and run the callee beside
+    #: this one.
     effect_key: str | None = None
-    #: Monotonic time that effect began.
+    #: Its async handler awaits ``ctx.effect``'s claim, callee or record. A drain timeout
+    #: waits for it, as for ``effect_key``, rather than cancel the callee mid-call.
+    effect_awaited: str | None = None
+    #: Monotonic time the effect (of either kind) began.
     effect_since: float = 0.0

@@ -613,7 +613,9 @@ class Worker:
         if self.state is not WorkerState.DRAINING:
             return
         if self._slots:
-            await self._cancel_all("drain timeout", release=True)
+            spared = await self._cancel_all("drain timeout", release=True, spare_effects=True)
+            if spared:
+                await self._effects_over_at_drain(spared)
             # A second stop request, or a fencing, may have moved on while the handlers
             # were waited for: that state stands.
             if self.state is WorkerState.DRAINING:
@@ -1219,6 +1221,10 @@ class Worker:
         """The Finish for an attempt whose handler raised ``exc`` (or None)."""
         job = slot.claimed.job
         ctx.never_awaited()  # closed unawaited: the failure is what the attempt reports
+        if slot.cancel_reason is not None:
+            # The worker ended the attempt (a drain timeout spared it until its effect
+            # was over, say): what its handler raised since is not the job's outcome.
+            return None
         if slot.completed_in_transaction:
             log.warning("job %s raised after its transaction committed: %r", job.id, exc)
             return None
@@ -1724,14 +1730,34 @@ class Worker:
         finally:
             self._fencing = False
 
-    async def _cancel_all(self, reason: str, *, release: bool) -> None:
+    async def _cancel_all(
+        self, reason: str, *, release: bool, spare_effects: bool = False
+    ) -> list[Slot]:
+        """End every attempt under way: their ``ctx`` calls refuse from now on, their
+        handlers are cancelled, and (``release``) the jobs whose leases are still ours
+        are given back. With ``spare_effects`` (a drain timeout), a handler inside
+        ``ctx.effect`` is neither cancelled nor given back, nor freed: those slots are
+        returned, for :meth:`_effects_over_at_drain`."""
         current = asyncio.current_task()
         slots = list(self._slots.values())
+        spared = [
+            s
+            for s in slots
+            if spare_effects
+            and (s.effect_key is not None or s.effect_awaited is not None)
+            and s.task is not None
+            and not s.finishing
+        ]
         for slot in slots:
-            slot.cancel_reason = reason
+            slot.cancel_reason = reason  # its ctx calls refuse from now on
+            if slot in spared:
+                # Not cancelled yet: an async handler's guard takes no step of a
+                # cancelled slot, and the awaited callee would stop there.
+                continue
             slot.cancelled = True
             if slot.task is not None and slot.task is not current:
                 slot.task.cancel()
+        slots = [s for s in slots if s not in spared]
         now_mono = self.clock.monotonic()
         # Jobs whose lease is still ours go back at once, attempt refunded; the rest
         # expire and the rescuer takes them. A job whose outcome the completer holds is
@@ -1785,6 +1811,70 @@ class Worker:
                     task.exception()  # retrieved: it ended with the worker's cancellation
             if stuck:
                 log.warning("worker %s: %d job tasks did not stop in time", self.id, len(stuck))
+        for slot in slots:
+            self._free(slot)
+        return spared
+
+    async def _effects_over_at_drain(self, spared: list[Slot]) -> None:
+        """At a drain timeout, wait for the effects under way in ``spared`` (a sync
+        handler's thread inside ``ctx.effect``, or an async handler awaiting it), their
+        leases renewed meanwhile, until each is over, at most ``effect_pending_deadline``
+        after it began; then cancel those handlers and give their jobs back.
+
+        Cut at the drain timeout, the callee's outcome was unknown: the process ended
+        the thread, or the cancellation the awaited call, and the job's next attempt
+        took the key over and ran the callee again, as after a crash. Waited for, the
+        outcome is recorded, and the next attempt finds the key done. The handlers can
+        start no other effect meanwhile (their ``ctx`` calls refuse). A second stop
+        request, or a fencing, ends the wait: those jobs are left to their leases."""
+        limit = self.settings.effect_pending_deadline
+        log.warning(
+            "worker %s: drain timeout while %d jobs run an effect: it stops once each "
+            "effect is over, at most %.0fs after it began (effect_pending_deadline)",
+            *(self.id, len(spared), limit),
+        )
+        pending = list(spared)
+        while pending and self.state is WorkerState.DRAINING:
+            now = self.clock.monotonic()
+            over = [s for s in pending if s.effect_key is None and s.effect_awaited is None]
+            late = [s for s in pending if s not in over and now >= s.effect_since + limit]
+            for slot in late:
+                log.warning(
+                    "job %s: its effect still runs past effect_pending_deadline: left to "
+                    "its lease, and a later attempt may run the key again",
+                    slot.claimed.job.id,
+                )
+            if over or late:
+                pending = [s for s in pending if s not in over and s not in late]
+                await self._end_spared(over, give_back=True)
+                await self._end_spared(late, give_back=False)
+            if pending:
+                # Polled: a sync handler's thread has no loop to wake this task through.
+                await asyncio.sleep(_EFFECT_POLL)
+
+    async def _end_spared(self, slots: list[Slot], *, give_back: bool) -> None:
+        """Cancel the handlers of ``slots`` spared by a drain timeout, give back
+        (``give_back``) those whose leases are still ours, and free them all."""
+        if not slots:
+            return
+        for slot in slots:
+            slot.cancelled = True
+            if slot.task is not None and not slot.task.done():
+                slot.task.cancel()
+        now_mono = self.clock.monotonic()
+        back = [
+            s
+            for s in slots
+            if give_back and now_mono < s.valid_until and not s.finishing and not s.released
+        ]
+        self.counters.lapsed += sum(1 for s in slots if not s.finishing and s not in back)
+        if back:
+            for s in back:
+                s.released = True
+            await self._release(back, "drain timeout, once its effect was over")
+        tasks = {s.task for s in slots if s.task is not None}
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.settings.call_timeout)
         for slot in slots:
             self._free(slot)
 

@@ -1,0 +1,264 @@
+"""A drain timeout never cuts ``ctx.effect`` mid-call.
+
+One SIGTERM whose drain timed out while a handler ran an effect's callee ended the
+callee there: the process exited under a sync handler's thread, the cancellation cut an
+async handler's awaited call. The key stayed pending (or was recorded failed), and the
+job's next attempt ran the callee again: an orderly stop did what a crash does. The
+drain now waits for each effect under way, its lease renewed meanwhile, then gives the
+job back, and the next attempt finds the key done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tokenline import App, JobContext, JobState, Worker, WorkerSettings
+from tokenline._jobs import Lease
+from tokenline._records import EffectBegin, EffectStatus
+from tokenline.stores import MemoryStore, Store
+from tokenline.worker.slot import Slot
+
+#: Deadline for anything a test waits on; a healthy run takes a small fraction of it.
+DEADLINE = 10.0
+
+#: A lease shorter than the effects below: kept only if the drain renews it. The
+#: worker's own rescuer runs every 0.1 s, and would take an expired job back.
+DRAINING = WorkerSettings(
+    lease_ttl=0.6,
+    renew_interval=0.15,
+    poll_interval=0.02,
+    rescue_interval=0.1,
+    concurrency=1,
+    drain_timeout=0.2,
+)
+
+#: How long each callee runs: past the drain timeout and past the lease TTL.
+CALLEE_SECONDS = 1.0
+
+
+def _sabotage(monkeypatch: pytest.MonkeyPatch, field: str) -> None:
+    """The control: the worker never sees a handler inside an effect."""
+    monkeypatch.setattr(Slot, field, property(lambda s: None, lambda s, v: None))
+
+
+async def _stop_during_the_effect(worker: Worker, started: threading.Event) -> asyncio.Task[Any]:
+    """Start ``worker``, wait for the callee to start, ask for one stop (a SIGTERM)."""
+    task = asyncio.create_task(worker.run())
+    await asyncio.to_thread(started.wait, DEADLINE)
+    worker.request_shutdown()
+    return task
+
+
+async def _run_to_success(app: App, store: Store, job_id: int) -> None:
+    """Run another worker until ``job_id`` has succeeded."""
+    worker = Worker(app, dataclasses.replace(DRAINING, drain_timeout=5.0), store=store)
+    task = asyncio.create_task(worker.run())
+    try:
+        async with asyncio.timeout(DEADLINE):
+            # Polling: the store exposes no event for a job's state.
+            while (await store.job_get(job_id=job_id)).state is not JobState.SUCCEEDED:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+    finally:
+        worker.request_shutdown()
+        await asyncio.wait_for(task, DEADLINE)
+
+
+@pytest.mark.parametrize("spare", ["on", "sabotaged"])
+async def test_a_drain_timeout_waits_for_a_sync_effect_then_gives_its_job_back(
+    monkeypatch: pytest.MonkeyPatch, spare: str
+) -> None:
+    if spare == "sabotaged":
+        _sabotage(monkeypatch, "effect_key")
+    app = App("memory://")
+    store = app.open_store()
+    started = threading.Event()
+    runs: list[float] = []
+
+    def charge() -> str:
+        started.set()
+        time.sleep(CALLEE_SECONDS)
+        runs.append(time.monotonic())
+        return "charged"
+
+    @app.task(name="t.pay")
+    def pay(ctx: JobContext) -> None:
+        ctx.effect("charge:1", charge)
+
+    jid = await app.enqueue_async("t.pay", store=store)
+    worker = Worker(app, DRAINING, store=store)
+    await asyncio.wait_for(await _stop_during_the_effect(worker, started), DEADLINE)
+    ran_before_the_stop = len(runs)
+    if spare == "sabotaged":
+        # Stopped mid-call: a worker process exits here, ending the thread's callee.
+        assert ran_before_the_stop == 0
+        await asyncio.sleep(CALLEE_SECONDS)  # the thread's callee ends meanwhile
+        return
+    assert ran_before_the_stop == 1
+    (record,) = await store.effects_list(key="charge:1")
+    assert (record.status, record.runs) == (EffectStatus.COMPLETED, 1)
+    job = await store.job_get(job_id=jid)
+    assert job.state is JobState.QUEUED  # given back once the effect was over
+    await _run_to_success(app, store, jid)
+    assert len(runs) == 1  # the next attempt found the key done
+    (record,) = await store.effects_list(key="charge:1")
+    assert record.runs == 1
+
+
+@pytest.mark.parametrize("spare", ["on", "sabotaged"])
+async def test_a_drain_timeout_lets_an_async_effect_finish_then_gives_its_job_back(
+    monkeypatch: pytest.MonkeyPatch, spare: str
+) -> None:
+    if spare == "sabotaged":
+        _sabotage(monkeypatch, "effect_awaited")
+    app = App("memory://")
+    store = app.open_store()
+    started = threading.Event()
+    runs: list[float] = []
+
+    async def charge() -> str:
+        started.set()
+        await asyncio.sleep(CALLEE_SECONDS)
+        runs.append(time.monotonic())
+        return "charged"
+
+    @app.task(name="t.pay_async")
+    async def pay(ctx: JobContext) -> None:
+        await ctx.effect("charge:2", charge)
+
+    jid = await app.enqueue_async("t.pay_async", store=store)
+    worker = Worker(app, DRAINING, store=store)
+    await asyncio.wait_for(await _stop_during_the_effect(worker, started), DEADLINE)
+    (record,) = await store.effects_list(key="charge:2")
+    if spare == "sabotaged":
+        # Cancelled mid-call: recorded failed, for the next attempt to run again.
+        assert runs == []
+        assert record.status is EffectStatus.FAILED
+        return
+    assert len(runs) == 1
+    assert (record.status, record.runs) == (EffectStatus.COMPLETED, 1)
+    assert (await store.job_get(job_id=jid)).state is JobState.QUEUED
+    await _run_to_success(app, store, jid)
+    assert len(runs) == 1
+
+
+@pytest.mark.parametrize("spare", ["on", "sabotaged"])
+async def test_a_second_stop_while_the_drain_waits_for_an_effect_stops_at_once(
+    monkeypatch: pytest.MonkeyPatch, spare: str
+) -> None:
+    """A second SIGTERM still means now: the worker stops, and the job, whose thread
+    still runs the callee, is left to its lease (the key pending under it), never
+    given back: its next attempt would take the key over while the callee runs here."""
+    if spare == "sabotaged":
+        _sabotage(monkeypatch, "effect_key")
+    app = App("memory://")
+    store = app.open_store()
+    started, release = threading.Event(), threading.Event()
+
+    def charge() -> str:
+        started.set()
+        release.wait(DEADLINE)
+        return "charged"
+
+    @app.task(name="t.pay_forced")
+    def pay(ctx: JobContext) -> None:
+        ctx.effect("charge:3", charge)
+
+    jid = await app.enqueue_async("t.pay_forced", store=store)
+    worker = Worker(app, DRAINING, store=store)
+    try:
+        task = await _stop_during_the_effect(worker, started)
+        # Past the drain timeout, waiting for the effect: the worker has not stopped.
+        await asyncio.sleep(DRAINING.drain_timeout + 0.3)
+        if spare == "sabotaged":
+            assert task.done()  # it stopped at the drain timeout, and gave the job back
+            assert (await store.job_get(job_id=jid)).state is JobState.QUEUED
+            return
+        assert not task.done()
+        worker.request_shutdown()
+        await asyncio.wait_for(task, DEADLINE)
+        job = await store.job_get(job_id=jid)
+        assert job.state is JobState.RUNNING  # left to its lease, never given back
+        (record,) = await store.effects_list(key="charge:3")
+        assert record.status is EffectStatus.PENDING
+    finally:
+        release.set()
+
+
+class _SlowClaimAnswer(MemoryStore):
+    """Takes an effect's key at once, and answers only once ``answer`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.taken = asyncio.Event()
+        self.answer = asyncio.Event()
+
+    async def effect_begin(self, *, lease: Lease, key: str) -> EffectBegin:
+        begin = await super().effect_begin(lease=lease, key=key)
+        self.taken.set()
+        await self.answer.wait()
+        return begin
+
+
+@pytest.mark.parametrize("marked", ["from the claim", "sabotaged"])
+async def test_a_drain_timeout_during_an_effects_claim_never_runs_the_callee_twice(
+    monkeypatch: pytest.MonkeyPatch, marked: str
+) -> None:
+    """The drain timeout came after the store took the key for the attempt, before the
+    handler's thread had its answer: the worker did not yet see an effect under way,
+    gave the job back, and the thread then ran the callee beside the next attempt,
+    which took the key over. The effect is now marked from its claim on: the drain
+    waits for the answer, and the callee, its attempt ended, never starts."""
+    store = _SlowClaimAnswer()
+    app = App("memory://")
+    runs: list[int] = []
+
+    def charge(token: int) -> str:
+        runs.append(token)
+        time.sleep(0.5)  # a stale run would still be under way when the next one starts
+        return "charged"
+
+    @app.task(name="t.pay_claimed")
+    def pay(ctx: JobContext) -> None:
+        ctx.effect("charge:4", charge, ctx.token)
+
+    if marked == "sabotaged":
+        # The control, as before: no effect seen while its claim is under way, and the
+        # callee started whatever became of the attempt meanwhile.
+        from tokenline.effects import EffectRun
+
+        monkeypatch.setattr(JobContext, "_unless_stopped_while_claiming", lambda self: None)
+
+        claim = EffectRun.claim
+
+        async def unmarked_claim(self: EffectRun) -> Any:
+            slots = list(worker._slots.values())
+            for slot in slots:
+                slot.effect_key = None
+            begin = await claim(self)
+            for slot in slots:
+                slot.effect_key = self.key
+            return begin
+
+        monkeypatch.setattr(EffectRun, "claim", unmarked_claim)
+    jid = await app.enqueue_async("t.pay_claimed", store=store)
+    worker = Worker(app, DRAINING, store=store)
+    task = asyncio.create_task(worker.run())
+    await asyncio.wait_for(store.taken.wait(), DEADLINE)
+    worker.request_shutdown()
+    await asyncio.sleep(DRAINING.drain_timeout + 0.2)  # the drain times out meanwhile
+    store.answer.set()
+    await asyncio.wait_for(task, DEADLINE)
+    await _run_to_success(app, store, jid)
+    await asyncio.sleep(0.1)  # a thread left running would have called by now
+    if marked == "sabotaged":
+        assert len(runs) == 2, runs  # the stopped attempt's thread, and the next attempt
+        return
+    assert len(runs) == 1, runs  # the next attempt's alone
+    (record,) = await store.effects_list(key="charge:4")
+    assert (record.status, record.runs) == (EffectStatus.COMPLETED, 2)
