@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import re
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, Protocol, Self, TypeVar, overload
@@ -1147,6 +1148,8 @@ def _check_items(container: Sequence[Any] | Mapping[Any, Any], depth: int) -> No
                     f"has the key {describe(key)} ({type(key).__name__}): "
                     "JSON object keys and keyword names are strings"
                 )
+            if (paired := _pair_problem(key)) is not None:
+                raise _NotJson(f"has the key {describe(key)}, which {paired}")
             try:
                 _check_json(item, depth)
             except _NotJson as exc:
@@ -1157,7 +1160,7 @@ def _check_items(container: Sequence[Any] | Mapping[Any, Any], depth: int) -> No
             kind = type(item)
             # The usual plain values first, without a call (a batch checks many).
             if (
-                kind is str
+                (kind is str and _SURROGATE_PAIR.search(item) is None)
                 or item is None
                 or kind is bool
                 or (kind is int and item.bit_length() <= _SHORT_INT_BITS)
@@ -1171,10 +1174,33 @@ def _check_items(container: Sequence[Any] | Mapping[Any, Any], depth: int) -> No
                 raise
 
 
+#: A high surrogate followed by a low one. JSON writes a character above U+FFFF as such
+#: a pair of escapes, and reads any such pair back as that one character: two code points
+#: of a Python string would reach the handler as one.
+_SURROGATE_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
+
+
+def _pair_problem(text: str) -> str | None:
+    """Why JSON would not give ``text`` back as it is (a surrogate pair), or None."""
+    found = _SURROGATE_PAIR.search(text)
+    if found is None:
+        return None
+    joined = found.group().encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+    return (
+        f"holds the surrogates {found.group()!r} at position {found.start()}, which JSON "
+        f"reads back as the one character {joined!r} (U+{ord(joined):X}): pass that "
+        "character itself"
+    )
+
+
 def _check_json(value: object, depth: int) -> None:
     """Raise :class:`_NotJson` unless JSON gives ``value`` back equal and of the same
     kind; ``depth``: the lists and dicts around it inside its argument."""
-    if value is None or isinstance(value, str | bool):
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, str):
+        if (paired := _pair_problem(value)) is not None:
+            raise _NotJson(paired)
         return
     if isinstance(value, int):
         if value.bit_length() > _SHORT_INT_BITS and abs(value) >= _INT_LIMIT:

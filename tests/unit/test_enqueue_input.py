@@ -492,6 +492,11 @@ BAD_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("nan", {"args": [math.nan]}, "args"),
     ("integer of 4001 digits", {"args": [10**MAX_INT_DIGITS]}, "args"),
     ("nested int key", {"args": [{"a": {2: "b"}}]}, "args"),
+    # Two code points JSON reads back as one character (U+10000, U+10FFFF, U+1F600).
+    ("surrogate pair", {"args": ["\ud800\udc00"]}, "args"),
+    ("nested surrogate pair", {"args": [{"a": ["x\udbff\udfff"]}]}, "args"),
+    ("surrogate pair in a key", {"args": [{"\ud800\udc00": 1}]}, "args"),
+    ("kwargs surrogate pair", {"kwargs": {"k": "\ud83d\ude00"}}, "kwargs"),
     ("kwargs int key", {"kwargs": {1: "x"}}, "kwargs"),
     ("kwargs not a mapping", {"kwargs": ["x"]}, "kwargs"),
     ("delay 1e12", {"delay": 1e12}, "delay"),
@@ -630,6 +635,18 @@ def check_edges(app: App, now: float) -> None:
 def test_values_at_the_limits_round_trip(app: App) -> None:
     """Every limit is inclusive: values on it are stored and given back exactly."""
     check_edges(app, NOW)
+
+
+@pytest.mark.parametrize(
+    "text", ["\udcff", "\ud800", "a\ud800", "\udc00\ud800", "\ud800x\udc00", "\U0001f600"]
+)
+def test_surrogates_that_form_no_pair_round_trip(app: App, text: str) -> None:
+    """A surrogate pair is refused (JSON would read it back as one character: see
+    BAD_CASES), but lone surrogates, a low one before a high one, and a character above
+    U+FFFF reach the handler exactly as they were enqueued."""
+    jid = app.enqueue("t", text, {"k": [text]})
+    args, _ = decode_args(next(j for j in _stored(app) if j.id == jid).args)
+    assert args == [text, {"k": [text]}]
 
 
 # -- the command line ---------------------------------------------------------------------------
