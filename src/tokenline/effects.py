@@ -69,6 +69,7 @@ import inspect
 import json
 import logging
 import math
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -168,8 +169,15 @@ def encode_result(key: str, value: Any, max_bytes: int | None = None) -> str:
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
+        why = str(exc)
+        if "integer string conversion" in why:
+            # Python's own words advise raising its limit, which is not ours to change.
+            why = (
+                f"it holds an integer of more than {sys.get_int_max_str_digits()} digits, "
+                "which Python does not write as text"
+            )
         raise PayloadError(
-            f"the result of effect {key!r} cannot be stored as JSON ({exc}); return a JSON "
+            f"the result of effect {key!r} cannot be stored as JSON ({why}); return a JSON "
             "value (dict, list, str, number, bool or None) from the effect"
         ) from None
     # Characters bound bytes from below (at most 4 bytes each): encode only when needed.

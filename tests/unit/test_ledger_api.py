@@ -189,8 +189,13 @@ async def test_a_failing_effect_is_retried_and_runs_again(app: App, store: Store
 @pytest.mark.parametrize("kind", ["sync", "async"])
 @pytest.mark.parametrize(
     ("result", "said"),
-    [(object(), "cannot be stored as JSON"), ("x" * 600, "over the limit of 500")],
-    ids=["not-json", "too-big"],
+    [
+        (object(), "cannot be stored as JSON"),
+        ("x" * 600, "over the limit of 500"),
+        # Python's message for it advised sys.set_int_max_str_digits().
+        ([10**5000], "an integer of more than 4300 digits"),
+    ],
+    ids=["not-json", "too-big", "huge-int"],
 )
 async def test_an_effect_whose_result_cannot_be_stored_dead_letters_the_job_and_never_reruns(
     kind: str, result: object, said: str
