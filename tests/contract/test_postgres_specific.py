@@ -344,6 +344,11 @@ async def test_enqueue_refuses_a_connection_outside_a_transaction(
             await pg.jobs_enqueue(jobs=[new()], connection=conn)
     with pytest.raises(StoreError, match="must be a psycopg connection"):
         await pg.jobs_enqueue(jobs=[new()], connection=object())
+    # A closed one was said to be outside a transaction: true, but not what to fix.
+    closed = await psycopg.AsyncConnection.connect(postgres_server)
+    await closed.close()
+    with pytest.raises(StoreError, match="connection= is closed"):
+        await pg.jobs_enqueue(jobs=[new()], connection=closed)
     assert await pg.jobs_list() == []
 
 

@@ -168,6 +168,11 @@ def test_outbox_needs_an_open_transaction(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="open transaction"):
         app.enqueue("ship", connection=conn)
     conn.close()
+    # A closed one raised the driver's own ProgrammingError, naming no connection=.
+    with pytest.raises(StoreError, match="connection= is closed"):
+        app.enqueue("ship", connection=conn)
+    with pytest.raises(StoreError, match="not str"):
+        app.enqueue("ship", connection="outbox2.db")
     assert app.run(lambda s: s.jobs_list()) == []
     app.close()
 

@@ -1530,7 +1530,11 @@ class PostgresStore(PostgresMaintenance, PostgresRetention, PostgresLedger, Stor
 
 
 def _require_transaction(connection: psycopg.Connection[Any] | AsyncConnection[Any]) -> None:
-    """Refuse a connection whose inserts would commit on their own."""
+    """Refuse a connection whose inserts would commit on their own, or that is closed."""
+    if connection.closed:
+        raise StoreError(
+            "connection= is closed: enqueue on an open connection, inside its transaction"
+        )
     status = connection.info.transaction_status
     in_transaction = status == TransactionStatus.INTRANS or (
         status == TransactionStatus.IDLE and not connection.autocommit

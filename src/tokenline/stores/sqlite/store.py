@@ -849,10 +849,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         if not jobs:
             return []
         if connection is not None:
-            if not isinstance(connection, sqlite3.Connection) or not connection.in_transaction:
-                raise StoreError(
-                    "connection= must be a sqlite3.Connection inside an open transaction"
-                )
+            _require_transaction(connection)
             self._require_own_file(connection)
             # Inside a ctx.transaction() block, whose guard lets only the store write
             # its job rows (stores/_block.py).
@@ -1311,3 +1308,21 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
             yield
         finally:
             self._writers.closed()
+
+
+def _require_transaction(connection: object) -> None:
+    """Refuse a caller's ``connection=`` that is no open ``sqlite3.Connection`` inside a
+    transaction: its inserts would commit on their own, or fail with the driver's words."""
+    if not isinstance(connection, sqlite3.Connection):
+        raise StoreError(
+            "connection= must be a sqlite3.Connection inside an open transaction, not "
+            f"{type(connection).__name__}"
+        )
+    try:
+        in_transaction = connection.in_transaction
+    except sqlite3.ProgrammingError:  # "Cannot operate on a closed database."
+        raise StoreError(
+            "connection= is closed: enqueue on an open connection, inside its transaction"
+        ) from None
+    if not in_transaction:
+        raise StoreError("connection= must be a sqlite3.Connection inside an open transaction")
