@@ -950,6 +950,11 @@ class App:
                 raise PayloadError(f"items[{n}]: {exc}") from None
             if key is not None:
                 validate_key(key, f"keys[{n}] (idempotency_key)")
+            elif unique is True or unique == "active":
+                raise InvalidInputError(
+                    f"keys[{n}] is None: with unique={unique!r} every job of the batch "
+                    "needs an idempotency key (the key is what is unique)"
+                )
             return args
 
         encode(0, rows[0], key_list[0])

@@ -556,6 +556,10 @@ def test_bad_batch_item_is_named_and_nothing_is_stored(app: App) -> None:
         app.enqueue_many("t", [{"not": "a row"}])
     with pytest.raises(InvalidInputError, match="keys must be"):
         app.enqueue_many("t", [[1], [2]], keys="ab")
+    # A unique batch with a job without a key: which one was not said.
+    for unique, keys in ((True, ["a", None]), ("active", [None, "b"])):
+        with pytest.raises(InvalidInputError, match=rf"keys\[{keys.index(None)}\] is None"):
+            app.enqueue_many("t", [[1], [2]], keys=keys, unique=unique)
     assert _stored(app) == []
 
 
