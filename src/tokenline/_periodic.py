@@ -38,6 +38,9 @@ __all__ = ["CATCH_UP", "MAX_CRON_GAP_YEARS", "Periodic", "cron_problem"]
 #: The values of ``catch_up``.
 CATCH_UP = ("all", "latest", "skip")
 
+#: Names the zone database may hold that stand for the machine's zone, not a place's.
+_MACHINE_ZONES = frozenset({"localtime", "posixrules"})
+
 #: The longest gap between two instants of a schedule, in years: croniter's own search
 #: limit, past which it gives up computing the next instant.
 MAX_CRON_GAP_YEARS = 50
@@ -131,6 +134,14 @@ class Periodic:
         if not isinstance(self.timezone, str) or not self.timezone:
             raise ConfigError(
                 "timezone", f"must be an IANA zone name, got {describe(self.timezone)}"
+            )
+        if self.timezone.lower() in _MACHINE_ZONES:
+            # Found in the zone database as a link to the machine's own zone: a schedule
+            # would move with the host it runs on.
+            raise ConfigError(
+                "timezone",
+                f"{self.timezone!r} is the machine's zone, which differs from host to host: "
+                "name an IANA zone such as 'UTC' or 'Europe/Paris'",
             )
         try:
             zone = ZoneInfo(self.timezone)

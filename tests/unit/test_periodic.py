@@ -31,6 +31,10 @@ def register(app: App, **options: Any) -> None:
         ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "timezone"),
         ({"cron": "* * * * *", "timezone": ""}, "timezone"),
         ({"cron": "* * * * *", "timezone": "../etc/passwd"}, "timezone"),
+        # Links to the machine's own zone in the zone database: accepted, they read the
+        # schedule in whatever zone each host had.
+        ({"cron": "* * * * *", "timezone": "localtime"}, "timezone"),
+        ({"cron": "* * * * *", "timezone": "posixrules"}, "timezone"),
         ({"cron": "* * * * *", "catch_up": "some"}, "catch_up"),
         ({"cron": "* * * * *", "queue": "bad queue"}, "queue"),
     ],
