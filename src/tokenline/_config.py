@@ -52,7 +52,9 @@ def names_no_store(url: str) -> bool:
     return isinstance(url, _Unnamed)
 
 
-QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+#: 1-64 characters from A-Z a-z 0-9 _ . : -, and not "." or "..": each is a path step
+#: of its own in a URL (the dashboard's /queues/<name>), which browsers resolve away.
+QUEUE_NAME_RE = re.compile(r"^(?!\.\.?$)[A-Za-z0-9_.:-]{1,64}$")
 
 #: Default lease TTL in seconds: how long a silent worker keeps a job.
 DEFAULT_LEASE_TTL = 30.0
@@ -93,7 +95,8 @@ def validate_queue_name(name: object) -> str:
     # fullmatch: with match, `$` lets a trailing newline through.
     if not isinstance(name, str) or not QUEUE_NAME_RE.fullmatch(name):
         raise QueueNameError(
-            f"invalid queue name {name!r}: use 1-64 characters from A-Z a-z 0-9 _ . : -"
+            f"invalid queue name {name!r}: use 1-64 characters from A-Z a-z 0-9 _ . : -, "
+            "not '.' or '..' alone"
         )
     return name
 

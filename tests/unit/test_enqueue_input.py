@@ -48,7 +48,8 @@ from tokenline.worker.context import decode_args
 
 NOW = 1_700_000_000.0
 TASKS = {"t": "default", "mail.send": "mail"}
-QUEUE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+#: "." and ".." alone are path steps in a URL (the dashboard's /queues/<name>).
+QUEUE_RE = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.:-]{1,64}")
 FIELDS = (
     "task",
     "args",
@@ -305,7 +306,7 @@ WILD: dict[str, st.SearchStrategy[Any]] = {
     | st.binary(max_size=3),
     "queue": any_text
     | st.text("abcXYZ019_.:-", min_size=60, max_size=70)
-    | st.sampled_from(["", "default\n", "\x00", "a b", "é"])
+    | st.sampled_from(["", "default\n", "\x00", "a b", "é", ".", "..", "..."])
     | st.integers(),
     "when": st.tuples(wild_delays, st.none())
     | st.tuples(st.none(), wild_run_ats)
@@ -521,6 +522,8 @@ BAD_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("key too long", {"idempotency_key": "k" * (MAX_KEY_LENGTH + 1)}, "idempotency_key"),
     ("queue empty", {"queue": ""}, "queue"),
     ("queue trailing newline", {"queue": "default\n"}, "queue"),
+    ("queue '.'", {"queue": "."}, "queue"),
+    ("queue '..'", {"queue": ".."}, "queue"),
     ("queue control character", {"queue": "a\x01"}, "queue"),
     ("queue too long", {"queue": "q" * 65}, "queue"),
     ("unique_for 1e12", {"unique": True, "idempotency_key": "u", "unique_for": 1e12}, "unique_for"),
