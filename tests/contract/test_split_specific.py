@@ -176,6 +176,37 @@ async def test_a_second_ledger_on_the_same_redis_prefix_is_refused(
             conn.execute(f"DROP SCHEMA IF EXISTS {other_schema} CASCADE")  # type: ignore[arg-type]
 
 
+async def test_migrate_refuses_a_ledger_the_redis_prefix_would_refuse(
+    split: SplitStore, redis_url: str, postgres_url: str, postgres_server: str, clock: FakeClock
+) -> None:
+    """`tokenline migrate` with a broker whose prefix serves another ledger created the
+    schema and said so, exit 0, while every process of that pair of URLs was then
+    refused at open. It is now refused the same way, with nothing created; the
+    prefix's own ledger still migrates (nothing to do)."""
+    import psycopg
+
+    other_schema = f"tl_test_{uuid.uuid4().hex[:12]}"
+    other = SplitStore(
+        broker=redis_url, ledger=f"{postgres_server}?schema={other_schema}", clock=clock
+    )
+    try:
+        with pytest.raises(ConfigError, match="already serves another ledger"):
+            await other.migrate()
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            found = conn.execute(
+                "SELECT count(*) FROM pg_namespace WHERE nspname = %s", (other_schema,)
+            ).fetchone()
+        assert found == (0,)  # nothing created
+        own = SplitStore(broker=redis_url, ledger=postgres_url, clock=clock)
+        assert await own.migrate() is not None
+        assert own.migrated is None  # up to date: nothing done
+        assert not own.redis.connected  # the check's connection is closed
+    finally:
+        await other.close()
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {other_schema} CASCADE")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("first", ["running", "other"])
 async def test_a_prefix_whose_keys_were_lost_stays_with_its_ledger(
     split: SplitStore,

@@ -192,6 +192,11 @@ class RedisStore(RedisMembership, RedisMaintenance, RedisRetention, Broker, Leas
         if self._epoch_source is not None:
             await self.refresh_epoch()
 
+    @property
+    def connected(self) -> bool:
+        """Whether :meth:`connect` made a client that :meth:`close` has not closed."""
+        return self._client is not None
+
     async def connect(self) -> None:
         """Connect and check the server answers, without taking an epoch: until one is
         taken, every script that issues or checks a token takes it first.

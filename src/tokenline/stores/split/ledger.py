@@ -78,6 +78,7 @@ from ..base import (
     leader_refused,
 )
 from ..postgres import PostgresStore
+from ..postgres._deadline import run_bounded
 from ..postgres._migrations import compose
 from ..postgres._steps import AsyncDriver, Steps, fetch_one
 from ..postgres._transaction import PostgresFencedTransaction
@@ -164,9 +165,11 @@ class SplitLedger(PostgresStore):
 
         await self._call(run)
 
-    async def read_identity(self) -> str | None:
+    async def read_identity(self, *, opened: bool = True) -> str | None:
         """The ledger's identity, read without its set-up (for ``tokenline status``);
-        None when it has none yet (no worker opened it since its tables were made)."""
+        None when it has none yet (no worker opened it since its tables were made, or
+        its schema is not there). ``opened=False``: on a connection of its own, for a
+        store not opened (``tokenline migrate``, before anything is created)."""
         present, identity = self._q("ledger_identity_present"), self._q("ledger_identity")
 
         async def run(conn: AsyncConnection[Any]) -> str | None:
@@ -178,7 +181,18 @@ class SplitLedger(PostgresStore):
             row = await cur.fetchone()
             return None if row is None else str(row[0])
 
-        return await self._call(run)
+        if opened:
+            return await self._call(run)
+
+        async def once() -> str | None:
+            conn = await AsyncConnection.connect(self.target.conninfo, autocommit=True)
+            try:
+                return await run(conn)
+            finally:
+                await conn.close()
+
+        with self._translate():
+            return await run_bounded(once(), self._deadline)
 
     def _finish_steps(self, finishes: Sequence[Finish]) -> Steps[list[bool]]:
         """Inside a fenced transaction: record the job done, fenced by its token (the

@@ -313,10 +313,44 @@ class SplitStore(SplitMaintenance, SplitRetention, Store):
         return await self.redis.unused()
 
     async def migrate(self) -> int | None:
-        """Migrate the ledger's schema (Redis has none)."""
+        """Migrate the ledger's schema (Redis has none). Refused, with nothing created
+        or changed, when the Redis prefix already serves another ledger: every process
+        of this pair of URLs would be refused at open (see :meth:`_claim_prefix`),
+        while a migration said the store was ready. When Redis does not answer, the
+        ledger is migrated unchecked, with a warning: the first open still refuses."""
+        await self._refuse_prefix_of_another_ledger()
         version = await self.ledger.migrate()
         self.migrated = self.ledger.migrated
         return version
+
+    async def _refuse_prefix_of_another_ledger(self) -> None:
+        """For :meth:`migrate`: raise if the Redis prefix serves another ledger than
+        this one, or than the one this ledger's first open will make."""
+        connected_here = not self.redis.connected
+        try:
+            await self.redis.connect()
+        except StoreError as exc:
+            if connected_here:
+                await self.redis.close()
+            log.warning(
+                "migrating the ledger without checking which ledger the Redis prefix "
+                "%r serves (%s): the first worker's open will",
+                *(self.redis.prefix, exc),
+            )
+            return
+        try:
+            held = await self.redis._cmd("GET", self.redis.prefix + "ledger")
+        finally:
+            if connected_here:
+                await self.redis.close()
+        if held is None:
+            return
+        # No identity yet: the ledger's first open makes a new one, which the prefix's
+        # record cannot name.
+        mine = await self.ledger.read_identity(opened=False)
+        problem = self._served_by_another(mine or "", held)
+        if problem is not None:
+            raise ConfigError("ledger", problem)
 
     # -- broker: Redis, with the ledger's word on completed jobs --------------------------
     async def jobs_enqueue(self, *, jobs: Sequence[NewJob], connection: Any = None) -> list[int]:
