@@ -8,6 +8,8 @@ not cancelled is named with the reason.
 from __future__ import annotations
 
 import asyncio
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -227,3 +229,45 @@ def test_the_drivers_own_warnings_stay_off_the_terminal(
     assert "error: cannot reach the store" in result.output
     assert "discarding closed connection" not in result.output
     assert "connection reset by peer" not in result.output
+
+
+def test_a_running_job_whose_lease_expired_is_said_to_wait_for_the_rescue(
+    tmp_path: Path,
+) -> None:
+    """A running job whose worker was killed was said to be left to finish its attempt,
+    which will never finish. The command now says its lease expired, how long ago by
+    the store's clock, and that the rescue queues it again; the job is left running."""
+    path = tmp_path / "c.db"
+    app = _app(path)
+    jid = app.enqueue("t", 1)
+
+    async def claim(store: object) -> None:
+        await store.jobs_claim(owner="gone", queues=["default"], limit=1, ttl=0.2)  # type: ignore[attr-defined]
+
+    app.run(claim)
+    app.close()
+    time.sleep(0.5)
+    result = CliRunner().invoke(main, ["cancel", str(jid), "--url", f"sqlite:///{path}"])
+    assert result.exit_code == 1, result.output
+    said = result.output.split(f"not cancelled: job {jid}: ")[1]
+    assert re.match(r"it is running, but its lease expired \d+\.\ds ago by the store's clock", said)
+    assert "the maintenance leader's rescue queues it again" in said
+    assert "its attempt finishes as it would" not in said
+    app = _app(path)
+    assert _states(app, [jid]) == [JobState.RUNNING]
+    app.close()
+
+
+def test_a_running_job_whose_lease_is_held_is_left_to_finish(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    app = _app(path)
+    jid = app.enqueue("t", 1)
+
+    async def claim(store: object) -> None:
+        await store.jobs_claim(owner="w", queues=["default"], limit=1, ttl=600)  # type: ignore[attr-defined]
+
+    app.run(claim)
+    app.close()
+    result = CliRunner().invoke(main, ["cancel", str(jid), "--url", f"sqlite:///{path}"])
+    assert result.exit_code == 1, result.output
+    assert f"not cancelled: job {jid}: it is running: its attempt finishes" in result.output

@@ -6,10 +6,11 @@ import click
 
 from .._app import cancel_input
 from .._errors import InvalidInputError, JobNotFoundError
-from .._jobs import JobState
+from .._jobs import Job, JobState
 from ..stores import Store
 from ._common import (
     ID,
+    ago,
     app_option,
     console,
     err_console,
@@ -33,6 +34,23 @@ _NOT_CANCELLED = {
 _CANCELLABLE = (JobState.QUEUED, JobState.SCHEDULED, JobState.DEAD)
 
 
+async def _not_cancelled(store: Store, job: Job) -> str:
+    """Why ``job`` (in a state a cancel does not act on) is not cancelled."""
+    if job.state is JobState.RUNNING and job.lease_expires_at is not None:
+        # A running job whose lease ran out has no attempt left to finish (its worker
+        # was killed or cut off): waiting for one, as the usual reason says, waits for
+        # nothing. The rescue is what moves it, so that is what the operator is told.
+        left = job.lease_expires_at - await store.store_time()
+        if left <= 0:
+            return (
+                f"it is running, but its lease expired {ago(-left)} ago by the store's "
+                "clock (its worker is gone): no attempt will finish; the maintenance "
+                "leader's rescue queues it again (or dead-letters it past its "
+                "max_lease_expiries), and it can be cancelled then"
+            )
+    return _NOT_CANCELLED.get(job.state, f"its state is {job.state.value}")
+
+
 async def _cancel(
     store: Store, job_ids: tuple[int, ...], reason: str
 ) -> tuple[list[int], list[tuple[int, str]]]:
@@ -42,12 +60,12 @@ async def _cancel(
     refused: list[tuple[int, str]] = []
     for jid in dict.fromkeys(job_ids):  # each id once, in the order given
         try:
-            state = (await store.job_get(job_id=jid)).state
+            job = await store.job_get(job_id=jid)
         except JobNotFoundError:
             refused.append((jid, "no such job"))
             continue
-        if state not in _CANCELLABLE:
-            refused.append((jid, _NOT_CANCELLED.get(state, f"its state is {state.value}")))
+        if job.state not in _CANCELLABLE:
+            refused.append((jid, await _not_cancelled(store, job)))
         elif await store.jobs_cancel(job_ids=[jid], reason=reason):
             done.append(jid)
         else:
