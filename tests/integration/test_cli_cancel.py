@@ -271,3 +271,64 @@ def test_a_running_job_whose_lease_is_held_is_left_to_finish(tmp_path: Path) -> 
     result = CliRunner().invoke(main, ["cancel", str(jid), "--url", f"sqlite:///{path}"])
     assert result.exit_code == 1, result.output
     assert f"not cancelled: job {jid}: it is running: its attempt finishes" in result.output
+
+
+@pytest.mark.parametrize("command", [["pause", "billing"], ["cancel", "ID"]])
+def test_a_write_lock_never_taken_is_said_to_have_changed_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    """Another connection held the SQLite write lock (a handler inside
+    ctx.transaction()) for the whole store timeout: the command failed saying that the
+    store may have made the change before its answer was lost, and nothing had been
+    written. It now says nothing was changed, and points at `tokenline status`."""
+    import sqlite3
+
+    path = tmp_path / "c.db"
+    app = _app(path)
+    jid = app.enqueue("t", 1)
+    app.close()
+    monkeypatch.setenv("TOKENLINE_STORE_TIMEOUT", "0.5")
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        args = [str(jid) if a == "ID" else a for a in command]
+        result = CliRunner().invoke(main, [*args, "--url", f"sqlite:///{path}"])
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert result.exit_code == 1, result.output
+    assert "is busy: database is locked" in result.output
+    assert "may have made the change" not in result.output
+    assert "did not take this change at all, so nothing was changed" in result.output
+    assert "`tokenline status` says what keeps it from writing" in result.output
+    app = _app(path)
+    assert _states(app, [jid]) == [JobState.QUEUED]
+    assert not [q for q in app.run(lambda s: s.queues_stats()) if q.paused]
+    app.close()
+
+
+def test_the_ids_cancelled_before_the_store_failed_are_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store that fails part way through a cancel of several ids: the ones already
+    cancelled are said before the error, which is about the next one only."""
+    from tokenline import StoreUnavailableError
+    from tokenline.stores.sqlite.store import SQLiteStore
+
+    path = tmp_path / "c.db"
+    app = _app(path)
+    first, second = app.enqueue("t", 1), app.enqueue("t", 2)
+    app.close()
+    applied = SQLiteStore.jobs_cancel
+
+    async def fail_second(self: SQLiteStore, *, job_ids: list[int], reason: str) -> int:
+        if job_ids == [second]:
+            raise StoreUnavailableError("cannot reach the store (connection reset)")
+        return await applied(self, job_ids=job_ids, reason=reason)
+
+    monkeypatch.setattr(SQLiteStore, "jobs_cancel", fail_second)
+    url = f"sqlite:///{path}"
+    result = CliRunner().invoke(main, ["cancel", str(first), str(second), "--url", url])
+    assert result.exit_code == 1, result.output
+    said = result.output.index(f"cancelled 1 job: {first}")
+    assert said < result.output.index("error: cannot reach the store")

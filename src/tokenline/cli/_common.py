@@ -352,24 +352,28 @@ def report_error(exc: TokenlineError, *, unsure: str | None = None, failed: int 
     was done), ``failed`` (1 unless the command gives 1 a meaning of its own) for any
     other tokenline error. ``unsure``: what to look at when the store was lost during a
     change (it may have made the change before its answer was lost), said after the
-    error."""
+    error; given, a change the store is known to have refused whole is said not to have
+    been made."""
     if isinstance(exc, ConfigError):
         err_console.print(f"[bold red]error:[/] {escape(config_problem(exc))}", highlight=False)
         raise SystemExit(2) from None
     err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-    if (
-        unsure is not None
-        and isinstance(exc, StoreUnavailableError)
-        and not exc.changed_nothing
-        and exc not in _UNOPENED
-    ):
-        # An OutcomeUnknownError says itself that the change may have been made.
-        maybe = (
-            ""
-            if isinstance(exc, OutcomeUnknownError)
-            else ("the store may have made the change before its answer was lost; ")
-        )
-        err_console.print(f"note: {maybe}{unsure}", highlight=False, markup=False)
+    if unsure is not None and isinstance(exc, StoreUnavailableError) and exc not in _UNOPENED:
+        if exc.changed_nothing:
+            # The store refused the change whole (a write lock it never got, a server
+            # that takes no writes): saying it may have been made sent the operator
+            # looking for a change that nobody made.
+            note = (
+                "the store did not take this change at all, so nothing was changed; "
+                "`tokenline status` says what keeps it from writing (a write lock held "
+                "elsewhere, a server that takes no writes)"
+            )
+        elif isinstance(exc, OutcomeUnknownError):
+            # It says itself that the change may have been made.
+            note = unsure
+        else:
+            note = f"the store may have made the change before its answer was lost; {unsure}"
+        err_console.print(f"note: {note}", highlight=False, markup=False)
     raise SystemExit(failed) from None
 
 

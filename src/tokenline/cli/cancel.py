@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .._app import cancel_input
-from .._errors import InvalidInputError, JobNotFoundError
+from .._errors import InvalidInputError, JobNotFoundError, TokenlineError
 from .._jobs import Job, JobState
 from ..stores import Store
 from ._common import (
@@ -52,12 +52,15 @@ async def _not_cancelled(store: Store, job: Job) -> str:
 
 
 async def _cancel(
-    store: Store, job_ids: tuple[int, ...], reason: str
-) -> tuple[list[int], list[tuple[int, str]]]:
-    """Cancel each job of ``job_ids`` that may be; the ids cancelled, and the others
-    with the reason (one at a time, so that each is said for what it was)."""
-    done: list[int] = []
-    refused: list[tuple[int, str]] = []
+    store: Store,
+    job_ids: tuple[int, ...],
+    reason: str,
+    done: list[int],
+    refused: list[tuple[int, str]],
+) -> None:
+    """Cancel each job of ``job_ids`` that may be, adding its id to ``done``, and each
+    other to ``refused`` with the reason (one at a time, so that each is said for what
+    it was). Filled as it goes: a store that fails part way leaves what was done."""
     for jid in dict.fromkeys(job_ids):  # each id once, in the order given
         try:
             job = await store.job_get(job_id=jid)
@@ -70,7 +73,14 @@ async def _cancel(
             done.append(jid)
         else:
             refused.append((jid, "it started meanwhile"))
-    return done, refused
+
+
+def _say(done: list[int], refused: list[tuple[int, str]]) -> None:
+    """Print the ids cancelled (on stdout) and each other one with why (on stderr)."""
+    ids = f": {', '.join(map(str, done))}" if done else ""
+    console.print(f"cancelled {plural(len(done), 'job')}{ids}", highlight=False)
+    for jid, why in refused:
+        err_console.print(f"not cancelled: job {jid}: {why}", highlight=False, markup=False)
 
 
 @click.command()
@@ -92,15 +102,21 @@ def cancel(app_spec: str | None, url: str | None, job_ids: tuple[int, ...], reas
         _, reason = cancel_input(job_ids, reason)
     except InvalidInputError as exc:
         raise click.BadParameter(str(exc), param_hint="'--reason'") from None
+    done: list[int] = []
+    refused: list[tuple[int, str]] = []
     with reporting_errors(unsure="see `tokenline job ID` for each id"):
-        done, refused = with_store(
-            resolve_app(app_spec, url, existing=True, ledger=False),
-            lambda s: _cancel(s, job_ids, reason),
-            ledger=False,
-        )
-    ids = f": {', '.join(map(str, done))}" if done else ""
-    console.print(f"cancelled {plural(len(done), 'job')}{ids}", highlight=False)
-    for jid, why in refused:
-        err_console.print(f"not cancelled: job {jid}: {why}", highlight=False, markup=False)
+        try:
+            with_store(
+                resolve_app(app_spec, url, existing=True, ledger=False),
+                lambda s: _cancel(s, job_ids, reason, done, refused),
+                ledger=False,
+            )
+        except TokenlineError:
+            # The ids handled before the store failed are said first: the error, and
+            # what it says of the change it failed on, is about the next one only.
+            if done or refused:
+                _say(done, refused)
+            raise
+    _say(done, refused)
     if refused:
         raise SystemExit(1)

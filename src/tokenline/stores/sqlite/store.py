@@ -461,7 +461,10 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                 try:
                     with map_sqlite_errors(self.path):
                         return call()
-                except SQLiteBusyError:
+                except SQLiteBusyError as exc:
+                    # Known, not hoped: an operator's command that fails here says that
+                    # its change was not made, rather than that it may have been.
+                    exc.changed_nothing = True
                     if abandoned():
                         raise
                     # One of our own transactions holds the lock: it is alive (it is
