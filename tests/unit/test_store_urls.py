@@ -4,6 +4,7 @@ a redis-py traceback at the first connection nor a parameter dropped without a w
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 
 import pytest
@@ -161,15 +162,52 @@ def test_a_bad_redis_query_parameter_is_named(query: str, says: str) -> None:
         ("redis://h:6379/-1", "database '/-1' is not a database number"),
         ("redis://h:6379/5/6", "database '/5/6' is not a database number"),
         ("redis://h:6379/%201", "database '/ 1' is not a database number"),
-        ("redis://h:port/0", "invalid Redis URL port"),
-        ("redis://h:99999/0", "invalid Redis URL port"),
+        ("redis://h:port/0", "port 'port' is not a port number"),
+        ("redis://h:99999/0", "port '99999' is not a port number"),
+        ("redis://h:0/0", "port '0' is not a port number"),
+        ("redis://u:p@[::1]:+80/0", "port '+80' is not a port number"),
     ],
 )
 def test_a_bad_redis_db_or_port_is_named(url: str, says: str) -> None:
     """A database path that is not a non-negative whole number (once silently db 0) and
-    a malformed port are refused, naming the part."""
-    with pytest.raises(ConfigError, match=says):
+    a malformed port are refused, naming the part; port 0 was taken as 6379."""
+    with pytest.raises(ConfigError, match=re.escape(says)):
         RedisStore(url)
+
+
+@pytest.mark.parametrize(
+    ("url", "port"),
+    [
+        ("postgresql://u@127.0.0.1:99999/db?schema=wtc_x", "99999"),
+        ("postgresql://u@127.0.0.1:0/db?schema=wtc_x", "0"),
+        ("postgresql://u@127.0.0.1:abc/db?schema=wtc_x", "abc"),
+        ("postgresql://u@127.0.0.1/db?schema=wtc_x&port=70000", "70000"),
+        ("postgresql://u@/db?schema=wtc_x&host=a,b&port=5432,65536", "65536"),
+    ],
+)
+def test_a_bad_postgres_port_is_a_bad_setting(url: str, port: str) -> None:
+    """A port out of range or not a number reached libpq, which refused it only on
+    connecting: the command said the server was unavailable (exit status 1), as in an
+    outage. It is refused as the URL's mistake, naming the port, exit status 2."""
+    from tokenline.stores.postgres import PostgresStore
+
+    with pytest.raises(ConfigError, match=f"port {port!r} is not a port number") as bad:
+        PostgresStore(url)
+    assert bad.value.setting == "url"
+    result = CliRunner().invoke(main, ["queues", "--url", url])
+    assert result.exit_code == 2, result.output
+    assert "invalid setting 'url'" in result.output
+    assert "from 1 to 65535" in result.output
+    assert "unavailable" not in result.output
+
+
+def test_good_ports_are_taken() -> None:
+    from tokenline.stores.postgres import PostgresStore
+
+    assert PostgresStore("postgresql://u@h:65535/db?schema=wtc_x").target.port == "65535"
+    assert PostgresStore("postgresql://u@/db?host=a,b&port=1,").target.port == "1,"
+    assert parse_redis_url("redis://h:1/0").where == "h:1/0"
+    assert parse_redis_url("redis://h/0").where == "h:6379/0"
 
 
 def test_a_bad_broker_url_names_the_broker_role() -> None:

@@ -19,6 +19,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..._errors import ConfigError
+from .._port import check_port
 
 __all__ = ["DEFAULT_SCHEMA", "Target", "libpq_url", "parse_url"]
 
@@ -116,6 +117,12 @@ def parse_url(url: str, *, timeout: float) -> Target:
         params = conninfo_to_dict(libpq_url)
     except psycopg.ProgrammingError as exc:
         raise ConfigError("url", f"not a valid PostgreSQL URL: {exc}") from None
+    # libpq checks a port only as it connects, and says "connection is bad", read as an
+    # outage. One per host of a list (host=a,b&port=5432,5433); an empty one is the
+    # default port.
+    for port in str(params.get("port") or "").split(","):
+        if port:
+            check_port(port, "PostgreSQL")
     params.setdefault("connect_timeout", str(max(2, math.ceil(timeout))))
     params.setdefault("application_name", "tokenline")
     # Ours first: a statement_timeout the user put in the URL's options comes later and wins.

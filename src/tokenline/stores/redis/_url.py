@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._errors import ConfigError
+from .._port import check_port
 
 __all__ = ["DEFAULT_PREFIX", "OPTIONS", "RedisTarget", "parse_redis_url"]
 
@@ -97,10 +98,10 @@ def parse_redis_url(url: str) -> RedisTarget:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("redis", "rediss"):
         raise ConfigError("url", f"not a Redis URL: {url!r} (use redis://host:port/db)")
-    try:
-        port = parts.port or 6379
-    except ValueError as exc:  # not a number, or out of range
-        raise ConfigError("url", f"invalid Redis URL port: {exc}") from None
+    # Read as written, as urllib splits it: its own check takes 0, which the client
+    # then read as the default port, and words its refusals as Python's.
+    written = parts.netloc.rpartition("@")[2].rpartition("]")[2].partition(":")[2]
+    port = check_port(written, "Redis") if written else 6379
     query = _query(parts.query)
     name = query.pop("prefix", DEFAULT_PREFIX)
     _check_prefix(name)
