@@ -16,7 +16,8 @@ from tokenline import App, RetryPolicy, Worker, WorkerSettings
 from tokenline._errors import StoreCorruptError
 from tokenline._jobs import NewJob
 from tokenline.stores.sqlite import SQLiteStore
-from tokenline.stores.sqlite._catalog import COORD, MAIN
+from tokenline.stores.sqlite._catalog import COORD, MADE_AT, MAIN
+from tokenline.stores.sqlite.store import SCHEMA_VERSION
 
 DEADLINE = 60.0
 
@@ -110,13 +111,14 @@ async def test_another_applications_file_is_refused_and_left_as_it_was(
     assert not path.with_name(f"{path.name}-coord").exists()
 
 
-@pytest.mark.parametrize("version", [0, 3])
+@pytest.mark.parametrize("version", [0, 2, 3, 6])
 async def test_a_store_whose_user_version_was_changed_is_refused_and_left_as_it_was(
     tmp_path: Path, version: int
 ) -> None:
     """A real store whose user_version was set lower (by hand, by another application
     sharing the file) was said to hold no tokenline schema (0), and migrating it failed
-    with "duplicate column name": both now say what happened, and nothing changes."""
+    with "duplicate column name" (3) or "damaged: no such table" (2): each now says what
+    happened, and nothing changes."""
     path = tmp_path / "store.db"
     await SQLiteStore(f"sqlite:///{path}").migrate()
     with sqlite3.connect(path) as conn:
@@ -129,6 +131,61 @@ async def test_a_store_whose_user_version_was_changed_is_refused_and_left_as_it_
         with pytest.raises(StoreCorruptError, match=f"its user_version, .* says {version}"):
             await attempt()
     assert path.read_bytes() == before
+
+
+def test_each_migration_names_an_object_it_makes() -> None:
+    """A store whose version was set lower is told by the objects of a later migration
+    it holds: every version past the first names one, and the store holds it."""
+    assert sorted(MADE_AT) == list(range(2, SCHEMA_VERSION + 1))
+    for kind, name in MADE_AT.values():
+        assert name in MAIN[kind]
+
+
+def _not_a_store(kind: str, path: Path) -> None:
+    """Make at ``path`` a file that is no store to create or migrate."""
+    if kind == "directory":
+        path.mkdir()
+        return
+    if kind == "another application's":
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+            conn.execute("PRAGMA user_version = 3")
+        conn.close()
+        return
+    asyncio.run(SQLiteStore(f"sqlite:///{path}").migrate())
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA user_version = 2")
+    conn.close()
+
+
+@pytest.mark.parametrize("kind", ["directory", "another application's", "version set lower"])
+def test_the_read_commands_say_what_migrate_says(tmp_path: Path, kind: str) -> None:
+    """A directory, another application's database and a store whose user_version was
+    set lower by hand were each said by status and queues to need `tokenline migrate`
+    (or to hold no store), which then refused them for what they were, or failed on a
+    missing table. The read commands now give migrate's diagnosis, and nothing changes."""
+    from click.testing import CliRunner
+
+    from tokenline.cli import main
+
+    path = tmp_path / "x.db"
+    _not_a_store(kind, path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    url = f"sqlite:///{path}"
+    said = {}
+    for command in ("migrate", "queues", "jobs", "status"):
+        result = CliRunner().invoke(main, [command, "--url", url])
+        assert result.exit_code == 1, (command, result.output)
+        said[command] = " ".join(result.output.split())
+    assert said["migrate"].startswith("error: ")
+    error = said["migrate"].removeprefix("error: ")
+    assert said["queues"] == said["jobs"] == said["migrate"]
+    assert error in said["status"]
+    for command, text in said.items():
+        assert "run `tokenline migrate`" not in text, (command, text)
+        assert "create one with `tokenline migrate`" not in text, (command, text)
+        assert "no such table" not in text, (command, text)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -9,7 +9,11 @@ files with :data:`MAIN` and :data:`COORD` and refuse a store that lacks any of t
 A file whose ``user_version`` is set but that holds none of tokenline's tables is
 another application's database (SQLite has one ``user_version`` per file, which
 tokenline uses for its schema version): said as such, not as a damaged store or one to
-upgrade.
+upgrade. A store that holds what a migration after its ``user_version`` makes had that
+version set lower by hand (or by another application): said as such too, not as a
+store to migrate (migrating it again failed on what the later steps had changed).
+:func:`check_version` says both, for opening, migrating and the commands that only ask
+whether a store is there alike: each gives the same diagnosis.
 
 Objects a user added (tables of their own in the main file) are not a fault.
 """
@@ -25,8 +29,10 @@ from .._columns import RESOURCE_LEASES, SHARED, WORKERS, column_names, lacking
 
 __all__ = [
     "COORD",
+    "MADE_AT",
     "MAIN",
     "check_objects",
+    "check_version",
     "foreign_file",
     "holds_tokenline_tables",
     "version_and_tables",
@@ -74,6 +80,16 @@ MAIN: Mapping[str, frozenset[str]] = {
             ("tokenline_lease_tokens", ("resource", "token")),
         ]
     ),
+}
+#: An object of :data:`MAIN` that each migration makes, by the version it brings the
+#: main file to. A migration that adds a version names one here (a test checks it).
+MADE_AT: Mapping[int, tuple[str, str]] = {
+    2: ("table", "tokenline_effects"),
+    3: ("table", "tokenline_lease_tokens"),
+    4: ("column", "tokenline_jobs.lease_expiries"),
+    5: ("index", "tokenline_jobs_ready_age"),
+    6: ("table", "tokenline_schedules"),
+    7: ("trigger", "tokenline_jobs_types_insert"),
 }
 #: What the coordination file's migrations make.
 COORD: Mapping[str, frozenset[str]] = {
@@ -125,6 +141,27 @@ def version_and_tables(conn: sqlite3.Connection) -> tuple[int, bool]:
         conn.execute("ROLLBACK")
 
 
+def check_version(conn: sqlite3.Connection, path: Path) -> tuple[int, bool]:
+    """The main file's ``user_version`` and whether it holds any of tokenline's tables,
+    read in one transaction (see :func:`version_and_tables`), once the version is known
+    to be the file's own: another application's database (:func:`foreign_file`) and a
+    store whose version was set lower than its tables say (:func:`version_lost`) are
+    refused. Nothing is changed."""
+    conn.execute("BEGIN")
+    try:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        ours = holds_tokenline_tables(conn)
+        found = _objects(conn, "main") if ours else {}
+    finally:
+        conn.execute("ROLLBACK")
+    if version and not ours:
+        raise foreign_file(path, version)
+    made = [v for v, (kind, name) in MADE_AT.items() if name in found.get(kind, ())]
+    if ours and (version == 0 or max(made, default=0) > version):
+        raise version_lost(path, version, max(made, default=None))
+    return version, ours
+
+
 def foreign_file(path: Path, version: int) -> StoreCorruptError:
     """The error for a file whose ``user_version`` is set but that holds no tokenline
     table: another application's database, left as it is."""
@@ -137,12 +174,15 @@ def foreign_file(path: Path, version: int) -> StoreCorruptError:
     )
 
 
-def version_lost(path: Path, version: int) -> StoreCorruptError:
+def version_lost(path: Path, version: int, made: int | None = None) -> StoreCorruptError:
     """The error for a tokenline store whose ``user_version`` (``version``) is lower
-    than its tables say: set by hand or by another application sharing the file."""
+    than its tables say: set by hand or by another application sharing the file.
+    ``made``: the latest version whose migration's objects (:data:`MADE_AT`) it holds,
+    when known."""
+    tables = f" (its tables are those of version {made} at least)" if made else ""
     return StoreCorruptError(
         f"{str(path)!r} holds tokenline's tables, but its user_version, where tokenline "
-        f"keeps its schema version, says {version}: set by hand or by another "
+        f"keeps its schema version, says {version}{tables}: set by hand or by another "
         "application? Nothing was changed. Restore the file from a backup, or set "
         "PRAGMA user_version back to the version this store had; an application that "
         "sets user_version cannot share tokenline's file"

@@ -96,10 +96,6 @@ INSERT INTO tokenline_jobs (queue, task, args, idempotency_key, priority, run_at
 VALUES (:queue, :task, :args, :idempotency_key, :priority, :run_at,
         :max_attempts, :state, :now, :now, :timeout, :max_lease_expiries);
 
--- name: is_store
--- Whether the file holds tokenline's schema (read without changing anything).
-SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'tokenline_jobs';
-
 -- name: last_job_id
 SELECT seq FROM sqlite_sequence WHERE name = 'tokenline_jobs';
 

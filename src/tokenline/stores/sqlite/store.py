@@ -103,7 +103,7 @@ from ._catalog import (
     COORD,
     MAIN,
     check_objects,
-    foreign_file,
+    check_version,
     version_and_tables,
     version_lost,
 )
@@ -523,14 +523,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
                 f"cannot open SQLite store {str(self.path)!r}: "
                 f"directory {str(parent)!r} does not exist"
             )
-        for path in (self.path, self.coord_path):
-            if path.is_dir():
-                # SQLite says only "unable to open database file", and its hint would
-                # send the operator to the directory's permissions.
-                raise StoreUnavailableError(
-                    f"cannot open SQLite store {str(self.path)!r}: {str(path)!r} is a "
-                    "directory, not a file: name a file in the URL"
-                )
+        self._refuse_directories()
         main, coord = Lane("tokenline-sqlite"), Lane("tokenline-sqlite-coord")
         try:
             main.conns = await main.run(lambda: self._while_busy(self._open_main))
@@ -546,6 +539,17 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         self._main, self._coord, self._here = main, coord, here
         self._file = str(self.path.resolve())
         self._callers = CallerConnections(self._connect_caller)
+
+    def _refuse_directories(self) -> None:
+        """Refuse a store whose file, or coordination file, is a directory."""
+        for path in (self.path, self.coord_path):
+            if path.is_dir():
+                # SQLite says only "unable to open database file", and its hint would
+                # send the operator to the directory's permissions.
+                raise StoreUnavailableError(
+                    f"cannot open SQLite store {str(self.path)!r}: {str(path)!r} is a "
+                    "directory, not a file: name a file in the URL"
+                )
 
     def _connect_caller(self) -> sqlite3.Connection:
         """A main-file connection for a synchronous caller's thread (see _callers.py);
@@ -601,9 +605,7 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
             conn = connect_main(self.path, busy_timeout=self.timeout)
             try:
                 # Before anything is changed (WAL is a change to the file's header).
-                version, ours = version_and_tables(conn)
-                if version and not ours:
-                    raise foreign_file(self.path, version)
+                check_version(conn, self.path)
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if str(mode).lower() != "wal":
                     raise StoreError(f"cannot switch {str(self.path)!r} to WAL (got {mode})")
@@ -766,13 +768,20 @@ class SQLiteStore(SQLiteMaintenance, SQLiteRetention, SQLiteLeases, SQLiteLedger
         anything: its file, tokenline's tables in it (an empty file, or a database of
         other tables, which opening would write tokenline's schema into), or its
         coordination file; ``None`` when it is a tokenline store, or when the file
-        cannot be read (opening says why)."""
+        cannot be read (opening says why).
+
+        A file that is there but is no store to create or migrate is refused as opening
+        and ``tokenline migrate`` refuse it, with the same error: a directory, another
+        application's database, a store whose version was set lower (see
+        :func:`check_version`). Told that nothing is there, the operator ran
+        ``tokenline migrate``, which then refused the file for what it was."""
+        self._refuse_directories()
         if not self.path.is_file():
             return f"no tokenline store at {self.path!s}"
         try:
             conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True)
             try:
-                found = conn.execute(Q["is_store"]).fetchone() is not None
+                _, found = check_version(conn, self.path)
             finally:
                 conn.close()
         except sqlite3.Error:
