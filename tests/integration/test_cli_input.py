@@ -246,6 +246,39 @@ def test_a_bad_redis_key_prefix_says_what_is_wrong(prefix: str, said: str) -> No
     assert said in out
 
 
+@pytest.mark.parametrize(
+    ("given", "missing", "needs"),
+    [
+        (["--broker"], "--ledger (TOKENLINE_LEDGER)", "the ledger's postgresql://… URL"),
+        (["--ledger"], "--broker (TOKENLINE_BROKER)", "the broker's redis://host:port/db URL"),
+        (
+            ["--leases", "--ledger"],
+            "--broker (TOKENLINE_BROKER)",
+            "the broker's redis://host:port/db URL",
+        ),
+    ],
+)
+def test_a_split_role_left_out_is_said_to_be_missing(
+    given: list[str], missing: str, needs: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--broker without --ledger was refused as "Invalid value for --ledger: the split
+    topology needs postgresql://… here, got ''", as if an empty URL had been given. A
+    role left out is now said to be missing, with what it needs; exit status 2."""
+    for role in ("URL", "BROKER", "LEASES", "LEDGER"):
+        monkeypatch.delenv(f"TOKENLINE_{role}", raising=False)
+    urls = {
+        "--broker": "redis://127.0.0.1:6379/7?prefix=wtc",
+        "--leases": "redis://127.0.0.1:6379/7?prefix=wtc",
+        "--ledger": "postgresql://127.0.0.1/x?schema=wtc_x",
+    }
+    code, out = cli("queues", *(a for option in given for a in (option, urls[option])))
+    assert code == 2, out
+    flat = " ".join(out.split())
+    assert f"{missing} is missing: with {' and '.join(given)}, the split topology" in flat
+    assert f"also needs {needs}" in flat
+    assert "got ''" not in flat
+
+
 def test_no_help_text_shows_a_range_without_bounds() -> None:
     """Every command's --help: an integer option without bounds showed "x<=None"
     (`worker --concurrency`, `--claim-batch`, `drill --seed`); the worker's options

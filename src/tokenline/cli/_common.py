@@ -604,6 +604,12 @@ _ROLE_HELP = {
     "ledger": "Split topology: the ledger's PostgreSQL URL (with --broker).",
 }
 
+#: What each role the split topology cannot do without takes.
+_ROLE_NEEDS = {
+    "broker": "the broker's redis://host:port/db URL",
+    "ledger": "the ledger's postgresql://… URL",
+}
+
 
 def interrupt_on_sigterm(fn: F) -> F:
     """Run the command with SIGTERM taken as Ctrl-C (``KeyboardInterrupt``).
@@ -652,6 +658,15 @@ def url_option(fn: F) -> F:
                     "give --url (TOKENLINE_URL) or the split topology's --broker, --leases "
                     "and --ledger (TOKENLINE_BROKER …), not both"
                 )
+            # A role left out is missing, not a URL of the wrong kind: split_url would
+            # say that the split topology needs postgresql://… here, "got ''".
+            for role in ("broker", "ledger"):
+                if not roles[role]:
+                    given = " and ".join(f"--{r}" for r, v in roles.items() if v)
+                    raise click.UsageError(
+                        f"--{role} (TOKENLINE_{role.upper()}) is missing: with {given}, "
+                        f"the split topology also needs {_ROLE_NEEDS[role]}"
+                    )
             try:
                 kwargs["url"] = split_url(
                     roles["broker"] or "", roles["ledger"] or "", roles["leases"]
