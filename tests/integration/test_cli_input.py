@@ -84,6 +84,38 @@ def test_enqueue_names_which_argument_is_not_json(
     assert said in out
 
 
+@pytest.mark.parametrize("kwargs", ["null", "[1]", '"x"', "3", ""])
+def test_enqueue_refuses_kwargs_that_are_not_an_object(
+    app_spec: tuple[str, str], kwargs: str
+) -> None:
+    """ARGS `null` was refused and `--kwargs null` taken as no keyword arguments (an
+    empty --kwargs was not even read). --kwargs that is not a JSON object is now
+    refused as ARGS that is not an array is: bad input, exit status 2, nothing stored."""
+    spec, url = app_spec
+    code, out = cli("enqueue", "--app", spec, "--url", url, "t", "--kwargs", kwargs)
+    assert code == 2, out
+    said = "kwargs is not valid JSON" if not kwargs else "--kwargs must be a JSON object"
+    assert said in out
+    if kwargs:
+        assert f"got {kwargs!r}" in out
+    assert cli("enqueue", "--app", spec, "--url", url, "t", "--kwargs", "{}")[0] == 0
+
+
+@pytest.mark.parametrize("worker_id", ["", "a\x1bb"])
+def test_drain_refuses_a_worker_id_that_none_can_have(
+    app_spec: tuple[str, str], worker_id: str
+) -> None:
+    """`tokenline drain ""` asked the store, and exited 1 with "no worker with id ''":
+    an id no worker can have is bad input, refused naming the argument, exit status 2,
+    before the store is opened."""
+    _, url = app_spec
+    code, out = cli("drain", worker_id, "--url", url)
+    assert code == 2, out
+    assert "Invalid value for 'WORKER_ID'" in out
+    assert "no worker with id" not in out
+    assert not Path(url.removeprefix("sqlite:///")).exists()
+
+
 # -- --app ------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("attribute", "said"),

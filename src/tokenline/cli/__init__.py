@@ -372,9 +372,13 @@ def enqueue(
     with reporting_errors(unsure="look for the job with `tokenline jobs` before enqueueing again"):
         try:
             parsed = _decode_json(args, "args")
-            kwargs = _decode_json(kwargs_json, "kwargs") if kwargs_json else None
             if not isinstance(parsed, list):
                 raise InvalidInputError(f"ARGS must be a JSON array, got {args!r}")
+            # Given, it must be an object, as ARGS must be an array: `null` was taken as
+            # no keyword arguments, and an empty value was not read at all.
+            kwargs = None if kwargs_json is None else _decode_json(kwargs_json, "kwargs")
+            if kwargs_json is not None and not isinstance(kwargs, dict):
+                raise InvalidInputError(f"--kwargs must be a JSON object, got {kwargs_json!r}")
             app = resolve_app(app_spec, url)
             try:
                 refuse_memory_store(app, "enqueue")

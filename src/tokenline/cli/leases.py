@@ -16,6 +16,7 @@ import click
 
 from .._errors import InvalidInputError, JobNotFoundError, StaleTokenError
 from .._jobs import Job, JobState
+from .._records import validate_key
 from ..health import alive, lease_mismatch
 from ..stores import Store
 from ..stores.base import ResourceLease
@@ -280,10 +281,21 @@ async def _drain(store: Store, worker_id: str) -> None:
     raise InvalidInputError(f"worker {worker_id!r} not asked to drain: {why}; nothing changed")
 
 
+def _worker_id(_ctx: click.Context | None, _param: click.Parameter | None, value: str) -> str:
+    """Callback of ``drain``'s WORKER_ID: the id, checked as a worker checks its own, or
+    a usage error saying why it is none. An empty id was looked for in the store, and
+    reported as no such worker (exit status 1), as if the store had been asked a
+    question that could have another answer."""
+    try:
+        return validate_key(value, "WORKER_ID")
+    except InvalidInputError as exc:
+        raise click.BadParameter(f"{exc} (see `tokenline workers` for the ids)") from None
+
+
 @click.command()
 @app_option
 @url_option
-@click.argument("worker_id")
+@click.argument("worker_id", callback=_worker_id)
 def drain(app_spec: str | None, url: str | None, worker_id: str) -> None:
     """Ask the live worker WORKER_ID to drain, then stop: as a first SIGTERM does.
 
