@@ -83,3 +83,51 @@ def test_a_missing_module_is_still_said_to_be_missing(module_dir: Path) -> None:
     code, out = _queues(module_dir, "nosuchmodule_x")
     assert code == 2, out
     assert "cannot import 'nosuchmodule_x': No module named 'nosuchmodule_x'" in out
+
+
+@pytest.mark.parametrize(
+    ("source", "said", "line"),
+    [
+        (
+            "from tokenline import App\n\napp = App()\n\n"
+            "@app.task(name='a', queue='bad queue')\ndef a(ctx):\n    pass\n",
+            "QueueNameError: invalid queue name 'bad queue'",
+            5,
+        ),
+        (
+            "from tokenline import App\n\napp = App()\napp.task(name='a')(lambda ctx: None)\n"
+            "app.task(name='a')(lambda ctx: None)\n",
+            "failed: ",
+            5,
+        ),
+    ],
+)
+def test_an_error_of_tokenlines_own_checks_names_the_users_line(
+    module_dir: Path, source: str, said: str, line: int
+) -> None:
+    """An error raised by tokenline's checks of the app (a bad queue name, a task
+    registered twice) named tokenline's line that raised it (_config.py, line 95) when
+    tokenline ran from a source checkout: the user's line that called it is named."""
+    module = _module(module_dir, source)
+    code, out = _queues(module_dir, module)
+    assert code == 2, out
+    assert said in out
+    assert f"(at {module_dir / (module + '.py')}, line {line})" in out
+
+
+def test_an_error_all_inside_tokenline_names_its_innermost_line() -> None:
+    """With no frame outside tokenline (a module of tokenline's own given to --app),
+    the line that raised is named."""
+    import os
+
+    from tokenline.cli._common import _PACKAGE, _where_raised
+
+    inner = os.path.join(_PACKAGE, "no_such_module_for_the_test.py")
+    code = compile("def f():\n    raise LookupError('x')\n\n\nf()\n", inner, "exec")
+    with pytest.raises(LookupError, match="x") as raised:
+        exec(code, {})
+    # As an import's error starts: in the module's own frame, not this test's.
+    tb = raised.value.__traceback__
+    assert tb is not None
+    error = raised.value.with_traceback(tb.tb_next)
+    assert _where_raised(error) == f"{inner}, line 2"

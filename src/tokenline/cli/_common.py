@@ -137,11 +137,17 @@ def _library_paths() -> tuple[str, ...]:
     return tuple(os.path.join(os.path.realpath(p), "") for p in found)
 
 
+#: Where tokenline's own modules live (this package's parent).
+_PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "")
+
+
 def _where_raised(exc: BaseException) -> str | None:
     """``file, line N`` of the user's code that raised ``exc`` while being imported: the
-    last frame past the import machinery outside Python's library and installed packages
-    (``os.environ[…]`` fails inside os.py, called from the user's line), else the first
-    one, the imported module's own line. A syntax error names its own file and line."""
+    last frame past the import machinery outside tokenline, Python's library and
+    installed packages (``os.environ[…]`` fails inside os.py, and a task's bad queue
+    name inside tokenline's check, called from the user's line), else the first one
+    outside tokenline, the imported module's own line, else the last one (the module
+    imported is tokenline's). A syntax error names its own file and line."""
     if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
         return f"{exc.filename}, line {exc.lineno}"
     frames = list(traceback.extract_tb(exc.__traceback__))
@@ -151,9 +157,17 @@ def _where_raised(exc: BaseException) -> str | None:
     frames = [f for f in frames if not f.filename.startswith("<frozen ")]
     if not frames:
         return None
+    # tokenline is not always among the installed packages (a source checkout on
+    # PYTHONPATH, an editable install): its own frames are looked past by name, and so
+    # is code it generated (a dataclass's __init__, in "<string>"), which is no file.
+    outside = [
+        f
+        for f in frames
+        if not f.filename.startswith("<") and not os.path.realpath(f.filename).startswith(_PACKAGE)
+    ]
     library = _library_paths()
-    own = [f for f in frames if not os.path.realpath(f.filename).startswith(library)]
-    frame = own[-1] if own else frames[0]
+    own = [f for f in outside if not os.path.realpath(f.filename).startswith(library)]
+    frame = own[-1] if own else outside[0] if outside else frames[-1]
     return f"{frame.filename}, line {frame.lineno}"
 
 
