@@ -28,6 +28,16 @@ LEASE_KEY = "account:42"
 BREAKER = "payments"
 TTL = 3600.0
 
+#: Characters that change how text reads, or hide: a right-to-left override, isolates,
+#: a zero-width space, a byte-order mark, a terminal escape and a C1 CSI.
+SPOOFING = ("\u202e", "\u2066", "\u2067", "\u2069", "\u200b", "\ufeff", "\x1b", "\x9b")
+#: A resource lease key, its owner and a worker id that read otherwise than they are.
+SPOOF_KEY = "ключ\u202e"
+SPOOF_OWNER = "o\u2067wner\u2069"
+SPOOF_WORKER = "w\u202eevil"
+#: The queue of :func:`plant_spoofed`'s jobs (a queue name is plain ASCII).
+SPOOF_QUEUE = "spoof"
+
 
 @dataclass(frozen=True, slots=True)
 class State:
@@ -81,6 +91,40 @@ async def _fill(store: Store, faulty: bool) -> Filled:
         assert await store.resource_lease_acquire(resource=breaker, owner="w-busy", ttl=600)
     queued = [i for i in ids if i not in {doomed.job_id, *(r.job_id for r in running)}]
     return queued, [r.job_id for r in running], doomed.job_id, lease.token, states
+
+
+@dataclass(frozen=True, slots=True)
+class Spoofed:
+    """What :func:`plant_spoofed` put in the store."""
+
+    dead: int
+    running: int
+    lease_token: int
+
+
+async def plant_spoofed(url: str) -> Spoofed:
+    """Rows whose free text holds :data:`SPOOFING` characters, as a handler or an
+    enqueuer may write them: a worker, a job it runs and one it dead-lettered (task,
+    arguments, idempotency key, error), and a resource lease it holds."""
+    store = store_from_url(url)
+    await store.open()
+    try:
+        await store.worker_register(record=_record(SPOOF_WORKER), ttl=TTL)
+        args = '{"args": ["a\u202eb\u200bc"], "kwargs": {}}'
+        jobs = [
+            NewJob(queue=SPOOF_QUEUE, task="t\u200bask", args=args, idempotency_key=f"k{n}\u2066")
+            for n in range(2)
+        ]
+        await store.jobs_enqueue(jobs=jobs)
+        claimed = await store.jobs_claim(owner=SPOOF_WORKER, queues=[SPOOF_QUEUE], limit=2, ttl=TTL)
+        doomed, running = (c.lease for c in claimed)
+        error = "boom\x1b[2J\x9b31m\u202egnp.exe\ufeff"
+        await store.job_dead(lease=doomed, error=error, error_class="permanent")
+        lease = await store.resource_lease_acquire(resource=SPOOF_KEY, owner=SPOOF_OWNER, ttl=TTL)
+        assert lease is not None
+        return Spoofed(doomed.job_id, running.job_id, lease.token)
+    finally:
+        await store.close()
 
 
 def run_apart(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:

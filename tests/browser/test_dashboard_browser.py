@@ -18,7 +18,16 @@ from typing import Any, TypeVar
 import pytest
 
 from browser.conftest import DEADLINE, TOKEN, Served, keep_screenshot
-from dashboard_state import LEASE_KEY, State, fingerprint, run_apart
+from dashboard_state import (
+    LEASE_KEY,
+    SPOOF_KEY,
+    SPOOF_OWNER,
+    SPOOFING,
+    State,
+    fingerprint,
+    plant_spoofed,
+    run_apart,
+)
 from tokenline._jobs import WorkerRecord
 
 pytestmark = pytest.mark.timeout(300)
@@ -119,6 +128,28 @@ def test_an_action_without_the_token_is_refused(page: Any, state: State) -> None
     assert nav.value.status == 401
     assert "Operator token required" in page.locator("h1").inner_text()
     assert store_now(state) == before
+
+
+def test_a_key_that_reads_backwards_is_shown_escaped_and_released_as_stored(
+    page: Any, state: State
+) -> None:
+    """Chromium showed a lease key ending in a right-to-left override reordered; it now
+    shows the override as ``\\u202e``, and the release clicked on that row still names
+    the stored key: the store releases that lease."""
+    spoofed = run_apart(lambda: plant_spoofed(state.url))
+    page.goto("/leases")
+    shown = page.locator("main").inner_text()
+    assert not [c for c in SPOOFING if c in shown]
+    row = page.locator("#resource-leases tr", has_text=r"ключ\u202e")
+    assert r"o\u2067wner\u2069" in row.inner_text()
+    row.locator('button[data-action="release-lease"]').click()
+    page.wait_for_url("**/actions/release-lease?**")
+    assert r"Release resource lease 'ключ\u202e'" in page.locator(".what").inner_text()
+    page.fill('input[name="operator_token"]', TOKEN)
+    with page.expect_navigation():
+        page.click("#confirm")
+    assert r"released lease 'ключ\u202e'" in page.locator(".outcome").inner_text()
+    assert (SPOOF_KEY, SPOOF_OWNER, spoofed.lease_token, False) in store_now(state)[3]
 
 
 def test_overview_refreshes_in_place(page: Any, state: State) -> None:

@@ -9,6 +9,7 @@ with the right status and a readable page, and leaves the store exactly as it wa
 from __future__ import annotations
 
 import asyncio
+import html
 import logging
 import re
 from collections.abc import AsyncIterator
@@ -18,7 +19,18 @@ from typing import Any
 import httpx
 import pytest
 
-from dashboard_state import LEASE_KEY, State, fingerprint, populate
+from dashboard_state import (
+    LEASE_KEY,
+    SPOOF_KEY,
+    SPOOF_OWNER,
+    SPOOF_QUEUE,
+    SPOOF_WORKER,
+    SPOOFING,
+    State,
+    fingerprint,
+    plant_spoofed,
+    populate,
+)
 from tokenline.dashboard import create_app
 from tokenline.stores import store_from_url
 
@@ -196,6 +208,76 @@ async def test_drills_page_reads_a_drill_json_file(state: State, tmp_path: Path)
         page = await c.get("/drills")
     assert "partition" in page.text
     assert "FAIL" in page.text
+
+
+async def test_text_that_would_read_otherwise_is_shown_escaped(
+    client: httpx.AsyncClient, state: State
+) -> None:
+    """A lease key ending in a right-to-left override was written into the leases page
+    as it came, and read backwards there; a worker id, a task, arguments, a key or an
+    error could hide or reorder characters the same way. Every page now shows them as
+    escapes (``\\u202e``), as the command line does."""
+    spoofed = await plant_spoofed(state.url)
+    confirming = httpx.QueryParams(key=SPOOF_KEY, owner=SPOOF_OWNER, lease_token=1)
+    shows = {
+        "/": [r"w\u202eevil"],
+        "/leases": [r"ключ\u202e", r"o\u2067wner\u2069", r"w\u202eevil", r"t\u200bask"],
+        f"/jobs/{spoofed.dead}": [
+            r"t\u200bask",
+            r"a\u202eb\u200bc",
+            r"k0\u2066",
+            r"boom\x1b[2J\x9b31m\u202egnp.exe\ufeff",
+            r"w\u202eevil",
+        ],
+        f"/jobs/{spoofed.running}": [r"w\u202eevil"],
+        f"/workers/{SPOOF_WORKER}": [r"w\u202eevil", r"t\u200bask"],
+        f"/queues/{SPOOF_QUEUE}": [r"t\u200bask", r"w\u202eevil", r"boom\x1b[2J\x9b31m"],
+        "/dlq": [r"t\u200bask", r"boom\x1b[2J\x9b31m\u202egnp.exe"],
+        f"/actions/release-lease?{confirming}": [r"ключ\u202e", r"o\u2067wner\u2069"],
+    }
+    for path, escaped in shows.items():
+        page = await client.get(path)
+        assert page.status_code == 200, (path, page.text)
+        for raw in SPOOFING:
+            assert raw not in page.text, (path, raw)
+        for text in escaped:
+            assert html.escape(text, quote=False) in page.text, (path, text)
+
+
+def _forms(page: str, action: str) -> list[dict[str, str]]:
+    """The fields of each form of ``page`` that goes to ``action``, as a browser reads
+    them (character references decoded)."""
+    forms = re.findall(rf'<form[^>]*action="/actions/{action}">(.*?)</form>', page, re.S)
+    field = re.compile(r'<input type="hidden" name="([^"]+)" value="([^"]*)">')
+    return [{k: html.unescape(v) for k, v in field.findall(f)} for f in forms]
+
+
+async def test_an_action_on_a_key_shown_escaped_acts_on_the_stored_key(
+    client: httpx.AsyncClient, state: State
+) -> None:
+    """The escapes are for the eye only: the release button of a key holding a
+    right-to-left override, its confirmation form, and the release itself carry the
+    key as stored, and the store releases that very lease."""
+    spoofed = await plant_spoofed(state.url)
+    leases = await client.get("/leases")
+    (button,) = [f for f in _forms(leases.text, "release-lease") if f["key"] == SPOOF_KEY]
+    assert button == {
+        "key": SPOOF_KEY,
+        "owner": SPOOF_OWNER,
+        "lease_token": str(spoofed.lease_token),
+    }
+    confirm = await client.get("/actions/release-lease", params=button)
+    (form,) = _forms(confirm.text, "release-lease")
+    assert {k: form[k] for k in button} == button
+    answer = await client.post(
+        "/actions/release-lease",
+        data=form | {"operator_token": TOKEN},
+        headers={"sec-fetch-site": "same-origin", "origin": BASE},
+    )
+    assert answer.status_code == 200, answer.text
+    assert r"released lease &#39;ключ\u202e&#39;" in answer.text
+    leases_now = (await fingerprint(state.url))[3]
+    assert (SPOOF_KEY, SPOOF_OWNER, spoofed.lease_token, False) in leases_now
 
 
 # -- bad input ------------------------------------------------------------------------------

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 import pytest
+from markupsafe import Markup
 
 from tokenline import App
 from tokenline._jobs import WorkerRecord
-from tokenline.dashboard.app import CLIP_CHARS, _Dashboard, clip
+from tokenline._logging import printable
+from tokenline.dashboard.app import CLIP_CHARS, _Dashboard, clip, exact, shown
 from tokenline.dashboard.charts import Sample, Samples, svg_chart
 from tokenline.dashboard.data import Overview, QueueRow, WorkerRow, firing_alerts
 from tokenline.dashboard.hosts import HostPolicy, parse_authority, root_url
@@ -90,6 +93,26 @@ def test_long_text_is_clipped_on_a_page_with_its_size_and_the_command_for_all() 
     assert "tokenline job 7 --json" in shown
     assert "<b>" not in shown  # escaped
     assert shown.endswith("|<code>short</code>")
+
+
+def test_pages_escape_what_the_command_line_escapes_and_forms_keep_it() -> None:
+    """Shown text has the command line's escapes, HTML built by a template keeps its
+    markup; a form's value is the text itself once a browser decodes it, in printable
+    ASCII that the page's escaping leaves alone."""
+    text = "ключ\u202e \u2066a\u2069 \u200b\ufeff\xad \x1b[2J\x9b\x7f <b>&\"'"
+    assert shown(text) == printable(text)
+    assert r"ключ\u202e \u2066a\u2069 \u200b\ufeff\xad \x1b[2J\x9b\x7f" in str(shown(text))
+    assert shown(Markup("<b>\u202e</b>")) == Markup(r"<b>\u202e</b>")
+    assert shown(None) is None
+    key = "ключ\u202e \u2066a\u2069 \u200b\ufeff\xad\u2028 😀 <b>&\"'"  # no control: a key
+    field = exact(key)
+    assert isinstance(field, Markup)
+    assert field.isascii()
+    assert field.isprintable()
+    assert shown(field) == field
+    assert html.unescape(field) == key
+    assert "<" not in field
+    assert '"' not in field
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,10 @@ content without the surrounding layout) every few seconds and swaps it in.
 Every request must name the dashboard in its ``Host`` header (see :mod:`.hosts`: the
 bound address, or an allowed name), else it answers 421 before reading anything.
 
+Text from the store (names, keys, arguments, errors, worker ids) is shown with its
+control and invisible characters written as escapes, as the command line shows it
+(:func:`shown`); a form field naming what to act on carries it exactly (:func:`exact`).
+
 Status codes: 400 for a malformed id or field (ids run from 1 to 2**63-1), 404 for an
 unknown job, worker, queue or action, 401/403 for a refused action (see
 :mod:`.security`), 409 for an action that does not apply, 503 when the store cannot
@@ -17,11 +21,13 @@ from __future__ import annotations
 
 import collections
 import logging
+import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from markupsafe import Markup, escape
 from starlette.applications import Starlette
 from starlette.datastructures import MutableHeaders
 from starlette.middleware import Middleware
@@ -36,6 +42,7 @@ from .._app import App
 from .._config import validate_queue_name
 from .._errors import JobNotFoundError, QueueNameError, StoreError, StoreUnavailableError
 from .._jobs import JobState, describe
+from .._logging import printable
 from ..cli._common import ago, when
 from ..health import CHANNELS, alive, worker_state
 from . import data
@@ -75,6 +82,37 @@ def clip(value: object, limit: int = CLIP_CHARS) -> Clipped:
     return Clipped(text[:limit], len(text))
 
 
+def shown(value: object) -> object:
+    """``value`` as a page shows it: every ``{{ … }}`` of the templates goes through
+    here (Jinja's ``finalize``), so text from the store has its control characters, its
+    bidirectional overrides and its invisible characters written as escapes
+    (``\\u202e``), as :func:`~tokenline._logging.printable` writes them for the command
+    line: a key cannot be made to read backwards, or to look like another."""
+    if value is None:
+        return value
+    if isinstance(value, Markup):
+        # HTML built here (a macro's output, a chart) or escaped by a filter (join): the
+        # escapes printable writes are ASCII letters, digits and backslashes, safe in it.
+        # A form field in it, written by `exact`, holds no character printable changes.
+        return Markup(printable(str(value)))
+    return printable(str(value))
+
+
+#: What :func:`exact` writes as a character reference: all but printable ASCII.
+_REFERENCED = re.compile("[^\x20-\x7e]")
+
+
+def exact(value: object) -> Markup:
+    """``value`` for an attribute the server reads back (a hidden form field naming the
+    key to act on): escaped for HTML, and every character outside printable ASCII
+    written as a character reference (``&#x202e;``). The browser reads it back to the
+    very character, so the action names the stored key; and the page's text holds no
+    character :func:`shown` would change, nor one that reorders what is shown. (A C0
+    or C1 control comes back otherwise, as HTML reads it; no name or key holds one.)"""
+    text = str(escape(value))
+    return Markup(_REFERENCED.sub(lambda m: f"&#x{ord(m.group()):x};", text))
+
+
 class _Dashboard:
     """The state one dashboard process keeps: the app, the guard, the samples."""
 
@@ -95,6 +133,8 @@ class _Dashboard:
         self.samples = Samples()
         self.templates = Jinja2Templates(directory=str(_HERE / "templates"))
         env = self.templates.env
+        env.finalize = shown
+        env.filters["exact"] = exact
         env.globals.update(
             ago=ago,
             when=when,
