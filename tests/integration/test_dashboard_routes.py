@@ -12,7 +12,7 @@ import asyncio
 import html
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -551,6 +551,68 @@ async def test_a_form_giving_a_field_twice_is_refused(
     )
     assert answer.status_code == 400, answer.text
     assert f"the form gives &#39;{field}&#39; more than once" in answer.text
+    assert await fingerprint(state.url) == before
+
+
+#: The size of each chunk of a body sent in pieces.
+CHUNK = 64 * 1024
+
+
+def _oversize(kind: str) -> tuple[str, Iterator[bytes]]:
+    """A form no parser reads whole, as its content type and its body in chunks of
+    :data:`CHUNK` bytes, made as it is sent (the test holds none of it either)."""
+    if kind == "field over 1 MB":  # 30 MB in one field
+        head = b"queue=default&x="
+        return "application/x-www-form-urlencoded", iter([head] + [b"a" * CHUNK] * 480)
+    if kind == "200,000 fields":  # 2.2 MB
+        fields = b"&field=1234" * (CHUNK // 11)
+        return "application/x-www-form-urlencoded", iter([b"queue=default"] + [fields] * 34)
+    part = b'--B\r\nContent-Disposition: form-data; name="x"\r\n\r\n'
+    return "multipart/form-data; boundary=B", iter([part] + [b"a" * CHUNK] * 480)
+
+
+@pytest.mark.parametrize(
+    ("kind", "says"),
+    [
+        ("field over 1 MB", "Field exceeded maximum size of 1024KB."),
+        ("200,000 fields", "Too many fields. Maximum number of fields is 1000."),
+        ("multipart part over 1 MB", "Part exceeded maximum size of 1024KB."),
+    ],
+)
+async def test_a_form_past_the_parsers_limits_is_a_logged_refusal(
+    client: httpx.AsyncClient,
+    state: State,
+    caplog: pytest.LogCaptureFixture,
+    kind: str,
+    says: str,
+) -> None:
+    """A form with a 30 MB field or 200,000 fields got Starlette's own plain-text 400,
+    and no line in the log. It is now refused as any form is: the dashboard's page,
+    400, a log line naming the action, why and the client; the body is read no further
+    than the limit it broke, and nothing changes."""
+    caplog.set_level(logging.INFO, logger="tokenline.dashboard")
+    before = await fingerprint(state.url)
+    content_type, chunks = _oversize(kind)
+    sent = 0
+
+    async def body() -> AsyncIterator[bytes]:
+        nonlocal sent
+        for chunk in chunks:
+            sent += len(chunk)
+            yield chunk
+
+    answer = await client.post(
+        "/actions/pause-queue",
+        content=body(),
+        headers={"sec-fetch-site": "same-origin", "origin": BASE, "content-type": content_type},
+    )
+    assert answer.status_code == 400, answer.text
+    assert answer.headers["content-type"].startswith("text/html")
+    assert "<h1>Bad request</h1>" in answer.text
+    assert f"the form cannot be read: {says}" in answer.text
+    assert sent <= 1024 * 1024 + 2 * CHUNK  # not the whole body: up to the limit broken
+    lines = [r.getMessage() for r in caplog.records if r.name == "tokenline.dashboard"]
+    assert f"action pause-queue by 127.0.0.1:123 refused: the form cannot be read: {says}" in lines
     assert await fingerprint(state.url) == before
 
 

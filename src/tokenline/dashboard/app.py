@@ -30,6 +30,8 @@ from typing import Any
 from markupsafe import Markup, escape
 from starlette.applications import Starlette
 from starlette.datastructures import MutableHeaders
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -348,6 +350,12 @@ def _given_twice(items: Iterable[tuple[str, object]], where: str) -> str | None:
     return f"the {where} gives {', '.join(map(repr, repeated))} more than once"
 
 
+def _parser_says(exc: HTTPException | MultiPartException) -> str:
+    """What the form parser found wrong, in its words (``Too many fields. …``)."""
+    said = exc.detail if isinstance(exc, HTTPException) else exc.message
+    return str(said).strip() or "the form is malformed"
+
+
 def _client(request: Request) -> str:
     c = request.client
     return f"{c.host}:{c.port}" if c else "unknown client"
@@ -392,7 +400,15 @@ async def act(dash: _Dashboard, request: Request) -> Response:
         refusal = dash.guard.check_operator(None)  # says how to enable actions
     form: dict[str, str] = {}
     if refusal is None:
-        raw = await request.form()
+        try:
+            raw = await request.form()
+        except (HTTPException, MultiPartException) as exc:
+            # A form past the parser's limits (a field over 1 MB, over 1000 fields) or
+            # malformed: the parser stops reading there, and Starlette would answer a
+            # plain-text 400 of its own, logged nowhere. Refused like any other form.
+            why = f"the form cannot be read: {_parser_says(exc)}"
+            logger.warning("action %s by %s refused: %s", action.name, who, why)
+            return dash.problem(request, 400, "Bad request", why)
         twice = _given_twice(raw.multi_items(), "form")
         if twice is not None:
             logger.warning("action %s by %s refused: %s", action.name, who, twice)
