@@ -350,6 +350,14 @@ def _given_twice(items: Iterable[tuple[str, object]], where: str) -> str | None:
     return f"the {where} gives {', '.join(map(repr, repeated))} more than once"
 
 
+#: An action's form: a handful of short fields (what to act on, the CSRF token, the
+#: operator's token) and no file. Starlette's own limits (1,000 fields of up to 1 MB,
+#: and files without end, spooled to disk) let one request make the dashboard hold or
+#: write a gigabyte before any check.
+FORM_MAX_FIELDS = 32
+FORM_MAX_FIELD_BYTES = 64 * 1024
+
+
 def _parser_says(exc: HTTPException | MultiPartException) -> str:
     """What the form parser found wrong, in its words (``Too many fields. …``)."""
     said = exc.detail if isinstance(exc, HTTPException) else exc.message
@@ -401,10 +409,12 @@ async def act(dash: _Dashboard, request: Request) -> Response:
     form: dict[str, str] = {}
     if refusal is None:
         try:
-            raw = await request.form()
+            raw = await request.form(
+                max_files=0, max_fields=FORM_MAX_FIELDS, max_part_size=FORM_MAX_FIELD_BYTES
+            )
         except (HTTPException, MultiPartException) as exc:
-            # A form past the parser's limits (a field over 1 MB, over 1000 fields) or
-            # malformed: the parser stops reading there, and Starlette would answer a
+            # A form past the parser's limits (a field too long, too many fields, a file)
+            # or malformed: the parser stops reading there, and Starlette would answer a
             # plain-text 400 of its own, logged nowhere. Refused like any other form.
             why = f"the form cannot be read: {_parser_says(exc)}"
             logger.warning("action %s by %s refused: %s", action.name, who, why)
