@@ -694,6 +694,30 @@ async def test_an_action_whose_answer_was_lost_says_it_may_have_been_made(
     assert (await fingerprint(state.url))[1] == ["default", "emails"]  # it was made
 
 
+async def test_an_action_the_store_refused_whole_says_nothing_was_changed(
+    client: httpx.AsyncClient, state: State, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store never took the change (a write lock it never got): the page said the
+    change may have been made, and sent the operator looking for it. It now says
+    nothing was changed, as the command line does."""
+    from tokenline import StoreUnavailableError
+    from tokenline.stores.sqlite import SQLiteStore
+
+    before = await fingerprint(state.url)
+
+    async def busy(self: SQLiteStore, **kwargs: Any) -> Any:
+        refused = StoreUnavailableError("database is locked")
+        refused.changed_nothing = True
+        raise refused
+
+    monkeypatch.setattr(SQLiteStore, "queue_pause", busy)
+    answer = await act(client, "pause-queue", {"queue": "default"})
+    assert answer.status_code == 503
+    assert "did not take this change at all, so nothing was changed" in answer.text
+    assert "may have made the change" not in answer.text
+    assert await fingerprint(state.url) == before
+
+
 async def test_get_never_acts(client: httpx.AsyncClient, state: State) -> None:
     """The confirmation page is a GET and changes nothing, even with every field."""
     before = await fingerprint(state.url)

@@ -444,11 +444,21 @@ async def act(dash: _Dashboard, request: Request) -> Response:
         logger.warning("action %s %s by %s failed: store error: %s", action.name, params, who, exc)
         if asked and isinstance(exc, StoreUnavailableError | TimeoutError):
             # The store was asked, and its answer lost: the change may have been made,
-            # as the command line says too. Said so, not "cannot be read".
-            why = (
-                f"{str(exc) or type(exc).__name__}. The store may have made the change "
-                "before its answer was lost: look before trying again"
-            )
+            # as the command line says too. Said so, not "cannot be read". Unless it
+            # refused the change whole (a write lock it never got, a server that takes
+            # no writes): then nothing was made, and saying it may have been sends the
+            # operator looking for it.
+            if getattr(exc, "changed_nothing", False):
+                why = (
+                    f"{str(exc) or type(exc).__name__}. The store did not take this change "
+                    "at all, so nothing was changed; `tokenline status` says what keeps it "
+                    "from writing"
+                )
+            else:
+                why = (
+                    f"{str(exc) or type(exc).__name__}. The store may have made the change "
+                    "before its answer was lost: look before trying again"
+                )
             return dash.problem(request, 503, "The store did not answer the action", why)
         raise
     log = logger.info if outcome.done else logger.warning
