@@ -1165,7 +1165,7 @@ def _check_items(container: Sequence[Any] | Mapping[Any, Any], depth: int) -> No
             kind = type(item)
             # The usual plain values first, without a call (a batch checks many).
             if (
-                (kind is str and _SURROGATE_PAIR.search(item) is None)
+                (kind is str and (item.isascii() or _SURROGATE_PAIR.search(item) is None))
                 or item is None
                 or kind is bool
                 or (kind is int and item.bit_length() <= _SHORT_INT_BITS)
@@ -1187,6 +1187,8 @@ _SURROGATE_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
 
 def _pair_problem(text: str) -> str | None:
     """Why JSON would not give ``text`` back as it is (a surrogate pair), or None."""
+    if text.isascii():  # a flag of the string: no search for the usual case
+        return None
     found = _SURROGATE_PAIR.search(text)
     if found is None:
         return None
