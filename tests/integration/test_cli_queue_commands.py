@@ -98,6 +98,23 @@ def test_pausing_on_an_empty_store_says_no_queue_is_in_use(tmp_path: Path) -> No
     )
 
 
+def test_pausing_a_queue_already_paused_warns_and_changes_nothing(
+    app_spec: tuple[str, str],
+) -> None:
+    """A second `pause` said "paused billing" again, where `resume` of a queue that
+    was not paused warns: a script could not tell which command paused it. It now
+    warns, and says nothing on stdout."""
+    _, url = app_spec
+    assert cli("pause", "--url", url, "billing").stdout == "paused billing\n"
+    result = cli("pause", "--url", url, "billing")
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        0,
+        "",
+        "warning: queue 'billing' was already paused; nothing changed\n",
+    )
+    assert paused(url) == {"billing"}
+
+
 # -- resume -----------------------------------------------------------------------------
 def test_resuming_a_queue_that_is_not_paused_warns_naming_the_paused_ones(
     app_spec: tuple[str, str],

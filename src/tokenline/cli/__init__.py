@@ -428,17 +428,23 @@ def pause(app_spec: str | None, url: str | None, queue: str) -> None:
 
     A queue that no job, worker or task of --app uses yet may be paused (before its
     first job), with a warning naming the queues in use: a misspelt name pauses
-    nothing that runs."""
+    nothing that runs. A queue already paused stays so, with a warning."""
 
-    async def run(store: Store) -> set[str]:
+    async def run(store: Store) -> tuple[set[str], bool]:
         known = await _queues_in_use(store, app)
+        already = any(s.queue == queue and s.paused for s in await store.queues_stats())
         await store.queue_pause(queue=queue)
-        return known
+        return known, already
 
     with reporting_errors(unsure="see `tokenline queues`"):
         app = resolve_app(app_spec, url)
         refuse_memory_store(app, "pause")
-        known = with_store(app, run, ledger=False)
+        known, already = with_store(app, run, ledger=False)
+    if already:
+        # As resume says of a queue that was not paused: nothing on stdout, where a
+        # script would read that this command paused it.
+        _warn(f"queue {queue!r} was already paused; nothing changed")
+        return
     if queue not in known:
         _warn(
             f"no job or worker uses queue {queue!r} (queues: {_listed(known)}); paused all the same"
