@@ -554,6 +554,32 @@ async def test_a_damaged_schema_is_refused_by_open_and_migrate_naming_what_it_la
     assert await cur.fetchall() == [("queued",)]
 
 
+async def test_version_rows_removed_by_hand_are_named_not_the_servers_words(
+    pg: PostgresStore, postgres_url: str, admin: psycopg.AsyncConnection[Any], postgres_schema: str
+) -> None:
+    """With the schema_version rows of its last migrations deleted by hand, opening the
+    store ran those migrations again and failed with the server's own words (`relation
+    "open_blocks" already exists`). It now says what the schema records and holds, and
+    migrates nothing: the rows stay as they were."""
+    from tokenline.stores.postgres._migrations import SCHEMA_VERSION
+
+    await admin.execute(
+        sql.SQL("DELETE FROM {}.schema_version WHERE version >= 13").format(
+            sql.Identifier(postgres_schema)
+        )
+    )
+    for attempt in (PostgresStore(postgres_url).open, PostgresStore(postgres_url).migrate):
+        with pytest.raises(StoreCorruptError, match=r"records version 12, yet holds what migr"):
+            await attempt()
+    cur = await admin.execute(
+        sql.SQL("SELECT max(version) FROM {}.schema_version").format(
+            sql.Identifier(postgres_schema)
+        )
+    )
+    assert await cur.fetchall() == [(12,)]
+    assert SCHEMA_VERSION >= 13
+
+
 async def test_wrong_database_name_is_named_in_the_error(postgres_server: str) -> None:
     """A missing database is reported by name, with how to create it."""
     base, _, _ = postgres_server.rpartition("/")

@@ -13,10 +13,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncConnection, errors, sql
 from psycopg.rows import tuple_row
 
-from ..._errors import SchemaVersionError, StoreError
+from ..._errors import SchemaVersionError, StoreCorruptError, StoreError
 from .._sql import load_queries
 from ._target import Target
 
@@ -135,8 +135,20 @@ async def apply_migrations(conn: AsyncConnection[Any], target: Target) -> tuple[
             await conn.execute(compose(_Q["schema_create"], schema))
         await conn.execute(compose(_Q["version_table_create"], schema))
         for migration in MIGRATIONS[version:]:
-            # No parameters: psycopg sends the block as one multi-statement query.
-            await conn.execute(compose(migration.sql, schema))
+            try:
+                # No parameters: psycopg sends the block as one multi-statement query.
+                await conn.execute(compose(migration.sql, schema))
+            except (errors.DuplicateTable, errors.DuplicateObject, errors.DuplicateFunction) as exc:
+                # What a migration the schema has not recorded would make is there
+                # already: its version rows were removed by hand, or another tool made
+                # the objects. Rolled back whole; said so, not as the server's words.
+                raise StoreCorruptError(
+                    f"the tokenline schema {schema!r} of {target.where} records version "
+                    f"{version}, yet holds what migration {migration.version} "
+                    f"({migration.name}) makes ({str(exc).strip()}): its schema_version "
+                    "table was changed by hand? Nothing was migrated; restore the schema "
+                    "from a backup, or put back the rows that were removed"
+                ) from exc
             await conn.execute(
                 compose(_Q["version_record"], schema),
                 {"version": migration.version, "name": migration.name},
