@@ -231,6 +231,20 @@ def test_the_drivers_own_warnings_stay_off_the_terminal(
     assert "connection reset by peer" not in result.output
 
 
+def _claimed(path: Path, *, ttl: float) -> int:
+    """The id of a job on the SQLite store at ``path``, claimed for ``ttl`` seconds by a
+    worker that never comes back."""
+    app = _app(path)
+    jid = app.enqueue("t", 1)
+
+    async def claim(store: object) -> None:
+        await store.jobs_claim(owner="gone", queues=["default"], limit=1, ttl=ttl)  # type: ignore[attr-defined]
+
+    app.run(claim)
+    app.close()
+    return jid
+
+
 def test_a_running_job_whose_lease_expired_is_said_to_wait_for_the_rescue(
     tmp_path: Path,
 ) -> None:
@@ -238,14 +252,7 @@ def test_a_running_job_whose_lease_expired_is_said_to_wait_for_the_rescue(
     which will never finish. The command now says its lease expired, how long ago by
     the store's clock, and that the rescue queues it again; the job is left running."""
     path = tmp_path / "c.db"
-    app = _app(path)
-    jid = app.enqueue("t", 1)
-
-    async def claim(store: object) -> None:
-        await store.jobs_claim(owner="gone", queues=["default"], limit=1, ttl=0.2)  # type: ignore[attr-defined]
-
-    app.run(claim)
-    app.close()
+    jid = _claimed(path, ttl=0.2)
     time.sleep(0.5)
     result = CliRunner().invoke(main, ["cancel", str(jid), "--url", f"sqlite:///{path}"])
     assert result.exit_code == 1, result.output
@@ -260,14 +267,7 @@ def test_a_running_job_whose_lease_expired_is_said_to_wait_for_the_rescue(
 
 def test_a_running_job_whose_lease_is_held_is_left_to_finish(tmp_path: Path) -> None:
     path = tmp_path / "c.db"
-    app = _app(path)
-    jid = app.enqueue("t", 1)
-
-    async def claim(store: object) -> None:
-        await store.jobs_claim(owner="w", queues=["default"], limit=1, ttl=600)  # type: ignore[attr-defined]
-
-    app.run(claim)
-    app.close()
+    jid = _claimed(path, ttl=600)
     result = CliRunner().invoke(main, ["cancel", str(jid), "--url", f"sqlite:///{path}"])
     assert result.exit_code == 1, result.output
     assert f"not cancelled: job {jid}: it is running: its attempt finishes" in result.output
