@@ -41,7 +41,10 @@ What is guaranteed, precisely:
   ``fn`` runs (a crash, a partition, a pause past its TTL): then a newer attempt runs it
   again. A sync handler's hard timeout is no such loss: its thread runs on, so the
   worker keeps the attempt, lease renewed, until the effect is over (at most
-  ``effect_pending_deadline`` after it began; see ``Worker._effect_over``). tokenline
+  ``effect_pending_deadline`` after it began; see ``Worker._effect_over``). Nor is a
+  stop: at the drain timeout of a first SIGTERM, handlers inside an effect, sync or
+  async, are waited for the same way (``Worker._effects_over_at_drain``); a second
+  SIGTERM stops at once, and is such a loss. tokenline
   cannot undo or fence a call that left the process (an email, a payment API). Hand
   the key to the callee (``idempotency_key=key``, or ``current_effect().key``) so that
   it deduplicates too; that, not tokenline, is what makes such an effect exactly-once.
