@@ -398,7 +398,7 @@ def _lease(owner: str, token: Any) -> dict[str, Any]:
         ("retry-job", {"job": "-3"}, 400, "whole number"),
         ("retry-job", {"job": "\u0663"}, 400, "whole number"),
         ("drain-worker", {"worker": "w\x00"}, 400, "control characters"),
-        ("drain-worker", {"worker": "w" * 100_000}, 400, "at most 255 characters"),
+        ("drain-worker", {"worker": "w" * 1000}, 400, "at most 255 characters"),
         (
             "release-lease",
             {"key": LEASE_KEY, "owner": "w-busy", "lease_token": str(2**64)},
