@@ -235,6 +235,7 @@ class EffectRun:
         wait: float,
         max_bytes: int | None = None,
         trusted: Callable[[], bool] | None = None,
+        ended: Callable[[], None] | None = None,
     ) -> None:
         self.key = validate_key(key, "effect key")
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not _finite(wait):
@@ -256,6 +257,9 @@ class EffectRun:
         #: Whether the attempt still trusts its job lease: while it does, a record of
         #: the outcome that the store could not take is tried again (see _record).
         self.trusted = trusted
+        #: Raises once the worker has ended the attempt (a drain timeout): the claim then
+        #: stops waiting for another attempt's key, having taken nothing.
+        self.ended = ended
 
     @property
     def call(self) -> EffectCall:
@@ -287,6 +291,10 @@ class EffectRun:
             if begin.start is Start.STALE:
                 self._duplicate("stale")
                 raise self._stale("effect")
+            if self.ended is not None:
+                # Pending under another live attempt, nothing taken: a stopping worker
+                # gives this job back now rather than wait out `wait` for that one.
+                self.ended()
             left = deadline - self.clock.monotonic()
             if left <= 0 or not math.isfinite(left):
                 owner = begin.record.owner if begin.record else "another attempt"
@@ -397,6 +405,13 @@ async def call_claimed(run: EffectRun, fn: Callable[..., Any], *args: Any, **kwa
             value = fn(*args, **kwargs)
             if inspect.isawaitable(value):
                 value = await value
+    except asyncio.CancelledError:
+        # Cancelled from outside (a hard timeout, a stop, a fencing) while it ran: the
+        # call may have done its work, or still be doing it (in a thread it was handed
+        # to). Recorded failed, the key ran again at once, beside it, and no audit
+        # listed it. Its outcome is unknown: the key stays pending under this attempt,
+        # for the next to take over once this one is gone, recorded as a rerun.
+        raise
     except BaseException as exc:
         await record_failure(run, exc)
         raise
@@ -406,7 +421,7 @@ async def call_claimed(run: EffectRun, fn: Callable[..., Any], *args: Any, **kwa
 async def record_failure(run: EffectRun, exc: BaseException) -> None:
     """Record the callee's failure; a store that fails too must not hide ``exc``."""
     try:
-        # Shielded: a cancelled handler (the worker fencing it) still records the failure.
+        # Shielded: a handler cancelled while the record is sent still records it.
         await asyncio.shield(run.failed(exc))
     except TokenlineError as store_exc:
         log.warning("could not record the failure of effect %r: %s", run.key, store_exc)

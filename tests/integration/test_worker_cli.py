@@ -406,3 +406,44 @@ def test_a_handlers_forked_child_neither_lingers_nor_signals_the_worker(
     assert proc.returncode == 0, err
     assert err.count("-> draining") == 1, err  # the SIGTERM sent to the worker, at the end
     assert "returned into the worker; it exits" in err
+
+
+HANGING_THREAD_MODULE = """
+import asyncio
+import threading
+
+from tokenline import App
+
+app = App({url!r})
+
+
+@app.task(name="shop.hang")
+async def hang(ctx):
+    await asyncio.to_thread(threading.Event().wait)  # never returns
+
+
+@app.task(name="shop.bill")
+def bill(ctx, n):
+    return n
+"""
+
+
+def test_a_stopped_worker_exits_though_a_handler_left_a_thread_running(tmp_path: Path) -> None:
+    """An async handler that handed a call that never returns to asyncio.to_thread kept
+    its worker's process alive for ever after the stop: the event loop's runner waited
+    for the thread as it closed, and a second SIGTERM did nothing. The process now
+    exits once the worker has stopped, saying so; the job goes back to the queue."""
+    url = f"sqlite:///{tmp_path / 'hang.db'}"
+    (tmp_path / "appmod.py").write_text(textwrap.dedent(HANGING_THREAD_MODULE.format(url=url)))
+    app = App(url)
+    app.task(name="shop.hang")(lambda ctx: None)
+    app.task(name="shop.bill")(lambda ctx, n: n)
+    hung = app.enqueue("shop.hang")
+    jid = app.enqueue("shop.bill", [1])
+    app.close()
+
+    done = _run_worker_until(tmp_path, url, jid, "--drain-timeout", "0.5")
+    assert done.returncode == 0, done.stderr
+    assert "exiting with calls of handlers in threads still running" in done.stderr
+    assert "worker stopped" in done.stdout, (done.stdout, done.stderr)
+    assert _job_state(url, hung) is JobState.QUEUED  # given back by the drain timeout

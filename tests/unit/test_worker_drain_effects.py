@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from tokenline import App, JobContext, JobState, Worker, WorkerSettings
+from tokenline import App, JobContext, JobState, RetryPolicy, Worker, WorkerSettings
 from tokenline._jobs import Lease
 from tokenline._records import EffectBegin, EffectStatus
 from tokenline.stores import MemoryStore, Store
+from tokenline.stores._repairs import RERUN
 from tokenline.worker.slot import Slot
 
 #: Deadline for anything a test waits on; a healthy run takes a small fraction of it.
@@ -40,6 +41,9 @@ DRAINING = WorkerSettings(
 
 #: How long each callee runs: past the drain timeout and past the lease TTL.
 CALLEE_SECONDS = 1.0
+
+#: Retries come back at once.
+NO_BACKOFF = RetryPolicy(base=0.001, cap=0.001)
 
 
 def _sabotage(monkeypatch: pytest.MonkeyPatch, field: str) -> None:
@@ -136,9 +140,10 @@ async def test_a_drain_timeout_lets_an_async_effect_finish_then_gives_its_job_ba
     await asyncio.wait_for(await _stop_during_the_effect(worker, started), DEADLINE)
     (record,) = await store.effects_list(key="charge:2")
     if spare == "sabotaged":
-        # Cancelled mid-call: recorded failed, for the next attempt to run again.
+        # Cancelled mid-call: its outcome unknown, the key left pending, for the next
+        # attempt to take over and run again.
         assert runs == []
-        assert record.status is EffectStatus.FAILED
+        assert record.status is EffectStatus.PENDING
         return
     assert len(runs) == 1
     assert (record.status, record.runs) == (EffectStatus.COMPLETED, 1)
@@ -262,3 +267,125 @@ async def test_a_drain_timeout_during_an_effects_claim_never_runs_the_callee_twi
     assert len(runs) == 1, runs  # the next attempt's alone
     (record,) = await store.effects_list(key="charge:4")
     assert (record.status, record.runs) == (EffectStatus.COMPLETED, 2)
+
+
+@pytest.mark.parametrize("record", ["left pending", "sabotaged"])
+async def test_an_async_callee_cancelled_mid_call_is_rerun_as_such(
+    monkeypatch: pytest.MonkeyPatch, record: str
+) -> None:
+    """An async callee cancelled by its handler's hard timeout was recorded failed, as
+    if it had raised: the next attempt ran the key again at once, while the call it had
+    handed to a thread still ran, and no audit listed the second run. A cancelled call
+    has an unknown outcome: the key stays pending, and the next attempt's run of it is
+    recorded as a rerun."""
+    if record == "sabotaged":  # the control: a cancellation recorded as a failure
+        import tokenline.effects as effects
+
+        called = effects.call_claimed
+
+        async def failed_on_cancel(run: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return await called(run, fn, *args, **kwargs)
+            except asyncio.CancelledError as exc:
+                await effects.record_failure(run, exc)
+                raise
+
+        monkeypatch.setattr("tokenline.worker.context.call_claimed", failed_on_cancel)
+    app = App("memory://")
+    store = app.open_store()
+    tokens: list[int] = []
+
+    async def charge(token: int) -> str:
+        tokens.append(token)
+        if len(tokens) == 1:
+            await asyncio.sleep(DEADLINE)  # cut by the hard timeout
+        return "charged"
+
+    @app.task(name="t.pay_cut", timeout=0.3, retry=NO_BACKOFF)
+    async def pay(ctx: JobContext) -> None:
+        await ctx.effect("charge:5", charge, ctx.token)
+
+    jid = await app.enqueue_async("t.pay_cut", store=store)
+    worker = Worker(app, DRAINING, store=store)
+    task = asyncio.create_task(worker.run())
+    try:
+        async with asyncio.timeout(DEADLINE):
+            while (await store.job_get(job_id=jid)).state is not JobState.SUCCEEDED:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+    finally:
+        worker.request_shutdown()
+        await asyncio.wait_for(task, DEADLINE)
+    assert len(tokens) == 2
+    reruns = [d for d in await store.duplicates_list() if d.operation == RERUN]
+    if record == "sabotaged":
+        assert reruns == []  # run again, and listed nowhere
+        return
+    assert [(d.key, d.token) for d in reruns] == [("charge:5", tokens[1])]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_a_drain_timeout_gives_back_a_job_waiting_for_another_attempts_key(
+    kind: str,
+) -> None:
+    """A job waiting for a key another live attempt held, at its worker's drain
+    timeout, was kept waiting past effect_pending_deadline and then left to its lease,
+    charged a lease expiry, though its callee never started. It now stops waiting at
+    the drain timeout, having taken nothing, and is given back."""
+    app = App("memory://")
+    store = app.open_store()
+    holding, release = threading.Event(), threading.Event()
+    runs: list[str] = []
+
+    def hold() -> str:
+        holding.set()
+        release.wait(DEADLINE)
+        runs.append("holder")
+        return "held"
+
+    def second() -> str:
+        runs.append("waiter")
+        return "never"
+
+    @app.task(name="t.hold")
+    def holder(ctx: JobContext) -> None:
+        ctx.effect("shared", hold)
+
+    if kind == "sync":
+
+        @app.task(name="t.wait")
+        def waiter(ctx: JobContext) -> None:
+            ctx.effect("shared", second, wait=DEADLINE)
+
+    else:
+
+        @app.task(name="t.wait")
+        async def waiter_async(ctx: JobContext) -> None:
+            await ctx.effect("shared", second, wait=DEADLINE)
+
+    first = Worker(app, dataclasses.replace(DRAINING, drain_timeout=30.0), store=store)
+    holding_task = asyncio.create_task(first.run())
+    try:
+        await app.enqueue_async("t.hold", store=store)
+        await asyncio.to_thread(holding.wait, DEADLINE)
+        jid = await app.enqueue_async("t.wait", store=store)
+        draining = Worker(
+            app, dataclasses.replace(DRAINING, effect_pending_deadline=1.0), store=store
+        )
+        task = asyncio.create_task(draining.run())
+        async with asyncio.timeout(DEADLINE):
+            while (await store.job_get(job_id=jid)).state is not JobState.RUNNING:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        began = time.monotonic()
+        draining.request_shutdown()
+        await asyncio.wait_for(task, DEADLINE)
+        took = time.monotonic() - began
+        job = await store.job_get(job_id=jid)
+        assert job.state is JobState.QUEUED  # given back
+        assert job.lease_expiries == 0
+        assert draining.counters.lapsed == 0
+        assert took < DRAINING.drain_timeout + 0.9  # not the 1 s deadline and more
+    finally:
+        release.set()
+        first.request_shutdown()
+        await asyncio.wait_for(holding_task, DEADLINE)
+    assert runs == ["holder"]

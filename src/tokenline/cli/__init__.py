@@ -247,14 +247,20 @@ def worker(
         latch = SignalLatch()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, latch)
-        counters = run_worker(
-            app, settings, metrics_port=metrics_port, metrics_host=metrics_host or "127.0.0.1"
+        run_worker(
+            app,
+            settings,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host or "127.0.0.1",
+            # Said by run_worker: a process left with handler threads running ends there.
+            report=lambda counters: console.print(
+                f"worker stopped: {counters.summary()}", highlight=False, markup=False
+            ),
         )
         # Ignored, not latched, from here: Python puts its own handlers back to the
         # defaults as the interpreter finalizes, and a signal then would kill it.
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
-    console.print(f"worker stopped: {counters.summary()}", highlight=False, markup=False)
 
 
 def _app_settings_in_effect(config: str, app: App, url: str | None) -> None:

@@ -303,7 +303,8 @@ class JobContext:
     def _unless_stopped_while_claiming(self) -> None:
         """Raise if the worker ended the attempt while its effect's key was being
         claimed (a drain timeout, a hard timeout): the callee is then not started, and
-        the key, recorded failed, stays free to run."""
+        the key, recorded failed, stays free to run; a claim waiting for another
+        attempt's key stops waiting, having taken nothing."""
         if self._slot.cancelled or self._slot.cancel_reason is not None:
             self.check()
 
@@ -316,6 +317,7 @@ class JobContext:
             wait=wait,
             max_bytes=self._max_result_bytes,
             trusted=self._lease_trusted,
+            ended=self._unless_stopped_while_claiming,
         )
 
     def _lease_trusted(self) -> bool:
