@@ -852,3 +852,28 @@ def test_bytes_where_the_store_keeps_text_print_as_hex(url: str) -> None:
     code, out = cli("audit", "duplicates", "--url", url, "--json")
     assert code == 0, out
     assert "<bytes: fffe00>" in json.loads(out)["keys"][0]["workers"]
+
+
+def test_job_names_a_rerun_as_the_audit_counts_it(tmp_path: Path) -> None:
+    """`tokenline job ID` showed a rerun after an unknown outcome as "repeat
+    effect_rerun", while `tokenline audit duplicates` counted it as a rerun."""
+    from tokenline._jobs import Finish, Outcome
+
+    url = f"sqlite:///{tmp_path / 'rerun.db'}"
+    app = App(url)
+
+    async def rerun(store: Any) -> int:
+        (jid,) = await store.jobs_enqueue(jobs=[NewJob(queue="default", task="t", args="[]")])
+        (first,) = await store.jobs_claim(owner="a", queues=["default"], limit=1, ttl=60)
+        await store.effect_begin(lease=first.lease, key="charge:9")  # pending under it
+        await store.jobs_finish(finishes=[Finish(first.lease, Outcome.RELEASE, 0.0, "x", "y")])
+        (second,) = await store.jobs_claim(owner="b", queues=["default"], limit=1, ttl=60)
+        await store.effect_begin(lease=second.lease, key="charge:9")  # takes it over
+        return int(jid)
+
+    jid = app.run(rerun)
+    app.close()
+    result = CliRunner().invoke(main, ["job", str(jid), "--url", url])
+    assert result.exit_code == 0, result.output
+    assert "rerun effect_rerun on 'charge:9' by token 2" in result.output
+    assert "repeat effect_rerun" not in result.output

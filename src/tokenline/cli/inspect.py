@@ -16,9 +16,10 @@ from rich.markup import escape
 
 from .._jobs import Attempt, Job, JobState, QueueStats, StaleCommit, WorkerRecord
 from .._logging import printable
-from .._records import Duplicate, EffectRecord
+from .._records import Duplicate, DuplicateKind, EffectRecord
 from ..health import alive, live, worker_state
 from ..stores import Store
+from ..stores._repairs import RERUN
 from ..stores.base import ResourceLease
 from ._common import (
     ID,
@@ -462,9 +463,11 @@ def _show_job(j: Job, attempts: list[Attempt], effects: list[Any], dups: list[An
     if effects:
         _show_effects(effects)
     for d in dups:
+        # A rerun is stored as a repeat whose operation says so; `audit duplicates`
+        # counts it as a rerun, and so is it named here.
+        kind = "rerun" if d.kind is DuplicateKind.REPEAT and d.operation == RERUN else d.kind.value
         console.print(
-            f"{d.kind.value} {d.operation} on {d.key!r} by token {d.token} ({d.owner}) "
-            f"at {when(d.at)}",
+            f"{kind} {d.operation} on {d.key!r} by token {d.token} ({d.owner}) at {when(d.at)}",
             highlight=False,
             markup=False,
         )
