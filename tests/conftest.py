@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 from collections.abc import Iterator
 from typing import NoReturn
 
@@ -25,6 +26,13 @@ REDIS_URL = os.environ.get("TOKENLINE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0
 # test about narrow output sets COLUMNS itself.
 for _size in ("COLUMNS", "LINES"):
     os.environ.pop(_size, None)
+
+# A suite started in the background by a shell without job control (`cmd &` in a
+# script) inherits SIGINT ignored, and so does every process it starts: a test that
+# stops a command with SIGINT, as Ctrl-C would, then waited for an exit that never came.
+# The suite's processes take SIGINT as a terminal delivers it, however they were started.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def unavailable(reason: str) -> NoReturn:
