@@ -389,3 +389,29 @@ async def test_a_drain_timeout_gives_back_a_job_waiting_for_another_attempts_key
         first.request_shutdown()
         await asyncio.wait_for(holding_task, DEADLINE)
     assert runs == ["holder"]
+
+
+def test_a_thread_that_outlives_its_workers_loop_is_told_the_attempt_is_over() -> None:
+    """A sync handler's thread that ran on after its worker stopped (a callee released
+    later) handed the record of its effect to a closed event loop: the driver's
+    RuntimeError, and the record's coroutine reported as never awaited. It is now told
+    its attempt is over, and the coroutine is closed."""
+    import gc
+    import types
+    import warnings
+
+    from tokenline import JobCancelled
+
+    loop = asyncio.new_event_loop()
+    loop.close()
+
+    async def record() -> None:
+        """Never to run: the loop is closed."""
+
+    ctx = types.SimpleNamespace(_loop=loop, job_id=7)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(JobCancelled, match="job 7: its worker has stopped"):
+            JobContext.run_sync(ctx, record(), "await ...")  # type: ignore[arg-type]
+        gc.collect()
+    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []

@@ -214,7 +214,17 @@ class JobContext:
                 if running is not None
                 else "this job context has no worker loop to reach the store through"
             )
-        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+        try:
+            future = asyncio.run_coroutine_threadsafe(coro, loop)
+        except RuntimeError:
+            # The loop is closed: the worker stopped while this thread ran on (a thread
+            # it could not stop). Closed here, the coroutine is not reported as never
+            # awaited; the attempt is over.
+            coro.close()
+            raise JobCancelled(
+                f"job {self.job_id}: its worker has stopped (its event loop is closed)"
+            ) from None
+        return future.result()
 
     # -- ledger ---------------------------------------------------------------------------
     def effect(
