@@ -134,9 +134,7 @@ class JobContext:
 
         Long sync handlers should call it between steps; every ``ctx`` commit calls it.
         """
-        # A cancel reason alone: the worker ended the attempt, and lets its handler run on
-        # until the effect under way is over (a drain timeout).
-        if self._slot.cancelled or self._slot.cancel_reason is not None:
+        if self._slot.ended:
             why = self._slot.cancel_reason or self._slot.timed_out or "the attempt was stopped"
             raise JobCancelled(f"job {self.job_id} was cancelled by the worker: {why}")
         if self._local_fencing and self._clock.monotonic() >= self._slot.valid_until:
@@ -315,7 +313,7 @@ class JobContext:
         claimed (a drain timeout, a hard timeout): the callee is then not started, and
         the key, recorded failed, stays free to run; a claim waiting for another
         attempt's key stops waiting, having taken nothing."""
-        if self._slot.cancelled or self._slot.cancel_reason is not None:
+        if self._slot.ended:
             self.check()
 
     def _effect_run(self, key: str, wait: float) -> EffectRun:

@@ -84,3 +84,10 @@ class Slot:
     effect_awaited: str | None = None
     #: Monotonic time the effect (of either kind) began.
     effect_since: float = 0.0
+
+    @property
+    def ended(self) -> bool:
+        """The worker has ended the attempt: cancelled it, or given a reason alone (a
+        drain timeout lets a handler inside an effect run on until it is over). Its
+        ``ctx`` calls refuse either way."""
+        return self.cancelled or self.cancel_reason is not None
